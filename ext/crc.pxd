@@ -1,0 +1,7 @@
+# C-level API of kbroker._native.crc for other extension modules.
+from libc.stdint cimport uint32_t
+
+
+# CRC-32C of buf[0:n] continuing from crc (0 to start); releases the GIL
+# itself when n is large enough for that to pay off.
+cdef uint32_t crc32c_buf(uint32_t crc, const char *buf, size_t n) noexcept

@@ -1,0 +1,1 @@
+"""Kafka record batches (RecordBatch v2): native codec plus compression."""
