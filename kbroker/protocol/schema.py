@@ -1,0 +1,293 @@
+"""Declarative message schemas compiled into per-version encoders and decoders.
+
+A message is a list of ``Field``s, mirroring the structure of Kafka's JSON message definitions:
+each field has a type, the versions it exists in, the versions in which it may be null, and an
+optional tag (tagged fields live in the trailing TAG_BUFFER of flexible versions). ``Schema.decoder(v)``
+and ``Schema.encoder(v)`` compile, once per version, a flat list of closures, so decoding a request
+is a loop over prepared functions rather than a walk of the definition.
+
+Decoded messages are dicts keyed by snake_case field names; fields absent from a version are filled
+with their defaults so handlers need not branch on versions for reads.
+"""
+from __future__ import annotations
+
+import struct
+
+from . import types as T
+from .types import ProtocolError
+
+MAX_VERSION = 0x7FFF
+
+
+def parse_versions(spec):
+    """'3+' -> (3, MAX); '0-8' -> (0, 8); '5' -> (5, 5); None/'none' -> None."""
+    if spec is None or spec == "none":
+        return None
+    if isinstance(spec, tuple):
+        return spec
+    spec = spec.strip()
+    if spec.endswith("+"):
+        return int(spec[:-1]), MAX_VERSION
+    if "-" in spec:
+        lo, hi = spec.split("-")
+        return int(lo), int(hi)
+    return int(spec), int(spec)
+
+
+def _in(rng, v):
+    return rng is not None and rng[0] <= v <= rng[1]
+
+
+class Struct:
+    """A nested (non-array) struct field type."""
+
+    __slots__ = ("fields",)
+
+    def __init__(self, fields):
+        self.fields = fields
+
+
+class Field:
+    __slots__ = ("name", "type", "versions", "nullable", "default", "tag", "tagged")
+
+    def __init__(self, name, type, versions="0+", nullable=None, default=None, tag=None, tagged=None):
+        self.name = name
+        # str primitive, "[]<primitive>", list[Field] (array of structs) or Struct
+        self.type = type
+        self.versions = parse_versions(versions)
+        self.nullable = parse_versions(nullable)
+        self.default = default
+        self.tag = tag
+        self.tagged = parse_versions(tagged) if tag is not None else None
+
+    def default_value(self, version):
+        if self.default is not None:
+            return self.default
+        if _in(self.nullable, version):
+            return None
+        t = self.type
+        if isinstance(t, list) or (isinstance(t, str) and t.startswith("[]")):
+            return []
+        if isinstance(t, Struct):
+            return {f.name: f.default_value(version) for f in t.fields}
+        return _ZERO.get(t, 0)
+
+
+F = Field  # definitions read better with a short name
+
+_ZERO = {"string": "", "bytes": b"", "records": None, "bool": False, "uuid": T.ZERO_UUID, "float64": 0.0}
+
+_FIXED_READ = {
+    "int8": T.read_int8, "int16": T.read_int16, "int32": T.read_int32, "int64": T.read_int64,
+    "uint16": T.read_uint16, "uint32": T.read_uint32, "float64": T.read_float64, "bool": T.read_bool,
+    "uuid": T.read_uuid,
+}
+_FIXED_WRITE = {
+    "int8": T.write_int8, "int16": T.write_int16, "int32": T.write_int32, "int64": T.write_int64,
+    "uint16": T.write_uint16, "uint32": T.write_uint32, "float64": T.write_float64, "bool": T.write_bool,
+    "uuid": T.write_uuid,
+}
+# (classic non-null, classic nullable, compact non-null, compact nullable)
+_VAR_READ = {
+    "string": (T.read_string, T.read_nullable_string, T.read_compact_string, T.read_compact_nullable_string),
+    "bytes": (T.read_bytes, T.read_nullable_bytes, T.read_compact_bytes, T.read_compact_nullable_bytes),
+    "records": (T.read_records, T.read_records, T.read_compact_records, T.read_compact_records),
+}
+_VAR_WRITE = {
+    "string": (T.write_string, T.write_nullable_string, T.write_compact_string, T.write_compact_nullable_string),
+    "bytes": (T.write_bytes, T.write_nullable_bytes, T.write_compact_bytes, T.write_compact_nullable_bytes),
+    "records": (T.write_records, T.write_records, T.write_compact_records, T.write_compact_records),
+}
+# Smallest encoding of one array element: bounds an array's length by the bytes left before we
+# allocate anything for it.
+_MIN_SIZE = {"int8": 1, "bool": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "int64": 8,
+             "float64": 8, "uuid": 16, "string": 1, "bytes": 1, "records": 1}
+
+
+def _primitive_reader(t, nullable, flexible):
+    if t in _FIXED_READ:
+        return _FIXED_READ[t]
+    return _VAR_READ[t][(2 if flexible else 0) + (1 if nullable else 0)]
+
+
+def _primitive_writer(t, nullable, flexible):
+    if t in _FIXED_WRITE:
+        return _FIXED_WRITE[t]
+    return _VAR_WRITE[t][(2 if flexible else 0) + (1 if nullable else 0)]
+
+
+def _array_reader(elem_read, elem_min, nullable, flexible):
+    def read(buf, pos):
+        if flexible:
+            n, pos = T.read_uvarint(buf, pos)
+            n -= 1
+        else:
+            n, pos = T.read_int32(buf, pos)
+        if n < 0:
+            if nullable:
+                return None, pos
+            raise ProtocolError("null in non-nullable array")
+        if n * elem_min > len(buf) - pos:
+            raise ProtocolError(f"array of {n} elements cannot fit in {len(buf) - pos} bytes")
+        items = []
+        append = items.append
+        for _ in range(n):
+            item, pos = elem_read(buf, pos)
+            append(item)
+        return items, pos
+    return read
+
+
+def _array_writer(elem_write, nullable, flexible):
+    def write(out, v):
+        if v is None:
+            if not nullable:
+                raise ValueError("null in non-nullable array")
+            if flexible:
+                out.buf.append(0)
+            else:
+                out.buf += b"\xff\xff\xff\xff"
+            return
+        if flexible:
+            T.write_uvarint(out, len(v) + 1)
+        else:
+            T.write_int32(out, len(v))
+        for item in v:
+            elem_write(out, item)
+    return write
+
+
+class _Compiled:
+    """Readers/writers of one struct at one version."""
+
+    __slots__ = ("read", "write", "min_size")
+
+
+def _compile_struct(fields, version, flexible):
+    plain = []          # (name, reader, writer, default)
+    tagged = {}         # tag -> (name, reader, writer, default)
+    absent = []         # (name, field) not in this version: filled with defaults on decode
+    min_size = 1 if flexible else 0
+    for f in fields:
+        if f.tag is not None and flexible and _in(f.tagged, version):
+            r, w, _ = _compile_field(f, version, flexible)
+            tagged[f.tag] = (f.name, r, w, f)
+            continue
+        if not _in(f.versions, version) or f.tag is not None:
+            absent.append(f)
+            continue
+        r, w, m = _compile_field(f, version, flexible)
+        plain.append((f.name, r, w, f))
+        min_size += m
+    tag_order = sorted(tagged.items())
+
+    def read(buf, pos):
+        obj = {}
+        for name, r, _w, _f in plain:
+            obj[name], pos = r(buf, pos)
+        for f in absent:
+            obj[f.name] = f.default_value(version)
+        if flexible:
+            for _tag, (name, _r, _w, f) in tag_order:
+                obj[name] = f.default_value(version)
+            pos = _read_tags(buf, pos, obj, tagged)
+        return obj, pos
+
+    def write(out, obj):
+        for name, _r, w, f in plain:
+            v = obj.get(name, _MISSING)
+            w(out, f.default_value(version) if v is _MISSING else v)
+        if flexible:
+            present = []
+            for tag, (name, _r, w, f) in tag_order:
+                v = obj.get(name, _MISSING)
+                if v is not _MISSING and v != f.default_value(version):
+                    present.append((tag, w, v))
+            T.write_uvarint(out, len(present))
+            for tag, w, v in present:
+                sub = T.Out()
+                w(sub, v)
+                data = sub.buf
+                T.write_uvarint(out, tag)
+                T.write_uvarint(out, len(data))
+                out.buf += data
+
+    c = _Compiled()
+    c.read, c.write, c.min_size = read, write, max(min_size, 1)
+    return c
+
+
+_MISSING = object()
+
+
+def _read_tags(buf, pos, obj, tagged):
+    n, pos = T.read_uvarint(buf, pos)
+    for _ in range(n):
+        tag, pos = T.read_uvarint(buf, pos)
+        size, pos = T.read_uvarint(buf, pos)
+        end = pos + size
+        if end > len(buf):
+            raise ProtocolError("tagged field past the end of the frame")
+        known = tagged.get(tag)
+        if known is not None:
+            name, r, _w, _f = known
+            obj[name], used = r(buf[:end], pos)
+            if used != end:
+                raise ProtocolError(f"tagged field {name} size mismatch")
+        pos = end
+    return pos
+
+
+def _compile_field(f, version, flexible):
+    """-> (reader, writer, minimum encoded size)."""
+    t = f.type
+    nullable = _in(f.nullable, version)
+    if isinstance(t, Struct):
+        c = _compile_struct(t.fields, version, flexible)
+        return c.read, c.write, c.min_size
+    if isinstance(t, list):
+        c = _compile_struct(t, version, flexible)
+        return (_array_reader(c.read, c.min_size, nullable, flexible),
+                _array_writer(c.write, nullable, flexible), 1)
+    if t.startswith("[]"):
+        et = t[2:]
+        r = _primitive_reader(et, False, flexible)
+        w = _primitive_writer(et, False, flexible)
+        return (_array_reader(r, _MIN_SIZE[et], nullable, flexible),
+                _array_writer(w, nullable, flexible), 1)
+    return _primitive_reader(t, nullable, flexible), _primitive_writer(t, nullable, flexible), _MIN_SIZE[t]
+
+
+class Schema:
+    """One request or response message: fields plus the valid and flexible version ranges."""
+
+    def __init__(self, name, valid, flexible, fields):
+        self.name = name
+        self.valid = parse_versions(valid)
+        self.flexible = parse_versions(flexible)
+        self.fields = fields
+        self._cache = {}
+
+    def is_flexible(self, version):
+        return _in(self.flexible, version)
+
+    def compiled(self, version) -> _Compiled:
+        c = self._cache.get(version)
+        if c is None:
+            if not _in(self.valid, version):
+                raise ProtocolError(f"{self.name} has no version {version}")
+            c = self._cache[version] = _compile_struct(self.fields, version, self.is_flexible(version))
+        return c
+
+    def decode(self, buf, pos, version):
+        """-> (dict, end position). Raises ProtocolError on malformed bytes."""
+        try:
+            return self.compiled(version).read(buf, pos)
+        except ProtocolError:
+            raise
+        except (struct.error, ValueError, IndexError, TypeError, OverflowError, RecursionError) as e:
+            # struct.error: a fixed-width read past the end of the frame
+            raise ProtocolError(f"{self.name} v{version}: {e}") from None
+
+    def encode_into(self, out, obj, version):
+        self.compiled(version).write(out, obj)
