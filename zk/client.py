@@ -1,0 +1,699 @@
+"""The broker's ZooKeeper client: registration, lone-broker controller, topic metadata.
+
+Threads (see python-zk/kazoo#355/#405/#491 for why it is shaped this way):
+
+* kazoo's connection thread runs our state listener. The listener only records
+  the state and queues work: calling ZooKeeper from it deadlocks.
+* kazoo's callback thread runs watch callbacks (``/controller``, topic
+  children). They also only record and queue.
+* our worker thread (``kbroker-zk``) runs everything events trigger: after a
+  session expiry it re-creates the broker registration (kazoo never re-creates
+  ephemerals) and re-runs the controller election, retrying until it succeeds.
+* callbacks to the broker go through ``loop.call_soon_threadsafe`` when a loop
+  was given, so broker code runs on its own event loop.
+
+The public methods block on ZooKeeper round trips (about 1 ms locally). The
+broker calls them at start-up, from admin request handlers via an executor,
+or from its controller logic - never on the produce/fetch path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from typing import Callable
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError, RolledBackError
+from kazoo.retry import KazooRetry
+
+from . import layout as L
+
+log = logging.getLogger("kbroker.zk")
+
+
+class ZkClientError(Exception):
+    """Base class of the errors below."""
+
+
+class BrokerRegistrationError(ZkClientError):
+    pass
+
+
+class TopicExistsError(ZkClientError):
+    pass
+
+
+class TopicNotFoundError(ZkClientError):
+    pass
+
+
+class PartitionNotFoundError(ZkClientError):
+    pass
+
+
+class StaleVersionError(ZkClientError):
+    """A compare-and-set found a different znode version (someone wrote in between)."""
+
+
+class NotControllerError(ZkClientError):
+    """A controller-only write was attempted by a broker that is not (or no longer) the controller."""
+
+
+_RECOVER = "recover"
+_ELECT = "elect"
+_STOP = "stop"
+
+
+class BrokerZk:
+    """ZooKeeper state of one broker (``broker_id``) in Kafka's classic layout.
+
+    ``connect_string`` may carry a chroot (``host:port/kafka``), created if absent.
+
+    Callbacks (attributes, may be set before ``start()``), run on ``loop`` when given,
+    else on the worker/kazoo thread:
+
+    * ``on_session_lost()``: the ZooKeeper session expired; the registration and any
+      controllership are gone until ``on_reregistered`` follows.
+    * ``on_reregistered(broker_epoch)``: after an expiry, registration (and election,
+      if this broker takes part) succeeded again under a new session.
+    * ``on_controller_change(controller_id_or_None, is_controller, controller_epoch)``.
+    """
+
+    def __init__(self, connect_string: str, broker_id: int, session_timeout_ms: int = 18000,
+                 loop: asyncio.AbstractEventLoop | None = None, *, connect_timeout_s: float = 15.0):
+        self.connect_string = connect_string
+        self.broker_id = int(broker_id)
+        self.session_timeout_ms = int(session_timeout_ms)
+        self.loop = loop
+        self.connect_timeout_s = connect_timeout_s
+        self.cluster_id: str | None = None
+        self.broker_epoch: int | None = None
+        self.on_session_lost: Callable[[], None] | None = None
+        self.on_reregistered: Callable[[int], None] | None = None
+        self.on_controller_change: Callable[[int | None, bool, int], None] | None = None
+
+        self._zk: KazooClient | None = None
+        self._tasks: queue.Queue = queue.Queue()
+        self._worker: threading.Thread | None = None
+        self._closing = threading.Event()
+        self._lock = threading.RLock()        # guards the controller fields and registration
+        self._elect_lock = threading.Lock()   # one election at a time (caller and worker)
+        self._session_lost = False
+        self._registration: tuple[str, int, str | None] | None = None
+        self._wants_controller = False
+        self._controller_watch_started = False
+        self._is_controller = False
+        self._controller_id: int | None = None
+        self._controller_epoch = 0
+        self._controller_epoch_zk_version = -1
+        self._topic_watchers: list[Callable[[list[str]], None]] = []
+
+    # --- lifecycle ---------------------------------------------------------
+
+    def start(self) -> None:
+        hosts, _, chroot = self.connect_string.partition("/")
+        if chroot:
+            self._ensure_chroot(hosts, "/" + chroot)
+        # Retry connecting forever: a broker waits out a ZooKeeper restart.
+        self._zk = KazooClient(hosts=self.connect_string, timeout=self.session_timeout_ms / 1000.0,
+                               connection_retry=KazooRetry(max_tries=-1, max_delay=2.0),
+                               command_retry=KazooRetry(max_tries=5, max_delay=2.0))
+        self._zk.add_listener(self._on_state)
+        try:
+            self._zk.start(timeout=self.connect_timeout_s)
+        except Exception as exc:
+            self._zk.stop()
+            self._zk.close()
+            raise ZkClientError(f"cannot connect to ZooKeeper at {self.connect_string} "
+                                f"within {self.connect_timeout_s}s: {exc!r}") from exc
+        for path in L.PERSISTENT_PATHS:
+            self._zk.retry(self._zk.ensure_path, path)
+        self.cluster_id = self.get_or_create_cluster_id()
+        self._worker = threading.Thread(target=self._work, name=f"kbroker-zk-{self.broker_id}", daemon=True)
+        self._worker.start()
+
+    def close(self) -> None:
+        """Stop the worker and close the session: our ephemerals vanish at once."""
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        self._tasks.put(_STOP)
+        if self._worker is not None and self._worker is not threading.current_thread():
+            self._worker.join(timeout=10)
+        if self._zk is not None:
+            try:
+                self._zk.stop()
+            finally:
+                self._zk.close()
+        self._is_controller = False
+
+    def __enter__(self) -> "BrokerZk":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def kazoo(self) -> KazooClient:
+        """The underlying client (tests and tools)."""
+        assert self._zk is not None, "start() first"
+        return self._zk
+
+    @property
+    def session_id(self) -> int | None:
+        """The current session id (None while no session is established)."""
+        client_id = self.kazoo.client_id
+        return client_id[0] if client_id else None
+
+    @property
+    def connected(self) -> bool:
+        return self._zk is not None and self._zk.state == KazooState.CONNECTED
+
+    def _ensure_chroot(self, hosts: str, chroot: str) -> None:
+        zk = KazooClient(hosts=hosts, timeout=self.session_timeout_ms / 1000.0)
+        try:
+            zk.start(timeout=self.connect_timeout_s)
+            zk.ensure_path(chroot)
+        except Exception as exc:
+            raise ZkClientError(f"cannot create chroot {chroot} on {hosts}: {exc!r}") from exc
+        finally:
+            zk.stop()
+            zk.close()
+
+    # --- cluster id --------------------------------------------------------
+
+    def get_or_create_cluster_id(self) -> str:
+        zk = self.kazoo
+        try:
+            data, _ = zk.retry(zk.get, L.CLUSTER_ID)
+            return L.decode_cluster_id(data)
+        except NoNodeError:
+            pass
+        try:
+            zk.create(L.CLUSTER_ID, L.encode_cluster_id(L.new_uuid_base64()), makepath=True)
+        except NodeExistsError:
+            pass  # another broker won the race; its id is the cluster's
+        data, _ = zk.retry(zk.get, L.CLUSTER_ID)
+        return L.decode_cluster_id(data)
+
+    # --- broker registration -----------------------------------------------
+
+    def register_broker(self, host: str, port: int, rack: str | None = None,
+                        wait_timeout_s: float | None = None) -> int:
+        """Create the ephemeral ``/brokers/ids/<id>``; return the broker epoch (its czxid).
+
+        A node left by an older session of this broker id (a restart within the
+        old session's timeout) is waited for until ZooKeeper expires it - never
+        deleted, as it may belong to a live broker configured with the same id.
+        Gives up after ``wait_timeout_s`` (default 2 x session timeout).
+        """
+        with self._lock:
+            self._registration = (host, int(port), rack)
+        epoch = self._register(wait_timeout_s)
+        self.broker_epoch = epoch
+        return epoch
+
+    def _register(self, wait_timeout_s: float | None = None) -> int:
+        zk = self.kazoo
+        host, port, rack = self._registration
+        path = L.broker_path(self.broker_id)
+        data = L.encode_broker(host, port, rack)
+        if wait_timeout_s is None:
+            wait_timeout_s = 2 * self.session_timeout_ms / 1000.0
+        deadline = time.monotonic() + wait_timeout_s
+        while True:
+            try:
+                # retry: a create whose reply was lost comes back as NodeExists, owned by us (below)
+                _, stat = zk.retry(zk.create, path, data, ephemeral=True, makepath=True, include_data=True)
+                log.info("registered broker %d at %s:%d (epoch %d)", self.broker_id, host, port, stat.czxid)
+                return stat.czxid
+            except NodeExistsError:
+                pass
+            gone = threading.Event()
+            stat = zk.retry(zk.exists, path, watch=lambda event: gone.set())
+            if stat is None:
+                continue  # it vanished between create and exists
+            if stat.ephemeralOwner == self.session_id:
+                # Ours: a retried create whose first attempt succeeded, or a repeated call.
+                return stat.czxid
+            if stat.ephemeralOwner == 0:
+                raise BrokerRegistrationError(f"{path} is a persistent znode; remove it by hand")
+            log.warning("%s is held by session 0x%x; waiting for it to expire", path, stat.ephemeralOwner)
+            while not gone.is_set():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise BrokerRegistrationError(
+                        f"{path} is still held by another session (0x{stat.ephemeralOwner:x}) after "
+                        f"{wait_timeout_s:.1f}s: is another broker running with broker.id={self.broker_id}?")
+                if self._closing.is_set():
+                    raise BrokerRegistrationError("closed while waiting for the old registration to expire")
+                gone.wait(min(remaining, 0.5))
+
+    def get_broker(self, broker_id: int) -> L.BrokerRegistration | None:
+        try:
+            data, _ = self.kazoo.retry(self.kazoo.get, L.broker_path(broker_id))
+        except NoNodeError:
+            return None
+        return L.decode_broker(broker_id, data)
+
+    def get_broker_ids(self) -> list[int]:
+        return sorted(int(c) for c in self.kazoo.retry(self.kazoo.get_children, L.BROKER_IDS))
+
+    # --- controller --------------------------------------------------------
+
+    @property
+    def is_controller(self) -> bool:
+        return self._is_controller
+
+    @property
+    def controller_epoch(self) -> int:
+        """The epoch this broker won (if controller), else the last one seen."""
+        return self._controller_epoch
+
+    def controller_id(self) -> int | None:
+        """Read ``/controller``; None if no broker holds it."""
+        try:
+            data, _ = self.kazoo.retry(self.kazoo.get, L.CONTROLLER)
+        except NoNodeError:
+            return None
+        return L.decode_controller(data).broker_id
+
+    def elect_controller(self) -> bool:
+        """Try to become controller; True if this broker is (now) the controller.
+
+        One multi-op creates the ephemeral ``/controller`` and bumps
+        ``/controller_epoch`` at the version we read, so two brokers can never both
+        win the same epoch. Afterwards ``/controller`` is watched and the
+        election re-run when it disappears.
+        """
+        with self._elect_lock:
+            return self._elect()
+
+    def _elect(self) -> bool:
+        zk = self.kazoo
+        self._wants_controller = True
+        if not self._controller_watch_started:
+            self._controller_watch_started = True
+            zk.DataWatch(L.CONTROLLER, self._on_controller_data)
+        for _ in range(10):
+            try:
+                data, stat = zk.retry(zk.get, L.CONTROLLER)
+                info = L.decode_controller(data)
+                with self._lock:
+                    self._controller_id = info.broker_id
+                    if stat.ephemeralOwner == self.session_id:
+                        return self._is_controller  # already elected in this session
+                    self._set_not_controller(info.broker_id)
+                try:
+                    epoch_data, _ = zk.retry(zk.get, L.CONTROLLER_EPOCH)
+                    self._controller_epoch = L.decode_controller_epoch(epoch_data)
+                except NoNodeError:
+                    pass
+                return False
+            except NoNodeError:
+                pass
+            try:
+                epoch_data, epoch_stat = zk.retry(zk.get, L.CONTROLLER_EPOCH)
+                epoch, epoch_version = L.decode_controller_epoch(epoch_data), epoch_stat.version
+            except NoNodeError:
+                epoch, epoch_version = 0, None
+            new_epoch = epoch + 1
+            tx = zk.transaction()
+            tx.create(L.CONTROLLER, L.encode_controller(self.broker_id), ephemeral=True)
+            if epoch_version is None:
+                tx.create(L.CONTROLLER_EPOCH, L.encode_controller_epoch(new_epoch))
+            else:
+                tx.set_data(L.CONTROLLER_EPOCH, L.encode_controller_epoch(new_epoch), version=epoch_version)
+            results = tx.commit()
+            if not _failed(results):
+                with self._lock:
+                    self._controller_epoch = new_epoch
+                    # create gives version 0; set_data gives the next version
+                    self._controller_epoch_zk_version = 0 if epoch_version is None else results[1].version
+                    self._controller_id = self.broker_id
+                    self._is_controller = True
+                log.info("broker %d is controller (epoch %d)", self.broker_id, new_epoch)
+                self._deliver(self.on_controller_change, self.broker_id, True, new_epoch)
+                return True
+            # Lost a race (on /controller or on the epoch): read again and decide.
+        raise ZkClientError("controller election did not settle after 10 attempts")
+
+    def _set_not_controller(self, controller_id: int | None) -> None:
+        was = self._is_controller
+        self._is_controller = False
+        self._controller_id = controller_id
+        if was:
+            log.warning("broker %d is no longer controller", self.broker_id)
+            self._deliver(self.on_controller_change, controller_id, False, self._controller_epoch)
+
+    def _on_controller_data(self, data, stat, event=None):
+        # kazoo callback thread: record and queue only.
+        if self._closing.is_set():
+            return False
+        if data is None:
+            with self._lock:
+                self._set_not_controller(None)
+            self._tasks.put(_ELECT)
+            return None
+        try:
+            info = L.decode_controller(data)
+        except (ValueError, KeyError, TypeError):
+            log.error("unreadable /controller: %r", data)
+            return None
+        with self._lock:
+            if self._zk is not None and stat is not None and stat.ephemeralOwner != self.session_id:
+                self._set_not_controller(info.broker_id)
+            else:
+                self._controller_id = info.broker_id
+        return None
+
+    def _controller_check(self, tx) -> None:
+        """Fence a controller write: the multi fails if /controller_epoch moved on."""
+        with self._lock:
+            if not self._is_controller:
+                raise NotControllerError(f"broker {self.broker_id} is not the controller")
+            tx.check(L.CONTROLLER_EPOCH, self._controller_epoch_zk_version)
+
+    def _controller_moved(self) -> NotControllerError:
+        with self._lock:
+            self._set_not_controller(None)
+        self._tasks.put(_ELECT)
+        return NotControllerError("controller epoch changed in ZooKeeper: another controller took over")
+
+    # --- session handling --------------------------------------------------
+
+    def _on_state(self, state: str) -> None:
+        # kazoo connection thread: never call ZooKeeper here (it deadlocks).
+        if self._closing.is_set():
+            return
+        if state == KazooState.LOST:
+            self._session_lost = True
+            self._is_controller = False
+            log.warning("ZooKeeper session of broker %d expired", self.broker_id)
+            self._deliver(self.on_session_lost)
+        elif state == KazooState.CONNECTED and self._session_lost:
+            self._session_lost = False
+            self._tasks.put(_RECOVER)
+
+    def _work(self) -> None:
+        while True:
+            task = self._tasks.get()
+            if task == _STOP or self._closing.is_set():
+                return
+            if task == _RECOVER:
+                self._retry_until_done(self._recover)
+            elif task == _ELECT and self._wants_controller and not self._session_lost:
+                self._retry_until_done(self.elect_controller)
+
+    def _retry_until_done(self, fn) -> None:
+        delay = 0.1
+        while not self._closing.is_set():
+            try:
+                fn()
+                return
+            except Exception:
+                if self._closing.is_set():
+                    return
+                log.exception("broker %d: %s failed; retrying in %.1fs", self.broker_id, fn.__name__, delay)
+            self._closing.wait(delay)  # back off, but wake at once on close()
+            delay = min(delay * 2, 2.0)
+
+    def _recover(self) -> None:
+        """Re-create what a new session lacks: the registration and the controller election."""
+        epoch = None
+        if self._registration is not None:
+            epoch = self._register()
+            self.broker_epoch = epoch
+        if self._wants_controller:
+            self.elect_controller()
+        log.info("broker %d re-registered after session expiry (epoch %s)", self.broker_id, epoch)
+        self._deliver(self.on_reregistered, epoch)
+
+    def _deliver(self, fn, *args) -> None:
+        if fn is None:
+            return
+        if self.loop is None:
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("callback %r failed", fn)
+            return
+        try:
+            self.loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:
+            pass  # the loop is closed: the broker is shutting down
+
+    # --- topics ------------------------------------------------------------
+
+    def create_topic(self, name: str, assignment: dict[int, list[int]], configs: dict[str, str] | None = None,
+                     topic_id: str | None = None) -> str:
+        """Create a topic atomically (controller only); return its topic id.
+
+        One multi-op: the assignment znode, each partition's state (leader = first
+        replica, isr = all replicas, leader epoch 0), the config znode and a config
+        change notification, fenced by the controller epoch.
+        """
+        L.validate_topic_name(name)
+        _check_assignment(assignment, start=0)
+        configs = dict(configs or {})
+        topic_id = topic_id or L.new_uuid_base64()
+        zk = self.kazoo
+        # A config znode can outlive a topic (Kafka writes it before the topic): overwrite it.
+        config_stat = zk.retry(zk.exists, L.topic_config_path(name))
+        tx = zk.transaction()
+        self._controller_check(tx)
+        tx.create(L.topic_path(name), L.encode_topic(assignment, topic_id))
+        tx.create(L.topic_partitions_path(name))
+        self._add_partition_creates(tx, name, assignment)
+        if config_stat is None:
+            tx.create(L.topic_config_path(name), L.encode_config(configs))
+        else:
+            tx.set_data(L.topic_config_path(name), L.encode_config(configs), version=config_stat.version)
+        tx.create(L.CONFIG_CHANGE_PREFIX, L.encode_config_change("topics", name), sequence=True)
+        results = tx.commit()
+        failure = _failed(results)
+        if failure is not None:
+            index, exc = failure
+            if index == 0 and isinstance(exc, BadVersionError):
+                raise self._controller_moved()
+            if index == 1 and isinstance(exc, NodeExistsError):
+                raise TopicExistsError(f"topic {name!r} already exists")
+            raise ZkClientError(f"creating topic {name!r} failed at operation {index}: {exc!r}")
+        return topic_id
+
+    def _add_partition_creates(self, tx, name: str, assignment: dict[int, list[int]]) -> None:
+        for p in sorted(assignment):
+            replicas = [int(r) for r in assignment[p]]
+            state = L.PartitionState(leader=replicas[0], leader_epoch=0, isr=replicas,
+                                     controller_epoch=self._controller_epoch)
+            tx.create(L.partition_path(name, p))
+            tx.create(L.partition_state_path(name, p), L.encode_partition_state(state))
+
+    def get_topics(self) -> list[str]:
+        return sorted(self.kazoo.retry(self.kazoo.get_children, L.BROKER_TOPICS))
+
+    def get_topic(self, name: str) -> tuple[str | None, dict[int, list[int]]]:
+        """(topic id or None for pre-2.8 topics, {partition: replicas})."""
+        try:
+            data, _ = self.kazoo.retry(self.kazoo.get, L.topic_path(name))
+        except NoNodeError:
+            raise TopicNotFoundError(name) from None
+        assignment = L.decode_topic(data)
+        return assignment.topic_id, assignment.partitions
+
+    def get_partition_state(self, topic: str, partition: int) -> tuple[L.PartitionState, int]:
+        """(state, zk version); pass the version to set_partition_state for a CAS write."""
+        try:
+            data, stat = self.kazoo.retry(self.kazoo.get, L.partition_state_path(topic, partition))
+        except NoNodeError:
+            raise PartitionNotFoundError(f"{topic}-{partition}") from None
+        return L.decode_partition_state(data), stat.version
+
+    def set_partition_state(self, topic: str, partition: int, state: L.PartitionState,
+                            expected_version: int) -> int:
+        """Compare-and-set the partition state; return the new zk version.
+
+        Raises StaleVersionError if someone wrote since ``expected_version`` (a
+        zombie leader cannot overwrite a newer ISR).
+        """
+        try:
+            stat = self.kazoo.set(L.partition_state_path(topic, partition), L.encode_partition_state(state),
+                                  version=expected_version)
+        except BadVersionError:
+            raise StaleVersionError(f"{topic}-{partition} state is not at version {expected_version}") from None
+        except NoNodeError:
+            raise PartitionNotFoundError(f"{topic}-{partition}") from None
+        return stat.version
+
+    def add_partitions(self, name: str, new_assignment: dict[int, list[int]]) -> dict[int, list[int]]:
+        """Add partitions (controller only). ``new_assignment`` holds only the new
+        partitions, numbered on from the current count. Returns the full assignment."""
+        zk = self.kazoo
+        try:
+            data, stat = zk.retry(zk.get, L.topic_path(name))
+        except NoNodeError:
+            raise TopicNotFoundError(name) from None
+        current = L.decode_topic(data)
+        _check_assignment(new_assignment, start=len(current.partitions))
+        full = {**current.partitions, **{int(p): list(r) for p, r in new_assignment.items()}}
+        tx = zk.transaction()
+        self._controller_check(tx)
+        # CAS on the topic znode: two concurrent adds cannot both win.
+        tx.set_data(L.topic_path(name), L.encode_topic(full, current.topic_id, current.adding_replicas,
+                                                      current.removing_replicas), version=stat.version)
+        self._add_partition_creates(tx, name, new_assignment)
+        results = tx.commit()
+        failure = _failed(results)
+        if failure is not None:
+            index, exc = failure
+            if index == 0 and isinstance(exc, BadVersionError):
+                raise self._controller_moved()
+            if index == 1 and isinstance(exc, BadVersionError):
+                raise StaleVersionError(f"topic {name!r} changed concurrently")
+            raise ZkClientError(f"adding partitions to {name!r} failed at operation {index}: {exc!r}")
+        return full
+
+    def get_topic_config(self, name: str) -> dict[str, str]:
+        """The topic's overrides ({} if none)."""
+        try:
+            data, _ = self.kazoo.retry(self.kazoo.get, L.topic_config_path(name))
+        except NoNodeError:
+            return {}
+        return L.decode_config(data)
+
+    def set_topic_config(self, name: str, configs: dict[str, str]) -> None:
+        """Replace the topic's overrides and post a change notification (one multi-op)."""
+        zk = self.kazoo
+        data = L.encode_config(configs)
+        for _ in range(10):
+            config_stat = zk.retry(zk.exists, L.topic_config_path(name))
+            tx = zk.transaction()
+            tx.check(L.topic_path(name), -1)  # -1: any version, i.e. "the topic exists"
+            if config_stat is None:
+                tx.create(L.topic_config_path(name), data)
+            else:
+                tx.set_data(L.topic_config_path(name), data, version=config_stat.version)
+            tx.create(L.CONFIG_CHANGE_PREFIX, L.encode_config_change("topics", name), sequence=True)
+            failure = _failed(tx.commit())
+            if failure is None:
+                return
+            index, exc = failure
+            if index == 0:
+                raise TopicNotFoundError(name)
+            if not isinstance(exc, (BadVersionError, NodeExistsError, NoNodeError)):
+                raise ZkClientError(f"setting config of {name!r} failed: {exc!r}")
+            # a concurrent config write: read the version again
+        raise StaleVersionError(f"config of {name!r} kept changing")
+
+    def delete_topic(self, name: str) -> None:
+        """Delete a topic's znodes at once (controller only).
+
+        Kafka marks ``/admin/delete_topics/<t>`` and its controller deletes after
+        every replica stopped. A lone broker is the only replica holder, so the
+        controller removes state, partitions, assignment and config in one
+        fenced multi-op (and a pending ``/admin/delete_topics`` mark, if any).
+        The broker deletes the log itself.
+        """
+        zk = self.kazoo
+        for _ in range(10):
+            try:
+                partitions = zk.retry(zk.get_children, L.topic_partitions_path(name))
+            except NoNodeError:
+                partitions = None
+            if partitions is None and zk.retry(zk.exists, L.topic_path(name)) is None:
+                raise TopicNotFoundError(name)
+            tx = zk.transaction()
+            self._controller_check(tx)
+            for p in sorted(partitions or [], key=int):
+                tx.delete(L.partition_state_path(name, int(p)))
+                tx.delete(L.partition_path(name, int(p)))
+            if partitions is not None:
+                tx.delete(L.topic_partitions_path(name))
+            tx.delete(L.topic_path(name))
+            if zk.retry(zk.exists, L.topic_config_path(name)) is not None:
+                tx.delete(L.topic_config_path(name))
+            if zk.retry(zk.exists, L.delete_topic_path(name)) is not None:
+                tx.delete(L.delete_topic_path(name))
+            failure = _failed(tx.commit())
+            if failure is None:
+                return
+            index, exc = failure
+            if index == 0 and isinstance(exc, BadVersionError):
+                raise self._controller_moved()
+            if not isinstance(exc, (NoNodeError, NotEmptyError)):
+                raise ZkClientError(f"deleting topic {name!r} failed: {exc!r}")
+            # partitions were added or a node vanished meanwhile: look again
+        raise ZkClientError(f"deleting topic {name!r} did not settle")
+
+    def watch_topics(self, callback: Callable[[list[str]], None]) -> None:
+        """Call ``callback(sorted topic names)`` now and on every change of /brokers/topics.
+
+        Survives session expiry (kazoo's ChildrenWatch re-arms itself).
+        """
+        def on_children(children):
+            if self._closing.is_set():
+                return False  # stops the watch
+            self._deliver(callback, sorted(children))
+            return None
+
+        self.kazoo.ChildrenWatch(L.BROKER_TOPICS, on_children)
+
+    # --- producer ids ------------------------------------------------------
+
+    def allocate_producer_id_block(self, block_size: int = 1000) -> tuple[int, int]:
+        """Reserve the next ``block_size`` producer ids; returns (first, last) inclusive.
+
+        Reads ``/latest_producer_id_block`` and writes the following block at the
+        read version; a concurrent allocation makes the write fail and we retry,
+        so no two callers (or restarts) ever get overlapping blocks.
+        """
+        zk = self.kazoo
+        while True:
+            try:
+                data, stat = zk.retry(zk.get, L.LATEST_PRODUCER_ID_BLOCK)
+            except NoNodeError:
+                data, stat = None, None
+            previous = L.decode_producer_id_block(data)
+            start = 0 if previous is None else previous.end + 1
+            end = start + block_size - 1
+            if end > 2 ** 63 - 1:
+                raise ZkClientError("producer ids exhausted")
+            block = L.encode_producer_id_block(L.ProducerIdBlock(self.broker_id, start, end))
+            try:
+                if stat is None:
+                    zk.create(L.LATEST_PRODUCER_ID_BLOCK, block, makepath=True)
+                else:
+                    zk.set(L.LATEST_PRODUCER_ID_BLOCK, block, version=stat.version)
+                return start, end
+            except (BadVersionError, NodeExistsError):
+                continue  # someone else took this block: read theirs and go on from it
+
+
+def _failed(results: list) -> tuple[int, Exception] | None:
+    """The first real failure of a committed multi-op (others report RolledBackError)."""
+    for i, r in enumerate(results):
+        if isinstance(r, Exception) and not isinstance(r, RolledBackError):
+            return i, r
+    for i, r in enumerate(results):
+        if isinstance(r, Exception):
+            return i, r
+    return None
+
+
+def _check_assignment(assignment: dict[int, list[int]], start: int) -> None:
+    if not assignment:
+        raise ValueError("an assignment needs at least one partition")
+    if sorted(int(p) for p in assignment) != list(range(start, start + len(assignment))):
+        raise ValueError(f"partitions must be numbered {start}..{start + len(assignment) - 1}")
+    for p, replicas in assignment.items():
+        if not replicas or len(set(replicas)) != len(replicas):
+            raise ValueError(f"partition {p}: replicas must be a non-empty list without duplicates")
+
+
+__all__ = ["BrokerZk", "ZkClientError", "BrokerRegistrationError", "TopicExistsError", "TopicNotFoundError",
+           "PartitionNotFoundError", "StaleVersionError", "NotControllerError"]

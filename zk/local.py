@@ -1,0 +1,297 @@
+"""Run a local standalone ZooKeeper from Debian's ``zookeeper`` package.
+
+The package ships no usable service unit for our needs, so we start
+``ZooKeeperServerMain`` ourselves with a generated ``zoo.cfg``. Everything the
+server needs lives in ``data_dir``: ``zoo.cfg``, the snapshot/txn logs
+(``version-2/``), ``zookeeper.log`` and ``zookeeper.pid``. The pid file lets a
+later process (``kbroker cluster down``) find and stop a server that an earlier
+process started.
+
+Readiness is ``srvr`` answering ``Mode: standalone``: ``ruok`` answers before
+the database is loaded, and clients connecting then are dropped.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
+ZOOKEEPER_CONF_DIR = "/etc/zookeeper/conf"
+SLF4J_SIMPLE_JAR = "/usr/share/java/slf4j-simple.jar"
+MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
+
+CONFIG_FILE = "zoo.cfg"
+LOG_FILE = "zookeeper.log"
+PID_FILE = "zookeeper.pid"
+
+LOOPBACK = "127.0.0.1"
+_INSTALL_HINT = "install Debian's zookeeper package (apt-get install -y zookeeper)"
+
+
+class ZooKeeperNotInstalled(RuntimeError):
+    """java or the ZooKeeper jar is missing."""
+
+
+class ZooKeeperStartError(RuntimeError):
+    """The server died during start-up or did not become ready in time."""
+
+
+def four_letter_word(port: int, word: str, host: str = LOOPBACK, timeout: float = 1.0) -> str:
+    """Send a four-letter command (``srvr``, ``ruok``, ``conf``...) and return the reply text."""
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(word.encode("ascii"))
+        chunks = []
+        while True:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+class ZkProcess:
+    """A ZooKeeper server process we started (``popen`` set) or re-attached to via the pid file."""
+
+    def __init__(self, pid: int, port: int, data_dir: str | os.PathLike, tick_time_ms: int,
+                 popen: subprocess.Popen | None = None):
+        self.pid = pid
+        self.port = port
+        self.data_dir = Path(data_dir)
+        self.tick_time_ms = tick_time_ms
+        self.host = LOOPBACK
+        self._popen = popen
+
+    @property
+    def connect_string(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def is_running(self) -> bool:
+        if self._popen is not None:
+            return self._popen.poll() is None
+        return _pid_is_our_server(self.pid, self.data_dir)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM, wait up to ``timeout`` seconds, then SIGKILL. Idempotent."""
+        if self.is_running():
+            try:
+                os.kill(self.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            if not self._wait_exit(timeout):
+                try:
+                    os.kill(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self._wait_exit(timeout)
+        elif self._popen is not None:
+            self._popen.poll()  # reap
+        pid_file = self.data_dir / PID_FILE
+        try:
+            if int(pid_file.read_text().strip()) == self.pid:
+                pid_file.unlink()
+        except (OSError, ValueError):
+            pass
+
+    def _wait_exit(self, timeout: float) -> bool:
+        if self._popen is not None:
+            try:
+                self._popen.wait(timeout)
+                return True
+            except subprocess.TimeoutExpired:
+                return False
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not _pid_is_our_server(self.pid, self.data_dir):
+                return True
+            time.sleep(0.05)  # polling a non-child pid: there is nothing to block on
+        return not _pid_is_our_server(self.pid, self.data_dir)
+
+    def log_tail(self, lines: int = 40) -> str:
+        return _tail(self.data_dir / LOG_FILE, 0, lines)
+
+    def __enter__(self) -> "ZkProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"ZkProcess(pid={self.pid}, port={self.port}, data_dir={str(self.data_dir)!r})"
+
+
+def find_running(data_dir: str | os.PathLike) -> ZkProcess | None:
+    """Re-attach to a server started earlier (possibly by another process) on ``data_dir``.
+
+    Returns None if there is no pid file or its pid is not our ZooKeeper (a stale
+    pid file after a crash or reboot, or a recycled pid).
+    """
+    data_dir = Path(data_dir).resolve()
+    try:
+        pid = int((data_dir / PID_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    if not _pid_is_our_server(pid, data_dir):
+        return None
+    cfg = _read_cfg(data_dir / CONFIG_FILE)
+    return ZkProcess(pid, int(cfg["clientPort"]), data_dir, int(cfg.get("tickTime", 2000)))
+
+
+def start_zookeeper(data_dir: str | os.PathLike, port: int = 0, tick_time_ms: int = 2000, *,
+                    ready_timeout: float = 30.0, java: str | None = None,
+                    zookeeper_jar: str = ZOOKEEPER_JAR) -> ZkProcess:
+    """Start a standalone server on 127.0.0.1 and return once it serves clients.
+
+    ``port=0`` picks a free port; as the pick can race with another process
+    binding it, a start that dies on a taken port is retried with a new one.
+    """
+    java = java or _find_java()
+    if not os.path.isfile(zookeeper_jar):
+        raise ZooKeeperNotInstalled(f"{zookeeper_jar} not found: {_INSTALL_HINT}")
+    data_dir = Path(data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    running = find_running(data_dir)
+    if running is not None:
+        raise ZooKeeperStartError(
+            f"a ZooKeeper (pid {running.pid}, port {running.port}) already runs on {data_dir}; "
+            "use find_running() to re-attach")
+
+    attempts = 5 if port == 0 else 1
+    for attempt in range(attempts):
+        chosen = port or _free_port()
+        if port and _port_in_use(port):
+            raise ZooKeeperStartError(f"port {port} on {LOOPBACK} is already in use")
+        try:
+            return _start_once(java, zookeeper_jar, data_dir, chosen, tick_time_ms, ready_timeout)
+        except _PortTaken:
+            if port:
+                raise ZooKeeperStartError(f"port {port} on {LOOPBACK} is already in use") from None
+            if attempt == attempts - 1:
+                raise ZooKeeperStartError(f"no free port found after {attempts} attempts") from None
+    raise AssertionError("unreachable")
+
+
+class _PortTaken(Exception):
+    pass
+
+
+def _start_once(java: str, jar: str, data_dir: Path, port: int, tick_time_ms: int,
+                ready_timeout: float) -> ZkProcess:
+    cfg_path = data_dir / CONFIG_FILE
+    cfg_path.write_text(
+        f"tickTime={tick_time_ms}\n"
+        f"dataDir={data_dir}\n"
+        f"clientPort={port}\n"
+        f"clientPortAddress={LOOPBACK}\n"
+        "maxClientCnxns=0\n"
+        # Otherwise an admin HTTP server grabs port 8080.
+        "admin.enableServer=false\n"
+        "4lw.commands.whitelist=ruok,srvr,stat,mntr,conf\n")
+    classpath = [ZOOKEEPER_CONF_DIR, jar]
+    if os.path.isfile(SLF4J_SIMPLE_JAR):
+        classpath.append(SLF4J_SIMPLE_JAR)  # the package has no slf4j binding: no log without it
+    cmd = [java, "-Xms64m", "-Xmx256m", "-XX:+UseSerialGC", "-cp", ":".join(classpath),
+           MAIN_CLASS, str(cfg_path)]
+    log_path = data_dir / LOG_FILE
+    with open(log_path, "ab") as log:
+        log_start = log.tell()
+        # A new session: the server must outlive the process that started it
+        # (``kbroker cluster up`` exits) and ignore a Ctrl-C aimed at that process.
+        popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                 cwd=data_dir, start_new_session=True)
+    (data_dir / PID_FILE).write_text(f"{popen.pid}\n")
+    proc = ZkProcess(popen.pid, port, data_dir, tick_time_ms, popen)
+
+    deadline = time.monotonic() + ready_timeout
+    while True:
+        if popen.poll() is not None:
+            proc.stop()  # removes the pid file
+            tail = _tail(log_path, log_start)
+            # Without slf4j-simple the log is silent: also probe the port itself.
+            if "BindException" in tail or _port_in_use(port):
+                raise _PortTaken()
+            raise ZooKeeperStartError(
+                f"ZooKeeper exited with status {popen.returncode} during start-up; "
+                f"{log_path} ends with:\n{tail}")
+        if _is_ready(port, data_dir):
+            return proc
+        if time.monotonic() > deadline:
+            proc.stop()
+            raise ZooKeeperStartError(
+                f"ZooKeeper not ready on port {port} after {ready_timeout:.0f}s; "
+                f"{log_path} ends with:\n{_tail(log_path, log_start)}")
+        time.sleep(0.05)  # poll interval of the readiness check
+
+
+def _is_ready(port: int, data_dir: Path) -> bool:
+    try:
+        if "Mode: standalone" not in four_letter_word(port, "srvr"):
+            return False
+        # Make sure the answer comes from *our* server, not another one on that port.
+        return f"dataDir={data_dir}/version-2\n" in four_letter_word(port, "conf")
+    except OSError:
+        return False
+
+
+def _find_java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and os.access(os.path.join(java_home, "bin", "java"), os.X_OK):
+        return os.path.join(java_home, "bin", "java")
+    java = shutil.which("java")
+    if java is None:
+        raise ZooKeeperNotInstalled(f"java not found on PATH: {_INSTALL_HINT} (it pulls in a JRE)")
+    return java
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return sock.getsockname()[1]
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # SO_REUSEADDR: only a live listener counts, not TIME_WAIT leftovers.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((LOOPBACK, port))
+        except OSError:
+            return True
+    return False
+
+
+def _pid_is_our_server(pid: int, data_dir: Path) -> bool:
+    """True if ``pid`` is a live (not zombie) ZooKeeperServerMain using ``data_dir``'s zoo.cfg."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    if stat.rsplit(")", 1)[-1].split()[0] == "Z":
+        return False
+    cfg = str(Path(data_dir).resolve() / CONFIG_FILE).encode()
+    return MAIN_CLASS.encode() in cmdline and cfg in cmdline
+
+
+def _read_cfg(path: Path) -> dict[str, str]:
+    cfg = {}
+    for line in path.read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not key.lstrip().startswith("#"):
+            cfg[key.strip()] = value.strip()
+    return cfg
+
+
+def _tail(path: Path, start: int, lines: int = 40) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
