@@ -1,0 +1,777 @@
+"""Broker configuration: ``server.properties`` with Kafka 3.9's key names, types and defaults.
+
+A config is a ``server.properties`` text plus ``--override key=value`` pairs (overrides win). Every
+key is looked up in :data:`BROKER_CONFIGS`:
+
+* a key kbroker implements is parsed, validated and used;
+* a real Kafka key kbroker does not implement yet is parsed and validated too (a bad value is still a
+  mistake) but only **warned** about, so an existing Kafka config file keeps loading;
+* any other key raises :class:`ConfigError`. Kafka itself only logs "isn't a known config" for those;
+  we refuse because a typo such as ``log.retention.hour`` would otherwise silently keep the default.
+
+Error texts follow Kafka's ``ConfigException`` wording (``Invalid value abc for configuration
+num.partitions: Not a number of type INT``) so people can search for them.
+
+Our own keys carry a ``kbroker.`` prefix (``kbroker.metrics.port``) so they never collide with Kafka's.
+
+Reading values::
+
+    config = BrokerConfig.from_file("server.properties", overrides=["num.partitions=3"])
+    config.get("num.partitions")        # typed value, Kafka's default when unset (3 here)
+    config.get_int("num.partitions")    # the same, checked to be an int/long/short key
+    config.broker_id, config.listeners, config.advertised_listeners, config.log_dirs,
+    config.log_retention_ms, config.log_roll_ms, ...   # derived values (precedence rules applied)
+    config.topic_defaults()             # {"retention.ms": 604800000, ...} with Kafka's topic key names
+
+Topic-level configs (CreateTopics/AlterConfigs/DescribeConfigs) use :data:`TOPIC_CONFIGS` and
+:func:`parse_topic_config`.
+"""
+from __future__ import annotations
+
+import difflib
+import logging
+import re
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+log = logging.getLogger(__name__)
+
+INT_MAX = 2**31 - 1
+LONG_MAX = 2**63 - 1
+_LIMITS = {"int": (-(2**31), INT_MAX), "short": (-(2**15), 2**15 - 1), "long": (-(2**63), LONG_MAX)}
+
+# Kafka's smallest legal segment: one v0 legacy record's overhead (14 bytes) in 3.9.
+MIN_SEGMENT_BYTES = 14
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
+CLEANUP_POLICIES = ("compact", "delete")
+COMPRESSION_TYPES = ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer")
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used. ``key`` names the offending key (None for file-level errors)."""
+
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(message)
+        self.key = key
+
+
+# --------------------------------------------------------------------------------------------------
+# Validators. Each takes (key, typed value) and raises ConfigError with Kafka's wording.
+
+Validator = Callable[[str, Any], None]
+
+
+def _invalid(key: str, value: Any, why: str) -> ConfigError:
+    return ConfigError(f"Invalid value {format_value(value)} for configuration {key}: {why}", key)
+
+
+def at_least(lo: int | float) -> Validator:
+    def check(key: str, value: Any) -> None:
+        if value is None:
+            raise _invalid(key, value, "Value must be non-null")
+        if value < lo:
+            raise _invalid(key, value, f"Value must be at least {lo}")
+    check.__doc__ = f"[{lo},...]"
+    return check
+
+
+def between(lo: int | float, hi: int | float) -> Validator:
+    def check(key: str, value: Any) -> None:
+        if value is None:
+            raise _invalid(key, value, "Value must be non-null")
+        if value < lo:
+            raise _invalid(key, value, f"Value must be at least {lo}")
+        if value > hi:
+            raise _invalid(key, value, f"Value must be no more than {hi}")
+    check.__doc__ = f"[{lo},...,{hi}]"
+    return check
+
+
+def one_of(*allowed: str, case_sensitive: bool = True) -> Validator:
+    def check(key: str, value: Any) -> None:
+        ok = value in allowed if case_sensitive else (
+            value is not None and value.lower() in {a.lower() for a in allowed})
+        if not ok:
+            raise _invalid(key, value, f"String must be one of: {', '.join(allowed)}")
+    check.__doc__ = f"[{', '.join(allowed)}]"
+    return check
+
+
+def list_of(*allowed: str) -> Validator:
+    def check(key: str, value: Any) -> None:
+        for item in value or ():
+            if item not in allowed:
+                raise _invalid(key, value, f"String must be one of: {', '.join(allowed)}")
+    check.__doc__ = f"[{', '.join(allowed)}]"
+    return check
+
+
+# --------------------------------------------------------------------------------------------------
+# Types: parse the (trimmed) text of a property the way Kafka's ConfigDef does.
+
+_INTEGER = re.compile(r"[+-]?[0-9]+\Z")
+_DOUBLE = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?[dDfF]?\Z")
+
+
+def parse_value(key: str, type_: str, text: str) -> Any:
+    text = text.strip()
+    if type_ in _LIMITS:
+        lo, hi = _LIMITS[type_]
+        if not _INTEGER.match(text) or not lo <= int(text) <= hi:
+            raise _invalid(key, text, f"Not a number of type {type_.upper()}")
+        return int(text)
+    if type_ == "double":
+        if not _DOUBLE.match(text):
+            raise _invalid(key, text, "Not a number of type DOUBLE")
+        return float(text.rstrip("dDfF"))
+    if type_ == "boolean":
+        if text.lower() not in ("true", "false"):
+            raise _invalid(key, text, "Expected value to be either true or false")
+        return text.lower() == "true"
+    if type_ == "list":
+        return [] if not text else [item.strip() for item in text.split(",")]
+    if type_ in ("string", "password", "class"):
+        return text
+    raise AssertionError(f"unknown config type {type_!r} for {key}")
+
+
+def format_value(value: Any) -> str:
+    """A typed value as Kafka prints it (DescribeConfigs values, error messages)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return ",".join(value)
+    return str(value)
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    name: str
+    type: str                   # int, short, long, double, boolean, string, list, password, class
+    default: Any                # typed; None = Kafka has no default ("null")
+    validator: Validator | None = None
+    implemented: bool = False   # False: accepted with a warning, kbroker ignores it for now
+    doc: str = ""
+
+    def parse(self, text: str) -> Any:
+        value = parse_value(self.name, self.type, text)
+        if self.validator is not None:
+            self.validator(self.name, value)
+        return value
+
+
+def _table(*keys: ConfigKey) -> dict[str, ConfigKey]:
+    out: dict[str, ConfigKey] = {}
+    for k in keys:
+        assert k.name not in out, k.name
+        out[k.name] = k
+    return out
+
+
+def _impl(name: str, type_: str, default: Any, validator: Validator | None = None, doc: str = "") -> ConfigKey:
+    return ConfigKey(name, type_, default, validator, True, doc)
+
+
+def _known(name: str, type_: str, default: Any, validator: Validator | None = None) -> ConfigKey:
+    return ConfigKey(name, type_, default, validator, False)
+
+
+_DEFAULT_PROTOCOL_MAP = "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL"
+
+# Kafka 3.9 broker keys (ZooKeeper mode). Defaults and ranges are Kafka's.
+BROKER_CONFIGS: dict[str, ConfigKey] = _table(
+    # --- implemented --------------------------------------------------------------------------
+    _impl("broker.id", "int", -1, doc="-1 = generated id (not yet implemented: set an id)"),
+    _impl("broker.rack", "string", None),
+    _impl("listeners", "string", "PLAINTEXT://:9092", doc="an empty host binds every interface"),
+    _impl("advertised.listeners", "string", None, doc="falls back to listeners"),
+    _impl("listener.security.protocol.map", "string", _DEFAULT_PROTOCOL_MAP),
+    _impl("log.dirs", "string", None, doc="comma-separated; overrides log.dir"),
+    _impl("log.dir", "string", "/tmp/kafka-logs"),
+    _impl("num.partitions", "int", 1, at_least(1)),
+    _impl("default.replication.factor", "int", 1),
+    _impl("min.insync.replicas", "int", 1, at_least(1)),
+    _impl("auto.create.topics.enable", "boolean", True),
+    _impl("delete.topic.enable", "boolean", True),
+    _impl("log.segment.bytes", "int", 1024**3, at_least(MIN_SEGMENT_BYTES)),
+    _impl("log.roll.ms", "long", None, doc="wins over log.roll.hours"),
+    _impl("log.roll.hours", "int", 168, at_least(1)),
+    _impl("log.retention.ms", "long", None, doc="wins over minutes and hours; -1 = no time limit"),
+    _impl("log.retention.minutes", "int", None, doc="wins over hours"),
+    _impl("log.retention.hours", "int", 168),
+    _impl("log.retention.bytes", "long", -1, doc="per partition; -1 = no size limit"),
+    _impl("log.retention.check.interval.ms", "long", 300000, at_least(1)),
+    _impl("log.index.interval.bytes", "int", 4096, at_least(0)),
+    _impl("log.index.size.max.bytes", "int", 10 * 1024 * 1024, at_least(4)),
+    _impl("log.flush.interval.messages", "long", LONG_MAX, at_least(1)),
+    _impl("log.flush.interval.ms", "long", None, doc="falls back to log.flush.scheduler.interval.ms"),
+    _impl("log.flush.offset.checkpoint.interval.ms", "int", 60000, at_least(0)),
+    _impl("log.flush.scheduler.interval.ms", "long", LONG_MAX),
+    _impl("log.message.timestamp.type", "string", "CreateTime", one_of(*TIMESTAMP_TYPES)),
+    _impl("message.max.bytes", "int", 1024 * 1024 + 12, at_least(0)),
+    _impl("socket.request.max.bytes", "int", 100 * 1024 * 1024, at_least(1)),
+    _impl("socket.send.buffer.bytes", "int", 100 * 1024, doc="-1 = OS default"),
+    _impl("socket.receive.buffer.bytes", "int", 100 * 1024, doc="-1 = OS default"),
+    _impl("queued.max.request.bytes", "long", -1, doc="-1 = no limit"),
+    _impl("queued.max.requests", "int", 500, at_least(1)),
+    _impl("connections.max.idle.ms", "long", 10 * 60 * 1000),
+    _impl("num.network.threads", "int", 3, at_least(1)),
+    _impl("num.io.threads", "int", 8, at_least(1)),
+    _impl("zookeeper.connect", "string", None, doc="required: host:port[,host:port][/chroot]"),
+    _impl("zookeeper.session.timeout.ms", "int", 18000),
+    _impl("zookeeper.connection.timeout.ms", "int", None, doc="falls back to the session timeout"),
+    _impl("offsets.topic.replication.factor", "short", 3, at_least(1)),
+    _impl("transaction.state.log.replication.factor", "short", 3, at_least(1)),
+    _impl("transaction.state.log.min.isr", "int", 2, at_least(1)),
+    _impl("group.initial.rebalance.delay.ms", "int", 3000),
+    _impl("replica.lag.time.max.ms", "long", 30000),
+    _impl("unclean.leader.election.enable", "boolean", False),
+    _impl("producer.id.expiration.ms", "int", 86400000, at_least(1)),
+    # kbroker's own keys.
+    _impl("kbroker.metrics.port", "int", -1, between(-1, 65535),
+          doc="Prometheus /metrics HTTP port on the listener host; -1 = off, 0 = any free port"),
+    # --- known Kafka keys, not implemented yet (warned about) ------------------------------------
+    _known("broker.id.generation.enable", "boolean", True),
+    _known("reserved.broker.max.id", "int", 1000, at_least(0)),
+    _known("background.threads", "int", 10, at_least(1)),
+    _known("request.timeout.ms", "int", 30000),
+    _known("compression.type", "string", "producer", one_of(*COMPRESSION_TYPES, case_sensitive=False)),
+    _known("compression.gzip.level", "int", -1),
+    _known("compression.lz4.level", "int", 9),
+    _known("compression.zstd.level", "int", 3),
+    _known("num.recovery.threads.per.data.dir", "int", 1, at_least(1)),
+    _known("num.replica.fetchers", "int", 1),
+    _known("num.replica.alter.log.dirs.threads", "int", None),
+    _known("auto.leader.rebalance.enable", "boolean", True),
+    _known("leader.imbalance.per.broker.percentage", "int", 10),
+    _known("leader.imbalance.check.interval.seconds", "long", 300, at_least(1)),
+    _known("controlled.shutdown.enable", "boolean", True),
+    _known("controlled.shutdown.max.retries", "int", 3),
+    _known("controlled.shutdown.retry.backoff.ms", "long", 5000),
+    _known("controller.socket.timeout.ms", "int", 30000),
+    _known("replica.fetch.max.bytes", "int", 1024 * 1024, at_least(0)),
+    _known("replica.fetch.min.bytes", "int", 1),
+    _known("replica.fetch.wait.max.ms", "int", 500),
+    _known("replica.fetch.backoff.ms", "int", 1000, at_least(0)),
+    _known("replica.fetch.response.max.bytes", "int", 10 * 1024 * 1024, at_least(0)),
+    _known("replica.socket.timeout.ms", "int", 30000),
+    _known("replica.socket.receive.buffer.bytes", "int", 64 * 1024),
+    _known("replica.high.watermark.checkpoint.interval.ms", "long", 5000),
+    _known("replica.selector.class", "string", None),
+    _known("fetch.purgatory.purge.interval.requests", "int", 1000),
+    _known("producer.purgatory.purge.interval.requests", "int", 1000),
+    _known("delete.records.purgatory.purge.interval.requests", "int", 1),
+    _known("inter.broker.listener.name", "string", None),
+    _known("inter.broker.protocol.version", "string", "3.9-IV0"),
+    _known("security.inter.broker.protocol", "string", "PLAINTEXT", one_of(*SECURITY_PROTOCOLS)),
+    _known("control.plane.listener.name", "string", None),
+    _known("socket.listen.backlog.size", "int", 50, at_least(1)),
+    _known("max.connections", "int", INT_MAX, at_least(0)),
+    _known("max.connections.per.ip", "int", INT_MAX, at_least(0)),
+    _known("max.connections.per.ip.overrides", "string", ""),
+    _known("max.connection.creation.rate", "int", INT_MAX, at_least(0)),
+    _known("connection.failed.authentication.delay.ms", "int", 100, at_least(0)),
+    _known("log.cleanup.policy", "list", ["delete"], list_of(*CLEANUP_POLICIES)),
+    _known("log.cleaner.enable", "boolean", True),
+    _known("log.cleaner.threads", "int", 1, at_least(0)),
+    _known("log.cleaner.io.max.bytes.per.second", "double", 1.7976931348623157e308),
+    _known("log.cleaner.dedupe.buffer.size", "long", 128 * 1024 * 1024),
+    _known("log.cleaner.io.buffer.size", "int", 512 * 1024, at_least(0)),
+    _known("log.cleaner.io.buffer.load.factor", "double", 0.9),
+    _known("log.cleaner.backoff.ms", "long", 15000, at_least(0)),
+    _known("log.cleaner.min.cleanable.ratio", "double", 0.5, between(0, 1)),
+    _known("log.cleaner.delete.retention.ms", "long", 86400000, at_least(0)),
+    _known("log.cleaner.min.compaction.lag.ms", "long", 0, at_least(0)),
+    _known("log.cleaner.max.compaction.lag.ms", "long", LONG_MAX, at_least(1)),
+    _known("log.roll.jitter.ms", "long", None),
+    _known("log.roll.jitter.hours", "int", 0, at_least(0)),
+    _known("log.segment.delete.delay.ms", "long", 60000, at_least(0)),
+    _known("log.flush.start.offset.checkpoint.interval.ms", "int", 60000, at_least(0)),
+    _known("log.preallocate", "boolean", False),
+    _known("log.message.format.version", "string", "3.0-IV1"),
+    _known("log.message.timestamp.difference.max.ms", "long", LONG_MAX),
+    _known("log.message.timestamp.before.max.ms", "long", LONG_MAX, at_least(0)),
+    _known("log.message.timestamp.after.max.ms", "long", LONG_MAX, at_least(0)),
+    _known("log.message.downconversion.enable", "boolean", True),
+    _known("log.local.retention.ms", "long", -2),
+    _known("log.local.retention.bytes", "long", -2),
+    _known("log.initial.task.delay.ms", "long", 30000, at_least(0)),
+    _known("remote.log.storage.system.enable", "boolean", False),
+    _known("offsets.topic.num.partitions", "int", 50, at_least(1)),
+    _known("offsets.topic.segment.bytes", "int", 100 * 1024 * 1024, at_least(1)),
+    _known("offsets.topic.compression.codec", "int", 0),
+    _known("offsets.retention.minutes", "int", 7 * 24 * 60, at_least(1)),
+    _known("offsets.retention.check.interval.ms", "long", 600000, at_least(1)),
+    _known("offsets.commit.timeout.ms", "int", 5000, at_least(1)),
+    _known("offsets.commit.required.acks", "short", -1),
+    _known("offsets.load.buffer.size", "int", 5 * 1024 * 1024, at_least(1)),
+    _known("offset.metadata.max.bytes", "int", 4096),
+    _known("group.min.session.timeout.ms", "int", 6000),
+    _known("group.max.session.timeout.ms", "int", 1800000),
+    _known("group.max.size", "int", INT_MAX, at_least(1)),
+    _known("group.coordinator.rebalance.protocols", "list", ["classic"]),
+    _known("transaction.state.log.num.partitions", "int", 50, at_least(1)),
+    _known("transaction.state.log.segment.bytes", "int", 100 * 1024 * 1024, at_least(1)),
+    _known("transaction.state.log.load.buffer.size", "int", 5 * 1024 * 1024, at_least(1)),
+    _known("transactional.id.expiration.ms", "int", 604800000, at_least(1)),
+    _known("transaction.max.timeout.ms", "int", 900000, at_least(1)),
+    _known("transaction.abort.timed.out.transaction.cleanup.interval.ms", "int", 10000, at_least(1)),
+    _known("transaction.remove.expired.transaction.cleanup.interval.ms", "int", 3600000, at_least(1)),
+    _known("transaction.partition.verification.enable", "boolean", True),
+    _known("producer.id.expiration.check.interval.ms", "int", 600000, at_least(1)),
+    _known("max.incremental.fetch.session.cache.slots", "int", 1000, at_least(0)),
+    _known("fetch.max.bytes", "int", 55 * 1024 * 1024, at_least(1024)),
+    _known("quota.window.num", "int", 11, at_least(1)),
+    _known("quota.window.size.seconds", "int", 1, at_least(1)),
+    _known("replication.quota.window.num", "int", 11, at_least(1)),
+    _known("replication.quota.window.size.seconds", "int", 1, at_least(1)),
+    _known("metric.reporters", "list", []),
+    _known("metrics.num.samples", "int", 2, at_least(1)),
+    _known("metrics.sample.window.ms", "long", 30000, at_least(1)),
+    _known("metrics.recording.level", "string", "INFO"),
+    _known("kafka.metrics.reporters", "list", []),
+    _known("kafka.metrics.polling.interval.secs", "int", 10, at_least(1)),
+    _known("auto.include.jmx.reporter", "boolean", True),
+    _known("authorizer.class.name", "string", ""),
+    _known("super.users", "string", None),
+    _known("principal.builder.class", "class", None),
+    _known("create.topic.policy.class.name", "class", None),
+    _known("alter.config.policy.class.name", "class", None),
+    _known("unstable.api.versions.enable", "boolean", False),
+    _known("zookeeper.set.acl", "boolean", False),
+    _known("zookeeper.max.in.flight.requests", "int", 10, at_least(1)),
+    _known("zookeeper.sync.time.ms", "int", 2000),
+    _known("zookeeper.clientCnxnSocket", "string", None),
+    _known("zookeeper.ssl.client.enable", "boolean", False),
+    _known("zookeeper.metadata.migration.enable", "boolean", False),
+    _known("process.roles", "list", []),
+    _known("node.id", "int", -1),
+    _known("controller.quorum.voters", "list", []),
+    _known("controller.listener.names", "string", None),
+    _known("metadata.log.dir", "string", None),
+    _known("ssl.protocol", "string", "TLSv1.3"),
+    _known("ssl.enabled.protocols", "list", ["TLSv1.2", "TLSv1.3"]),
+    _known("ssl.cipher.suites", "list", []),
+    _known("ssl.client.auth", "string", "none", one_of("required", "requested", "none")),
+    _known("ssl.endpoint.identification.algorithm", "string", "https"),
+    _known("ssl.keystore.type", "string", "JKS"),
+    _known("ssl.keystore.location", "string", None),
+    _known("ssl.keystore.password", "password", None),
+    _known("ssl.key.password", "password", None),
+    _known("ssl.truststore.type", "string", "JKS"),
+    _known("ssl.truststore.location", "string", None),
+    _known("ssl.truststore.password", "password", None),
+    _known("sasl.enabled.mechanisms", "list", ["GSSAPI"]),
+    _known("sasl.mechanism.inter.broker.protocol", "string", "GSSAPI"),
+    _known("sasl.kerberos.service.name", "string", None),
+    _known("sasl.jaas.config", "password", None),
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# Topic-level configs: Kafka's topic key names, each with the broker key whose value is its default.
+
+@dataclass(frozen=True)
+class TopicConfigKey:
+    name: str
+    type: str
+    default: Any            # Kafka's default for a broker with every default
+    validator: Validator | None = None
+    implemented: bool = False
+    synonyms: tuple[str, ...] = ()   # broker keys in precedence order (DescribeConfigs synonyms)
+
+    def parse(self, text: str) -> Any:
+        value = parse_value(self.name, self.type, text)
+        if self.validator is not None:
+            self.validator(self.name, value)
+        return value
+
+
+def _topic(name, type_, default, validator=None, synonyms=(), implemented=True) -> TopicConfigKey:
+    return TopicConfigKey(name, type_, default, validator, implemented, tuple(synonyms))
+
+
+_WEEK_MS = 7 * 24 * 3600 * 1000
+
+TOPIC_CONFIGS: dict[str, TopicConfigKey] = {k.name: k for k in (
+    _topic("segment.bytes", "int", 1024**3, at_least(MIN_SEGMENT_BYTES), ["log.segment.bytes"]),
+    _topic("segment.ms", "long", _WEEK_MS, at_least(1), ["log.roll.ms", "log.roll.hours"]),
+    _topic("retention.ms", "long", _WEEK_MS, at_least(-1),
+           ["log.retention.ms", "log.retention.minutes", "log.retention.hours"]),
+    _topic("retention.bytes", "long", -1, None, ["log.retention.bytes"]),
+    _topic("max.message.bytes", "int", 1024 * 1024 + 12, at_least(0), ["message.max.bytes"]),
+    _topic("message.timestamp.type", "string", "CreateTime", one_of(*TIMESTAMP_TYPES),
+           ["log.message.timestamp.type"]),
+    _topic("index.interval.bytes", "int", 4096, at_least(0), ["log.index.interval.bytes"]),
+    _topic("segment.index.bytes", "int", 10 * 1024 * 1024, at_least(4), ["log.index.size.max.bytes"]),
+    _topic("flush.messages", "long", LONG_MAX, at_least(1), ["log.flush.interval.messages"]),
+    _topic("flush.ms", "long", LONG_MAX, at_least(0),
+           ["log.flush.interval.ms", "log.flush.scheduler.interval.ms"]),
+    _topic("min.insync.replicas", "int", 1, at_least(1), ["min.insync.replicas"]),
+    _topic("cleanup.policy", "list", ["delete"], list_of(*CLEANUP_POLICIES), ["log.cleanup.policy"]),
+    _topic("unclean.leader.election.enable", "boolean", False, None, ["unclean.leader.election.enable"]),
+    # Known topic keys kbroker does not act on yet; accepted and stored so tools round-trip them.
+    _topic("segment.jitter.ms", "long", 0, at_least(0), ["log.roll.jitter.ms", "log.roll.jitter.hours"], False),
+    _topic("delete.retention.ms", "long", 86400000, at_least(0), ["log.cleaner.delete.retention.ms"], False),
+    _topic("min.compaction.lag.ms", "long", 0, at_least(0), ["log.cleaner.min.compaction.lag.ms"], False),
+    _topic("max.compaction.lag.ms", "long", LONG_MAX, at_least(1), ["log.cleaner.max.compaction.lag.ms"], False),
+    _topic("min.cleanable.dirty.ratio", "double", 0.5, between(0, 1), ["log.cleaner.min.cleanable.ratio"], False),
+    _topic("file.delete.delay.ms", "long", 60000, at_least(0), ["log.segment.delete.delay.ms"], False),
+    _topic("compression.type", "string", "producer", one_of(*COMPRESSION_TYPES, case_sensitive=False),
+           ["compression.type"], False),
+    _topic("compression.gzip.level", "int", -1, None, ["compression.gzip.level"], False),
+    _topic("compression.lz4.level", "int", 9, None, ["compression.lz4.level"], False),
+    _topic("compression.zstd.level", "int", 3, None, ["compression.zstd.level"], False),
+    _topic("preallocate", "boolean", False, None, ["log.preallocate"], False),
+    _topic("message.format.version", "string", "3.0-IV1", None, ["log.message.format.version"], False),
+    _topic("message.timestamp.difference.max.ms", "long", LONG_MAX, None,
+           ["log.message.timestamp.difference.max.ms"], False),
+    _topic("message.timestamp.before.max.ms", "long", LONG_MAX, at_least(0),
+           ["log.message.timestamp.before.max.ms"], False),
+    _topic("message.timestamp.after.max.ms", "long", LONG_MAX, at_least(0),
+           ["log.message.timestamp.after.max.ms"], False),
+    _topic("message.downconversion.enable", "boolean", True, None, ["log.message.downconversion.enable"], False),
+    _topic("leader.replication.throttled.replicas", "list", [], None, (), False),
+    _topic("follower.replication.throttled.replicas", "list", [], None, (), False),
+    _topic("local.retention.ms", "long", -2, None, ["log.local.retention.ms"], False),
+    _topic("local.retention.bytes", "long", -2, None, ["log.local.retention.bytes"], False),
+    _topic("remote.storage.enable", "boolean", False, None, (), False),
+)}
+
+
+def parse_topic_config(key: str, text: str) -> Any:
+    """Validate one topic config (CreateTopics / AlterConfigs); ConfigError → INVALID_CONFIG."""
+    spec = TOPIC_CONFIGS.get(key)
+    if spec is None:
+        raise ConfigError(f"Unknown topic config name: {key}", key)
+    return spec.parse(text)
+
+
+# --------------------------------------------------------------------------------------------------
+# Listeners.
+
+_ENDPOINT = re.compile(r"^([^:/]+)://\[?([0-9A-Za-z\-%._:]*?)\]?:(-?[0-9]+)$")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    listener_name: str       # upper-cased, e.g. PLAINTEXT
+    security_protocol: str
+    host: str                # "" = every interface (listeners only)
+    port: int                # 0 = any free port (listeners only)
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.listener_name}://{host}:{self.port}"
+
+
+def _protocol_map(text: str) -> dict[str, str]:
+    key = "listener.security.protocol.map"
+    out: dict[str, str] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, proto = item.partition(":")
+        name, proto = name.strip().upper(), proto.strip().upper()
+        if not sep or not name:
+            raise _invalid(key, text, f"Expected LISTENER_NAME:SECURITY_PROTOCOL, got '{item}'")
+        if proto not in SECURITY_PROTOCOLS:
+            raise _invalid(key, text, f"Unknown security protocol {proto} for listener {name}")
+        out[name] = proto
+    return out
+
+
+def _parse_listeners(key: str, text: str, protocol_map: Mapping[str, str]) -> list[Endpoint]:
+    endpoints: list[Endpoint] = []
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        m = _ENDPOINT.match(item)
+        if not m:
+            raise _invalid(key, text, f"Unable to parse {item} to a broker endpoint")
+        name, host, port = m.group(1).upper(), m.group(2), int(m.group(3))
+        if not 0 <= port <= 65535:
+            raise _invalid(key, text, f"Port {port} of {item} is not in [0, 65535]")
+        proto = protocol_map.get(name)
+        if proto is None:
+            raise _invalid(key, text, f"No security protocol defined for listener {name} "
+                                      f"(see listener.security.protocol.map)")
+        if proto != "PLAINTEXT":
+            raise _invalid(key, text, f"Listener {name} uses {proto}: security protocols are not "
+                                      f"implemented yet, only PLAINTEXT listeners are supported")
+        if any(e.listener_name == name for e in endpoints):
+            raise _invalid(key, text, f"Each listener must have a different name, {name} is repeated")
+        endpoints.append(Endpoint(name, proto, host, port))
+    if not endpoints:
+        raise _invalid(key, text, "At least one listener is required")
+    return endpoints
+
+
+# --------------------------------------------------------------------------------------------------
+# The .properties format (java.util.Properties): `k=v`, `k:v` or `k v`; `#`/`!` comments; a trailing
+# backslash continues the line; backslash escapes (\t \n \uXXXX \= \: ...).
+
+_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+
+
+def _logical_lines(text: str) -> Iterable[tuple[int, str]]:
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        start, line = i + 1, lines[i].lstrip()
+        i += 1
+        if not line or line[0] in "#!":
+            continue
+        # An odd number of trailing backslashes continues onto the next line.
+        while (len(line) - len(line.rstrip("\\"))) % 2 == 1:
+            line = line[:-1] + (lines[i].lstrip() if i < len(lines) else "")
+            i += 1
+        yield start, line
+
+
+def _unescape(s: str) -> str:
+    out, i = [], 0
+    while i < len(s):
+        c = s[i]
+        if c == "\\" and i + 1 < len(s):
+            n = s[i + 1]
+            if n == "u" and re.fullmatch(r"[0-9a-fA-F]{4}", s[i + 2:i + 6]):
+                out.append(chr(int(s[i + 2:i + 6], 16)))
+                i += 6
+                continue
+            out.append(_ESCAPES.get(n, n))
+            i += 2
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """Parse java .properties text into {key: raw value}; a later duplicate wins, as in Java."""
+    props: dict[str, str] = {}
+    for _, line in _logical_lines(text):
+        i, n = 0, len(line)
+        while i < n and line[i] not in "=: \t\f":
+            i += 2 if line[i] == "\\" else 1
+        key, rest = line[:i], line[i:].lstrip(" \t\f")
+        if rest[:1] in ("=", ":"):
+            rest = rest[1:].lstrip(" \t\f")
+        props[_unescape(key)] = _unescape(rest)
+    return props
+
+
+def parse_overrides(pairs: Iterable[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"Invalid override '{pair}': expected key=value")
+        out[key.strip()] = value
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+
+class BrokerConfig:
+    """An immutable, validated broker config. Build with :meth:`from_file`/:meth:`from_text`/:meth:`from_dict`."""
+
+    def __init__(self, props: Mapping[str, str], source: str = "<config>"):
+        self.source = source
+        self.originals: dict[str, str] = dict(props)   # what the user set, as text
+        self.warnings: list[str] = []
+        self._values: dict[str, Any] = {k: spec.default for k, spec in BROKER_CONFIGS.items()}
+        for key, text in self.originals.items():
+            spec = BROKER_CONFIGS.get(key)
+            if spec is None:
+                raise ConfigError(_unknown_key_message(key), key)
+            self._values[key] = spec.parse(text)
+            if not spec.implemented:
+                msg = f"The configuration {key} = {text.strip()} is a Kafka setting kbroker does not implement yet; it is ignored"
+                self.warnings.append(msg)
+                log.warning(msg)
+        self._check_and_derive()
+
+    # -- construction ----------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, props: Mapping[str, Any], source: str = "<dict>") -> BrokerConfig:
+        return cls({k: format_value(v) if not isinstance(v, str) else v for k, v in props.items()}, source)
+
+    @classmethod
+    def from_text(cls, text: str, overrides: Iterable[str] | Mapping[str, str] = (),
+                  source: str = "<text>") -> BrokerConfig:
+        props = parse_properties(text)
+        props.update(overrides if isinstance(overrides, Mapping) else parse_overrides(overrides))
+        return cls(props, source)
+
+    @classmethod
+    def from_file(cls, path: str | Path, overrides: Iterable[str] | Mapping[str, str] = ()) -> BrokerConfig:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as e:
+            raise ConfigError(f"Cannot read config file {path}: {e.strerror}") from None
+        return cls.from_text(text, overrides, source=str(path))
+
+    # -- raw access ------------------------------------------------------------------------------
+    def get(self, key: str) -> Any:
+        """The typed value of a known broker key (Kafka's default when unset; None if Kafka has none)."""
+        try:
+            return self._values[key]
+        except KeyError:
+            raise KeyError(f"{key} is not a known broker config") from None
+
+    def _typed(self, key: str, types: tuple[str, ...]) -> Any:
+        spec = BROKER_CONFIGS[key]
+        if spec.type not in types:
+            raise TypeError(f"{key} is of type {spec.type.upper()}, not {'/'.join(types)}")
+        return self._values[key]
+
+    def get_int(self, key: str) -> int | None:
+        return self._typed(key, ("int", "short", "long"))
+
+    def get_bool(self, key: str) -> bool:
+        return self._typed(key, ("boolean",))
+
+    def get_str(self, key: str) -> str | None:
+        return self._typed(key, ("string", "password", "class"))
+
+    def get_list(self, key: str) -> list[str]:
+        return self._typed(key, ("list",))
+
+    def is_set(self, key: str) -> bool:
+        """True when the user set the key (DescribeConfigs: STATIC_BROKER_CONFIG vs DEFAULT_CONFIG)."""
+        return key in self.originals
+
+    # -- derived values --------------------------------------------------------------------------
+    @property
+    def broker_id(self) -> int:
+        return self._values["broker.id"]
+
+    @property
+    def log_dirs(self) -> list[str]:
+        return self._log_dirs
+
+    @property
+    def listeners(self) -> list[Endpoint]:
+        """Where to bind; host "" means every interface, port 0 any free port."""
+        return self._listeners
+
+    @property
+    def advertised_listeners(self) -> list[Endpoint]:
+        """What Metadata and the /brokers/ids registration publish."""
+        return self._advertised
+
+    @property
+    def zookeeper_connect(self) -> str:
+        return self._values["zookeeper.connect"]
+
+    @property
+    def zookeeper_session_timeout_ms(self) -> int:
+        return self._values["zookeeper.session.timeout.ms"]
+
+    @property
+    def zookeeper_connection_timeout_ms(self) -> int:
+        v = self._values["zookeeper.connection.timeout.ms"]
+        return self.zookeeper_session_timeout_ms if v is None else v
+
+    @property
+    def log_retention_ms(self) -> int:
+        """ms > minutes > hours, as Kafka; any negative result means no time limit (-1)."""
+        v = self._values
+        if v["log.retention.ms"] is not None:
+            ms = v["log.retention.ms"]
+        elif v["log.retention.minutes"] is not None:
+            ms = v["log.retention.minutes"] * 60_000
+        else:
+            ms = v["log.retention.hours"] * 3_600_000
+        return -1 if ms < 0 else ms
+
+    @property
+    def log_roll_ms(self) -> int:
+        v = self._values
+        return v["log.roll.ms"] if v["log.roll.ms"] is not None else v["log.roll.hours"] * 3_600_000
+
+    @property
+    def log_flush_interval_ms(self) -> int:
+        v = self._values
+        ms = v["log.flush.interval.ms"]
+        return v["log.flush.scheduler.interval.ms"] if ms is None else ms
+
+    @property
+    def metrics_port(self) -> int:
+        return self._values["kbroker.metrics.port"]
+
+    def topic_defaults(self) -> dict[str, Any]:
+        """The default topic config this broker applies, keyed by Kafka's topic key names."""
+        v = self._values
+        return {
+            "segment.bytes": v["log.segment.bytes"],
+            "segment.ms": self.log_roll_ms,
+            "retention.ms": self.log_retention_ms,
+            "retention.bytes": v["log.retention.bytes"],
+            "max.message.bytes": v["message.max.bytes"],
+            "message.timestamp.type": v["log.message.timestamp.type"],
+            "index.interval.bytes": v["log.index.interval.bytes"],
+            "segment.index.bytes": v["log.index.size.max.bytes"],
+            "flush.messages": v["log.flush.interval.messages"],
+            "flush.ms": self.log_flush_interval_ms,
+            "min.insync.replicas": v["min.insync.replicas"],
+            "cleanup.policy": list(v["log.cleanup.policy"]),
+            "unclean.leader.election.enable": v["unclean.leader.election.enable"],
+        }
+
+    def describe(self) -> list[str]:
+        """`key = value` lines for every known key (passwords hidden), for the start-up log."""
+        out = []
+        for key in sorted(BROKER_CONFIGS):
+            spec, value = BROKER_CONFIGS[key], self._values[key]
+            shown = "[hidden]" if spec.type == "password" and value is not None else format_value(value)
+            out.append(f"{key} = {shown}")
+        return out
+
+    # -- cross-key checks ------------------------------------------------------------------------
+    def _check_and_derive(self) -> None:
+        v = self._values
+        if not v["zookeeper.connect"]:
+            raise ConfigError("Missing required configuration zookeeper.connect which has no default value.",
+                              "zookeeper.connect")
+        max_id = v["reserved.broker.max.id"]
+        if not -1 <= v["broker.id"] <= max_id:
+            raise _invalid("broker.id", v["broker.id"],
+                           f"broker.id must be at least -1 and not greater than reserved.broker.max.id ({max_id})")
+
+        dirs_text = v["log.dirs"] if v["log.dirs"] is not None else v["log.dir"]
+        self._log_dirs = [d.strip() for d in dirs_text.split(",") if d.strip()]
+        if not self._log_dirs:
+            raise _invalid("log.dirs", dirs_text, "At least one log directory is required")
+
+        protocols = _protocol_map(v["listener.security.protocol.map"])
+        self._listeners = _parse_listeners("listeners", v["listeners"], protocols)
+        if v["advertised.listeners"] is not None:
+            advertised = _parse_listeners("advertised.listeners", v["advertised.listeners"], protocols)
+            bound = {e.listener_name for e in self._listeners}
+            for e in advertised:
+                if e.listener_name not in bound:
+                    raise _invalid("advertised.listeners", v["advertised.listeners"],
+                                   f"Listener {e.listener_name} is not defined in listeners")
+                if e.host == "0.0.0.0":
+                    raise _invalid("advertised.listeners", v["advertised.listeners"],
+                                   "advertised.listeners cannot use the nonroutable meta-address 0.0.0.0. "
+                                   "Use a routable IP address.")
+            self._advertised = advertised
+        else:
+            # Like Kafka, an empty host is advertised as this machine's name. Kafka refuses a
+            # 0.0.0.0 listener without advertised.listeners; we advertise the name there too, as an
+            # unset advertised.listeners would otherwise make that a common start-up failure.
+            fqdn = socket.getfqdn()
+            self._advertised = [
+                Endpoint(e.listener_name, e.security_protocol, fqdn, e.port) if e.host in ("", "0.0.0.0") else e
+                for e in self._listeners
+            ]
+
+
+def _unknown_key_message(key: str) -> str:
+    close = difflib.get_close_matches(key, BROKER_CONFIGS, n=1, cutoff=0.8)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"Unknown configuration {key}: not a Kafka broker config known to kbroker{hint}"
