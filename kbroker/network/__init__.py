@@ -1,0 +1,1 @@
+"""Network layer: accepting connections, framing requests into pooled buffers, writing responses in order."""

@@ -1,0 +1,351 @@
+"""One client connection: framing into pooled buffers, dispatch, and in-order responses.
+
+Receiving (``asyncio.BufferedProtocol``): the kernel copies straight into a 64 KiB receive chunk; each
+complete frame inside it is handed to the handler as a memoryview slice of the chunk (no copy). A frame
+larger than what is left of the chunk gets a buffer of its own, reserved from the broker-wide pool
+before it is allocated, and the kernel fills that buffer directly. The size prefix is checked before
+anything is reserved: a frame over ``socket.request.max.bytes`` or a non-positive size closes the
+connection. A chunk is reused from its start once no request still holds a view into it.
+
+Sending: requests may complete out of order (a long-polling Fetch, an acks=all Produce), but their
+responses leave in request order (clients match correlation ids FIFO). Response chunks are bytes or
+``FileRegions``; regions go out with ``loop.sendfile`` (``os.sendfile`` on plain TCP) or, when tiny,
+through an explicit counted copy. A short sendfile (file truncated underneath) closes the connection
+because the response's size was already promised.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import io
+import logging
+import os
+import struct
+from collections import deque
+
+from ..protocol import api
+from ..protocol.types import FileRegions, ProtocolError
+
+log = logging.getLogger(__name__)
+
+CHUNK_SIZE = 64 * 1024
+_MIN_TAIL = 4096            # below this much free tail space, rotate the chunk rather than read in dribbles
+_SIZE = struct.Struct(">i")
+
+NO_RESPONSE = object()      # acks=0 produce: nothing is sent back
+CLOSE = object()            # handler asks to close the connection (e.g. acks=0 produce with an error)
+
+
+class _Chunk:
+    __slots__ = ("buf", "view", "refs", "retired", "pool")
+
+    def __init__(self, pool, size):
+        self.buf = bytearray(size)
+        self.view = memoryview(self.buf)
+        self.refs = 0          # frames dispatched from this chunk and not yet completed
+        self.retired = False   # no longer read into; its memory goes back when refs reaches 0
+        self.pool = pool
+
+    def unref(self):
+        self.refs -= 1
+        if self.retired and self.refs == 0:
+            self.pool.release(len(self.buf))
+
+
+class _Slot:
+    __slots__ = ("header", "chunks", "done")
+
+    def __init__(self, header):
+        self.header = header
+        self.chunks = None
+        self.done = False
+
+
+class Connection(asyncio.BufferedProtocol):
+    def __init__(self, server):
+        self.server = server
+        self.pool = server.pool
+        self.max_frame = server.max_request_bytes
+        self.loop = server.loop
+        self.transport = None
+        self.peer = None
+        self.closed = False
+        self.last_active = self.loop.time()
+        self._chunk: _Chunk | None = None
+        self._start = 0           # first unparsed byte in the chunk
+        self._end = 0             # end of received bytes in the chunk
+        self._frame = None        # dedicated buffer of a large frame being received
+        self._frame_fill = 0
+        self._frame_need = 0      # size of a large frame waiting for pool memory
+        self._next = None         # memoryview handed to the kernel by get_buffer
+        self._paused_mem = False
+        self._paused_write = False
+        self._pending: deque[_Slot] = deque()
+        self._writing = False
+
+    # ---- asyncio callbacks ---------------------------------------------------------------------
+    def connection_made(self, transport):
+        self.transport = transport
+        self.peer = transport.get_extra_info("peername")
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            self.server.tune_socket(sock)
+        self.server.connections.add(self)
+        if not self._prepare():
+            self._wait_for_memory()
+
+    def connection_lost(self, exc):
+        self.closed = True
+        self.server.connections.discard(self)
+        self.pool.forget(self._on_memory)
+        if self._chunk is not None:
+            self._retire_chunk()
+        if self._frame is not None:
+            self.pool.release(len(self._frame))
+            self._frame = None
+
+    def pause_writing(self):
+        # The client is not reading its responses: stop taking new requests (Kafka mutes the channel).
+        self._paused_write = True
+        self.transport.pause_reading()
+
+    def resume_writing(self):
+        self._paused_write = False
+        if not self._paused_mem and not self.closed:
+            self.transport.resume_reading()
+
+    def get_buffer(self, sizehint):
+        return self._next
+
+    def buffer_updated(self, nbytes):
+        self.last_active = self.loop.time()
+        if self._frame is not None:
+            self._frame_fill += nbytes
+            if self._frame_fill == len(self._frame):
+                frame, self._frame = self._frame, None
+                size = len(frame)
+                self._dispatch(memoryview(frame), lambda: self.pool.release(size))
+        else:
+            self._end += nbytes
+            self._parse_chunk()
+        if not self.closed and not self._prepare():
+            self._wait_for_memory()
+
+    def eof_received(self):
+        return False  # close our side too
+
+    # ---- receive path ----------------------------------------------------------------------------
+    def _parse_chunk(self):
+        chunk = self._chunk
+        buf = chunk.buf
+        while not self.closed:
+            avail = self._end - self._start
+            if avail < 4:
+                return
+            size = _SIZE.unpack_from(buf, self._start)[0]
+            if size <= 0 or size > self.max_frame:
+                self.server.metrics.invalid_frames += 1
+                log.warning("closing %s: request size %d outside (0, %d]", self.peer, size, self.max_frame)
+                self.close()
+                return
+            begin = self._start + 4
+            if avail - 4 >= size:
+                self._start = begin + size
+                chunk.refs += 1
+                self._dispatch(chunk.view[begin:begin + size], chunk.unref)
+                continue
+            if begin + size > len(buf):
+                # Will not fit in this chunk: give the frame a buffer of its own; the kernel fills
+                # the rest of it directly. Only the prefix already received is copied.
+                self._frame_need = size
+            return
+
+    def _prepare(self) -> bool:
+        """Set up the buffer for the next read. False if pool memory is needed and not available."""
+        if self._frame is not None:
+            self._next = memoryview(self._frame)[self._frame_fill:]
+            return True
+        if self._frame_need:
+            size = self._frame_need
+            if not self.pool.try_reserve(size):
+                return False
+            self._frame_need = 0
+            frame = bytearray(size)
+            have = self._end - self._start - 4
+            frame[:have] = self._chunk.buf[self._start + 4:self._end]
+            self._start = self._end
+            if have == size:  # cannot happen (we only switch when it does not fit) but stay exact
+                self._dispatch(memoryview(frame), lambda: self.pool.release(size))
+                return self._prepare()
+            self._frame, self._frame_fill = frame, have
+            self._next = memoryview(frame)[have:]
+            return True
+        chunk = self._chunk
+        if chunk is not None and self._start == self._end and chunk.refs == 0:
+            self._start = self._end = 0          # nothing outstanding: reuse from the beginning
+        if chunk is None or len(chunk.buf) - self._end < _MIN_TAIL:
+            partial = self._end - self._start
+            if chunk is not None and chunk.refs == 0:
+                chunk.buf[:partial] = chunk.buf[self._start:self._end]   # < 1 frame header or small frame prefix
+            else:
+                if not self.pool.try_reserve(CHUNK_SIZE):
+                    return False
+                fresh = _Chunk(self.pool, CHUNK_SIZE)
+                if chunk is not None:
+                    fresh.buf[:partial] = chunk.buf[self._start:self._end]
+                    self._retire_chunk()
+                self._chunk = chunk = fresh
+            self._start, self._end = 0, partial
+        self._next = chunk.view[self._end:]
+        return True
+
+    def _retire_chunk(self):
+        chunk, self._chunk = self._chunk, None
+        chunk.retired = True
+        if chunk.refs == 0:
+            self.pool.release(len(chunk.buf))
+
+    def _wait_for_memory(self):
+        if not self._paused_mem:
+            self._paused_mem = True
+            self.server.metrics.memory_waits += 1
+            self.transport.pause_reading()
+        self.pool.wait(self._on_memory)
+
+    def _on_memory(self):
+        if self.closed:
+            return
+        if self._prepare():
+            self._paused_mem = False
+            if not self._paused_write:
+                self.transport.resume_reading()
+        else:
+            self.pool.wait(self._on_memory)
+
+    # ---- dispatch --------------------------------------------------------------------------------
+    def _dispatch(self, frame, release):
+        server = self.server
+        try:
+            header, pos = api.parse_request_header(frame)
+        except ProtocolError as e:
+            release()
+            server.metrics.invalid_frames += 1
+            log.warning("closing %s: %s", self.peer, e)
+            self.close()
+            return
+        slot = _Slot(header)
+        self._pending.append(slot)
+        key, version = header.api_key, header.api_version
+        supported = api.SUPPORTED.get(key)
+        if supported is None or not supported[0] <= version <= supported[1]:
+            release()
+            if key == api.API_VERSIONS:
+                self._finish(slot, [api.encode_api_versions_fallback(header.correlation_id)])
+            else:
+                server.metrics.invalid_frames += 1
+                log.warning("closing %s: unsupported %s v%d", self.peer, api.API_NAMES.get(key, key), version)
+                self.close()
+            return
+        try:
+            body = api.decode_request(key, version, frame, pos)
+        except ProtocolError as e:
+            release()
+            server.metrics.invalid_frames += 1
+            log.warning("closing %s: malformed %s v%d: %s", self.peer, api.API_NAMES[key], version, e)
+            self.close()
+            return
+        server.metrics.count_request(key, version)
+        try:
+            result = server.handlers[key](self, header, body)
+        except Exception:
+            release()
+            log.exception("error handling %s v%d from %s", api.API_NAMES[key], version, self.peer)
+            self.close()
+            return
+        if inspect.isawaitable(result):
+            self.loop.create_task(self._await(slot, result, release))
+        else:
+            release()
+            self._complete(slot, result)
+
+    async def _await(self, slot, awaitable, release):
+        try:
+            result = await awaitable
+        except Exception:
+            log.exception("error handling %s v%d from %s",
+                          api.API_NAMES[slot.header.api_key], slot.header.api_version, self.peer)
+            result = CLOSE
+        finally:
+            release()
+        self._complete(slot, result)
+
+    def _complete(self, slot, result):
+        if result is NO_RESPONSE or result is CLOSE:
+            self._finish(slot, result)
+            return
+        h = slot.header
+        self._finish(slot, api.encode_response(h.api_key, h.api_version, h.correlation_id, result))
+
+    def _finish(self, slot, chunks):
+        slot.chunks = chunks
+        slot.done = True
+        self._flush()
+
+    # ---- send path -------------------------------------------------------------------------------
+    def _flush(self):
+        if self._writing or self.closed:
+            return
+        pending = self._pending
+        while pending and pending[0].done:
+            slot = pending.popleft()
+            chunks = slot.chunks
+            if chunks is NO_RESPONSE:
+                continue
+            if chunks is CLOSE:
+                self.close()
+                return
+            if len(chunks) == 1:
+                self.transport.write(chunks[0])
+                continue
+            self._writing = True
+            self.loop.create_task(self._write_regions(chunks))
+            return
+
+    async def _write_regions(self, chunks):
+        transport = self.transport
+        metrics = self.server.metrics
+        try:
+            for c in chunks:
+                if self.closed:
+                    return
+                if not isinstance(c, FileRegions):
+                    transport.write(c)
+                    continue
+                for fd, pos, length in c.regions:
+                    if length < self.server.sendfile_min_bytes:
+                        # Tiny ranges: one pread is cheaper than draining the buffer for sendfile.
+                        data = os.pread(fd if isinstance(fd, int) else fd.fileno(), length, pos)
+                        metrics.fetch_copy_bytes += len(data)
+                        if len(data) != length:
+                            raise ConnectionError(f"segment shrank under a fetch ({len(data)} < {length})")
+                        transport.write(data)
+                        continue
+                    f = io.FileIO(fd if isinstance(fd, int) else fd.fileno(), "rb", closefd=False)
+                    sent = await self.loop.sendfile(transport, f, pos, length, fallback=False)
+                    metrics.fetch_sendfile_calls += 1
+                    metrics.fetch_sendfile_bytes += sent
+                    if sent != length:
+                        raise ConnectionError(f"short sendfile ({sent} < {length})")
+        except (OSError, ConnectionError, RuntimeError) as e:
+            log.warning("closing %s: fetch send failed: %s", self.peer, e)
+            self.close()
+            return
+        finally:
+            self._writing = False
+        self._flush()
+
+    def close(self):
+        if not self.closed:
+            self.closed = True
+            if self.transport is not None:
+                self.transport.close()

@@ -1,0 +1,87 @@
+"""ApiVersions and Metadata (with topic auto-creation)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ...protocol import api
+from ...protocol.errors import Errors
+from ..metadata import topic_name_error
+
+log = logging.getLogger(__name__)
+
+
+def register(broker, handlers):
+    api.advertise(18, 0, 3)   # v4 requests get the KIP-511 answer (v0 body, error 35, our range)
+    api.advertise(3, 0, 8)
+    handlers[18] = lambda conn, header, body: api_versions(header)
+    handlers[3] = lambda conn, header, body: metadata(broker, header, body)
+
+
+def api_versions(header):
+    return {
+        "error_code": 0,
+        "api_keys": [{"api_key": k, "min_version": lo, "max_version": hi}
+                     for k, (lo, hi) in sorted(api.SUPPORTED.items())],
+        "throttle_time_ms": 0,
+    }
+
+
+def metadata(broker, header, body):
+    requested = body["topics"]
+    version = header.api_version
+    md = broker.metadata
+    if requested is None or (version == 0 and not requested):
+        names = sorted(md.topics)            # null (v1+) or empty (v0): all topics
+        return _metadata_response(broker, names)
+    names = [t["name"] for t in requested]
+    missing = [n for n in names if n not in md.topics and topic_name_error(n) is None]
+    allow = body.get("allow_auto_topic_creation", True) and broker.config.get("auto.create.topics.enable")
+    if missing and allow:
+        return _auto_create_then_answer(broker, names, missing)
+    return _metadata_response(broker, names)
+
+
+async def _auto_create_then_answer(broker, names, missing):
+    from .admin import auto_create_topics
+    created = await auto_create_topics(broker, missing)
+    # Kafka answers LEADER_NOT_AVAILABLE for topics it just created; the client retries. We created
+    # them synchronously with a leader already in place, so we can answer with the real metadata.
+    return _metadata_response(broker, names, pending=set(missing) - set(created))
+
+
+def _metadata_response(broker, names, pending=()):
+    md = broker.metadata
+    topics = []
+    for name in names:
+        info = md.topics.get(name)
+        if info is None:
+            bad = topic_name_error(name)
+            code = Errors.INVALID_TOPIC_EXCEPTION if bad else (
+                Errors.LEADER_NOT_AVAILABLE if name in pending else Errors.UNKNOWN_TOPIC_OR_PARTITION)
+            topics.append({"error_code": code, "name": name, "partitions": []})
+            continue
+        parts = []
+        for p in sorted(info.partitions):
+            pi = info.partitions[p]
+            live = pi.leader in md.brokers
+            parts.append({
+                "error_code": 0 if live else Errors.LEADER_NOT_AVAILABLE,
+                "partition_index": p,
+                "leader_id": pi.leader if live else -1,
+                "leader_epoch": pi.leader_epoch,
+                "replica_nodes": pi.replicas,
+                "isr_nodes": pi.isr,
+                "offline_replicas": [r for r in pi.replicas if r not in md.brokers],
+            })
+        topics.append({"error_code": 0, "name": name, "topic_id": info.topic_id, "is_internal": False,
+                       "partitions": parts})
+    brokers = [{"node_id": b.broker_id, "host": b.host, "port": b.port, "rack": b.rack}
+               for b in sorted(md.brokers.values(), key=lambda b: b.broker_id)]
+    return {
+        "throttle_time_ms": 0,
+        "brokers": brokers,
+        "cluster_id": broker.cluster_id,
+        "controller_id": md.controller_id,
+        "topics": topics,
+    }

@@ -1,0 +1,56 @@
+"""InitProducerId for idempotent producers (kafka-python 3 turns idempotence on by default).
+
+Producer ids come from blocks reserved durably in ZooKeeper (``/latest_producer_id_block``, as Kafka
+does), so an id is never handed out twice, even across broker restarts. Transactions are not
+implemented: a request with a transactional id is refused.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ...protocol import api
+from ...protocol.errors import Errors
+
+log = logging.getLogger(__name__)
+
+BLOCK_SIZE = 1000
+
+
+class ProducerIdAllocator:
+    def __init__(self, broker):
+        self.broker = broker
+        self._next = 0
+        self._end = -1           # inclusive end of the current block; -1 = none yet
+        self._lock = asyncio.Lock()
+
+    async def allocate(self) -> int:
+        async with self._lock:
+            if self._next > self._end:
+                start, end = await asyncio.to_thread(self.broker.zk.allocate_producer_id_block, BLOCK_SIZE)
+                self._next, self._end = start, end
+            pid = self._next
+            self._next += 1
+            return pid
+
+
+def register(broker, handlers):
+    api.advertise(22, 0, 4)
+    allocator = ProducerIdAllocator(broker)
+    handlers[22] = lambda conn, header, body: init_producer_id(allocator, body)
+
+
+async def init_producer_id(allocator, body):
+    if body.get("transactional_id") is not None:
+        log.info("refusing InitProducerId for transactional id %r: transactions are not implemented",
+                 body["transactional_id"])
+        return {"throttle_time_ms": 0, "error_code": Errors.UNSUPPORTED_VERSION, "producer_id": -1,
+                "producer_epoch": -1}
+    try:
+        pid = await allocator.allocate()
+    except Exception:
+        log.exception("producer id block allocation failed")
+        return {"throttle_time_ms": 0, "error_code": Errors.COORDINATOR_NOT_AVAILABLE, "producer_id": -1,
+                "producer_epoch": -1}
+    # Without a transactional id Kafka always issues a fresh id with epoch 0 (also for KIP-360 bumps).
+    return {"throttle_time_ms": 0, "error_code": 0, "producer_id": pid, "producer_epoch": 0}

@@ -1,0 +1,214 @@
+"""One broker process: starts storage, ZooKeeper session, metadata and the network server, in that
+order, and stops them in reverse with a clean-shutdown marker so the next start needs no log scan.
+
+Threads: everything runs on one asyncio loop; blocking ZooKeeper calls go to worker threads
+(``asyncio.to_thread``) and their results are applied on the loop. Native byte work releases the GIL.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+
+from ..config import BrokerConfig, parse_topic_config
+from ..log.manager import LogManager
+from ..network.server import KafkaServer
+from ..protocol import api
+from ..zk.client import BrokerZk, TopicNotFoundError
+from .metadata import BrokerInfo, MetadataCache, PartitionInfo, TopicInfo, topic_id_bytes
+
+log = logging.getLogger(__name__)
+
+# Produce, Fetch, ListOffsets, Metadata... each module registers its handlers and advertised versions.
+from .apis import core, fetch, produce, producer_ids  # noqa: E402
+
+_API_MODULES = (core, produce, fetch, producer_ids)
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig):
+        self.config = config
+        self.broker_id = config.broker_id
+        self.cluster_id: str | None = None
+        self.metadata = MetadataCache()
+        self.handlers: dict = {}
+        self.logs: LogManager | None = None
+        self.zk: BrokerZk | None = None
+        self.server: KafkaServer | None = None
+        self.notifier = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._stopped = asyncio.Event()
+        self._metadata_lock = asyncio.Lock()
+        for module in _API_MODULES:
+            module.register(self, self.handlers)
+
+    # ---- lifecycle --------------------------------------------------------------------------------
+    async def start(self) -> None:
+        from .notify import AppendNotifier
+
+        self.loop = asyncio.get_running_loop()
+        self.notifier = AppendNotifier()
+        cfg = self.config
+        if self.broker_id < 0:
+            raise RuntimeError("broker.id must be set (automatic broker id generation is not implemented)")
+        self.zk = BrokerZk(cfg.zookeeper_connect, self.broker_id, cfg.zookeeper_session_timeout_ms,
+                           loop=self.loop, connect_timeout_s=cfg.zookeeper_connection_timeout_ms / 1000)
+        self.zk.on_reregistered = lambda epoch: log.info("re-registered in ZooKeeper, broker epoch %d", epoch)
+        self.zk.on_session_lost = lambda: log.warning("ZooKeeper session expired; re-registering")
+        self.zk.on_controller_change = self._on_controller_change
+        await asyncio.to_thread(self.zk.start)
+        self.cluster_id = self.zk.cluster_id
+        log.info("cluster id %s", self.cluster_id)
+
+        self.logs = LogManager(cfg.log_dirs, cfg.topic_defaults())
+        self.logs.startup(self.broker_id, self.cluster_id)
+
+        listener = cfg.listeners[0]
+        self.server = KafkaServer(
+            listener.host, listener.port, self.handlers,
+            max_request_bytes=cfg.get("socket.request.max.bytes"),
+            pool_bytes=self._pool_bytes(),
+            idle_ms=cfg.get("connections.max.idle.ms"),
+            send_buffer_bytes=cfg.get("socket.send.buffer.bytes"),
+            receive_buffer_bytes=cfg.get("socket.receive.buffer.bytes"),
+        )
+        await self.server.start()
+        adv = cfg.advertised_listeners[0]
+        self.advertised_host = adv.host or "127.0.0.1"
+        self.advertised_port = adv.port or self.server.port
+
+        await asyncio.to_thread(self.zk.elect_controller)
+        await self.refresh_metadata()
+        self.zk.watch_topics(lambda names: self.loop.create_task(self.refresh_metadata()))
+        # Registration last: once /brokers/ids/<id> exists, we answer requests with full metadata.
+        epoch = await asyncio.to_thread(self.zk.register_broker, self.advertised_host, self.advertised_port,
+                                        cfg.get("broker.rack"))
+        log.info("registered broker %d at %s:%d (broker epoch %d)", self.broker_id, self.advertised_host,
+                 self.advertised_port, epoch)
+        self._start_periodic()
+
+    def _pool_bytes(self) -> int:
+        # Kafka's default -1 means unbounded; we always bound it (four maximum-size requests).
+        q = self.config.get("queued.max.request.bytes")
+        max_req = self.config.get("socket.request.max.bytes")
+        return q if q and q > 0 else max(4 * max_req, 256 << 20)
+
+    def _start_periodic(self) -> None:
+        cfg = self.config
+        self._every(cfg.get("log.retention.check.interval.ms"), self.logs.cleanup_expired, "retention")
+        self._every(cfg.log_flush_interval_ms if cfg.log_flush_interval_ms and cfg.log_flush_interval_ms < 2**62
+                    else cfg.get("log.flush.scheduler.interval.ms"), self.logs.flush_dirty, "flush")
+        self._every(min(cfg.get("log.flush.offset.checkpoint.interval.ms"), 5000), self.logs.checkpoint, "checkpoint")
+
+    def _every(self, interval_ms, fn, name) -> None:
+        if not interval_ms or interval_ms <= 0 or interval_ms >= 2**62:
+            return
+
+        async def loop():
+            while True:
+                await asyncio.sleep(interval_ms / 1000)
+                try:
+                    fn()
+                except Exception:
+                    log.exception("periodic %s failed", name)
+
+        self._tasks.append(self.loop.create_task(loop()))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        if self.server is not None:
+            await self.server.stop()
+        if self.zk is not None:
+            await asyncio.to_thread(self.zk.close)
+        if self.logs is not None:
+            self.logs.shutdown()
+        self._stopped.set()
+
+    # ---- metadata -----------------------------------------------------------------------------------
+    def _on_controller_change(self, controller_id, is_controller, epoch) -> None:
+        self.metadata.controller_id = -1 if controller_id is None else controller_id
+        log.info("controller is now %s (epoch %d)", controller_id, epoch)
+
+    async def refresh_metadata(self) -> None:
+        """Re-read brokers and topics from ZooKeeper and open the logs this broker leads."""
+        async with self._metadata_lock:
+            topics, brokers, controller = await asyncio.to_thread(self._read_zk_metadata)
+            self.metadata.replace_topics(topics)
+            self.metadata.brokers = brokers
+            self.metadata.controller_id = -1 if controller is None else controller
+            for t in topics.values():
+                self.open_logs(t)
+
+    def _read_zk_metadata(self):
+        zk = self.zk
+        topics = {}
+        for name in zk.get_topics():
+            try:
+                topics[name] = self._read_topic(name)
+            except TopicNotFoundError:
+                continue  # deleted while we read
+        brokers = {}
+        for bid in zk.get_broker_ids():
+            reg = zk.get_broker(bid)
+            if reg is not None:
+                brokers[bid] = BrokerInfo(bid, reg.host, reg.port, reg.rack)
+        brokers.setdefault(self.broker_id, BrokerInfo(self.broker_id, self.advertised_host,
+                                                      self.advertised_port, self.config.get("broker.rack")))
+        return topics, brokers, zk.controller_id()
+
+    def _read_topic(self, name) -> TopicInfo:
+        zk = self.zk
+        topic_id, assignment = zk.get_topic(name)
+        parts = {}
+        for p, replicas in assignment.items():
+            try:
+                state, version = zk.get_partition_state(name, p)
+                parts[p] = PartitionInfo(state.leader, state.leader_epoch, list(replicas), list(state.isr), version)
+            except Exception:
+                parts[p] = PartitionInfo(-1, -1, list(replicas), [], -1)
+        return TopicInfo(name, topic_id_bytes(topic_id), parts, zk.get_topic_config(name))
+
+    def topic_config(self, topic: TopicInfo) -> dict:
+        """Effective config: the broker's topic defaults overlaid with the topic's overrides."""
+        eff = self.config.topic_defaults()
+        for k, v in topic.config.items():
+            eff[k] = parse_topic_config(k, v)
+        return eff
+
+    def open_logs(self, topic: TopicInfo) -> None:
+        cfg = None
+        for p, info in topic.partitions.items():
+            if info.leader == self.broker_id and self.logs.get((topic.name, p)) is None:
+                cfg = cfg or self.topic_config(topic)
+                self.logs.get_or_create(topic.name, p, cfg)
+
+    def now_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+
+async def _main(config: BrokerConfig) -> int:
+    broker = Broker(config)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await broker.start()
+    except Exception:
+        log.exception("broker %d failed to start", config.broker_id)
+        await broker.stop()
+        return 1
+    log.info("[KafkaServer id=%d] started", config.broker_id)
+    await stop.wait()
+    log.info("[KafkaServer id=%d] shutting down", config.broker_id)
+    await broker.stop()
+    log.info("[KafkaServer id=%d] shut down completed", config.broker_id)
+    return 0
+
+
+def run(config: BrokerConfig) -> int:
+    """Run one broker in the foreground until SIGTERM/SIGINT; returns the process exit code."""
+    return asyncio.run(_main(config))
