@@ -1,4 +1,6 @@
-# C-level API of kbroker._native.crc for other extension modules.
+# C-level API of kbroker._native.crc. Other extensions should normally
+# cimport ccrc32c (the C header) directly; this declares the GIL-aware helper.
+# Must stay identical to the definition in crc.pyx.
 from libc.stdint cimport uint32_t
 
 

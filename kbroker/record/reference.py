@@ -125,9 +125,9 @@ def _read_bytes(buf: bytes, pos: int) -> tuple[bytes | None, int]:
 
 
 def decode_records(data: bytes, count: int, base_offset: int,
-                   base_timestamp: int) -> list[Record]:
+                   base_timestamp: int, log_append_time: int = -1) -> list[Record]:
     """Decode ``count`` records from an uncompressed records section that
-    they must fill exactly."""
+    they must fill exactly; ``log_append_time`` >= 0 overrides timestamps."""
     out = []
     pos = 0
     for _ in range(count):
@@ -153,8 +153,8 @@ def decode_records(data: bytes, count: int, base_offset: int,
             headers.append((hkey.decode("utf-8"), hval))
         if p != len(body):
             raise ValueError("record length does not match its fields")
-        out.append(Record(base_offset + off_delta, base_timestamp + ts_delta,
-                          key, value, headers))
+        ts = log_append_time if log_append_time >= 0 else base_timestamp + ts_delta
+        out.append(Record(base_offset + off_delta, ts, key, value, headers))
         pos = end
     if pos != len(data):
         raise ValueError("records do not fill the batch")
@@ -175,4 +175,6 @@ def decode_batch(buf: bytes, pos: int = 0) -> tuple[Header, list[Record]]:
     if h.codec:
         from kbroker.record.compression import decompress
         data = decompress(h.codec, data, 1 << 30)
-    return h, decode_records(data, h.records_count, h.base_offset, h.base_timestamp)
+    append_time = h.max_timestamp if h.timestamp_type else -1
+    return h, decode_records(data, h.records_count, h.base_offset, h.base_timestamp,
+                             append_time)
