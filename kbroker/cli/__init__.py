@@ -1,0 +1,1 @@
+"""The ``kbroker`` command line: one module per subcommand, listed in :mod:`kbroker.cli.main`."""

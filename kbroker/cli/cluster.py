@@ -1,0 +1,594 @@
+"""``kbroker cluster up|down|status --dir DIR``: a local ZooKeeper plus N brokers for development and tests.
+
+Layout of DIR::
+
+    cluster.json                  ids, ports, ZooKeeper port: a second `up` reuses them
+    zookeeper/                    kbroker.zk.local's data dir (zoo.cfg, zookeeper.pid, zookeeper.log)
+    broker-<id>/server.properties generated once; later `up`s keep (and validate) an edited file
+    broker-<id>/broker.pid        pid of `python -m kbroker serve --config .../server.properties`
+    broker-<id>/broker.log        its stdout and stderr
+    broker-<id>/data/             log.dirs
+
+Broker ids are 0..N-1 (Kafka's sample config uses broker.id=0). Everything binds to 127.0.0.1.
+
+``up`` returns once every broker is registered in ZooKeeper (a fresh ``/brokers/ids/<id>`` node) and
+answers an ApiVersions v0 request; its last stdout line is ``bootstrap.servers=127.0.0.1:P1,...``.
+Running ``up`` again starts only what is not running. ``down`` stops the processes recorded in the pid
+files, after checking each pid still runs the command we started (pids get recycled).
+``status`` exits 0 only when ZooKeeper runs and every broker is registered.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kbroker.config import BrokerConfig, ConfigError
+
+LAYOUT_FILE = "cluster.json"
+LOOPBACK = "127.0.0.1"
+DEFAULT_ZK_PORT = 2181
+DEFAULT_BASE_PORT = 9092
+# Local clusters use a 6 s ZooKeeper session instead of Kafka's 18 s: a killed broker's registration
+# disappears sooner, so kill/restart cycles in tests are quick. It lies inside ZooKeeper's allowed
+# [2, 20] x tickTime (2000 ms) window.
+LOCAL_SESSION_TIMEOUT_MS = 6000
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 30.0
+API_VERSIONS_KEY = 18
+
+
+class ClusterError(Exception):
+    """A failure the CLI reports as one message (exit status 1)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Layout
+
+@dataclass
+class BrokerSlot:
+    id: int
+    port: int
+
+
+@dataclass
+class Layout:
+    root: Path
+    zk_port: int
+    brokers: list[BrokerSlot]
+    num_partitions: int = 1
+
+    @classmethod
+    def load(cls, root: Path) -> Layout | None:
+        path = root / LAYOUT_FILE
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            raise ClusterError(f"cannot read {path}: {e}") from None
+        return cls(root, int(data["zookeeper"]["port"]),
+                   [BrokerSlot(int(b["id"]), int(b["port"])) for b in data["brokers"]],
+                   int(data.get("num_partitions", 1)))
+
+    def save(self) -> None:
+        data = {"version": 1, "zookeeper": {"port": self.zk_port},
+                "brokers": [{"id": b.id, "port": b.port} for b in self.brokers],
+                "num_partitions": self.num_partitions}
+        tmp = self.root / (LAYOUT_FILE + ".tmp")
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        os.replace(tmp, self.root / LAYOUT_FILE)  # atomic: a crash never leaves half a layout
+
+    @property
+    def zk_dir(self) -> Path:
+        return self.root / "zookeeper"
+
+    def broker_dir(self, broker_id: int) -> Path:
+        return self.root / f"broker-{broker_id}"
+
+    def config_path(self, broker_id: int) -> Path:
+        return self.broker_dir(broker_id) / "server.properties"
+
+    def pid_path(self, broker_id: int) -> Path:
+        return self.broker_dir(broker_id) / "broker.pid"
+
+    def log_path(self, broker_id: int) -> Path:
+        return self.broker_dir(broker_id) / "broker.log"
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(f"{LOOPBACK}:{b.port}" for b in self.brokers)
+
+
+def broker_properties(layout: Layout, slot: BrokerSlot) -> str:
+    n = len(layout.brokers)
+    endpoint = f"PLAINTEXT://{LOOPBACK}:{slot.port}"
+    return "\n".join([
+        "# Written by `kbroker cluster up`. Later `cluster up` runs keep this file, so edits stick.",
+        f"broker.id={slot.id}",
+        f"listeners={endpoint}",
+        f"advertised.listeners={endpoint}",
+        f"log.dirs={layout.broker_dir(slot.id) / 'data'}",
+        f"zookeeper.connect={LOOPBACK}:{layout.zk_port}",
+        f"zookeeper.session.timeout.ms={LOCAL_SESSION_TIMEOUT_MS}",
+        f"num.partitions={layout.num_partitions}",
+        # Internal topics cannot have more replicas than there are brokers.
+        f"offsets.topic.replication.factor={min(3, n)}",
+        f"transaction.state.log.replication.factor={min(3, n)}",
+        f"transaction.state.log.min.isr={min(2, n)}",
+        # No reason to hold the first consumer group back on a local cluster.
+        "group.initial.rebalance.delay.ms=0",
+        "",
+    ])
+
+
+# --------------------------------------------------------------------------------------------------
+# Processes
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def is_our_broker(pid: int, config_path: Path) -> bool:
+    """True if ``pid`` is alive (not a zombie) and runs ``kbroker serve --config <config_path>``."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    if stat.rsplit(")", 1)[-1].split()[0] == "Z":
+        _reap(pid)
+        return False
+    return b"kbroker" in argv and b"serve" in argv and str(config_path).encode() in argv
+
+
+def _reap(pid: int) -> None:
+    # Only matters when the broker is our own child (in-process use); harmless otherwise.
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def running_broker_pid(layout: Layout, broker_id: int) -> int | None:
+    pid = _read_pid(layout.pid_path(broker_id))
+    if pid is not None and is_our_broker(pid, layout.config_path(broker_id)):
+        return pid
+    return None
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((LOOPBACK, port))
+        except OSError:
+            return True
+    return False
+
+
+def _free_ports(count: int) -> list[int]:
+    # Hold every socket open until all are chosen so the ports are distinct. Another process may
+    # still take one before the broker binds it; the broker then dies and `up` reports its log.
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind((LOOPBACK, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _tail(path: Path, start: int = 0, lines: int = 30) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:]) or "(log is empty)"
+
+
+@dataclass
+class Started:
+    slot: BrokerSlot
+    popen: subprocess.Popen | None      # None: it was already running
+    pid: int
+    log_start: int
+    stale_czxid: int | None             # czxid of a registration left over from a previous run
+
+
+def start_broker(layout: Layout, slot: BrokerSlot) -> tuple[subprocess.Popen, int]:
+    log_path = layout.log_path(slot.id)
+    cmd = [sys.executable, "-m", "kbroker", "serve", "--config", str(layout.config_path(slot.id))]
+    with open(log_path, "ab") as log:
+        log.write(f"--- kbroker cluster up: starting broker {slot.id} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+                  .encode())
+        log.flush()
+        log_start = log.tell()
+        # A new session: the broker outlives this CLI and ignores a Ctrl-C aimed at it.
+        popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                 cwd=layout.broker_dir(slot.id), start_new_session=True)
+    layout.pid_path(slot.id).write_text(f"{popen.pid}\n")
+    return popen, log_start
+
+
+def _alive(s: Started, layout: Layout) -> bool:
+    if s.popen is not None:
+        return s.popen.poll() is None
+    return is_our_broker(s.pid, layout.config_path(s.slot.id))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def _gone(pid: int) -> bool:
+    if _pid_alive(pid):
+        return False
+    _reap(pid)
+    return True
+
+
+def stop_pids(pids: list[int], timeout: float) -> list[int]:
+    """SIGTERM every pid, wait up to ``timeout`` for all, SIGKILL the rest. Returns the killed pids."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    pending = list(pids)
+    while pending and time.monotonic() < deadline:
+        pending = [p for p in pending if not _gone(p)]
+        if pending:
+            time.sleep(0.05)  # these are not our children in general: nothing to block on
+    for pid in pending:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 10
+    while not all(_gone(p) for p in pending) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return pending
+
+
+# --------------------------------------------------------------------------------------------------
+# Readiness
+
+def api_versions_probe(port: int, host: str = LOOPBACK, timeout: float = 2.0) -> str | None:
+    """Send a hand-encoded ApiVersions v0 request; None if the broker answered with error_code 0,
+    else why not. Encoded here on purpose: it checks the broker without trusting our own codec."""
+    correlation_id = random.randrange(1, 2**31)
+    client_id = b"kbroker-cluster-up"
+    # Request header v1: api_key, api_version, correlation_id, client_id (int16 length + bytes);
+    # the v0 body is empty.
+    body = struct.pack(">hhih", API_VERSIONS_KEY, 0, correlation_id, len(client_id)) + client_id
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(struct.pack(">i", len(body)) + body)
+            (size,) = struct.unpack(">i", _recv_exact(sock, 4))
+            if not 6 <= size <= 1 << 20:
+                return f"response frame of implausible size {size}"
+            frame = _recv_exact(sock, size)
+    except (OSError, EOFError) as e:
+        return f"{type(e).__name__}: {e}"
+    got_id, error_code = struct.unpack_from(">ih", frame)
+    if got_id != correlation_id:
+        return f"correlation id {got_id} in the response, expected {correlation_id}"
+    if error_code != 0:
+        return f"ApiVersions error_code {error_code}"
+    return None
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise EOFError(f"connection closed after {len(buf)} of {n} bytes")
+        buf += chunk
+    return bytes(buf)
+
+
+def wait_ready(zk, layout: Layout, s: Started, deadline: float) -> None:
+    path = f"/brokers/ids/{s.slot.id}"
+    changed = threading.Event()
+    registered = False
+    last_probe = "not probed yet"
+    while True:
+        if not _alive(s, layout):
+            code = s.popen.returncode if s.popen is not None else "unknown"
+            raise ClusterError(
+                f"broker {s.slot.id} (pid {s.pid}) exited with status {code} during start-up; "
+                f"{layout.log_path(s.slot.id)} ends with:\n{_tail(layout.log_path(s.slot.id), s.log_start)}")
+        if not registered:
+            changed.clear()
+            stat = zk.exists(path, watch=lambda event: changed.set())
+            registered = stat is not None and stat.czxid != s.stale_czxid
+        if registered:
+            last_probe = api_versions_probe(s.slot.port) or ""
+            if not last_probe:
+                return
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            state = "registered in ZooKeeper" if registered else f"not registered at {path}"
+            raise ClusterError(
+                f"broker {s.slot.id} (pid {s.pid}, port {s.slot.port}) not ready after "
+                f"{READY_TIMEOUT_S:.0f}s: {state}; last ApiVersions probe: {last_probe}; "
+                f"{layout.log_path(s.slot.id)} ends with:\n{_tail(layout.log_path(s.slot.id), s.log_start)}")
+        # Woken at once by the znode watch; the cap bounds how late a crash or the listener is seen.
+        changed.wait(min(0.1 if registered else 0.25, remaining))
+
+
+# --------------------------------------------------------------------------------------------------
+# ZooKeeper
+
+def ensure_zookeeper(zk_dir: Path, port: int):
+    """Re-attach to the cluster's ZooKeeper or start it; returns (ZkProcess, started_now)."""
+    from kbroker.zk import local
+
+    running = local.find_running(zk_dir)
+    if running is not None:
+        if port and running.port != port:
+            raise ClusterError(f"ZooKeeper in {zk_dir} runs on port {running.port}, the cluster expects {port}")
+        return running, False
+    try:
+        return local.start_zookeeper(zk_dir, port=port), True
+    except (local.ZooKeeperStartError, local.ZooKeeperNotInstalled) as e:
+        raise ClusterError(f"cannot start ZooKeeper: {e}") from None
+
+
+def _kazoo(connect: str, timeout: float = 10.0):
+    from kazoo.client import KazooClient
+    from kazoo.handlers.threading import KazooTimeoutError
+
+    client = KazooClient(hosts=connect, timeout=timeout)
+    try:
+        client.start(timeout=timeout)
+    except KazooTimeoutError:
+        client.close()
+        raise ClusterError(f"cannot connect to ZooKeeper at {connect}") from None
+    return client
+
+
+# --------------------------------------------------------------------------------------------------
+# Commands
+
+def cluster_up(root: Path, brokers: int | None, zk_port: int | None, base_port: int | None,
+               partitions: int | None, timeout: float = READY_TIMEOUT_S, out=sys.stdout) -> Layout:
+    root = root.resolve()
+    layout = Layout.load(root)
+    if layout is None:
+        n = 1 if brokers is None else brokers
+        if n < 1:
+            raise ClusterError("--brokers must be at least 1")
+        root.mkdir(parents=True, exist_ok=True)
+        zk, _ = ensure_zookeeper(root / "zookeeper", DEFAULT_ZK_PORT if zk_port is None else zk_port)
+        try:
+            base = DEFAULT_BASE_PORT if base_port is None else base_port
+            ports = _free_ports(n) if base == 0 else list(range(base, base + n))
+            if ports[-1] > 65535:
+                raise ClusterError(f"broker ports {ports[0]}..{ports[-1]} exceed 65535")
+            layout = Layout(root, zk.port, [BrokerSlot(i, p) for i, p in enumerate(ports)],
+                            1 if partitions is None else partitions)
+            layout.save()
+        except BaseException:
+            zk.stop()  # nothing records it yet: do not leave it orphaned
+            raise
+        print(f"ZooKeeper started: pid {zk.pid}, {zk.connect_string}", file=out, flush=True)
+    else:
+        _check_same(layout, brokers, zk_port, base_port, partitions)
+        zk, started = ensure_zookeeper(layout.zk_dir, layout.zk_port)
+        if layout.zk_port != zk.port:  # a layout saved before its ZooKeeper port was known
+            layout.zk_port = zk.port
+            layout.save()
+        print(f"ZooKeeper {'started' if started else 'already running'}: pid {zk.pid}, {zk.connect_string}",
+              file=out, flush=True)
+
+    for slot in layout.brokers:
+        layout.broker_dir(slot.id).mkdir(exist_ok=True)
+        cfg = layout.config_path(slot.id)
+        if not cfg.exists():
+            cfg.write_text(broker_properties(layout, slot))
+        try:
+            BrokerConfig.from_file(cfg)  # refuse a broken (edited) config here, not in a log file
+        except ConfigError as e:
+            raise ClusterError(f"{cfg}: {e}") from None
+
+    client = _kazoo(zk.connect_string)
+    try:
+        started: list[Started] = []
+        for slot in layout.brokers:
+            pid = running_broker_pid(layout, slot.id)
+            if pid is not None:
+                print(f"broker {slot.id} already running: pid {pid}, port {slot.port}", file=out, flush=True)
+                log_path = layout.log_path(slot.id)
+                log_start = log_path.stat().st_size if log_path.exists() else 0
+                started.append(Started(slot, None, pid, log_start, None))
+                continue
+            if _port_in_use(slot.port):
+                raise ClusterError(f"port {slot.port} for broker {slot.id} is in use by another process")
+            stale = client.exists(f"/brokers/ids/{slot.id}")
+            popen, log_start = start_broker(layout, slot)
+            print(f"broker {slot.id} starting: pid {popen.pid}, port {slot.port}, log {layout.log_path(slot.id)}",
+                  file=out, flush=True)
+            started.append(Started(slot, popen, popen.pid, log_start, stale.czxid if stale else None))
+        for s in started:
+            # Each broker gets its own full deadline, counted from when we got to it.
+            wait_ready(client, layout, s, time.monotonic() + timeout)
+            print(f"broker {s.slot.id} ready: registered and answering on {LOOPBACK}:{s.slot.port}",
+                  file=out, flush=True)
+    finally:
+        client.stop()
+        client.close()
+    print(f"bootstrap.servers={layout.bootstrap_servers}", file=out, flush=True)
+    return layout
+
+
+def _check_same(layout: Layout, brokers, zk_port, base_port, partitions) -> None:
+    where = layout.root / LAYOUT_FILE
+    if brokers is not None and brokers != len(layout.brokers):
+        raise ClusterError(f"{where} holds a cluster of {len(layout.brokers)} broker(s), not {brokers}; "
+                           "use another --dir for a different size")
+    if zk_port and zk_port != layout.zk_port:
+        raise ClusterError(f"{where} records ZooKeeper port {layout.zk_port}, not {zk_port}")
+    if base_port and base_port != layout.brokers[0].port:
+        raise ClusterError(f"{where} records broker ports starting at {layout.brokers[0].port}, not {base_port}")
+    if partitions is not None and partitions != layout.num_partitions:
+        raise ClusterError(f"{where} records num.partitions={layout.num_partitions}; "
+                           "edit the brokers' server.properties to change it")
+
+
+def cluster_down(root: Path, timeout: float = STOP_TIMEOUT_S, out=sys.stdout) -> None:
+    from kbroker.zk import local
+
+    root = root.resolve()
+    layout = Layout.load(root)
+    if layout is None:
+        raise ClusterError(f"no cluster in {root} ({LAYOUT_FILE} not found)")
+    pids = {}
+    for slot in layout.brokers:
+        pid = running_broker_pid(layout, slot.id)
+        if pid is not None:
+            pids[slot.id] = pid
+        else:
+            print(f"broker {slot.id} not running", file=out, flush=True)
+    killed = stop_pids(list(pids.values()), timeout)
+    for broker_id, pid in pids.items():
+        how = f"killed after {timeout:.0f}s" if pid in killed else "stopped"
+        print(f"broker {broker_id} {how} (pid {pid})", file=out, flush=True)
+    for slot in layout.brokers:
+        layout.pid_path(slot.id).unlink(missing_ok=True)
+    zk = local.find_running(layout.zk_dir)
+    if zk is not None:
+        zk.stop()
+        print(f"ZooKeeper stopped (pid {zk.pid})", file=out, flush=True)
+    else:
+        print("ZooKeeper not running", file=out, flush=True)
+
+
+def cluster_status(root: Path, out=sys.stdout) -> bool:
+    """Print the table; True when ZooKeeper runs and every broker is registered."""
+    from kbroker.zk import local
+
+    root = root.resolve()
+    layout = Layout.load(root)
+    if layout is None:
+        raise ClusterError(f"no cluster in {root} ({LAYOUT_FILE} not found)")
+    zk = local.find_running(layout.zk_dir)
+    registered: set[str] | None = None
+    if zk is not None:
+        client = _kazoo(zk.connect_string, timeout=5.0)
+        try:
+            registered = set(client.get_children("/brokers/ids")) if client.exists("/brokers/ids") else set()
+        finally:
+            client.stop()
+            client.close()
+    rows = [("BROKER", "PORT", "PID", "STATE")]
+    healthy = zk is not None
+    for slot in layout.brokers:
+        pid = running_broker_pid(layout, slot.id)
+        if pid is None:
+            state = "stopped"
+        elif registered is not None and str(slot.id) in registered:
+            state = "registered"
+        else:
+            state = "running"
+        healthy &= state == "registered"
+        rows.append((str(slot.id), str(slot.port), "-" if pid is None else str(pid), state))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip(), file=out)
+    if zk is not None:
+        print(f"zookeeper {zk.connect_string} pid {zk.pid} running", file=out)
+    else:
+        print(f"zookeeper {LOOPBACK}:{layout.zk_port} stopped", file=out)
+    out.flush()
+    return healthy
+
+
+# --------------------------------------------------------------------------------------------------
+# argparse wiring
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port (0..65535; 0 = any free port)")
+    return value
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("cluster", help="run a local ZooKeeper and brokers",
+                       description="Start, stop and inspect a local cluster kept in a directory.")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    up = actions.add_parser("up", help="start ZooKeeper and N brokers (only what is not running)")
+    up.add_argument("--dir", required=True, type=Path, help="cluster directory")
+    up.add_argument("--brokers", type=int, help="number of brokers, ids 0..N-1 (default 1)")
+    up.add_argument("--zk-port", type=_port, help=f"ZooKeeper port (default {DEFAULT_ZK_PORT}; 0 = free port)")
+    up.add_argument("--port", type=_port,
+                    help=f"first broker port, then +1 per broker (default {DEFAULT_BASE_PORT}; 0 = free ports)")
+    up.add_argument("--partitions", type=int, help="num.partitions for the brokers (default 1)")
+    up.add_argument("--timeout", type=float, default=READY_TIMEOUT_S,
+                    help=f"seconds each broker may take to become ready (default {READY_TIMEOUT_S:.0f})")
+    up.set_defaults(func=_run_up)
+
+    down = actions.add_parser("down", help="stop the brokers (SIGTERM, then SIGKILL) and ZooKeeper")
+    down.add_argument("--dir", required=True, type=Path, help="cluster directory")
+    down.add_argument("--timeout", type=float, default=STOP_TIMEOUT_S,
+                      help=f"seconds to wait after SIGTERM before SIGKILL (default {STOP_TIMEOUT_S:.0f})")
+    down.set_defaults(func=_run_down)
+
+    status = actions.add_parser("status", help="show brokers and ZooKeeper (exit 0 when all are up)")
+    status.add_argument("--dir", required=True, type=Path, help="cluster directory")
+    status.set_defaults(func=_run_status)
+
+
+def _fail(e: Exception) -> int:
+    print(f"kbroker cluster: {e}", file=sys.stderr)
+    return 1
+
+
+def _run_up(args: argparse.Namespace) -> int:
+    try:
+        cluster_up(args.dir, args.brokers, args.zk_port, args.port, args.partitions, args.timeout)
+    except ClusterError as e:
+        return _fail(e)
+    return 0
+
+
+def _run_down(args: argparse.Namespace) -> int:
+    try:
+        cluster_down(args.dir, args.timeout)
+    except ClusterError as e:
+        return _fail(e)
+    return 0
+
+
+def _run_status(args: argparse.Namespace) -> int:
+    try:
+        return 0 if cluster_status(args.dir) else 1
+    except ClusterError as e:
+        return _fail(e)

@@ -1,0 +1,36 @@
+"""The ``kbroker`` command: ``kbroker <subcommand> ...``.
+
+Each subcommand lives in its own module exposing ``register(subparsers)``, which adds its parser and
+sets ``func`` (``args -> exit code``). Adding a subcommand is one line in :data:`SUBCOMMANDS`.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from kbroker import __version__
+
+SUBCOMMANDS = (
+    "kbroker.cli.serve",
+    "kbroker.cli.cluster",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kbroker", description="A Kafka-compatible broker (ZooKeeper mode) and its tools.")
+    parser.add_argument("--version", action="version", version=f"kbroker {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in SUBCOMMANDS:
+        importlib.import_module(module).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
