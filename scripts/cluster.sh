@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# One command from a fresh machine to a running local cluster: installs everything (scripts/setup.sh),
+# starts ZooKeeper and N brokers under ./cluster (state kept across runs), then a short
+# produce/consume demo. Stop it with: .venv/bin/kbroker cluster down --dir cluster
+#   usage: scripts/cluster.sh [BROKERS]   (default 1)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+N=${1:-1}
+out=$(.venv/bin/kbroker cluster up --brokers "$N" --dir cluster --port "${KBROKER_PORT:-9092}" --zk-port "${KBROKER_ZK_PORT:-2181}")
+echo "$out"
+BOOT=$(echo "$out" | tail -n 1 | sed 's/^bootstrap.servers=//')
+.venv/bin/python -m kbroker.demo --bootstrap-server "$BOOT"
+echo
+echo "Cluster running. bootstrap.servers=$BOOT"
+echo "Stop it with: .venv/bin/kbroker cluster down --dir cluster"

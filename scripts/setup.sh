@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs everything kbroker needs on a fresh Debian 12 machine (idempotent):
+#   Debian packages: zookeeper (the coordination service), kcat (a librdkafka CLI used by tests/demo)
+#   a virtualenv in .venv with the pinned Python dependencies, then the native (Cython) build.
+# A failed native build fails this script: there is no slow fallback.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+need_apt=()
+[ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
+command -v kcat >/dev/null 2>&1 || need_apt+=(kcat)
+command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo "== installing Debian packages: ${need_apt[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "== creating virtualenv .venv"
+  "$PY" -m venv .venv
+fi
+echo "== installing pinned Python dependencies"
+.venv/bin/python -m pip install -q --disable-pip-version-check -U pip==26.3 setuptools==84.2.1 wheel==0.48.0
+.venv/bin/python -m pip install -q --disable-pip-version-check -r requirements/dev.txt
+echo "== building kbroker (Cython extensions)"
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
+.venv/bin/python -c "import kbroker._native.crc, kbroker._native.batch, kbroker._native.segment" \
+  || { echo "native build missing: see the pip output above" >&2; exit 1; }
+echo "== setup complete: $ROOT/.venv/bin/kbroker"
