@@ -1,0 +1,139 @@
+"""kbroker.record.compression: round trips, interop with aiokafka's and
+kafka-python's codecs, the decompression cap, and bomb resistance."""
+import os
+import random
+import struct
+import subprocess
+import sys
+import textwrap
+import zlib
+
+import aiokafka.codec as aio_codec
+import kafka.codec as kp_codec
+import pytest
+
+from kbroker.record import compression as C
+
+CODECS = [C.NONE, C.GZIP, C.SNAPPY, C.LZ4, C.ZSTD]
+SIZES = [0, 1, 100, 32 * 1024 - 1, 32 * 1024, 32 * 1024 + 1, 200_000]
+
+
+def payload(size, seed=0):
+    rnd = random.Random(seed)
+    words = [rnd.randbytes(rnd.randrange(1, 12)) for _ in range(50)]
+    out = bytearray()
+    while len(out) < size:
+        out += rnd.choice(words)
+    return bytes(out[:size])
+
+
+@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("size", SIZES)
+def test_round_trip_and_exact_cap(codec, size):
+    data = payload(size, size)
+    blob = C.compress(codec, data)
+    assert C.decompress(codec, blob, size) == data
+    assert C.decompress(codec, memoryview(blob), size + 1000) == data
+    if size:
+        with pytest.raises(C.DecompressionLimitExceeded):
+            C.decompress(codec, blob, size - 1)
+
+
+def test_interop_with_aiokafka_codecs():
+    data = payload(100_000, 3)
+    # aiokafka -> us
+    assert C.decompress(C.GZIP, aio_codec.gzip_encode(data), len(data)) == data
+    assert C.decompress(C.SNAPPY, aio_codec.snappy_encode(data), len(data)) == data
+    assert C.decompress(C.SNAPPY, aio_codec.snappy_encode(data, xerial_compatible=False),
+                        len(data)) == data
+    assert C.decompress(C.LZ4, aio_codec.lz4_encode(data), len(data)) == data
+    assert C.decompress(C.ZSTD, aio_codec.zstd_encode(data), len(data)) == data
+    # us -> aiokafka
+    assert aio_codec.gzip_decode(C.compress(C.GZIP, data)) == data
+    assert aio_codec.snappy_decode(C.compress(C.SNAPPY, data)) == data
+    assert aio_codec.lz4_decode(C.compress(C.LZ4, data)) == data
+    assert aio_codec.zstd_decode(C.compress(C.ZSTD, data)) == data
+
+
+def test_interop_with_kafka_python_gzip():
+    data = payload(50_000, 4)
+    assert kp_codec.gzip_decode(C.compress(C.GZIP, data)) == data
+    assert C.decompress(C.GZIP, kp_codec.gzip_encode(data), len(data)) == data
+
+
+def test_gzip_accepts_zlib_and_concatenated_members():
+    data = payload(10_000, 5)
+    assert C.decompress(C.GZIP, zlib.compress(data), len(data)) == data
+    two = C.compress(C.GZIP, data[:4000]) + C.compress(C.GZIP, data[4000:])
+    assert C.decompress(C.GZIP, two, len(data)) == data
+    with pytest.raises(C.DecompressionLimitExceeded):
+        C.decompress(C.GZIP, two, len(data) - 1)
+
+
+def test_xerial_framing_layout():
+    data = payload(70_000, 6)
+    blob = C.compress(C.SNAPPY, data)
+    magic, version, compat = struct.unpack_from(">8sii", blob)
+    assert (magic, version, compat) == (b"\x82SNAPPY\x00", 1, 1)
+    pos, chunks = 16, 0
+    while pos < len(blob):
+        (n,) = struct.unpack_from(">i", blob, pos)
+        pos += 4 + n
+        chunks += 1
+    assert pos == len(blob)
+    assert chunks == 3  # 32 KiB of input per chunk
+
+
+@pytest.mark.parametrize("codec", [C.GZIP, C.SNAPPY, C.LZ4, C.ZSTD])
+def test_corrupt_input_raises_compression_error(codec):
+    blob = bytearray(C.compress(codec, payload(5000, 7)))
+    rnd = random.Random(codec)
+    bad = [bytes(blob[: len(blob) // 2]), b"\x00" * 20, b"garbage!" * 5]
+    for _ in range(30):
+        mutated = bytearray(blob)
+        mutated[rnd.randrange(len(mutated))] ^= 1 << rnd.randrange(8)
+        bad.append(bytes(mutated))
+    raised = 0
+    for b in bad:
+        try:
+            C.decompress(codec, b, 1 << 20)
+        except C.CompressionError:
+            raised += 1
+    # Truncation and garbage always fail; bit flips may hit slack bits.
+    assert raised >= 3
+
+
+def test_unknown_codec():
+    with pytest.raises(C.CompressionError):
+        C.compress(5, b"x")
+    with pytest.raises(C.CompressionError):
+        C.decompress(7, b"x", 10)
+
+
+BOMB_SCRIPT = textwrap.dedent("""
+    import resource, sys
+    from kbroker.record import compression as C
+    codec, path = int(sys.argv[1]), sys.argv[2]
+    blob = open(path, "rb").read()
+    C.decompress(codec, C.compress(codec, b"warm up" * 1000), 1 << 20)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    try:
+        C.decompress(codec, blob, 1 << 20)
+    except C.DecompressionLimitExceeded:
+        print("raised", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+    else:
+        print("accepted")
+""")
+
+
+@pytest.mark.parametrize("codec", [C.GZIP, C.SNAPPY, C.LZ4, C.ZSTD])
+def test_bomb_is_refused_without_inflating(codec, tmp_path):
+    # 50 MB of zeros, cap 1 MB: must raise, and peak RSS may grow by only a
+    # few MB (the cap plus codec state), never by anything near 50 MB.
+    path = tmp_path / "bomb"
+    path.write_bytes(C.compress(codec, bytes(50 * 1024 * 1024)))
+    out = subprocess.run([sys.executable, "-c", BOMB_SCRIPT, str(codec), str(path)],
+                         check=True, capture_output=True, text=True).stdout.split()
+    assert out[0] == "raised"
+    grown_kib = int(out[1])
+    assert grown_kib < 12 * 1024, f"peak RSS grew by {grown_kib} KiB"
