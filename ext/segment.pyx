@@ -1,0 +1,461 @@
+"""Segment byte work for kbroker.log: appends, sparse-index search, batch walks.
+
+Contract
+- Files: a segment `.log` is RecordBatch v2 batches back to back (61-byte header, see
+  kafka-protocol-facts §2); `.index` entries are 8 bytes (relative offset u32, position u32),
+  `.timeindex` entries 12 bytes (timestamp i64, relative offset u32), all big-endian.
+- Threads: every function here may be called from any thread; the byte loops (write, pread,
+  CRC, binary search) run without the GIL. The callers in kbroker.log own the state and call
+  from the broker's event-loop thread.
+- Nothing here keeps state between calls: a crash mid-call leaves at most a partial write,
+  which the caller truncates away (append) or the recovery scan cuts off (restart).
+"""
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from libc.errno cimport EINTR, errno
+from libc.stdint cimport int16_t, int32_t, int64_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc, realloc
+from libc.string cimport memcpy
+from posix.types cimport off_t
+from posix.unistd cimport pread, write
+
+from ccrc32c cimport crc32c_update
+from hton cimport load_be16, load_be32, load_be64, store_be32, store_be64
+
+# RecordBatch v2 header offsets (kafka-protocol-facts §2).
+cdef enum:
+    HEADER = 61
+cdef enum:
+    LOG_OVERHEAD = 12          # baseOffset + batchLength precede the counted bytes
+cdef enum:
+    OFF_LENGTH = 8
+cdef enum:
+    OFF_EPOCH = 12
+cdef enum:
+    OFF_MAGIC = 16
+cdef enum:
+    OFF_CRC = 17
+cdef enum:
+    OFF_ATTR = 21
+cdef enum:
+    OFF_LAST_DELTA = 23
+cdef enum:
+    OFF_MAX_TS = 35
+cdef enum:
+    OFF_PID = 43
+cdef enum:
+    OFF_PEPOCH = 51
+cdef enum:
+    OFF_BASE_SEQ = 53
+cdef enum:
+    OFF_COUNT = 57
+
+# Header walks read this much at a time: a fetch or index translation walks at most about
+# index.interval.bytes (4 KiB) of batches, so one read usually covers the whole walk.
+cdef enum:
+    WALK_CHUNK = 16384
+# Recovery reads big chunks so CRC work dominates syscalls; a larger batch gets its own buffer.
+cdef enum:
+    SCAN_CHUNK = 1048576
+
+# Relative offsets are stored as u32 but Kafka reads them as a signed int, so a segment
+# spans at most INT32_MAX offsets (Kafka's canConvertToRelativeOffset).
+cdef int64_t MAX_RELATIVE = 0x7FFFFFFF
+
+# Kafka's "warm section": lookups near the tail (consumers at the head of the log) binary
+# search only the last 8 KiB of the index, pages that stay resident.
+cdef enum:
+    WARM_BYTES = 8192
+
+INDEX_OFFSET = 0     # .index keyed by relative offset
+INDEX_POSITION = 1   # .index keyed by file position
+INDEX_TIME = 2       # .timeindex keyed by timestamp
+
+# Why a scan stopped (scan_batches' third result).
+SCAN_OK = 0
+SCAN_SHORT_HEADER = 1     # fewer than 61 bytes left: torn tail
+SCAN_BAD_LENGTH = 2       # batchLength too small or runs past the end of the file
+SCAN_BAD_MAGIC = 3
+SCAN_BAD_CRC = 4
+SCAN_BAD_OFFSET = 5       # offsets not increasing, or out of the segment's u32 range
+SCAN_IO_ERROR = 6
+
+
+def write_all(int fd, buf):
+    """Write all of ``buf`` to ``fd`` (retrying short writes and EINTR) without the GIL.
+
+    Returns the number of bytes written (== len(buf)). Raises OSError on failure; bytes
+    already written by then stay in the file and the caller must truncate them away."""
+    cdef Py_buffer view
+    cdef const char *p
+    cdef Py_ssize_t left, n
+    cdef int err = 0
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        p = <const char *>view.buf
+        left = view.len
+        with nogil:
+            while left > 0:
+                n = write(fd, p, <size_t>left)
+                if n < 0:
+                    if errno == EINTR:
+                        continue
+                    err = errno
+                    break
+                if n == 0:          # no progress and no error: treat like a full disk
+                    err = 28        # ENOSPC
+                    break
+                p += n
+                left -= n
+        if err:
+            import os
+            raise OSError(err, os.strerror(err))
+        return view.len
+    finally:
+        PyBuffer_Release(&view)
+
+
+# ----------------------------------------------------------------------------------------
+# Sparse index: binary search, entry access, sanity check
+
+
+cdef inline int64_t _key(const char *base, Py_ssize_t slot, int kind) noexcept nogil:
+    if kind == 0:
+        return <int64_t>load_be32(base + slot * 8)
+    if kind == 1:
+        return <int64_t>load_be32(base + slot * 8 + 4)
+    return <int64_t>load_be64(base + slot * 12)
+
+
+cdef Py_ssize_t _glb(const char *base, Py_ssize_t lo, Py_ssize_t hi, int64_t target,
+                     int kind) noexcept nogil:
+    # Greatest slot in [lo, hi] whose key <= target, or lo - 1 when none.
+    cdef Py_ssize_t mid
+    if _key(base, lo, kind) > target:
+        return lo - 1
+    while lo < hi:
+        mid = hi - (hi - lo) // 2           # upper middle so lo always advances
+        if _key(base, mid, kind) <= target:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def index_lookup(buf, Py_ssize_t entries, int kind, int64_t target):
+    """Greatest slot whose key is <= target, or -1 (no such entry / empty index).
+
+    kind: INDEX_OFFSET (target = relative offset), INDEX_POSITION (target = file position),
+    INDEX_TIME (target = timestamp). Keys must be non-decreasing, which append guarantees."""
+    cdef Py_buffer view
+    cdef Py_ssize_t esize = 12 if kind == 2 else 8
+    cdef Py_ssize_t warm, slot
+    cdef const char *base
+    if entries <= 0:
+        return -1
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        if view.len < entries * esize:
+            raise ValueError("index buffer shorter than its entry count")
+        base = <const char *>view.buf
+        with nogil:
+            warm = entries - WARM_BYTES // esize
+            if warm > 0 and _key(base, warm, kind) <= target:
+                slot = _glb(base, warm, entries - 1, target, kind)
+            else:
+                slot = _glb(base, 0, entries - 1, target, kind)
+        return slot
+    finally:
+        PyBuffer_Release(&view)
+
+
+def index_valid_entries(buf, Py_ssize_t entries, int kind, int64_t max_position):
+    """Length of the longest prefix of entries that is well formed.
+
+    Offset index: relative offsets strictly increasing, positions non-decreasing and below
+    max_position. Time index: timestamps and offsets non-decreasing. A preallocated file left
+    untrimmed by a crash ends in zero entries, which fail these rules and are cut off."""
+    cdef Py_buffer view
+    cdef const char *base
+    cdef Py_ssize_t i
+    cdef int64_t prev_k = -1, prev_v = -1, k, v
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        base = <const char *>view.buf
+        if entries * (12 if kind == 2 else 8) > view.len:
+            raise ValueError("index buffer shorter than its entry count")
+        with nogil:
+            for i in range(entries):
+                if kind == 2:
+                    k = <int64_t>load_be64(base + i * 12)
+                    v = <int64_t>load_be32(base + i * 12 + 8)
+                    if i > 0 and (k < prev_k or v < prev_v):
+                        break
+                    if i > 0 and k == 0 and v == 0:
+                        break
+                else:
+                    k = <int64_t>load_be32(base + i * 8)
+                    v = <int64_t>load_be32(base + i * 8 + 4)
+                    if i > 0 and (k <= prev_k or v < prev_v):
+                        break
+                    if v >= max_position:
+                        break
+                prev_k = k
+                prev_v = v
+            else:
+                i = entries
+        return i
+    finally:
+        PyBuffer_Release(&view)
+
+
+def offset_entry(buf, Py_ssize_t slot):
+    """(relative_offset, position) of an .index entry."""
+    cdef Py_buffer view
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        if (slot + 1) * 8 > view.len or slot < 0:
+            raise IndexError(slot)
+        return (load_be32(<const char *>view.buf + slot * 8),
+                load_be32(<const char *>view.buf + slot * 8 + 4))
+    finally:
+        PyBuffer_Release(&view)
+
+
+def time_entry(buf, Py_ssize_t slot):
+    """(timestamp, relative_offset) of a .timeindex entry."""
+    cdef Py_buffer view
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        if (slot + 1) * 12 > view.len or slot < 0:
+            raise IndexError(slot)
+        return (<int64_t>load_be64(<const char *>view.buf + slot * 12),
+                load_be32(<const char *>view.buf + slot * 12 + 8))
+    finally:
+        PyBuffer_Release(&view)
+
+
+def put_offset_entry(buf, Py_ssize_t slot, uint32_t relative_offset, uint32_t position):
+    """Store an .index entry in a writable buffer (the mmapped, preallocated file)."""
+    cdef Py_buffer view
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE | 0x0001)   # PyBUF_WRITABLE
+    try:
+        if (slot + 1) * 8 > view.len or slot < 0:
+            raise IndexError(slot)
+        store_be32(<char *>view.buf + slot * 8, relative_offset)
+        store_be32(<char *>view.buf + slot * 8 + 4, position)
+    finally:
+        PyBuffer_Release(&view)
+
+
+def put_time_entry(buf, Py_ssize_t slot, int64_t timestamp, uint32_t relative_offset):
+    """Store a .timeindex entry in a writable buffer."""
+    cdef Py_buffer view
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE | 0x0001)
+    try:
+        if (slot + 1) * 12 > view.len or slot < 0:
+            raise IndexError(slot)
+        store_be64(<char *>view.buf + slot * 12, <uint64_t>timestamp)
+        store_be32(<char *>view.buf + slot * 12 + 8, relative_offset)
+    finally:
+        PyBuffer_Release(&view)
+
+
+# ----------------------------------------------------------------------------------------
+# Header walk (fetch positioning, translate_offset, offset_for_timestamp)
+
+
+def seek_batch(int fd, int64_t start, int64_t end, int64_t target_offset,
+               int64_t limit_position, int64_t target_timestamp):
+    """Walk batch headers from ``start`` (a batch boundary) towards ``end`` and stop at the
+    first batch that satisfies any of: lastOffset >= target_offset, position + size >
+    limit_position, maxTimestamp >= target_timestamp.
+
+    Returns (position, size, base_offset, last_offset, max_timestamp) of that batch, or
+    (position, 0, -1, -1, -1) when the walk reached ``end`` (or a torn header) first.
+    Headers are trusted here (CRCs were checked on append or by recovery)."""
+    cdef char chunk[WALK_CHUNK]
+    cdef int64_t wstart = 0, wlen = 0, pos = start
+    cdef int64_t base_off = -1, last_off = -1, max_ts = -1, size = 0
+    cdef Py_ssize_t n
+    cdef const char *h
+    cdef int found = 0, err = 0
+    with nogil:
+        while pos + HEADER <= end:
+            if pos < wstart or pos + HEADER > wstart + wlen:
+                n = pread(fd, chunk, WALK_CHUNK, <off_t>pos)
+                if n < 0:
+                    if errno == EINTR:
+                        continue
+                    err = errno
+                    break
+                wstart = pos
+                wlen = n
+                if wlen < HEADER:
+                    break
+            h = chunk + (pos - wstart)
+            size = <int64_t><int32_t>load_be32(h + OFF_LENGTH) + LOG_OVERHEAD
+            if size < HEADER or pos + size > end:
+                break
+            base_off = <int64_t>load_be64(h)
+            last_off = base_off + <int32_t>load_be32(h + OFF_LAST_DELTA)
+            max_ts = <int64_t>load_be64(h + OFF_MAX_TS)
+            if (last_off >= target_offset or pos + size > limit_position
+                    or max_ts >= target_timestamp):
+                found = 1
+                break
+            pos += size
+    if err:
+        import os
+        raise OSError(err, os.strerror(err))
+    if found:
+        return (pos, size, base_off, last_off, max_ts)
+    return (pos, 0, -1, -1, -1)
+
+
+# ----------------------------------------------------------------------------------------
+# Recovery scan
+
+
+cdef struct BatchRec:
+    int64_t position
+    int64_t size
+    int64_t base_offset
+    int64_t last_offset
+    int64_t max_timestamp
+    int64_t producer_id
+    int32_t leader_epoch
+    int32_t base_sequence
+    int32_t record_count
+    int16_t producer_epoch
+    int16_t attributes
+
+
+cdef int _read_full(int fd, char *buf, int64_t n, int64_t pos) noexcept nogil:
+    # pread until n bytes or EOF; returns bytes read, or -errno.
+    cdef int64_t got = 0
+    cdef Py_ssize_t r
+    while got < n:
+        r = pread(fd, buf + got, <size_t>(n - got), <off_t>(pos + got))
+        if r < 0:
+            if errno == EINTR:
+                continue
+            return -errno
+        if r == 0:
+            break
+        got += r
+    return <int>got if got < 0x7FFFFFFF else 0x7FFFFFFF
+
+
+def scan_batches(int fd, int64_t start, int64_t end, int64_t segment_base,
+                 int64_t min_offset, bint check_crc=True):
+    """Validate the batches of a segment file between ``start`` and ``end``.
+
+    Checks per batch: a full 61-byte header, batchLength within the file, magic 2, CRC32C
+    over [21, end) (when check_crc), base offset >= min_offset and > the previous batch's
+    last offset, and both offsets within the segment's u32 relative range.
+
+    Returns (valid_end, batches, reason): valid_end is the position just past the last good
+    batch, batches a list of (position, size, base_offset, last_offset, max_timestamp,
+    leader_epoch, producer_id, producer_epoch, base_sequence, record_count, attributes), and
+    reason a SCAN_* code (SCAN_OK when the scan reached ``end`` exactly)."""
+    cdef char *buf = NULL
+    cdef int64_t cap = SCAN_CHUNK
+    cdef int64_t wstart = start, wlen = 0, pos = start, size, got
+    cdef int64_t next_min = min_offset
+    cdef const char *h
+    cdef BatchRec *recs = NULL
+    cdef BatchRec *grown
+    cdef Py_ssize_t nrec = 0, caprec = 1024, i
+    cdef int reason = 0
+    cdef char *nb
+    cdef BatchRec r
+    cdef uint32_t want
+    buf = <char *>malloc(<size_t>cap)
+    recs = <BatchRec *>malloc(sizeof(BatchRec) * caprec)
+    if buf == NULL or recs == NULL:
+        free(buf)
+        free(recs)
+        raise MemoryError()
+    try:
+        with nogil:
+            while pos < end:
+                if end - pos < HEADER:
+                    reason = 1
+                    break
+                # Make sure the header is in the window.
+                if pos + HEADER > wstart + wlen:
+                    got = _read_full(fd, buf, min(cap, end - pos), pos)
+                    if got < 0:
+                        reason = 6
+                        break
+                    wstart = pos
+                    wlen = got
+                    if wlen < HEADER:
+                        reason = 1
+                        break
+                h = buf + (pos - wstart)
+                size = <int64_t><int32_t>load_be32(h + OFF_LENGTH) + LOG_OVERHEAD
+                if size < HEADER or pos + size > end:
+                    reason = 2
+                    break
+                if <unsigned char>h[OFF_MAGIC] != 2:
+                    reason = 3
+                    break
+                # Make sure the whole batch is in the window (grow for big batches).
+                if pos + size > wstart + wlen:
+                    if size > cap:
+                        nb = <char *>realloc(buf, <size_t>size)
+                        if nb == NULL:
+                            reason = 6
+                            break
+                        buf = nb
+                        cap = size
+                    got = _read_full(fd, buf, min(cap, end - pos), pos)
+                    if got < size:
+                        reason = 6 if got < 0 else 2
+                        break
+                    wstart = pos
+                    wlen = got
+                    h = buf
+                if check_crc:
+                    want = load_be32(h + OFF_CRC)
+                    if crc32c_update(0, h + OFF_ATTR, <size_t>(size - OFF_ATTR)) != want:
+                        reason = 4
+                        break
+                r.position = pos
+                r.size = size
+                r.base_offset = <int64_t>load_be64(h)
+                r.last_offset = r.base_offset + <int32_t>load_be32(h + OFF_LAST_DELTA)
+                if (r.base_offset < next_min or r.last_offset < r.base_offset
+                        or r.base_offset - segment_base < 0
+                        or r.last_offset - segment_base > MAX_RELATIVE):
+                    reason = 5
+                    break
+                r.max_timestamp = <int64_t>load_be64(h + OFF_MAX_TS)
+                r.leader_epoch = <int32_t>load_be32(h + OFF_EPOCH)
+                r.producer_id = <int64_t>load_be64(h + OFF_PID)
+                r.producer_epoch = <int16_t>load_be16(h + OFF_PEPOCH)
+                r.base_sequence = <int32_t>load_be32(h + OFF_BASE_SEQ)
+                r.record_count = <int32_t>load_be32(h + OFF_COUNT)
+                r.attributes = <int16_t>load_be16(h + OFF_ATTR)
+                if nrec == caprec:
+                    grown = <BatchRec *>realloc(recs, sizeof(BatchRec) * caprec * 2)
+                    if grown == NULL:
+                        reason = 6
+                        break
+                    recs = grown
+                    caprec *= 2
+                recs[nrec] = r
+                nrec += 1
+                next_min = r.last_offset + 1
+                pos += size
+        out = []
+        for i in range(nrec):
+            r = recs[i]
+            out.append((r.position, r.size, r.base_offset, r.last_offset, r.max_timestamp,
+                        r.leader_epoch, r.producer_id, r.producer_epoch, r.base_sequence,
+                        r.record_count, r.attributes))
+        return (pos, out, reason)
+    finally:
+        free(buf)
+        free(recs)

@@ -1,0 +1,234 @@
+"""Sparse offset and time indexes of one log segment (Kafka-compatible files).
+
+Formats (big-endian, fixed-size entries, no header):
+- ``%020d.index``: 8-byte entries ``relative offset u32 | position u32``. An entry says "the
+  batch whose last offset is base+relative starts at byte ``position`` of the .log"; entries are
+  sparse (one per index.interval.bytes of log), relative offsets strictly increase.
+- ``%020d.timeindex``: 12-byte entries ``timestamp i64 | relative offset u32``: the greatest
+  timestamp seen in the segment up to and including that offset. Timestamps never decrease.
+
+The active segment's index files are preallocated to segment.index.bytes and mmapped writable;
+on roll and on close they are trimmed to their entries and remapped read-only. Lookups are a
+native binary search (``kbroker._native.segment.index_lookup``).
+
+Threads: the event-loop thread appends and looks up; nothing here blocks beyond page faults.
+
+Crash: the files carry no checksum. A crash can leave an index untrimmed (a zero-filled tail)
+or behind the log. Loading keeps only the longest well-formed prefix (``valid_entries``); the
+owner compares it with the file and, for segments that recovery scans, resets and rebuilds the
+index from the log, which is always the source of truth.
+"""
+import mmap
+import os
+
+from kbroker._native import segment as _native
+
+from .errors import CorruptIndexError
+
+
+class _Index:
+    ENTRY_SIZE = 0
+    KIND = 0
+
+    def __init__(self, path: str, base_offset: int, max_index_bytes: int, writable: bool,
+                 max_position: int = 1 << 32):
+        self.path = path
+        self.base_offset = base_offset
+        self.writable = writable
+        self.max_index_bytes = max_index_bytes
+        self._mm = None
+        esize = self.ENTRY_SIZE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            file_len = os.fstat(fd).st_size
+            file_entries = file_len // esize
+            if writable:
+                size = max(max_index_bytes // esize, file_entries, 1) * esize
+                if size != file_len:
+                    os.ftruncate(fd, size)
+            else:
+                size = file_entries * esize
+            self._max_entries = size // esize
+            if size:
+                self._mm = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        # A crash can leave zero-filled preallocation after the real entries: keep the
+        # well-formed prefix and remember whether that was the whole file.
+        self.entries = (_native.index_valid_entries(self._mm, file_entries, self.KIND, max_position)
+                        if file_entries else 0)
+        self.file_entries = file_entries
+
+    @property
+    def sane(self) -> bool:
+        """True when every entry in the file was well formed (a trimmed, clean index)."""
+        return self.entries == self.file_entries
+
+    @property
+    def is_full(self) -> bool:
+        return self.entries >= self._max_entries
+
+    @property
+    def size_bytes(self) -> int:
+        return self.entries * self.ENTRY_SIZE
+
+    def reset(self) -> None:
+        """Drop every entry and reopen writable, zero-filled (recovery rebuilds the index from
+        the log; truncating to 0 first clears any stale entries a crash left behind)."""
+        self.entries = 0
+        self._remap(0, False)
+        self._remap(max(self.max_index_bytes // self.ENTRY_SIZE, 1) * self.ENTRY_SIZE, True)
+
+    def truncate_entries(self, n: int) -> None:
+        if n < self.entries:
+            self._mm[n * self.ENTRY_SIZE: self.entries * self.ENTRY_SIZE] = bytes(
+                (self.entries - n) * self.ENTRY_SIZE)
+            self.entries = n
+
+    def make_writable(self, max_index_bytes: int) -> None:
+        """Reopen a trimmed index for appends (the last segment becomes active again)."""
+        if self.writable:
+            return
+        self._remap(max(max_index_bytes // self.ENTRY_SIZE, self.entries, 1) * self.ENTRY_SIZE, True)
+
+    def trim(self) -> None:
+        """Shrink the file to its entries and map it read-only (on roll and on close)."""
+        self._remap(self.entries * self.ENTRY_SIZE, False)
+
+    def _remap(self, size: int, writable: bool) -> None:
+        if self._mm is not None:
+            if self.writable:
+                self._mm.flush()
+            self._mm.close()
+            self._mm = None
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            os.ftruncate(fd, size)
+            if size:
+                self._mm = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        self.writable = writable
+        self._max_entries = size // self.ENTRY_SIZE
+        self.file_entries = self.entries
+
+    def flush(self) -> None:
+        if self._mm is not None and self.writable:
+            self._mm.flush()
+
+    def close(self, trim: bool = True) -> None:
+        if trim and self.writable:
+            self.trim()
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+
+    def rename(self, new_path: str) -> None:
+        os.replace(self.path, new_path)
+        self.path = new_path
+
+    def _append_check(self):
+        if not self.writable:
+            raise CorruptIndexError(f"{self.path}: append to a read-only index")
+        if self.entries >= self._max_entries:
+            raise CorruptIndexError(f"{self.path}: index is full ({self.entries} entries)")
+
+
+class OffsetIndex(_Index):
+    """``%020d.index``: relative offset u32 + position u32 per entry."""
+
+    ENTRY_SIZE = 8
+    KIND = _native.INDEX_OFFSET
+
+    def append(self, offset: int, position: int) -> None:
+        """Add an entry for the batch whose last offset is ``offset`` starting at ``position``."""
+        self._append_check()
+        rel = offset - self.base_offset
+        if self.entries and rel <= self.last_relative():
+            raise CorruptIndexError(
+                f"{self.path}: offset {offset} not above the last entry {self.last_entry()[0]}")
+        _native.put_offset_entry(self._mm, self.entries, rel, position)
+        self.entries += 1
+
+    def last_relative(self) -> int:
+        return _native.offset_entry(self._mm, self.entries - 1)[0]
+
+    def last_entry(self):
+        """(offset, position) of the last entry, or (base_offset, 0) when empty."""
+        if not self.entries:
+            return self.base_offset, 0
+        rel, pos = _native.offset_entry(self._mm, self.entries - 1)
+        return self.base_offset + rel, pos
+
+    def entry(self, slot: int):
+        rel, pos = _native.offset_entry(self._mm, slot)
+        return self.base_offset + rel, pos
+
+    def lookup(self, offset: int):
+        """(offset, position) of the greatest entry with offset <= ``offset``; (base, 0) if none."""
+        slot = _native.index_lookup(self._mm, self.entries, _native.INDEX_OFFSET,
+                                    offset - self.base_offset) if self.entries else -1
+        if slot < 0:
+            return self.base_offset, 0
+        return self.entry(slot)
+
+    def lookup_position(self, position: int):
+        """(offset, position) of the greatest entry whose position <= ``position``; (base, 0) if none."""
+        slot = _native.index_lookup(self._mm, self.entries, _native.INDEX_POSITION,
+                                    position) if self.entries else -1
+        if slot < 0:
+            return self.base_offset, 0
+        return self.entry(slot)
+
+    def truncate_to_offset(self, offset: int) -> None:
+        """Drop entries for offsets >= ``offset``."""
+        slot = _native.index_lookup(self._mm, self.entries, _native.INDEX_OFFSET,
+                                    offset - self.base_offset - 1) if self.entries and offset > self.base_offset else -1
+        self.truncate_entries(slot + 1)
+
+
+class TimeIndex(_Index):
+    """``%020d.timeindex``: timestamp i64 + relative offset u32 per entry."""
+
+    ENTRY_SIZE = 12
+    KIND = _native.INDEX_TIME
+
+    def last_entry(self):
+        """(timestamp, offset) of the last entry, or (-1, base_offset) when empty."""
+        if not self.entries:
+            return -1, self.base_offset
+        ts, rel = _native.time_entry(self._mm, self.entries - 1)
+        return ts, self.base_offset + rel
+
+    def entry(self, slot: int):
+        ts, rel = _native.time_entry(self._mm, slot)
+        return ts, self.base_offset + rel
+
+    def maybe_append(self, timestamp: int, offset: int) -> bool:
+        """Add (timestamp, offset) if the timestamp is above the last entry's (Kafka keeps the
+        time index strictly increasing in timestamp). Returns whether an entry was added."""
+        last_ts, last_off = self.last_entry()
+        if self.entries and timestamp <= last_ts:
+            return False
+        if self.entries and offset < last_off:
+            raise CorruptIndexError(f"{self.path}: offset {offset} below the last entry {last_off}")
+        self._append_check()
+        _native.put_time_entry(self._mm, self.entries, timestamp, offset - self.base_offset)
+        self.entries += 1
+        return True
+
+    def lookup(self, timestamp: int):
+        """(timestamp, offset) of the greatest entry with timestamp <= ``timestamp``;
+        (-1, base_offset) if none."""
+        slot = _native.index_lookup(self._mm, self.entries, _native.INDEX_TIME,
+                                    timestamp) if self.entries else -1
+        if slot < 0:
+            return -1, self.base_offset
+        return self.entry(slot)
+
+    def truncate_to_offset(self, offset: int) -> None:
+        """Drop entries for offsets >= ``offset``."""
+        n = self.entries
+        while n and self.entry(n - 1)[1] >= offset:
+            n -= 1
+        self.truncate_entries(n)

@@ -1,0 +1,517 @@
+"""One partition's log: an ordered list of segments in ``<log.dir>/<topic>-<partition>/``.
+
+Files: ``%020d.log/.index/.timeindex`` per segment (segment.py, index.py), ``%020d.snapshot``
+producer-state snapshots (producer_state.py), ``leader-epoch-checkpoint`` (epoch_cache.py).
+The log-dir checkpoints (recovery point, high watermark, log start) are written by LogManager
+from this object's attributes.
+
+Offsets: ``log_start_offset`` <= ``high_watermark`` <= ``log_end_offset`` (LEO: the next offset
+to assign). A leader append stamps the batch with base offset = LEO (native
+validate_and_stamp), checks idempotent-producer state, rolls if needed and writes the batch
+with one write to the active segment.
+
+Threads: every method runs on the broker's event-loop thread; the byte work (validation, CRC,
+writes, index search, header walks) is native and releases the GIL.
+
+Crash: see ``_load``. Without the clean-shutdown marker every segment from the one holding the
+recovery point onwards is CRC-scanned, the first invalid batch and everything after it are
+removed, indexes rebuilt, the epoch cache re-derived and clamped, producer state replayed, the
+high watermark clamped to the new log end. With the marker only index sanity checks and a
+header read after the last index entry run.
+"""
+import bisect
+import os
+import time
+from typing import NamedTuple
+
+from kbroker._native import batch as _batch
+
+from .epoch_cache import LeaderEpochCache
+from .errors import (CORRUPT_MESSAGE, KAFKA_STORAGE_ERROR, LogAppendError,
+                     OffsetOutOfRange)
+from .producer_state import ProducerStateManager
+from .segment import INT64_MAX, LogSegment
+
+LONG_MAX = INT64_MAX
+SNAPSHOTS_KEPT = 3
+
+# Kafka's topic-level names and defaults (LogConfig / TopicConfig).
+DEFAULTS = {
+    "segment.bytes": 1 << 30,
+    "segment.ms": 7 * 24 * 3600 * 1000,
+    "retention.ms": 7 * 24 * 3600 * 1000,
+    "retention.bytes": -1,
+    "max.message.bytes": 1048588,
+    "message.timestamp.type": "CreateTime",
+    "index.interval.bytes": 4096,
+    "segment.index.bytes": 10 * 1024 * 1024,
+    "flush.messages": LONG_MAX,
+    "flush.ms": LONG_MAX,
+    "min.insync.replicas": 1,
+    "cleanup.policy": "delete",
+    "file.delete.delay.ms": 60000,
+}
+
+# Broker-level (server.properties) names accepted in LogManager defaults.
+BROKER_KEYS = {
+    "log.segment.bytes": "segment.bytes",
+    "log.roll.ms": "segment.ms",
+    "log.roll.hours": ("segment.ms", 3600 * 1000),
+    "log.retention.ms": "retention.ms",
+    "log.retention.minutes": ("retention.ms", 60 * 1000),
+    "log.retention.hours": ("retention.ms", 3600 * 1000),
+    "log.retention.bytes": "retention.bytes",
+    "message.max.bytes": "max.message.bytes",
+    "log.message.timestamp.type": "message.timestamp.type",
+    "log.index.interval.bytes": "index.interval.bytes",
+    "log.index.size.max.bytes": "segment.index.bytes",
+    "log.flush.interval.messages": "flush.messages",
+    "log.flush.interval.ms": "flush.ms",
+    "log.cleanup.policy": "cleanup.policy",
+    "log.segment.delete.delay.ms": "file.delete.delay.ms",
+}
+
+_STRING_KEYS = {"message.timestamp.type", "cleanup.policy"}
+
+
+class LogConfig:
+    """Typed topic config. Values may be ints or the strings a config file or a CreateTopics
+    request carries."""
+
+    def __init__(self, values: dict | None = None):
+        merged = dict(DEFAULTS)
+        for k, v in (values or {}).items():
+            if k in DEFAULTS:
+                merged[k] = v
+        for k, v in merged.items():
+            merged[k] = str(v) if k in _STRING_KEYS else int(v)
+        if merged["message.timestamp.type"] not in ("CreateTime", "LogAppendTime"):
+            raise ValueError(f"message.timestamp.type: {merged['message.timestamp.type']!r}")
+        if merged["segment.bytes"] < 14:
+            raise ValueError("segment.bytes must be at least 14")
+        if merged["index.interval.bytes"] < 0:
+            raise ValueError("index.interval.bytes must be >= 0")
+        self.values = merged
+        self.segment_bytes = merged["segment.bytes"]
+        self.segment_ms = merged["segment.ms"]
+        self.retention_ms = merged["retention.ms"]
+        self.retention_bytes = merged["retention.bytes"]
+        self.max_message_bytes = merged["max.message.bytes"]
+        self.log_append_time = merged["message.timestamp.type"] == "LogAppendTime"
+        self.index_interval_bytes = merged["index.interval.bytes"]
+        self.segment_index_bytes = merged["segment.index.bytes"]
+        self.flush_messages = merged["flush.messages"]
+        self.flush_ms = merged["flush.ms"]
+        self.min_insync_replicas = merged["min.insync.replicas"]
+        self.cleanup_policy = merged["cleanup.policy"]
+        self.file_delete_delay_ms = merged["file.delete.delay.ms"]
+
+    @staticmethod
+    def from_broker(props: dict) -> dict:
+        """Translate broker-level keys (log.retention.hours, ...) to topic-level ones."""
+        out = {}
+        for k, v in props.items():
+            if k in DEFAULTS:
+                out.setdefault(k, v)
+            m = BROKER_KEYS.get(k)
+            if isinstance(m, tuple):
+                out[m[0]] = int(v) * m[1]
+            elif m:
+                out[m] = v
+        # The most specific unit wins, as in Kafka (ms over minutes over hours).
+        for key, names in (("retention.ms", ("log.retention.ms", "log.retention.minutes", "log.retention.hours")),
+                           ("segment.ms", ("log.roll.ms", "log.roll.hours"))):
+            for n in names:
+                if n in props:
+                    m = BROKER_KEYS[n]
+                    out[key] = int(props[n]) * (m[1] if isinstance(m, tuple) else 1)
+                    break
+        return out
+
+
+class AppendResult(NamedTuple):
+    base_offset: int
+    last_offset: int
+    log_append_time_ms: int       # -1 unless the topic uses LogAppendTime
+    log_start_offset: int
+
+
+class FetchData(NamedTuple):
+    regions: list                 # [(fd, position, length)] into read-only segment fds
+    size: int                     # sum of the region lengths
+    high_watermark: int
+    log_start_offset: int
+    log_end_offset: int
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Log:
+    def __init__(self, dir_path: str, topic: str, partition: int, config: LogConfig, *,
+                 clean_shutdown: bool = True, recovery_point: int = 0, log_start_offset: int = 0,
+                 high_watermark: int = 0, now: int | None = None):
+        self.dir = dir_path
+        self.topic = topic
+        self.partition = partition
+        self.config = config
+        os.makedirs(dir_path, exist_ok=True)
+        self.segments: list = []           # sorted by base offset; the last one is active
+        self._bases: list = []             # their base offsets, for bisect
+        self._pending_delete: list = []    # (due_ms, segment): renamed, fds still open
+        self.producer_state = ProducerStateManager(dir_path)
+        self.epoch_cache = LeaderEpochCache(dir_path)
+        self.log_start_offset = log_start_offset
+        self.recovery_point = recovery_point
+        self._high_watermark = high_watermark
+        # Single broker: the high watermark follows the log end; replication turns this off
+        # and moves it with ``high_watermark = ...``.
+        self.hw_follows_leo = True
+        self.unflushed_messages = 0
+        self.last_flush_ms = now_ms() if now is None else now
+        self.dirty = False                 # appended since the last flush
+        self.offline = False
+        self.recovered_segments = 0        # segments CRC-scanned by the last load
+        self._load(clean_shutdown, now_ms() if now is None else now)
+
+    # -- properties -------------------------------------------------------------------------
+
+    @property
+    def active_segment(self) -> LogSegment:
+        return self.segments[-1]
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.segments[-1].next_offset
+
+    @property
+    def high_watermark(self) -> int:
+        return self._high_watermark
+
+    @high_watermark.setter
+    def high_watermark(self, offset: int) -> None:
+        self._high_watermark = min(max(offset, self.log_start_offset), self.log_end_offset)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+    # -- load / recovery --------------------------------------------------------------------
+
+    def _load(self, clean: bool, now: int) -> None:
+        self._remove_leftovers()
+        bases = sorted(int(n[:20]) for n in os.listdir(self.dir)
+                       if n.endswith(".log") and len(n) == 24 and n[:20].isdigit())
+        cfg = self.config
+        for b in bases:
+            self.segments.append(LogSegment(self.dir, b, cfg.index_interval_bytes,
+                                            cfg.segment_index_bytes, active=False, now_ms=now))
+        recovered = []          # batch headers from CRC-scanned segments, in order
+        i = 0
+        while i < len(self.segments):
+            seg = self.segments[i]
+            holds_rp = i + 1 == len(self.segments) or self.segments[i + 1].base_offset > self.recovery_point
+            must_scan = not clean and holds_rp
+            if not must_scan and seg.load():
+                i += 1
+                continue
+            prev_end = self.segments[i - 1].next_offset if i else seg.base_offset
+            batches, truncated = seg.recover(max(prev_end, seg.base_offset))
+            self.recovered_segments += 1
+            recovered.extend(batches)
+            if truncated:
+                # Everything after the first invalid batch is suspect: drop later segments.
+                for later in self.segments[i + 1:]:
+                    later.mark_deleted()
+                    later.remove()
+                del self.segments[i + 1:]
+            i += 1
+        if not self.segments:
+            start = self.log_start_offset
+            self.segments.append(LogSegment(self.dir, start, cfg.index_interval_bytes,
+                                            cfg.segment_index_bytes, active=True, now_ms=now))
+        self._bases = [s.base_offset for s in self.segments]
+        leo = self.log_end_offset
+        if leo < self.log_start_offset:
+            # The log start checkpoint is ahead of everything on disk (e.g. delete_records
+            # then a crash): nothing here is readable, start over at the log start.
+            for s in self.segments:
+                s.mark_deleted()
+                s.remove()
+            self.segments = [LogSegment(self.dir, self.log_start_offset, cfg.index_interval_bytes,
+                                        cfg.segment_index_bytes, active=True, now_ms=now)]
+            self._bases = [self.log_start_offset]
+            recovered = []
+        self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
+        self.active_segment.make_active()
+        leo = self.log_end_offset
+        if self.recovered_segments:
+            # The scanned bytes are now the truth; make them durable before the recovery
+            # point moves past them (KAFKA-10101).
+            for s in self.segments:
+                s.flush()
+            self.recovery_point = leo
+        self.recovery_point = min(self.recovery_point, leo)
+        # Leader epochs from the recovered batches, then clamp to the surviving range.
+        for b in recovered:
+            self.epoch_cache.assign(b.leader_epoch, b.base_offset, flush=False)
+        self.epoch_cache.truncate_from_end(leo, flush=False)
+        self.epoch_cache.truncate_from_start(self.log_start_offset, flush=False)
+        self.epoch_cache.flush()
+        self._rebuild_producer_state(clean and not self.recovered_segments)
+        self._high_watermark = min(max(self._high_watermark, self.log_start_offset), leo)
+
+    def _remove_leftovers(self) -> None:
+        # Half-finished deletes and temp files from a previous run; orphan indexes.
+        names = os.listdir(self.dir)
+        logs = {n[:20] for n in names if n.endswith(".log")}
+        for n in names:
+            orphan = n.endswith((".index", ".timeindex")) and n[:20] not in logs
+            if n.endswith((".deleted", ".tmp", ".cleaned", ".swap")) or orphan:
+                os.unlink(os.path.join(self.dir, n))
+
+    def _rebuild_producer_state(self, clean: bool) -> None:
+        ps = self.producer_state
+        leo = self.log_end_offset
+        ps.delete_snapshots(above=leo)
+        if clean and ps.load_snapshot(leo):
+            return
+        # Newest usable snapshot at or below the log end, then replay headers after it.
+        start = self.log_start_offset
+        ps.clear()
+        for off in reversed(ps.snapshot_offsets()):
+            if off >= self.log_start_offset and ps.load_snapshot(off):
+                start = off
+                break
+        i = max(bisect.bisect_right(self._bases, start) - 1, 0)
+        for seg in self.segments[i:]:
+            pos = 0
+            if seg.base_offset < start:
+                r = seg.translate_offset(start)
+                if r is None:
+                    continue
+                pos = r[0]
+            for h in seg.headers(pos):
+                if h.base_offset >= start:
+                    ps.replay(h)
+
+    # -- append -----------------------------------------------------------------------------
+
+    def append_as_leader(self, buf, leader_epoch: int, now: int) -> AppendResult:
+        """Validate, stamp and append one producer batch (a writable buffer holding exactly
+        one RecordBatch v2). Returns the assigned offsets, or the original offsets of an
+        idempotent duplicate; raises LogAppendError."""
+        if self.offline:
+            raise LogAppendError(KAFKA_STORAGE_ERROR, f"log {self.name} is offline")
+        cfg = self.config
+        append_time = now if cfg.log_append_time else -1
+        base = self.log_end_offset
+        try:
+            info = _batch.validate_and_stamp(buf, base, leader_epoch, cfg.max_message_bytes, append_time)
+        except _batch.BatchError as e:
+            raise LogAppendError(e.error_code, str(e)) from None
+        pid = info.producer_id
+        if pid >= 0:
+            dup = self.producer_state.check(pid, info.producer_epoch, info.base_sequence,
+                                            info.last_offset_delta)
+            if dup is not None:
+                return AppendResult(dup.first_offset, dup.last_offset,
+                                    dup.timestamp if cfg.log_append_time else -1,
+                                    self.log_start_offset)
+        last = base + info.last_offset_delta
+        self._append(buf, info.size, base, last, info.max_timestamp, now)
+        if pid >= 0:
+            self.producer_state.update(pid, info.producer_epoch, info.base_sequence,
+                                       info.last_offset_delta, base, info.max_timestamp)
+        if leader_epoch > self.epoch_cache.latest_epoch:
+            self.epoch_cache.assign(leader_epoch, base)
+        self.unflushed_messages += info.record_count
+        if self.unflushed_messages >= cfg.flush_messages:
+            self.flush(now)
+        return AppendResult(base, last, append_time, self.log_start_offset)
+
+    def _append(self, buf, size, base, last, max_timestamp, now):
+        cfg = self.config
+        seg = self.active_segment
+        if seg.should_roll(size, last, now, cfg.segment_bytes, cfg.segment_ms):
+            seg = self.roll(now)
+        try:
+            seg.append(buf, base, last, max_timestamp)
+        except LogAppendError:
+            if seg.size != os.fstat(seg.read_fd).st_size:
+                self.offline = True       # the partial write could not be removed
+            raise
+        self.dirty = True
+        if self.hw_follows_leo:
+            self._high_watermark = last + 1
+
+    def roll(self, now: int | None = None) -> LogSegment:
+        """Close the active segment and start a new one at the log end offset."""
+        now = now_ms() if now is None else now
+        old = self.active_segment
+        leo = old.next_offset
+        if old.size == 0:
+            return old
+        old.on_become_inactive()
+        cfg = self.config
+        seg = LogSegment(self.dir, leo, cfg.index_interval_bytes, cfg.segment_index_bytes,
+                         active=True, now_ms=now)
+        self.segments.append(seg)
+        self._bases.append(leo)
+        # Kafka snapshots producer state at every roll so a restart replays one segment at most;
+        # a few older ones stay for restarts that truncate back past the newest.
+        self.producer_state.write_snapshot(leo)
+        offsets = self.producer_state.snapshot_offsets()
+        if len(offsets) > SNAPSHOTS_KEPT:
+            self.producer_state.delete_snapshots(below=offsets[-SNAPSHOTS_KEPT])
+        return seg
+
+    # -- read -------------------------------------------------------------------------------
+
+    def read(self, offset: int, max_bytes: int, max_offset: int | None = None,
+             min_one_batch: bool = True) -> FetchData:
+        """Whole batches starting with the one holding ``offset``, from a single segment.
+
+        Never returns a batch whose last offset >= ``max_offset`` (default: the high
+        watermark); returns at most ``max_bytes`` unless ``min_one_batch`` lets the first batch
+        through whole (KIP-74). Raises OffsetOutOfRange outside [log_start, log_end]."""
+        leo = self.log_end_offset
+        if offset < self.log_start_offset or offset > leo:
+            raise OffsetOutOfRange(offset, self.log_start_offset, leo)
+        if max_offset is None:
+            max_offset = self._high_watermark
+        max_offset = min(max_offset, leo)
+        regions = []
+        size = 0
+        if offset < max_offset:
+            i = bisect.bisect_right(self._bases, offset) - 1
+            while i < len(self.segments):
+                seg = self.segments[i]
+                r = seg.translate_offset(offset)
+                if r is not None:
+                    start = r[0]
+                    end = seg.end_position(start, max_bytes, max_offset, min_one_batch)
+                    if end > start:
+                        regions.append((seg.read_fd, start, end - start))
+                        size = end - start
+                    break
+                i += 1
+        return FetchData(regions, size, self._high_watermark, self.log_start_offset, leo)
+
+    def offset_for_timestamp(self, timestamp: int):
+        """(offset, timestamp) of the first batch whose max timestamp >= ``timestamp``, or
+        None. Batch granularity: the offset is that batch's base offset (clamped to the log
+        start) and the timestamp its max timestamp; Kafka answers with the first *record* at or
+        after the timestamp, which would need decompression. Consumers seeking by time start at
+        or before the record Kafka would name, never after it."""
+        for seg in self.segments:
+            if seg.max_timestamp >= 0 and seg.max_timestamp < timestamp:
+                continue
+            r = seg.find_timestamp(timestamp)
+            if r is not None:
+                return max(r[0], self.log_start_offset), r[1]
+        return None
+
+    def end_offset_for_epoch(self, epoch: int):
+        """(epoch, end_offset) for OffsetsForLeaderEpoch."""
+        return self.epoch_cache.end_offset_for_epoch(epoch, self.log_end_offset)
+
+    # -- retention --------------------------------------------------------------------------
+
+    def delete_old_segments(self, now: int | None = None) -> int:
+        """Apply retention.ms and retention.bytes to closed segments (never the active one)
+        and segments wholly below the log start offset. Returns the number deleted."""
+        now = now_ms() if now is None else now
+        cfg = self.config
+        if "delete" not in cfg.cleanup_policy:
+            return 0
+        doomed = 0
+        closed = self.segments[:-1]
+        # Below the log start (delete_records moved it past whole segments).
+        while doomed < len(closed) and closed[doomed].next_offset <= self.log_start_offset:
+            doomed += 1
+        if cfg.retention_ms >= 0:
+            while doomed < len(closed) and now - closed[doomed].largest_timestamp > cfg.retention_ms:
+                doomed += 1
+        if cfg.retention_bytes >= 0:
+            excess = self.size_bytes - sum(s.size for s in closed[:doomed]) - cfg.retention_bytes
+            while doomed < len(closed) and excess - closed[doomed].size >= 0:
+                excess -= closed[doomed].size
+                doomed += 1
+        if doomed:
+            self._delete_segments(doomed, now)
+        return doomed
+
+    def _delete_segments(self, count: int, now: int) -> None:
+        gone = self.segments[:count]
+        del self.segments[:count]
+        del self._bases[:count]
+        self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
+        self._high_watermark = max(self._high_watermark, self.log_start_offset)
+        self.recovery_point = max(self.recovery_point, self.log_start_offset)
+        for s in gone:
+            s.mark_deleted()
+            self._pending_delete.append((now + self.config.file_delete_delay_ms, s))
+        self.epoch_cache.truncate_from_start(self.log_start_offset)
+        self.producer_state.delete_snapshots(below=self.segments[0].base_offset)
+
+    def delete_records(self, offset: int, now: int | None = None) -> int:
+        """Move the log start offset up to ``offset`` (DeleteRecords); whole segments below it
+        are removed by the next retention pass. Returns the new log start offset."""
+        if offset > self._high_watermark:
+            raise OffsetOutOfRange(offset, self.log_start_offset, self._high_watermark)
+        if offset > self.log_start_offset:
+            self.log_start_offset = offset
+            self.epoch_cache.truncate_from_start(offset)
+        return self.log_start_offset
+
+    def remove_deleted_files(self, now: int | None = None, force: bool = False) -> None:
+        """Close and unlink segments whose file.delete.delay.ms has passed."""
+        now = now_ms() if now is None else now
+        keep = []
+        for due, seg in self._pending_delete:
+            if force or due <= now:
+                seg.remove()
+            else:
+                keep.append((due, seg))
+        self._pending_delete = keep
+
+    # -- flush / close ----------------------------------------------------------------------
+
+    def flush(self, now: int | None = None) -> None:
+        """fsync every segment at or after the recovery point, then advance it to the LEO."""
+        now = now_ms() if now is None else now
+        leo = self.log_end_offset
+        for s in self.segments:
+            if s.next_offset > self.recovery_point or s.active:
+                s.flush()
+        self.recovery_point = leo
+        self.unflushed_messages = 0
+        self.last_flush_ms = now
+        self.dirty = False
+
+    def maybe_flush(self, now: int) -> bool:
+        """flush.ms policy, called by LogManager.flush_dirty."""
+        if self.dirty and now - self.last_flush_ms >= self.config.flush_ms:
+            self.flush(now)
+            return True
+        return False
+
+    def close(self) -> None:
+        """Clean shutdown: flush, snapshot producer state at the LEO, trim indexes, close fds."""
+        self.flush()
+        self.producer_state.write_snapshot(self.log_end_offset)
+        self.remove_deleted_files(force=True)
+        for s in self.segments:
+            s.close()
+
+    def close_for_delete(self) -> None:
+        """Close every descriptor without flushing (the partition is being deleted)."""
+        self.remove_deleted_files(force=True)
+        for s in self.segments:
+            s.close()

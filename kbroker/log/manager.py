@@ -1,0 +1,287 @@
+"""LogManager: every partition log in the broker's log directories.
+
+Per log dir (Kafka's names):
+- ``.lock``: flock held for the process lifetime; a second broker (or a second LogManager in
+  this process) on the same dir is refused with LogDirError.
+- ``meta.properties``: ``version=0``, ``broker.id``, ``cluster.id``; written on first start,
+  checked on every later one (a mismatch is refused, naming both values).
+- ``recovery-point-offset-checkpoint``, ``replication-offset-checkpoint`` (high watermarks),
+  ``log-start-offset-checkpoint``: text ``0\\n<n>\\n<topic> <partition> <offset>\\n`` (checkpoint.py).
+- ``.kafka_cleanshutdown``: written last by ``shutdown()``; present at startup means no recovery
+  scan is needed. It is removed once the logs are loaded, so a crash after startup is unclean.
+- ``<topic>-<partition>/``: one Log; ``<topic>-<partition>.<uuid>-delete/`` while being deleted.
+
+Threads: the broker's event-loop thread. ``cleanup_expired``, ``flush_dirty`` and
+``checkpoint`` are plain methods the broker schedules (fsync-heavy: keep them periodic).
+
+Crash: checkpoints are atomic (temp + fsync + rename). Without the marker each Log CRC-scans
+from its recovery point (log.py). A leftover ``-delete`` directory is removed at startup.
+"""
+import fcntl
+import os
+import shutil
+import uuid
+
+from .checkpoint import OffsetCheckpoint, fsync_dir
+from .errors import LogDirError
+from .log import Log, LogConfig, now_ms
+
+RECOVERY_POINT_FILE = "recovery-point-offset-checkpoint"
+HW_FILE = "replication-offset-checkpoint"
+LOG_START_FILE = "log-start-offset-checkpoint"
+META_FILE = "meta.properties"
+LOCK_FILE = ".lock"
+CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
+DELETE_SUFFIX = "-delete"
+
+
+def parse_dir_name(name: str):
+    """(topic, partition) from ``<topic>-<partition>``, or None for anything else."""
+    topic, sep, part = name.rpartition("-")
+    if not sep or not topic or not part.isdigit() or name.startswith("."):
+        return None
+    return topic, int(part)
+
+
+def read_properties(path: str) -> dict:
+    out = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line or line.startswith(("#", "!")):
+                continue
+            k, sep, v = line.partition("=")
+            if sep:
+                out[k.strip()] = v.strip()
+    return out
+
+
+class LogManager:
+    def __init__(self, log_dirs, defaults: dict | None = None):
+        self.log_dirs = [os.path.abspath(d) for d in ([log_dirs] if isinstance(log_dirs, str) else log_dirs)]
+        if not self.log_dirs:
+            raise ValueError("at least one log dir is required")
+        self.defaults = LogConfig.from_broker(defaults or {})
+        self.topic_configs: dict = {}      # topic -> overrides dict
+        self.logs: dict = {}               # (topic, partition) -> Log
+        self._dir_of: dict = {}            # (topic, partition) -> log dir
+        self._lock_fds: list = []
+        self._closing: list = []           # (due_ms, Log) deleted partitions with open fds
+        self.clean_startup = None          # per startup: were all dirs shut down cleanly
+        self.started = False
+
+    # -- startup ----------------------------------------------------------------------------
+
+    def startup(self, broker_id: int, cluster_id: str, topic_configs: dict | None = None) -> None:
+        """Lock the dirs, check or write meta.properties, load and recover every partition."""
+        self.topic_configs.update(topic_configs or {})
+        try:
+            for d in self.log_dirs:
+                os.makedirs(d, exist_ok=True)
+                self._lock(d)
+            for d in self.log_dirs:
+                self._check_meta(d, broker_id, cluster_id)
+            clean_all = True
+            for d in self.log_dirs:
+                clean_all &= self._load_dir(d)
+            self.clean_startup = clean_all
+        except BaseException:
+            self._unlock()
+            for log in self.logs.values():
+                log.close_for_delete()
+            self.logs.clear()
+            raise
+        self.started = True
+
+    def _lock(self, d: str) -> None:
+        fd = os.open(os.path.join(d, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise LogDirError(f"log dir {d} is locked by another broker process "
+                              f"(could not lock {os.path.join(d, LOCK_FILE)})") from None
+        self._lock_fds.append(fd)
+
+    def _unlock(self) -> None:
+        for fd in self._lock_fds:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+        self._lock_fds = []
+
+    def _check_meta(self, d: str, broker_id: int, cluster_id: str) -> None:
+        path = os.path.join(d, META_FILE)
+        if os.path.exists(path):
+            props = read_properties(path)
+            if props.get("version", "0") != "0":
+                raise LogDirError(f"{path}: unsupported version {props.get('version')}")
+            have_id = props.get("broker.id")
+            if have_id is not None and int(have_id) != int(broker_id):
+                raise LogDirError(f"{path} has broker.id={have_id} but this broker is "
+                                  f"configured with broker.id={broker_id}")
+            have_cluster = props.get("cluster.id")
+            if have_cluster is not None and cluster_id is not None and have_cluster != cluster_id:
+                raise LogDirError(f"{path} has cluster.id={have_cluster} but the cluster's id is "
+                                  f"{cluster_id}: this log dir belongs to another cluster")
+            return
+        body = f"#\n#kbroker meta\nversion=0\nbroker.id={int(broker_id)}\ncluster.id={cluster_id}\n"
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(d)
+
+    def _load_dir(self, d: str) -> bool:
+        marker = os.path.join(d, CLEAN_SHUTDOWN_FILE)
+        clean = os.path.exists(marker)
+        rps = OffsetCheckpoint(os.path.join(d, RECOVERY_POINT_FILE)).read()
+        hws = OffsetCheckpoint(os.path.join(d, HW_FILE)).read()
+        starts = OffsetCheckpoint(os.path.join(d, LOG_START_FILE)).read()
+        now = now_ms()
+        for name in sorted(os.listdir(d)):
+            path = os.path.join(d, name)
+            if not os.path.isdir(path):
+                continue
+            if name.endswith(DELETE_SUFFIX):
+                shutil.rmtree(path, ignore_errors=True)   # finish an interrupted delete
+                continue
+            tp = parse_dir_name(name)
+            if tp is None:
+                continue
+            if tp in self.logs:
+                raise LogDirError(f"partition {tp[0]}-{tp[1]} exists in both "
+                                  f"{self._dir_of[tp]} and {d}")
+            log = Log(path, tp[0], tp[1], self._config_for(tp[0]), clean_shutdown=clean,
+                      recovery_point=rps.get(tp, 0), log_start_offset=starts.get(tp, 0),
+                      high_watermark=hws.get(tp, 0), now=now)
+            self.logs[tp] = log
+            self._dir_of[tp] = d
+        if clean:
+            os.unlink(marker)
+            fsync_dir(d)
+        self._write_checkpoints(d)
+        return clean
+
+    def _config_for(self, topic: str) -> LogConfig:
+        merged = dict(self.defaults)
+        merged.update(self.topic_configs.get(topic, {}))
+        return LogConfig(merged)
+
+    # -- partitions -------------------------------------------------------------------------
+
+    def get_or_create(self, topic: str, partition: int, topic_config: dict | None = None) -> Log:
+        """The partition's log, created (in the least loaded dir) if absent. A given
+        topic_config replaces the topic's overrides."""
+        tp = (topic, partition)
+        if topic_config is not None:
+            self.topic_configs[topic] = dict(topic_config)
+        log = self.logs.get(tp)
+        if log is not None:
+            if topic_config is not None:
+                log.config = self._config_for(topic)
+            return log
+        if not self.started:
+            raise RuntimeError("LogManager.startup() has not run")
+        if not topic or "/" in topic or topic in (".", ".."):
+            raise ValueError(f"invalid topic name {topic!r}")
+        counts = {d: 0 for d in self.log_dirs}
+        for k, d in self._dir_of.items():
+            counts[d] += 1
+        d = min(self.log_dirs, key=lambda x: counts[x])
+        log = Log(os.path.join(d, f"{topic}-{partition}"), topic, partition, self._config_for(topic))
+        fsync_dir(d)
+        self.logs[tp] = log
+        self._dir_of[tp] = d
+        return log
+
+    def get(self, tp):
+        return self.logs.get(tp)
+
+    def all_logs(self):
+        return list(self.logs.values())
+
+    def set_topic_config(self, topic: str, topic_config: dict) -> None:
+        """Apply new overrides to every partition of ``topic`` (AlterConfigs)."""
+        self.topic_configs[topic] = dict(topic_config)
+        for (t, _p), log in self.logs.items():
+            if t == topic:
+                log.config = self._config_for(topic)
+
+    def delete(self, topic: str, partition: int, now: int | None = None) -> bool:
+        """Remove a partition: rename its dir to ``<t>-<p>.<uuid>-delete``, then remove it.
+        The read descriptors stay open until file.delete.delay.ms has passed (they may be in
+        a sendfile right now; closing would let the fd number be reused under it)."""
+        tp = (topic, partition)
+        log = self.logs.pop(tp, None)
+        if log is None:
+            return False
+        d = self._dir_of.pop(tp)
+        doomed = os.path.join(d, f"{topic}-{partition}.{uuid.uuid4().hex}{DELETE_SUFFIX}")
+        os.replace(log.dir, doomed)
+        fsync_dir(d)
+        shutil.rmtree(doomed, ignore_errors=True)
+        now = now_ms() if now is None else now
+        self._closing.append((now + log.config.file_delete_delay_ms, log))
+        self._write_checkpoints(d)
+        return True
+
+    # -- periodic jobs ----------------------------------------------------------------------
+
+    def cleanup_expired(self, now: int | None = None) -> int:
+        """Retention pass over every log plus delayed closes. Returns segments deleted."""
+        now = now_ms() if now is None else now
+        deleted = 0
+        for log in self.logs.values():
+            deleted += log.delete_old_segments(now)
+            log.remove_deleted_files(now)
+        keep = []
+        for due, log in self._closing:
+            if due <= now:
+                log.close_for_delete()
+            else:
+                keep.append((due, log))
+        self._closing = keep
+        return deleted
+
+    def flush_dirty(self, now: int | None = None) -> int:
+        """flush.ms policy. Returns the number of logs flushed."""
+        now = now_ms() if now is None else now
+        return sum(1 for log in self.logs.values() if log.maybe_flush(now))
+
+    def checkpoint(self) -> None:
+        """Write the three offset checkpoints of every dir."""
+        for d in self.log_dirs:
+            self._write_checkpoints(d)
+
+    def _write_checkpoints(self, d: str) -> None:
+        mine = [(tp, log) for tp, log in self.logs.items() if self._dir_of[tp] == d]
+        OffsetCheckpoint(os.path.join(d, RECOVERY_POINT_FILE)).write(
+            {tp: log.recovery_point for tp, log in mine})
+        OffsetCheckpoint(os.path.join(d, HW_FILE)).write(
+            {tp: log.high_watermark for tp, log in mine})
+        OffsetCheckpoint(os.path.join(d, LOG_START_FILE)).write(
+            {tp: log.log_start_offset for tp, log in mine})
+
+    # -- shutdown ---------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Flush and close every log, write checkpoints, then the clean-shutdown marker."""
+        if not self.started:
+            return
+        for log in self.logs.values():
+            log.close()
+        for _due, log in self._closing:
+            log.close_for_delete()
+        self._closing = []
+        for d in self.log_dirs:
+            self._write_checkpoints(d)
+            with open(os.path.join(d, CLEAN_SHUTDOWN_FILE), "wb") as f:
+                f.flush()
+                os.fsync(f.fileno())
+            fsync_dir(d)
+        self.logs.clear()
+        self._dir_of.clear()
+        self._unlock()
+        self.started = False

@@ -1,0 +1,330 @@
+"""One log segment: ``%020d.log`` plus its ``.index`` and ``.timeindex``.
+
+Format: the .log is RecordBatch v2 batches exactly as produced on the wire with baseOffset and
+partitionLeaderEpoch stamped by the leader (kafka-protocol-facts §2); the file name is the base
+offset (the first offset the segment may hold) zero-padded to 20 digits. Index formats: index.py.
+
+Descriptors: the active segment appends through its own O_APPEND descriptor (one write per
+batch, native ``write_all`` releasing the GIL); every segment serves reads from a separate
+read-only descriptor (``read_fd``), so sendfile on it never moves the writer.
+
+Index rule (Kafka's LogSegment.append): after each append, if more than index.interval.bytes
+were written since the last entry *before* this batch, add an .index entry (batch last offset,
+batch start position) and a .timeindex entry (greatest timestamp so far, its batch's last offset).
+
+Threads: the broker's event-loop thread only; the byte work is native and releases the GIL.
+
+Crash: an append is a single write, so a crash leaves a whole batch, a torn batch, or (if the
+file size was updated before the data) garbage at the tail. ``recover()`` scans with CRC32C,
+truncates at the first bad batch and rebuilds both indexes; a clean load (``load()``) only
+reads the headers after the last index entry. A failed write is truncated away at once.
+"""
+import os
+import time
+
+from kbroker._native import segment as _native
+
+from .errors import KAFKA_STORAGE_ERROR, LogAppendError
+from .index import OffsetIndex, TimeIndex
+
+INT64_MAX = (1 << 63) - 1
+MAX_RELATIVE_OFFSET = (1 << 31) - 1   # Kafka reads the u32 as a signed int
+
+# Process-wide counters tests use to prove what a startup did (e.g. no CRC scan after a
+# clean shutdown).
+STATS = {"recovery_scans": 0, "recovery_bytes_scanned": 0, "bytes_truncated": 0}
+
+
+def file_name(base_offset: int, suffix: str) -> str:
+    return f"{base_offset:020d}{suffix}"
+
+
+class BatchHeader(tuple):
+    """One scanned batch: fields named after the native scan tuple."""
+    __slots__ = ()
+    position = property(lambda s: s[0])
+    size = property(lambda s: s[1])
+    base_offset = property(lambda s: s[2])
+    last_offset = property(lambda s: s[3])
+    max_timestamp = property(lambda s: s[4])
+    leader_epoch = property(lambda s: s[5])
+    producer_id = property(lambda s: s[6])
+    producer_epoch = property(lambda s: s[7])
+    base_sequence = property(lambda s: s[8])
+    record_count = property(lambda s: s[9])
+    attributes = property(lambda s: s[10])
+
+
+class LogSegment:
+    def __init__(self, dir_path: str, base_offset: int, index_interval_bytes: int,
+                 segment_index_bytes: int, active: bool, now_ms: int | None = None):
+        self.dir = dir_path
+        self.base_offset = base_offset
+        self.index_interval_bytes = index_interval_bytes
+        self.segment_index_bytes = segment_index_bytes
+        self.log_path = os.path.join(dir_path, file_name(base_offset, ".log"))
+        self._append_fd = -1
+        # Open (or create) the log first: its size bounds index positions.
+        flags = os.O_RDONLY | os.O_CREAT
+        self.read_fd = os.open(self.log_path, flags, 0o644)
+        self.size = os.fstat(self.read_fd).st_size
+        self.index = OffsetIndex(os.path.join(dir_path, file_name(base_offset, ".index")),
+                                 base_offset, segment_index_bytes, active, max_position=max(self.size, 1))
+        self.time_index = TimeIndex(os.path.join(dir_path, file_name(base_offset, ".timeindex")),
+                                    base_offset, segment_index_bytes, active)
+        if active:
+            self._open_append()
+        self.next_offset = base_offset      # one past the last offset in the segment
+        self.max_timestamp = -1             # greatest batch max timestamp so far
+        self.offset_of_max_timestamp = base_offset
+        self.bytes_since_index = 0
+        # segment.ms counts from the first batch's timestamp (Kafka's rollingBasedTimestamp)
+        # or, before any batch, from creation.
+        self.created_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        self.first_batch_ms = None
+        self.deleted = False
+
+    # -- state ----------------------------------------------------------------------------
+
+    @property
+    def active(self) -> bool:
+        return self._append_fd >= 0
+
+    def _open_append(self):
+        self._append_fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def make_active(self):
+        """Reopen the last segment of a loaded log for appends."""
+        if not self.active:
+            self._open_append()
+            self.index.make_writable(self.segment_index_bytes)
+            self.time_index.make_writable(self.segment_index_bytes)
+
+    def index_sane(self) -> bool:
+        """Both indexes fully well formed and consistent with the log's size."""
+        if not (self.index.sane and self.time_index.sane):
+            return False
+        last_off, last_pos = self.index.last_entry()
+        return last_pos <= self.size and (self.index.entries == 0 or last_pos < self.size)
+
+    # -- load -----------------------------------------------------------------------------
+
+    def load(self) -> bool:
+        """Clean load: trust the indexes, read only the headers after the last index entry to
+        find next_offset and the max timestamp. Returns False when the tail does not end on a
+        batch boundary or an index is malformed (the caller then runs ``recover``)."""
+        if not self.index_sane():
+            return False
+        last_off, pos = self.index.last_entry()
+        valid_end, batches, reason = _native.scan_batches(
+            self.read_fd, pos, self.size, self.base_offset, self.base_offset, False)
+        if valid_end != self.size:
+            return False
+        ts, ts_off = self.time_index.last_entry()
+        self.max_timestamp, self.offset_of_max_timestamp = ts, ts_off
+        if batches:
+            self.next_offset = batches[-1][3] + 1
+        elif self.index.entries:
+            self.next_offset = last_off + 1
+        for b in batches:
+            if b[4] > self.max_timestamp:
+                self.max_timestamp, self.offset_of_max_timestamp = b[4], b[3]
+        # Bytes since the last index entry: the entry's batch and everything after it.
+        self.bytes_since_index = self.size - pos if self.index.entries else self.size
+        self._load_first_batch_ms()
+        return True
+
+    def _load_first_batch_ms(self):
+        if self.size:
+            _pos, size, _b, _l, max_ts = _native.seek_batch(self.read_fd, 0, self.size, -1, INT64_MAX, INT64_MAX)
+            if size:
+                self.first_batch_ms = max_ts
+
+    def recover(self, min_offset: int):
+        """Unclean load: CRC-scan the whole file, truncate at the first invalid batch, rebuild
+        both indexes. Returns (batches, bytes_truncated) with batches as BatchHeader tuples."""
+        STATS["recovery_scans"] += 1
+        STATS["recovery_bytes_scanned"] += self.size
+        valid_end, batches, reason = _native.scan_batches(
+            self.read_fd, 0, self.size, self.base_offset, min_offset, True)
+        self.index.reset()
+        self.time_index.reset()
+        truncated = self.size - valid_end
+        if truncated:
+            self._truncate_file(valid_end)
+            STATS["bytes_truncated"] += truncated
+        self.next_offset = self.base_offset
+        self.max_timestamp = -1
+        self.offset_of_max_timestamp = self.base_offset
+        self.bytes_since_index = 0
+        for b in batches:
+            self._index_batch(b[0], b[1], b[3], b[4])
+        if batches:
+            self.next_offset = batches[-1][3] + 1
+        if not self.active:
+            # A closed segment keeps Kafka's roll-time shape: final time entry, trimmed files.
+            if self.max_timestamp >= 0:
+                self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+            self.index.trim()
+            self.time_index.trim()
+        self._load_first_batch_ms()
+        return [BatchHeader(b) for b in batches], truncated
+
+    def headers(self, start_position: int = 0):
+        """Header-only walk (no CRC) of the batches from ``start_position``; used to rebuild
+        producer state on a clean start."""
+        _end, batches, _reason = _native.scan_batches(
+            self.read_fd, start_position, self.size, self.base_offset, self.base_offset, False)
+        return [BatchHeader(b) for b in batches]
+
+    # -- append ---------------------------------------------------------------------------
+
+    def should_roll(self, batch_size: int, last_offset: int, now_ms: int,
+                    segment_bytes: int, segment_ms: int) -> bool:
+        """Kafka's roll rule, checked before appending a batch."""
+        if self.size == 0:
+            return False
+        if self.size > segment_bytes - batch_size:
+            return True
+        start = self.first_batch_ms if self.first_batch_ms is not None else self.created_ms
+        if now_ms - start >= segment_ms:
+            return True
+        if self.index.is_full or self.time_index.is_full:
+            return True
+        return last_offset - self.base_offset > MAX_RELATIVE_OFFSET
+
+    def append(self, buf, base_offset: int, last_offset: int, max_timestamp: int) -> None:
+        """Write one stamped batch (a single write) and maintain the sparse indexes.
+
+        On a write error the partial bytes are truncated away and LogAppendError
+        (KAFKA_STORAGE_ERROR) is raised; the segment is then exactly as before."""
+        position = self.size
+        try:
+            n = _native.write_all(self._append_fd, buf)
+        except OSError as e:
+            self._truncate_file(position)
+            raise LogAppendError(KAFKA_STORAGE_ERROR,
+                                 f"write to {self.log_path} failed: {e.strerror}") from e
+        self.size = position + n
+        self._index_batch(position, n, last_offset, max_timestamp)
+        self.next_offset = last_offset + 1
+        if self.first_batch_ms is None:
+            self.first_batch_ms = max_timestamp
+
+    def _index_batch(self, position, size, last_offset, max_timestamp):
+        if max_timestamp > self.max_timestamp:
+            self.max_timestamp = max_timestamp
+            self.offset_of_max_timestamp = last_offset
+        if self.bytes_since_index > self.index_interval_bytes:
+            self.index.append(last_offset, position)
+            self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+            self.bytes_since_index = 0
+        self.bytes_since_index += size
+
+    def _truncate_file(self, size: int) -> None:
+        fd = self._append_fd if self._append_fd >= 0 else os.open(self.log_path, os.O_WRONLY)
+        try:
+            os.ftruncate(fd, size)
+        finally:
+            if fd != self._append_fd:
+                os.close(fd)
+        self.size = size
+
+    # -- read -----------------------------------------------------------------------------
+
+    def translate_offset(self, offset: int, start_position: int = 0):
+        """(position, size, base_offset, last_offset, max_timestamp) of the first batch whose
+        last offset >= ``offset``, or None when the segment has no such batch."""
+        _off, pos = self.index.lookup(offset)
+        r = _native.seek_batch(self.read_fd, max(pos, start_position), self.size,
+                               offset, INT64_MAX, INT64_MAX)
+        return r if r[1] else None
+
+    def end_position(self, start: int, max_bytes: int, max_offset: int, min_one_batch: bool) -> int:
+        """Where a read starting at batch boundary ``start`` ends: only whole batches, none
+        with last offset >= ``max_offset``, at most ``max_bytes`` unless ``min_one_batch`` lets
+        the first batch through whole (KIP-74)."""
+        end = self.size
+        if max_offset < self.next_offset:
+            r = self.translate_offset(max_offset, start)
+            if r is not None:
+                end = r[0]
+        if end - start > max_bytes:
+            limit = start + max_bytes
+            _off, pos = self.index.lookup_position(limit)
+            r = _native.seek_batch(self.read_fd, max(pos, start), end, INT64_MAX, limit, INT64_MAX)
+            byte_end = r[0]
+            if byte_end == start and min_one_batch:
+                byte_end = start + r[1]
+            end = min(end, byte_end)
+        return end
+
+    def find_timestamp(self, timestamp: int):
+        """(base_offset, max_timestamp) of the first batch whose max timestamp >= ``timestamp``,
+        or None."""
+        _ts, off = self.time_index.lookup(timestamp)
+        _o, pos = self.index.lookup(off)
+        r = _native.seek_batch(self.read_fd, pos, self.size, INT64_MAX, INT64_MAX, timestamp)
+        return (r[2], r[4]) if r[1] else None
+
+    @property
+    def largest_timestamp(self) -> int:
+        """For time retention: the greatest batch timestamp, or the file's mtime if none."""
+        if self.max_timestamp >= 0:
+            return self.max_timestamp
+        return int(os.stat(self.log_path).st_mtime * 1000)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def on_become_inactive(self) -> None:
+        """On roll: final time-index entry, trim both indexes, close the append descriptor."""
+        if self.max_timestamp >= 0:
+            self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+        self.index.trim()
+        self.time_index.trim()
+        if self._append_fd >= 0:
+            os.close(self._append_fd)
+            self._append_fd = -1
+
+    def flush(self) -> None:
+        os.fsync(self._append_fd if self._append_fd >= 0 else self.read_fd)
+        self.index.flush()
+        self.time_index.flush()
+
+    def close(self) -> None:
+        """Trim indexes and close every descriptor (clean shutdown)."""
+        if self.active and self.max_timestamp >= 0:
+            self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+        self.index.close()
+        self.time_index.close()
+        if self._append_fd >= 0:
+            os.close(self._append_fd)
+            self._append_fd = -1
+        if self.read_fd >= 0:
+            os.close(self.read_fd)
+            self.read_fd = -1
+
+    def mark_deleted(self) -> None:
+        """Rename the files to ``.deleted``; descriptors stay open so in-flight sendfiles on
+        ``read_fd`` finish (the fd number cannot be reused until ``close``)."""
+        self.index.close(trim=False)
+        self.time_index.close(trim=False)
+        if self._append_fd >= 0:
+            os.close(self._append_fd)
+            self._append_fd = -1
+        for path in (self.log_path, self.index.path, self.time_index.path):
+            if os.path.exists(path):
+                os.replace(path, path + ".deleted")
+        self.deleted = True
+
+    def remove(self) -> None:
+        """Close the read descriptor and unlink the ``.deleted`` files."""
+        if self.read_fd >= 0:
+            os.close(self.read_fd)
+            self.read_fd = -1
+        for path in (self.log_path, self.index.path, self.time_index.path):
+            for p in (path + ".deleted", path):
+                try:
+                    os.unlink(p)
+                except FileNotFoundError:
+                    pass
