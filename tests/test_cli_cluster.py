@@ -169,3 +169,34 @@ def test_cluster_up_status_restart_and_down(tmp_path):
     finally:
         if (root / "cluster.json").exists():
             down(root)
+
+
+def test_down_escalates_to_sigkill_and_spares_foreign_pids(tmp_path):
+    root = tmp_path / "c"
+    root.mkdir()
+    layout = cluster.Layout(root, 0, [cluster.BrokerSlot(0, 0), cluster.BrokerSlot(1, 0)])
+    layout.save()
+    for slot in layout.brokers:
+        layout.broker_dir(slot.id).mkdir()
+    # Broker 0's pid file names a process started with broker 0's command line that ignores SIGTERM.
+    ignores_term = "import signal, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); sys.stdin.read()"
+    stubborn = subprocess.Popen([sys.executable, "-c", ignores_term, "kbroker", "serve", "--config",
+                                 str(layout.config_path(0))], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    # Broker 1's pid file names an unrelated process (a recycled pid): it must survive.
+    foreign = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        assert stubborn.stdout.readline() == b"up\n"  # SIGTERM handler installed
+        layout.pid_path(0).write_text(f"{stubborn.pid}\n")
+        layout.pid_path(1).write_text(f"{foreign.pid}\n")
+        result = kbroker("cluster", "down", "--dir", str(root), "--timeout", "1")
+        assert result.returncode == 0, result.stderr
+        assert f"broker 0 killed after 1s (pid {stubborn.pid})" in result.stdout
+        assert "broker 1 not running" in result.stdout
+        assert stubborn.wait(10) == -signal.SIGKILL
+        assert foreign.poll() is None
+        assert not layout.pid_path(0).exists() and not layout.pid_path(1).exists()
+    finally:
+        for proc in (stubborn, foreign):
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()

@@ -312,7 +312,10 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def wait_ready(zk, layout: Layout, s: Started, deadline: float) -> None:
+def wait_ready(zk, layout: Layout, s: Started, timeout: float) -> None:
+    """Return once broker ``s`` has a fresh registration and answers ApiVersions; ClusterError if it
+    dies or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
     path = f"/brokers/ids/{s.slot.id}"
     changed = threading.Event()
     registered = False
@@ -336,7 +339,7 @@ def wait_ready(zk, layout: Layout, s: Started, deadline: float) -> None:
             state = "registered in ZooKeeper" if registered else f"not registered at {path}"
             raise ClusterError(
                 f"broker {s.slot.id} (pid {s.pid}, port {s.slot.port}) not ready after "
-                f"{READY_TIMEOUT_S:.0f}s: {state}; last ApiVersions probe: {last_probe}; "
+                f"{timeout:g}s: {state}; last ApiVersions probe: {last_probe}; "
                 f"{layout.log_path(s.slot.id)} ends with:\n{_tail(layout.log_path(s.slot.id), s.log_start)}")
         # Woken at once by the znode watch; the cap bounds how late a crash or the listener is seen.
         changed.wait(min(0.1 if registered else 0.25, remaining))
@@ -437,7 +440,7 @@ def cluster_up(root: Path, brokers: int | None, zk_port: int | None, base_port: 
             started.append(Started(slot, popen, popen.pid, log_start, stale.czxid if stale else None))
         for s in started:
             # Each broker gets its own full deadline, counted from when we got to it.
-            wait_ready(client, layout, s, time.monotonic() + timeout)
+            wait_ready(client, layout, s, timeout)
             print(f"broker {s.slot.id} ready: registered and answering on {LOOPBACK}:{s.slot.port}",
                   file=out, flush=True)
     finally:
@@ -477,7 +480,7 @@ def cluster_down(root: Path, timeout: float = STOP_TIMEOUT_S, out=sys.stdout) ->
             print(f"broker {slot.id} not running", file=out, flush=True)
     killed = stop_pids(list(pids.values()), timeout)
     for broker_id, pid in pids.items():
-        how = f"killed after {timeout:.0f}s" if pid in killed else "stopped"
+        how = f"killed after {timeout:g}s" if pid in killed else "stopped"
         print(f"broker {broker_id} {how} (pid {pid})", file=out, flush=True)
     for slot in layout.brokers:
         layout.pid_path(slot.id).unlink(missing_ok=True)
