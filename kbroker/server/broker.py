@@ -61,9 +61,12 @@ class Broker:
         await asyncio.to_thread(self.zk.start)
         self.cluster_id = self.zk.cluster_id
         log.info("cluster id %s", self.cluster_id)
-
+        await asyncio.to_thread(self.zk.elect_controller)
+        # Topic configs come from ZooKeeper before the logs load, so recovery and retention use them.
+        topics, _brokers, _controller = await asyncio.to_thread(self._read_zk_metadata)
         self.logs = LogManager(cfg.log_dirs, cfg.topic_defaults())
-        self.logs.startup(self.broker_id, self.cluster_id)
+        self.logs.startup(self.broker_id, self.cluster_id,
+                          {name: self.topic_overrides(t) for name, t in topics.items()})
 
         listener = cfg.listeners[0]
         self.server = KafkaServer(
@@ -79,7 +82,6 @@ class Broker:
         self.advertised_host = adv.host or "127.0.0.1"
         self.advertised_port = adv.port or self.server.port
 
-        await asyncio.to_thread(self.zk.elect_controller)
         await self.refresh_metadata()
         self.zk.watch_topics(lambda names: self.loop.create_task(self.refresh_metadata()))
         # Registration last: once /brokers/ids/<id> exists, we answer requests with full metadata.
@@ -87,6 +89,7 @@ class Broker:
                                         cfg.get("broker.rack"))
         log.info("registered broker %d at %s:%d (broker epoch %d)", self.broker_id, self.advertised_host,
                  self.advertised_port, epoch)
+        await self.refresh_metadata()   # now including our own registration
         self._start_periodic()
 
     def _pool_bytes(self) -> int:
@@ -137,6 +140,8 @@ class Broker:
         async with self._metadata_lock:
             topics, brokers, controller = await asyncio.to_thread(self._read_zk_metadata)
             self.metadata.replace_topics(topics)
+            brokers.setdefault(self.broker_id, BrokerInfo(self.broker_id, self.advertised_host,
+                                                          self.advertised_port, self.config.get("broker.rack")))
             self.metadata.brokers = brokers
             self.metadata.controller_id = -1 if controller is None else controller
             for t in topics.values():
@@ -155,8 +160,6 @@ class Broker:
             reg = zk.get_broker(bid)
             if reg is not None:
                 brokers[bid] = BrokerInfo(bid, reg.host, reg.port, reg.rack)
-        brokers.setdefault(self.broker_id, BrokerInfo(self.broker_id, self.advertised_host,
-                                                      self.advertised_port, self.config.get("broker.rack")))
         return topics, brokers, zk.controller_id()
 
     def _read_topic(self, name) -> TopicInfo:
@@ -171,19 +174,22 @@ class Broker:
                 parts[p] = PartitionInfo(-1, -1, list(replicas), [], -1)
         return TopicInfo(name, topic_id_bytes(topic_id), parts, zk.get_topic_config(name))
 
+    def topic_overrides(self, topic: TopicInfo) -> dict:
+        """The topic's config overrides (from ZooKeeper), typed."""
+        return {k: parse_topic_config(k, v) for k, v in topic.config.items()}
+
     def topic_config(self, topic: TopicInfo) -> dict:
         """Effective config: the broker's topic defaults overlaid with the topic's overrides."""
         eff = self.config.topic_defaults()
-        for k, v in topic.config.items():
-            eff[k] = parse_topic_config(k, v)
+        eff.update(self.topic_overrides(topic))
         return eff
 
     def open_logs(self, topic: TopicInfo) -> None:
-        cfg = None
+        """Open (or create) the logs of partitions this broker leads, with the topic's current config."""
+        overrides = self.topic_overrides(topic)
         for p, info in topic.partitions.items():
-            if info.leader == self.broker_id and self.logs.get((topic.name, p)) is None:
-                cfg = cfg or self.topic_config(topic)
-                self.logs.get_or_create(topic.name, p, cfg)
+            if info.leader == self.broker_id:
+                self.logs.get_or_create(topic.name, p, overrides)
 
     def now_ms(self) -> int:
         return time.time_ns() // 1_000_000
