@@ -161,15 +161,16 @@ def decode_records(data: bytes, count: int, base_offset: int,
     return out
 
 
-def decode_batch(buf: bytes, pos: int = 0) -> tuple[Header, list[Record]]:
+def decode_batch(buf: bytes, pos: int = 0,
+                 check_crc: bool = True) -> tuple[Header, list[Record]]:
     """Header and records of the (uncompressed, or compressed via
-    kbroker.record.compression) batch at ``pos``; checks the CRC."""
+    kbroker.record.compression) batch at ``pos``."""
     buf = bytes(buf)
     h = read_header(buf, pos)
     end = pos + h.size
     if h.magic != 2 or h.size < HEADER_SIZE or end > len(buf):
         raise ValueError("not a complete magic-2 batch")
-    if crc32c(buf[pos + 21:end]) != h.crc:
+    if check_crc and crc32c(buf[pos + 21:end]) != h.crc:
         raise ValueError("CRC mismatch")
     data = buf[pos + HEADER_SIZE:end]
     if h.codec:
