@@ -16,3 +16,18 @@ def zk_server(tmp_path_factory):
         yield proc
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(tmp_path_factory):
+    """One ZooKeeper + one kbroker broker for the whole session (tests use their own topic names).
+    Auto-created topics get 3 partitions. Fault tests start their own LocalCluster."""
+    from kbroker.testing import LocalCluster
+
+    with LocalCluster(tmp_path_factory.mktemp("cluster"), brokers=1, num_partitions=3) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def bootstrap(kafka_cluster):
+    return kafka_cluster.bootstrap

@@ -1,0 +1,183 @@
+"""Test harness shipped with the package (asyncpg's _testbase idea): real ZooKeeper and real broker
+processes on free loopback ports, state in a directory the caller owns, readiness waited on (never a
+bare sleep), every process stopped by the PID we started.
+
+    with LocalCluster(tmp_path, brokers=1, overrides={"log.segment.bytes": 65536}) as c:
+        c.bootstrap            # "127.0.0.1:PORT"
+        c.kill(0)              # SIGKILL broker 0 (no clean-shutdown marker)
+        c.start_broker(0)      # restart it on the same port and data dir
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from kbroker.zk.local import start_zookeeper
+
+_API_VERSIONS_V0 = struct.pack(">ihhih", 10, 18, 0, 1, 0)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def api_versions_ok(port: int) -> bool:
+    """True when a raw ApiVersions v0 request on the port gets a well-formed answer."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            s.sendall(_API_VERSIONS_V0)
+            head = s.recv(10)
+            return len(head) >= 10 and struct.unpack(">ii", head[:8])[1] == 1 and head[8:10] == b"\0\0"
+    except OSError:
+        return False
+
+
+class BrokerProc:
+    def __init__(self, broker_id: int, port: int, root: Path):
+        self.broker_id = broker_id
+        self.port = port
+        self.dir = root / f"broker-{broker_id}"
+        self.data_dir = self.dir / "data"
+        self.config_path = self.dir / "server.properties"
+        self.log_path = self.dir / "broker.log"
+        self.proc: subprocess.Popen | None = None
+        self.czxid = None   # czxid of our last registration: a restart must produce a new one
+
+    @property
+    def pid(self):
+        return self.proc.pid if self.proc else None
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+class LocalCluster:
+    def __init__(self, root, brokers: int = 1, overrides: dict | None = None, session_timeout_ms: int = 6000,
+                 num_partitions: int = 1, env: dict | None = None):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.overrides = dict(overrides or {})
+        self.session_timeout_ms = session_timeout_ms
+        self.num_partitions = num_partitions
+        self.env = env
+        self.zk = None
+        self.brokers = {i: BrokerProc(i, free_port(), self.root) for i in range(brokers)}
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def start(self):
+        self.zk = start_zookeeper(self.root / "zookeeper", port=0, tick_time_ms=1000)
+        try:
+            for b in self.brokers:
+                self.start_broker(b)
+        except BaseException:
+            self.stop()
+            raise
+
+    def write_config(self, b: BrokerProc, extra: dict | None = None):
+        props = {
+            "broker.id": b.broker_id,
+            "listeners": f"PLAINTEXT://127.0.0.1:{b.port}",
+            "log.dirs": str(b.data_dir),
+            "zookeeper.connect": self.zk.connect_string,
+            "zookeeper.session.timeout.ms": self.session_timeout_ms,
+            "num.partitions": self.num_partitions,
+            "offsets.topic.replication.factor": 1,
+        }
+        props.update(self.overrides)
+        props.update(extra or {})
+        b.dir.mkdir(parents=True, exist_ok=True)
+        b.config_path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+
+    def start_broker(self, broker_id: int, timeout: float = 60.0, extra: dict | None = None):
+        b = self.brokers[broker_id]
+        if b.running():
+            raise RuntimeError(f"broker {broker_id} already running (pid {b.pid})")
+        self.write_config(b, extra)
+        env = dict(os.environ, **(self.env or {}))
+        log = open(b.log_path, "ab")
+        b.proc = subprocess.Popen([sys.executable, "-m", "kbroker", "serve", "--config", str(b.config_path)],
+                                  stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        log.close()
+
+        def ready():
+            if b.proc.poll() is not None:
+                raise RuntimeError(f"broker {broker_id} exited with {b.proc.returncode}:\n{b.log_tail()}")
+            czxid = self.registration_czxid(broker_id)
+            # After a kill -9 the old session's node lingers until it expires: wait for a new one.
+            return czxid is not None and czxid != b.czxid and api_versions_ok(b.port) and czxid
+
+        b.czxid = wait_until(ready, timeout, f"broker {broker_id} to register and answer")
+        return b
+
+    def registration_czxid(self, broker_id: int):
+        """czxid of /brokers/ids/<id> (the broker epoch), or None when not registered."""
+        from kazoo.client import KazooClient
+
+        zk = KazooClient(hosts=self.zk.connect_string, timeout=5)
+        zk.start(timeout=5)
+        try:
+            stat = zk.exists(f"/brokers/ids/{broker_id}")
+            return None if stat is None else stat.czxid
+        finally:
+            zk.stop()
+            zk.close()
+
+    def kill(self, broker_id: int, sig=signal.SIGKILL):
+        b = self.brokers[broker_id]
+        if b.running():
+            os.kill(b.proc.pid, sig)
+            b.proc.wait(timeout=60)
+
+    def stop_broker(self, broker_id: int, timeout: float = 30.0):
+        b = self.brokers[broker_id]
+        if not b.running():
+            return
+        b.proc.terminate()
+        try:
+            b.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            b.proc.kill()
+            b.proc.wait(timeout=10)
+
+    def stop(self):
+        for b in self.brokers:
+            self.stop_broker(b)
+        if self.zk is not None:
+            self.zk.stop()
+            self.zk = None
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(f"127.0.0.1:{b.port}" for b in self.brokers.values())
