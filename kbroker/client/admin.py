@@ -1,0 +1,264 @@
+"""Admin operations: topics, partitions, configs (Kafka's AdminClient subset the CLI needs).
+
+Topic creation/deletion/partition changes go to the controller (in ZooKeeper mode only it may
+write the topic znodes; another broker answers NOT_CONTROLLER, and we then refresh metadata and
+retry). Config reads/writes of a topic go to any broker; of a broker, to that broker.
+Per-resource errors come back as :class:`KafkaError` (``.code``, ``.name``, ``.message``).
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+from dataclasses import dataclass, field
+
+from kbroker.protocol.errors import Errors
+
+from .cluster import Cluster, PartitionMeta
+from .connection import KafkaError
+
+CREATE_TOPICS, DELETE_TOPICS, DESCRIBE_CONFIGS, ALTER_CONFIGS = 19, 20, 32, 33
+CREATE_PARTITIONS, INCREMENTAL_ALTER_CONFIGS = 37, 44
+
+TOPIC, BROKER, BROKER_LOGGER = 2, 4, 8
+SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
+# DescribeConfigs config_source values
+CONFIG_SOURCES = {0: "UNKNOWN", 1: "DYNAMIC_TOPIC_CONFIG", 2: "DYNAMIC_BROKER_CONFIG",
+                  3: "DYNAMIC_DEFAULT_BROKER_CONFIG", 4: "STATIC_BROKER_CONFIG", 5: "DEFAULT_CONFIG",
+                  6: "DYNAMIC_BROKER_LOGGER_CONFIG", 7: "CLIENT_METRICS_CONFIG", 8: "GROUP_CONFIG"}
+
+
+def uuid_str(raw: bytes) -> str:
+    """Kafka's Uuid.toString: URL-safe base64 without padding (22 characters)."""
+    return base64.urlsafe_b64encode(bytes(raw)).decode().rstrip("=")
+
+
+@dataclass(slots=True)
+class NewTopic:
+    name: str
+    num_partitions: int = -1           # -1: the broker's num.partitions
+    replication_factor: int = -1       # -1: the broker's default.replication.factor
+    configs: dict[str, str | None] = field(default_factory=dict)
+    assignments: dict[int, list[int]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigResource:
+    type: int
+    name: str
+
+    @classmethod
+    def topic(cls, name: str) -> "ConfigResource":
+        return cls(TOPIC, name)
+
+    @classmethod
+    def broker(cls, broker_id) -> "ConfigResource":
+        return cls(BROKER, str(broker_id))
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigEntry:
+    name: str
+    value: str | None
+    source: int
+    read_only: bool
+    is_sensitive: bool
+    is_default: bool
+
+
+@dataclass(slots=True)
+class TopicDescription:
+    name: str
+    topic_id: bytes
+    is_internal: bool
+    partitions: list[PartitionMeta]
+
+    @property
+    def topic_id_str(self) -> str:
+        return uuid_str(self.topic_id)
+
+
+class Admin:
+    def __init__(self, bootstrap_servers=None, *, cluster: Cluster | None = None, client_id: str = "kbroker-admin",
+                 request_timeout_ms: int = 30000, retry_backoff_ms: int = 100):
+        self._own_cluster = cluster is None
+        self.cluster = cluster or Cluster(bootstrap_servers, client_id=client_id,
+                                          request_timeout_ms=request_timeout_ms, retry_backoff_ms=retry_backoff_ms)
+        self.request_timeout_ms = request_timeout_ms
+        self.retry_backoff = retry_backoff_ms / 1000
+
+    async def start(self) -> "Admin":
+        await self.cluster.any_connection()
+        return self
+
+    async def __aenter__(self):
+        return await self.start()
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    async def close(self) -> None:
+        if self._own_cluster:
+            await self.cluster.close()
+
+    async def _to_controller(self, api_key: int, make_body, results_key: str, name_key: str = "name"):
+        """Send to the controller; names whose result is NOT_CONTROLLER are retried after a
+        metadata refresh. -> {name: result dict}."""
+        out = {}
+        for attempt in range(5):
+            conn = await self.cluster.controller_connection()
+            version = conn.version_for(api_key)
+            _, resp = await conn.send(api_key, make_body(version))
+            retry = False
+            for r in resp[results_key]:
+                out[r[name_key]] = r
+                if r["error_code"] == Errors.NOT_CONTROLLER:
+                    retry = True
+            if not retry:
+                return out
+            await asyncio.sleep(self.retry_backoff * (2 ** attempt))
+            await self.cluster.fetch_metadata([])
+        return out
+
+    @staticmethod
+    def _results(results: dict, raise_on_error: bool, context: str) -> dict:
+        errors = {}
+        for name, r in results.items():
+            code = r["error_code"]
+            errors[name] = KafkaError(code, r.get("error_message"), f"{context} {name}") if code else None
+        if raise_on_error:
+            for err in errors.values():
+                if err is not None:
+                    raise err
+        return errors
+
+    # ---- topics --------------------------------------------------------------------------------
+
+    async def create_topics(self, topics: list[NewTopic], validate_only: bool = False, timeout_ms: int = 60000,
+                            raise_on_error: bool = True) -> dict[str, KafkaError | None]:
+        def body(version):
+            ts = []
+            for t in topics:
+                if version < 4 and (t.num_partitions < 0 or t.replication_factor < 0) and not t.assignments:
+                    raise KafkaError(Errors.UNSUPPORTED_VERSION,
+                                     "broker defaults for partitions/replication need CreateTopics v4+")
+                ts.append({
+                    "name": t.name, "num_partitions": t.num_partitions if not t.assignments else -1,
+                    "replication_factor": t.replication_factor if not t.assignments else -1,
+                    "assignments": [{"partition_index": p, "broker_ids": list(b)}
+                                    for p, b in sorted((t.assignments or {}).items())],
+                    "configs": [{"name": k, "value": None if v is None else str(v)} for k, v in t.configs.items()],
+                })
+            return {"topics": ts, "timeout_ms": timeout_ms, "validate_only": validate_only}
+        res = await self._to_controller(CREATE_TOPICS, body, "topics")
+        return self._results(res, raise_on_error, "create topic")
+
+    async def delete_topics(self, names: list[str], timeout_ms: int = 60000,
+                            raise_on_error: bool = True) -> dict[str, KafkaError | None]:
+        def body(version):
+            return {"topic_names": list(names), "timeout_ms": timeout_ms,
+                    "topics": [{"name": n, "topic_id": bytes(16)} for n in names]}
+        res = await self._to_controller(DELETE_TOPICS, body, "responses")
+        return self._results(res, raise_on_error, "delete topic")
+
+    async def create_partitions(self, new_counts: dict[str, int], validate_only: bool = False,
+                                timeout_ms: int = 60000, raise_on_error: bool = True) -> dict[str, KafkaError | None]:
+        """``new_counts``: topic -> the new total partition count."""
+        def body(version):
+            return {"topics": [{"name": t, "count": n, "assignments": None} for t, n in new_counts.items()],
+                    "timeout_ms": timeout_ms, "validate_only": validate_only}
+        res = await self._to_controller(CREATE_PARTITIONS, body, "results")
+        return self._results(res, raise_on_error, "create partitions")
+
+    async def list_topics(self, include_internal: bool = False) -> list[str]:
+        await self.cluster.fetch_metadata(None, allow_auto_topic_creation=False)
+        return sorted(n for n, t in self.cluster.topics.items() if include_internal or not t.is_internal)
+
+    async def describe_topics(self, names: list[str] | None = None, raise_on_error: bool = True
+                              ) -> dict[str, TopicDescription | KafkaError]:
+        """Via Metadata (``names`` None = all topics)."""
+        resp = await self.cluster.fetch_metadata(None if names is None else list(names),
+                                                 allow_auto_topic_creation=False)
+        out: dict[str, TopicDescription | KafkaError] = {}
+        for t in resp["topics"]:
+            name = t["name"]
+            if t["error_code"]:
+                err = KafkaError(t["error_code"], None, f"describe topic {name}")
+                if raise_on_error:
+                    raise err
+                out[name] = err
+                continue
+            tm = self.cluster.topics[name]
+            out[name] = TopicDescription(name, tm.topic_id, tm.is_internal,
+                                         [tm.partitions[p] for p in sorted(tm.partitions)])
+        return out
+
+    # ---- configs -------------------------------------------------------------------------------
+
+    async def _for_resource(self, res: ConfigResource):
+        if res.type in (BROKER, BROKER_LOGGER) and res.name:
+            return await self.cluster.connection(int(res.name))
+        return await self.cluster.any_connection()
+
+    async def describe_configs(self, resources: list[ConfigResource], keys: list[str] | None = None,
+                               raise_on_error: bool = True) -> dict[ConfigResource, dict[str, ConfigEntry] | KafkaError]:
+        out = {}
+        for res in resources:
+            conn = await self._for_resource(res)
+            version = conn.version_for(DESCRIBE_CONFIGS)
+            _, resp = await conn.send(DESCRIBE_CONFIGS, {
+                "resources": [{"resource_type": res.type, "resource_name": res.name, "configuration_keys": keys}],
+                "include_synonyms": False, "include_documentation": False}, version)
+            r = resp["results"][0]
+            if r["error_code"]:
+                err = KafkaError(r["error_code"], r.get("error_message"), f"describe configs {res.name}")
+                if raise_on_error:
+                    raise err
+                out[res] = err
+                continue
+            entries = {}
+            for c in r["configs"]:
+                source = c.get("config_source", -1)
+                if version == 0:   # v0 has is_default instead of a source
+                    source = 5 if c.get("is_default") else (1 if res.type == TOPIC else 4)
+                entries[c["name"]] = ConfigEntry(c["name"], c["value"], source, c["read_only"],
+                                                 c["is_sensitive"], source == 5)
+            out[res] = entries
+        return out
+
+    async def incremental_alter_configs(self, changes: dict[ConfigResource, dict[str, tuple[int, str | None]]],
+                                        validate_only: bool = False, raise_on_error: bool = True):
+        """``changes``: resource -> {name: (SET|DELETE|APPEND|SUBTRACT, value)}."""
+        out = {}
+        for res, ops in changes.items():
+            conn = await self._for_resource(res)
+            _, resp = await conn.send(INCREMENTAL_ALTER_CONFIGS, {"resources": [{
+                "resource_type": res.type, "resource_name": res.name,
+                "configs": [{"name": k, "config_operation": op, "value": v} for k, (op, v) in ops.items()]}],
+                "validate_only": validate_only})
+            r = resp["responses"][0]
+            out[res] = KafkaError(r["error_code"], r.get("error_message"), f"alter configs {res.name}") \
+                if r["error_code"] else None
+        if raise_on_error:
+            for e in out.values():
+                if e is not None:
+                    raise e
+        return out
+
+    async def alter_configs(self, configs: dict[ConfigResource, dict[str, str | None]],
+                            validate_only: bool = False, raise_on_error: bool = True):
+        """Replace the whole dynamic config of each resource (the legacy, non-incremental API)."""
+        out = {}
+        for res, entries in configs.items():
+            conn = await self._for_resource(res)
+            _, resp = await conn.send(ALTER_CONFIGS, {"resources": [{
+                "resource_type": res.type, "resource_name": res.name,
+                "configs": [{"name": k, "value": v} for k, v in entries.items()]}],
+                "validate_only": validate_only})
+            r = resp["responses"][0]
+            out[res] = KafkaError(r["error_code"], r.get("error_message"), f"alter configs {res.name}") \
+                if r["error_code"] else None
+        if raise_on_error:
+            for e in out.values():
+                if e is not None:
+                    raise e
+        return out
