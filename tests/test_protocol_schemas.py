@@ -22,7 +22,7 @@ import re
 import pytest
 
 from kbroker.protocol import messages
-from kbroker.protocol.schema import MAX_VERSION, Field, Schema, Struct, parse_versions
+from kbroker.protocol.schema import MAX_VERSION, NULL, Field, Schema, Struct, parse_versions
 
 # Kafka 3.9 valid versions (and first flexible version) of every API we define.
 AK39 = {
@@ -184,7 +184,9 @@ def compare_fields(ours: list[Field], theirs: list[dict], version: int, path: st
         key = (msg, sub.lstrip("."))
         if key in DEFAULT_EXCEPTIONS:
             want, has = DEFAULT_EXCEPTIONS[key], True
-        if has:
+        if has and want is None and f.default is not NULL:
+            errors.append(f"{msg} v{version} {sub}: JSON default null, ours {f.default!r} (want NULL)")
+        elif has:
             got = f.default_value(version)
             if got != want:
                 errors.append(f"{msg} v{version} {sub}: default {got!r} != JSON {want!r}")
@@ -287,6 +289,7 @@ MUTATIONS = {
     "untagged": lambda fs: setattr(_find(_fetch_partitions(fs), "snapshot_id"), "tag", None),
     "wrong_default": lambda fs: setattr(_find(_fetch_partitions(fs), "last_stable_offset"),
                                         "default", None),
+    "lost_null_default": lambda fs: setattr(_find(_find(fs, "node_endpoints").type, "rack"), "default", None),
     "reordered": lambda fs: fs.reverse(),
     "dropped": lambda fs: fs.pop(),
     "nested_type": lambda fs: setattr(_find(_fetch_partitions(fs), "records"), "type", "bytes"),

@@ -57,11 +57,14 @@ def parse_request_header(buf) -> tuple[RequestHeader, int]:
     schema = REQUESTS.get(api_key)
     if schema is None:
         raise ProtocolError(f"unknown api key {api_key}")
-    client_id, pos = T.read_nullable_string(buf, 8)
-    if schema.is_flexible(version) and api_key != API_VERSIONS:
-        pos = _skip_tags(buf, pos)
-    elif api_key == API_VERSIONS and version >= 3 and version <= schema.valid[1]:
-        pos = _skip_tags(buf, pos)
+    try:
+        client_id, pos = T.read_nullable_string(buf, 8)
+        if schema.is_flexible(version) and api_key != API_VERSIONS:
+            pos = _skip_tags(buf, pos)
+        elif api_key == API_VERSIONS and version >= 3 and version <= schema.valid[1]:
+            pos = _skip_tags(buf, pos)
+    except struct.error:  # a frame of 8 or 9 bytes: client_id length cut off
+        raise ProtocolError("truncated request header") from None
     return RequestHeader(api_key, version, correlation_id, client_id), pos
 
 
@@ -77,7 +80,9 @@ def _skip_tags(buf, pos):
 
 
 def decode_request(api_key: int, version: int, buf, pos: int) -> dict:
-    schema = REQUESTS[api_key]
+    schema = REQUESTS.get(api_key)
+    if schema is None:
+        raise ProtocolError(f"unknown api key {api_key}")
     body, end = schema.decode(buf, pos, version)
     if end != len(buf):
         raise ProtocolError(f"{schema.name} v{version}: {len(buf) - end} trailing bytes")

@@ -13,7 +13,7 @@ parent's. ``tests/test_protocol_schemas.py`` checks every definition against Kaf
 """
 from __future__ import annotations
 
-from .schema import F, Schema, Struct
+from .schema import NULL, F, Schema, Struct
 
 REQUESTS: dict[int, Schema] = {}
 RESPONSES: dict[int, Schema] = {}
@@ -62,7 +62,7 @@ api(18, "ApiVersions", "0-4", "3+",
 # records are a "records" field: decoded as a memoryview into the request frame (zero copy).
 api(0, "Produce", "0-11", "9+",
     request=[
-        F("transactional_id", "string", "3+", nullable="3+"),
+        F("transactional_id", "string", "3+", nullable="3+", default=NULL),
         F("acks", "int16"),
         F("timeout_ms", "int32"),
         F("topic_data", [
@@ -84,9 +84,9 @@ api(0, "Produce", "0-11", "9+",
                 F("log_start_offset", "int64", "5+", default=-1),
                 F("record_errors", [
                     F("batch_index", "int32"),
-                    F("batch_index_error_message", "string", nullable="8+"),
+                    F("batch_index_error_message", "string", nullable="8+", default=NULL),
                 ], "8+"),
-                F("error_message", "string", "8+", nullable="8+"),
+                F("error_message", "string", "8+", nullable="8+", default=NULL),
                 F("current_leader", Struct([
                     F("leader_id", "int32", default=-1),
                     F("leader_epoch", "int32", default=-1),
@@ -98,7 +98,7 @@ api(0, "Produce", "0-11", "9+",
             F("node_id", "int32"),
             F("host", "string"),
             F("port", "int32"),
-            F("rack", "string", nullable="10+"),
+            F("rack", "string", nullable="10+", default=NULL),
         ], "10+", tag=0, tagged="10+"),
     ])
 
@@ -108,7 +108,7 @@ api(0, "Produce", "0-11", "9+",
 # snapshot_id (KRaft); node_endpoints (v16+, KIP-951) lists the brokers named in current_leader.
 api(1, "Fetch", "0-17", "12+",
     request=[
-        F("cluster_id", "string", "12+", nullable="12+", tag=0, tagged="12+"),
+        F("cluster_id", "string", "12+", nullable="12+", default=NULL, tag=0, tagged="12+"),
         F("replica_id", "int32", "0-14", default=-1),
         F("replica_state", Struct([
             F("replica_id", "int32", default=-1),
@@ -177,7 +177,7 @@ api(1, "Fetch", "0-17", "12+",
             F("node_id", "int32"),
             F("host", "string"),
             F("port", "int32"),
-            F("rack", "string", nullable="16+"),
+            F("rack", "string", nullable="16+", default=NULL),
         ], "16+", tag=0, tagged="16+"),
     ])
 
@@ -233,9 +233,9 @@ api(3, "Metadata", "0-12", "9+",
             F("node_id", "int32"),
             F("host", "string"),
             F("port", "int32"),
-            F("rack", "string", "1+", nullable="1+"),
+            F("rack", "string", "1+", nullable="1+", default=NULL),
         ]),
-        F("cluster_id", "string", "2+", nullable="2+"),
+        F("cluster_id", "string", "2+", nullable="2+", default=NULL),
         F("controller_id", "int32", "1+", default=-1),
         F("topics", [
             F("error_code", "int16"),
@@ -428,7 +428,7 @@ api(8, "OffsetCommit", "0-9", "8+",
         F("group_id", "string"),
         F("generation_id_or_member_epoch", "int32", "1+", default=-1),
         F("member_id", "string", "1+"),
-        F("group_instance_id", "string", "7+", nullable="7+"),
+        F("group_instance_id", "string", "7+", nullable="7+", default=NULL),
         F("retention_time_ms", "int64", "2-4", default=-1),
         F("topics", [
             F("name", "string"),
@@ -463,7 +463,7 @@ api(9, "OffsetFetch", "0-9", "6+",
         ], "0-7", nullable="2-7"),
         F("groups", [
             F("group_id", "string"),
-            F("member_id", "string", "9+", nullable="9+"),
+            F("member_id", "string", "9+", nullable="9+", default=NULL),
             F("member_epoch", "int32", "9+", default=-1),
             F("topics", [
                 F("name", "string"),
@@ -533,26 +533,26 @@ api(11, "JoinGroup", "0-9", "6+",
         F("session_timeout_ms", "int32"),
         F("rebalance_timeout_ms", "int32", "1+", default=-1),
         F("member_id", "string"),
-        F("group_instance_id", "string", "5+", nullable="5+"),
+        F("group_instance_id", "string", "5+", nullable="5+", default=NULL),
         F("protocol_type", "string"),
         F("protocols", [
             F("name", "string"),
             F("metadata", "bytes"),
         ]),
-        F("reason", "string", "8+", nullable="8+"),
+        F("reason", "string", "8+", nullable="8+", default=NULL),
     ],
     response=[
         F("throttle_time_ms", "int32", "2+"),
         F("error_code", "int16"),
         F("generation_id", "int32", default=-1),
-        F("protocol_type", "string", "7+", nullable="7+"),
+        F("protocol_type", "string", "7+", nullable="7+", default=NULL),
         F("protocol_name", "string", nullable="7+"),
         F("leader", "string"),
         F("skip_assignment", "bool", "9+"),
         F("member_id", "string"),
         F("members", [
             F("member_id", "string"),
-            F("group_instance_id", "string", "5+", nullable="5+"),
+            F("group_instance_id", "string", "5+", nullable="5+", default=NULL),
             F("metadata", "bytes"),
         ]),
     ])
@@ -563,7 +563,7 @@ api(12, "Heartbeat", "0-4", "4+",
         F("group_id", "string"),
         F("generation_id", "int32"),
         F("member_id", "string"),
-        F("group_instance_id", "string", "3+", nullable="3+"),
+        F("group_instance_id", "string", "3+", nullable="3+", default=NULL),
     ],
     response=[
         F("throttle_time_ms", "int32", "1+"),
@@ -577,8 +577,8 @@ api(13, "LeaveGroup", "0-5", "4+",
         F("member_id", "string", "0-2"),
         F("members", [
             F("member_id", "string"),
-            F("group_instance_id", "string", nullable="3+"),
-            F("reason", "string", "5+", nullable="5+"),
+            F("group_instance_id", "string", nullable="3+", default=NULL),
+            F("reason", "string", "5+", nullable="5+", default=NULL),
         ], "3+"),
     ],
     response=[
@@ -597,9 +597,9 @@ api(14, "SyncGroup", "0-5", "4+",
         F("group_id", "string"),
         F("generation_id", "int32"),
         F("member_id", "string"),
-        F("group_instance_id", "string", "3+", nullable="3+"),
-        F("protocol_type", "string", "5+", nullable="5+"),
-        F("protocol_name", "string", "5+", nullable="5+"),
+        F("group_instance_id", "string", "3+", nullable="3+", default=NULL),
+        F("protocol_type", "string", "5+", nullable="5+", default=NULL),
+        F("protocol_name", "string", "5+", nullable="5+", default=NULL),
         F("assignments", [
             F("member_id", "string"),
             F("assignment", "bytes"),
@@ -608,8 +608,8 @@ api(14, "SyncGroup", "0-5", "4+",
     response=[
         F("throttle_time_ms", "int32", "1+"),
         F("error_code", "int16"),
-        F("protocol_type", "string", "5+", nullable="5+"),
-        F("protocol_name", "string", "5+", nullable="5+"),
+        F("protocol_type", "string", "5+", nullable="5+", default=NULL),
+        F("protocol_name", "string", "5+", nullable="5+", default=NULL),
         F("assignment", "bytes"),
     ])
 
@@ -629,7 +629,7 @@ api(15, "DescribeGroups", "0-5", "5+",
             F("protocol_data", "string"),
             F("members", [
                 F("member_id", "string"),
-                F("group_instance_id", "string", "4+", nullable="4+"),
+                F("group_instance_id", "string", "4+", nullable="4+", default=NULL),
                 F("client_id", "string"),
                 F("client_host", "string"),
                 F("member_metadata", "bytes"),
@@ -709,7 +709,7 @@ api(19, "CreateTopics", "0-7", "5+",
 api(20, "DeleteTopics", "0-6", "4+",
     request=[
         F("topics", [
-            F("name", "string", nullable="6+"),
+            F("name", "string", nullable="6+", default=NULL),
             F("topic_id", "uuid"),
         ], "6+"),
         F("topic_names", "[]string", "0-5"),
@@ -721,7 +721,7 @@ api(20, "DeleteTopics", "0-6", "4+",
             F("name", "string", nullable="6+"),
             F("topic_id", "uuid", "6+"),
             F("error_code", "int16"),
-            F("error_message", "string", "5+", nullable="5+"),
+            F("error_message", "string", "5+", nullable="5+", default=NULL),
         ]),
     ])
 
@@ -880,7 +880,7 @@ api(37, "CreatePartitions", "0-3", "2+",
         F("results", [
             F("name", "string"),
             F("error_code", "int16"),
-            F("error_message", "string", nullable="0+"),
+            F("error_message", "string", nullable="0+", default=NULL),
         ]),
     ])
 
@@ -930,7 +930,7 @@ api(60, "DescribeCluster", "0-1", "0+",
     response=[
         F("throttle_time_ms", "int32"),
         F("error_code", "int16"),
-        F("error_message", "string", nullable="0+"),
+        F("error_message", "string", nullable="0+", default=NULL),
         F("endpoint_type", "int8", "1+", default=1),
         F("cluster_id", "string"),
         F("controller_id", "int32", default=-1),
@@ -938,7 +938,7 @@ api(60, "DescribeCluster", "0-1", "0+",
             F("broker_id", "int32"),
             F("host", "string"),
             F("port", "int32"),
-            F("rack", "string", nullable="0+"),
+            F("rack", "string", nullable="0+", default=NULL),
         ]),
         F("cluster_authorized_operations", "int32", default=_OPS_NOT_REQUESTED),
     ])

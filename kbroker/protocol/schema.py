@@ -47,6 +47,20 @@ class Struct:
         self.fields = fields
 
 
+class _Null:
+    """Marker for ``"default": "null"`` in Kafka's JSON: the field defaults to None in *every* version,
+    including versions it is absent from (e.g. JoinGroup ``group_instance_id`` before v5 must read as
+    None, not "", or a handler would take every old client for a static member)."""
+
+    __slots__ = ()
+
+    def __repr__(self):
+        return "NULL"
+
+
+NULL = _Null()
+
+
 class Field:
     __slots__ = ("name", "type", "versions", "nullable", "default", "tag", "tagged")
 
@@ -62,7 +76,7 @@ class Field:
 
     def default_value(self, version):
         if self.default is not None:
-            return self.default
+            return None if self.default is NULL else self.default
         if _in(self.nullable, version):
             return None
         t = self.type
