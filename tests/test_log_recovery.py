@@ -1,0 +1,204 @@
+"""Recovery: every corruption is cut back to the last valid batch, later segments go, indexes,
+leader epochs and the high watermark follow; a clean restart does no CRC scan."""
+import os
+
+import pytest
+from kafka.record import MemoryRecords
+from kafka.record.default_records import DefaultRecordBatchBuilder
+
+from kbroker.log import Log, LogConfig
+from kbroker.log.segment import STATS
+
+T0 = 1_700_000_000_000
+
+
+def batch(n=3, value_size=100, ts=T0):
+    b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False,
+                                  producer_id=-1, producer_epoch=-1, base_sequence=-1,
+                                  batch_size=1 << 22)
+    for i in range(n):
+        b.append(i, timestamp=ts + i, key=None, value=b"r" * value_size, headers=[])
+    return memoryview(bytearray(b.build()))
+
+
+def reopen(path, clean, **kw):
+    cfg = kw.pop("cfg", {})
+    return Log(str(path / "t-0"), "t", 0, LogConfig(cfg), clean_shutdown=clean, **kw)
+
+
+def populate(path, batches=10, cfg=None, epochs=None):
+    log = Log(str(path / "t-0"), "t", 0, LogConfig(cfg or {}))
+    ends = []
+    for i in range(batches):
+        r = log.append_as_leader(batch(3, ts=T0 + i), (epochs or {}).get(i, 0), T0)
+        ends.append((log.active_segment.size, r.last_offset + 1))
+    return log, ends
+
+
+def crash(log):
+    """Drop the log without a clean close: no trim, no snapshot, no flush of anything."""
+    for s in log.segments:
+        for fd in (s._append_fd, s.read_fd):
+            if fd >= 0:
+                os.close(fd)
+        s._append_fd = s.read_fd = -1
+
+
+def file_offsets(path):
+    data = open(path, "rb").read()
+    recs = MemoryRecords(data)
+    out = []
+    while recs.has_next():
+        b = recs.next_batch()
+        assert b.validate_crc()
+        out += [r.offset for r in b]
+    return out
+
+
+def log_file(path, base=0):
+    return str(path / "t-0" / f"{base:020d}.log")
+
+
+@pytest.mark.parametrize("damage", ["torn_tail", "garbage", "flipped_byte", "bad_length"])
+def test_unclean_restart_cuts_to_last_valid_batch(tmp_path, damage):
+    log, ends = populate(tmp_path)
+    crash(log)
+    path = log_file(tmp_path)
+    good_size, good_leo = ends[-2]                 # the last batch will be damaged (or garbage follows)
+    with open(path, "r+b") as f:
+        if damage == "torn_tail":
+            f.truncate(ends[-1][0] - 7)
+        elif damage == "garbage":
+            f.seek(0, 2)
+            f.write(os.urandom(300))
+            good_size, good_leo = ends[-1]
+        elif damage == "flipped_byte":
+            f.seek(ends[-1][0] - 3)
+            b = f.read(1)
+            f.seek(ends[-1][0] - 3)
+            f.write(bytes([b[0] ^ 0x40]))
+        elif damage == "bad_length":
+            f.seek(good_size + 8)
+            f.write((10 ** 6).to_bytes(4, "big"))
+    scans = STATS["recovery_scans"]
+    log = reopen(tmp_path, clean=False)
+    assert STATS["recovery_scans"] > scans
+    assert log.log_end_offset == good_leo
+    assert os.path.getsize(path) == good_size
+    assert file_offsets(path) == list(range(good_leo))
+    # Appends continue at the right offset and the file stays readable by a real client.
+    r = log.append_as_leader(batch(2), 0, T0)
+    assert (r.base_offset, r.last_offset) == (good_leo, good_leo + 1)
+    log.close()
+    assert file_offsets(path) == list(range(good_leo + 2))
+
+
+def test_corruption_in_earlier_segment_deletes_later_ones(tmp_path):
+    log, _ = populate(tmp_path, batches=12, cfg={"segment.bytes": 1200})
+    bases = [s.base_offset for s in log.segments]
+    assert len(bases) >= 3
+    crash(log)
+    second = log_file(tmp_path, bases[1])
+    with open(second, "r+b") as f:                 # flip a byte in the second segment's first batch
+        f.seek(70)
+        b = f.read(1)
+        f.seek(70)
+        f.write(bytes([b[0] ^ 1]))
+    log = reopen(tmp_path, clean=False, cfg={"segment.bytes": 1200})
+    assert [s.base_offset for s in log.segments] == bases[:2]
+    assert log.log_end_offset == bases[1]
+    assert os.path.getsize(second) == 0
+    assert not any(os.path.exists(log_file(tmp_path, b)) for b in bases[2:])
+    assert log.append_as_leader(batch(1), 0, T0).base_offset == bases[1]
+    log.close()
+
+
+def test_recovery_rebuilds_index_identical(tmp_path):
+    cfg = {"index.interval.bytes": 300}
+    log, _ = populate(tmp_path, batches=30, cfg=cfg)
+    log.close()
+    idx = open(tmp_path / "t-0" / "00000000000000000000.index", "rb").read()
+    tidx = open(tmp_path / "t-0" / "00000000000000000000.timeindex", "rb").read()
+    assert idx
+    os.unlink(tmp_path / "t-0" / "00000000000000000000.index")   # lost index
+    log = reopen(tmp_path, clean=False, cfg=cfg)
+    log.close()
+    assert open(tmp_path / "t-0" / "00000000000000000000.index", "rb").read() == idx
+    assert open(tmp_path / "t-0" / "00000000000000000000.timeindex", "rb").read() == tidx
+
+
+def test_clean_restart_does_not_scan(tmp_path):
+    log, ends = populate(tmp_path, batches=20, cfg={"segment.bytes": 1500})
+    leo = log.log_end_offset
+    log.close()
+    scans = STATS["recovery_scans"]
+    log = reopen(tmp_path, clean=True, cfg={"segment.bytes": 1500})
+    assert STATS["recovery_scans"] == scans and log.recovered_segments == 0
+    assert log.log_end_offset == leo
+    assert log.append_as_leader(batch(1), 0, T0).base_offset == leo
+    log.close()
+
+
+def test_clean_restart_with_corrupt_index_rebuilds_it(tmp_path):
+    cfg = {"index.interval.bytes": 200}
+    log, _ = populate(tmp_path, batches=20, cfg=cfg)
+    leo = log.log_end_offset
+    log.close()
+    p = tmp_path / "t-0" / "00000000000000000000.index"
+    raw = bytearray(open(p, "rb").read())
+    raw[-8:] = (0).to_bytes(4, "big") + (10 ** 8).to_bytes(4, "big")    # position past the file
+    open(p, "wb").write(raw)
+    log = reopen(tmp_path, clean=True, cfg=cfg)
+    assert log.recovered_segments == 1 and log.log_end_offset == leo
+    for off in range(leo):
+        assert off in file_offsets_from(log, off)
+    log.close()
+
+
+def file_offsets_from(log, offset):
+    d = log.read(offset, 1, max_offset=log.log_end_offset)
+    fd, pos, length = d.regions[0]
+    b = MemoryRecords(os.pread(fd, length, pos)).next_batch()
+    return [r.offset for r in b]
+
+
+def test_recovery_point_limits_scan(tmp_path):
+    cfg = {"segment.bytes": 1200}
+    log, _ = populate(tmp_path, batches=15, cfg=cfg)
+    log.flush()
+    rp = log.recovery_point
+    log.append_as_leader(batch(3), 0, T0)
+    log.append_as_leader(batch(3), 0, T0)
+    n_segments = len(log.segments)
+    crash(log)
+    log = reopen(tmp_path, clean=False, cfg=cfg, recovery_point=rp)
+    # Only the segment holding the recovery point and later ones were scanned.
+    assert 1 <= log.recovered_segments < n_segments
+    log.close()
+
+
+def test_hw_clamped_and_epochs_rebuilt(tmp_path):
+    log, ends = populate(tmp_path, batches=6, epochs={0: 1, 1: 1, 2: 3, 3: 3, 4: 5, 5: 5})
+    assert log.epoch_cache.entries == [(1, 0), (3, 6), (5, 12)]
+    hw = log.high_watermark
+    crash(log)
+    os.unlink(tmp_path / "t-0" / "leader-epoch-checkpoint")   # lost: rebuilt from the batches
+    with open(log_file(tmp_path), "r+b") as f:
+        f.truncate(ends[3][0] + 20)                   # torn 5th batch: epoch 5 disappears
+    log = reopen(tmp_path, clean=False, high_watermark=hw)
+    assert log.log_end_offset == 12
+    assert log.high_watermark == 12                   # clamped from 18
+    assert log.epoch_cache.entries == [(1, 0), (3, 6)]
+    assert open(tmp_path / "t-0" / "leader-epoch-checkpoint").read() == "0\n2\n1 0\n3 6\n"
+    log.close()
+
+
+def test_stale_epoch_checkpoint_truncated_to_log_end(tmp_path):
+    log, ends = populate(tmp_path, batches=4, epochs={0: 1, 1: 1, 2: 2, 3: 7})
+    crash(log)
+    with open(log_file(tmp_path), "r+b") as f:
+        f.truncate(ends[2][0] + 1)
+    log = reopen(tmp_path, clean=False)
+    assert log.log_end_offset == 9
+    assert log.epoch_cache.entries == [(1, 0), (2, 6)]
+    log.close()
