@@ -21,9 +21,9 @@ from .metadata import BrokerInfo, MetadataCache, PartitionInfo, TopicInfo, topic
 log = logging.getLogger(__name__)
 
 # Produce, Fetch, ListOffsets, Metadata... each module registers its handlers and advertised versions.
-from .apis import core, fetch, produce, producer_ids  # noqa: E402
+from .apis import admin, configs, core, fetch, produce, producer_ids  # noqa: E402
 
-_API_MODULES = (core, produce, fetch, producer_ids)
+_API_MODULES = (core, produce, fetch, producer_ids, admin, configs)
 
 
 class Broker:
