@@ -514,4 +514,4 @@ class Log:
         """Close every descriptor without flushing (the partition is being deleted)."""
         self.remove_deleted_files(force=True)
         for s in self.segments:
-            s.close()
+            s.close(trim=False)

@@ -291,12 +291,13 @@ class LogSegment:
         self.index.flush()
         self.time_index.flush()
 
-    def close(self) -> None:
-        """Trim indexes and close every descriptor (clean shutdown)."""
-        if self.active and self.max_timestamp >= 0:
+    def close(self, trim: bool = True) -> None:
+        """Trim indexes and close every descriptor (clean shutdown); ``trim=False`` when the
+        files are already gone (partition deleted)."""
+        if trim and self.active and self.max_timestamp >= 0:
             self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
-        self.index.close()
-        self.time_index.close()
+        self.index.close(trim)
+        self.time_index.close(trim)
         if self._append_fd >= 0:
             os.close(self._append_fd)
             self._append_fd = -1
