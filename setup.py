@@ -50,6 +50,23 @@ def extensions():
     return exts
 
 
+def _pxd_tree() -> str:
+    """Cython finds a module's .pxd by its dotted name (kbroker/_native/<name>.pxd on the include path),
+    but ext/ is mapped to kbroker._native only at install time. Mirror ext/*.pxd into a package-shaped
+    tree under build/ so each module gets its own .pxd and others can cimport kbroker._native.<name>."""
+    root = os.path.join("build", "pxd")
+    pkg = os.path.join(root, "kbroker", "_native")
+    os.makedirs(pkg, exist_ok=True)
+    for init in (os.path.join(root, "kbroker", "__init__.pxd"), os.path.join(pkg, "__init__.pxd")):
+        open(init, "a").close()
+    for pxd in glob.glob("ext/*.pxd"):
+        link = os.path.join(pkg, os.path.basename(pxd))
+        if os.path.lexists(link):
+            os.remove(link)
+        os.symlink(os.path.abspath(pxd), link)
+    return root
+
+
 class BuildExt(build_ext):
     """Cythonize at build time with the project's directives set in one place."""
 
@@ -68,7 +85,7 @@ class BuildExt(build_ext):
         self.distribution.ext_modules = cythonize(
             self.distribution.ext_modules,
             compiler_directives=directives,
-            include_path=["ext"],
+            include_path=[_pxd_tree(), "ext"],
             annotate=DEBUG,
             quiet=True,
         )
