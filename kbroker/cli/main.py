@@ -14,6 +14,8 @@ from kbroker import __version__
 SUBCOMMANDS = (
     "kbroker.cli.serve",
     "kbroker.cli.cluster",
+    "kbroker.cli.topics",
+    "kbroker.cli.console",
 )
 
 
