@@ -273,3 +273,23 @@ def test_enospc_is_storage_error_and_leaves_no_partial_write(small_tmpfs):
     # Every byte in the file is a whole, valid batch, and the log still reads.
     assert read_offsets(log, log.read(0, 1 << 30)) == list(range(leo))
     log.close_for_delete()
+
+
+def test_enospc_on_roll_keeps_old_segment_active(small_tmpfs):
+    # Each segment reserves 2 x 100 KiB of index; the 256 KiB tmpfs cannot hold a second one.
+    cfg = {"segment.index.bytes": 100 * 1024, "segment.bytes": 20_000}
+    log = Log(str(small_tmpfs / "t-0"), "t", 0, LogConfig(cfg))
+    with pytest.raises(LogAppendError) as e:
+        for _ in range(100):
+            log.append_as_leader(batch(1, value_size=900), 0, T0)
+    assert e.value.error_code == errors.KAFKA_STORAGE_ERROR
+    leo = log.log_end_offset
+    assert len(log.segments) == 1 and log.active_segment.active
+    assert sorted(os.listdir(small_tmpfs / "t-0")) == [
+        "00000000000000000000.index", "00000000000000000000.log", "00000000000000000000.timeindex",
+        "leader-epoch-checkpoint"]
+    # Without the roll the log keeps working.
+    log.config = LogConfig(dict(cfg, **{"segment.bytes": 1 << 20}))
+    assert log.append_as_leader(batch(1, value_size=900), 0, T0).base_offset == leo
+    assert read_offsets(log, log.read(0, 1 << 30)) == list(range(leo + 1))
+    log.close_for_delete()

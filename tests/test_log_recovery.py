@@ -202,3 +202,29 @@ def test_stale_epoch_checkpoint_truncated_to_log_end(tmp_path):
     assert log.log_end_offset == 9
     assert log.epoch_cache.entries == [(1, 0), (2, 6)]
     log.close()
+
+
+def test_missing_index_rebuilt_on_clean_load(tmp_path):
+    cfg = {"index.interval.bytes": 300}
+    log, _ = populate(tmp_path, batches=20, cfg=cfg)
+    log.close()
+    p = tmp_path / "t-0" / "00000000000000000000.index"
+    want = open(p, "rb").read()
+    assert want
+    os.unlink(p)
+    log = reopen(tmp_path, clean=True, cfg=cfg)
+    assert log.recovered_segments == 1
+    log.close()
+    assert open(p, "rb").read() == want
+
+
+def test_hw_checkpoint_kept_when_replication_owns_it(tmp_path):
+    log, _ = populate(tmp_path, batches=5)
+    log.close()
+    log = reopen(tmp_path, clean=True, high_watermark=6, hw_follows_leo=False)
+    assert log.high_watermark == 6 and log.log_end_offset == 15
+    assert log.read(6, 1 << 20).size == 0
+    log.close()
+    log = reopen(tmp_path, clean=True, high_watermark=6)       # single broker: HW = LEO
+    assert log.high_watermark == 15
+    log.close()

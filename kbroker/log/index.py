@@ -26,6 +26,14 @@ from kbroker._native import segment as _native
 from .errors import CorruptIndexError
 
 
+def _reserve(fd: int, size: int) -> None:
+    # Allocate the preallocated index for real: a sparse file whose pages are first touched
+    # through the mmap on a full disk raises SIGBUS and kills the process; reserving now turns
+    # that into ENOSPC at segment creation, which the append path reports as a storage error.
+    if size:
+        os.posix_fallocate(fd, 0, size)
+
+
 class _Index:
     ENTRY_SIZE = 0
     KIND = 0
@@ -46,6 +54,7 @@ class _Index:
                 size = max(max_index_bytes // esize, file_entries, 1) * esize
                 if size != file_len:
                     os.ftruncate(fd, size)
+                _reserve(fd, size)
             else:
                 size = file_entries * esize
             self._max_entries = size // esize
@@ -104,6 +113,8 @@ class _Index:
         fd = os.open(self.path, os.O_RDWR)
         try:
             os.ftruncate(fd, size)
+            if writable:
+                _reserve(fd, size)
             if size:
                 self._mm = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
         finally:

@@ -151,7 +151,7 @@ def now_ms() -> int:
 class Log:
     def __init__(self, dir_path: str, topic: str, partition: int, config: LogConfig, *,
                  clean_shutdown: bool = True, recovery_point: int = 0, log_start_offset: int = 0,
-                 high_watermark: int = 0, now: int | None = None):
+                 high_watermark: int = 0, now: int | None = None, hw_follows_leo: bool = True):
         self.dir = dir_path
         self.topic = topic
         self.partition = partition
@@ -165,9 +165,10 @@ class Log:
         self.log_start_offset = log_start_offset
         self.recovery_point = recovery_point
         self._high_watermark = high_watermark
-        # Single broker: the high watermark follows the log end; replication turns this off
-        # and moves it with ``high_watermark = ...``.
-        self.hw_follows_leo = True
+        # Single broker: the high watermark follows the log end (the leader is the whole ISR,
+        # so everything it holds is committed, also right after a restart); replication passes
+        # False and moves it with ``high_watermark = ...``.
+        self.hw_follows_leo = hw_follows_leo
         self.unflushed_messages = 0
         self.last_flush_ms = now_ms() if now is None else now
         self.dirty = False                 # appended since the last flush
@@ -264,6 +265,8 @@ class Log:
         self.epoch_cache.truncate_from_start(self.log_start_offset, flush=False)
         self.epoch_cache.flush()
         self._rebuild_producer_state(clean and not self.recovered_segments)
+        if self.hw_follows_leo:
+            self._high_watermark = leo
         self._high_watermark = min(max(self._high_watermark, self.log_start_offset), leo)
 
     def _remove_leftovers(self) -> None:
@@ -357,15 +360,30 @@ class Log:
         leo = old.next_offset
         if old.size == 0:
             return old
-        old.on_become_inactive()
         cfg = self.config
-        seg = LogSegment(self.dir, leo, cfg.index_interval_bytes, cfg.segment_index_bytes,
-                         active=True, now_ms=now)
+        # Create the new segment before retiring the old one: if the disk is full the old
+        # segment stays active and the append fails cleanly.
+        try:
+            seg = LogSegment(self.dir, leo, cfg.index_interval_bytes, cfg.segment_index_bytes,
+                             active=True, now_ms=now)
+        except OSError as e:
+            for suffix in (".log", ".index", ".timeindex"):
+                try:
+                    os.unlink(os.path.join(self.dir, f"{leo:020d}{suffix}"))
+                except FileNotFoundError:
+                    pass
+            raise LogAppendError(KAFKA_STORAGE_ERROR,
+                                 f"cannot roll {self.name} at offset {leo}: {e.strerror}") from e
+        old.on_become_inactive()
         self.segments.append(seg)
         self._bases.append(leo)
         # Kafka snapshots producer state at every roll so a restart replays one segment at most;
-        # a few older ones stay for restarts that truncate back past the newest.
-        self.producer_state.write_snapshot(leo)
+        # a few older ones stay for restarts that truncate back past the newest. A snapshot is
+        # an optimisation: failing to write one only makes the next restart replay more.
+        try:
+            self.producer_state.write_snapshot(leo)
+        except OSError:
+            pass
         offsets = self.producer_state.snapshot_offsets()
         if len(offsets) > SNAPSHOTS_KEPT:
             self.producer_state.delete_snapshots(below=offsets[-SNAPSHOTS_KEPT])

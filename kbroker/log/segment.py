@@ -120,6 +120,13 @@ class LogSegment:
             self.read_fd, pos, self.size, self.base_offset, self.base_offset, False)
         if valid_end != self.size:
             return False
+        # A missing index file loads as empty: rebuild it if Kafka's rule would have made
+        # entries (a batch starting more than index.interval.bytes into the segment), or if
+        # the time index is empty while the offset index is not.
+        if not self.index.entries and any(b[0] > self.index_interval_bytes for b in batches):
+            return False
+        if self.index.entries and not self.time_index.entries:
+            return False
         ts, ts_off = self.time_index.last_entry()
         self.max_timestamp, self.offset_of_max_timestamp = ts, ts_off
         if batches:
