@@ -8,6 +8,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -20,7 +21,7 @@ from kazoo.client import KazooClient
 
 from kbroker.zk import layout as L
 from kbroker.zk.client import (BrokerRegistrationError, BrokerZk, NotControllerError, PartitionNotFoundError,
-                               StaleVersionError, TopicExistsError, TopicNotFoundError)
+                               StaleVersionError, TopicExistsError, TopicNotFoundError, ZkClientError)
 from kbroker.zk.local import start_zookeeper
 
 SESSION_MS = 6000
@@ -132,6 +133,15 @@ def test_layout_ids_and_names():
 
 # --- cluster id and registration ---------------------------------------------------
 
+def test_start_fails_clearly_without_zookeeper():
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    b = BrokerZk(f"127.0.0.1:{port}", 1, SESSION_MS, connect_timeout_s=1.0)
+    with pytest.raises(ZkClientError, match="cannot connect to ZooKeeper"):
+        b.start()
+
+
 def test_start_creates_persistent_paths_and_cluster_id(cs, brokers, raw):
     b = brokers(1)
     for path in L.PERSISTENT_PATHS:
@@ -166,6 +176,9 @@ def test_reregistration_after_forced_session_expiry(cs, brokers, raw):
         loop = asyncio.get_running_loop()
         events = asyncio.Queue()
         b = brokers(1, loop=loop)
+        topics = asyncio.Queue()
+        b.watch_topics(topics.put_nowait)
+        assert await asyncio.wait_for(topics.get(), 10) == []
         b.on_session_lost = lambda: events.put_nowait(("lost", threading.get_ident()))
         b.on_reregistered = lambda epoch: events.put_nowait(("reregistered", epoch, threading.get_ident()))
         epoch1 = b.register_broker("127.0.0.1", 9092)
@@ -179,6 +192,10 @@ def test_reregistration_after_forced_session_expiry(cs, brokers, raw):
         assert lost == ("lost", threading.get_ident())  # marshalled onto the loop's thread
         kind, epoch2, tid = await asyncio.wait_for(events.get(), 30)
         assert (kind, tid) == ("reregistered", threading.get_ident())
+        # Watches live on in the new session.
+        b.create_topic("after-expiry", {0: [1]}, {})
+        while (names := await asyncio.wait_for(topics.get(), 10)) != ["after-expiry"]:
+            assert names == []  # kazoo may re-deliver the old list when it re-arms the watch
         return b, old_session, epoch1, epoch2, controller_epoch1
 
     b, old_session, epoch1, epoch2, controller_epoch1 = asyncio.run(scenario())
@@ -311,7 +328,11 @@ def test_controller_writes_are_fenced_by_epoch(brokers, raw):
     with pytest.raises(NotControllerError):
         b.create_topic("fenced", {0: [1]}, {})
     assert raw.exists("/brokers/topics/fenced") is None
-    assert not b.is_controller
+    # It resigns and, being the only candidate, wins again with a newer epoch than the intruder's.
+    wait_until(lambda: b.is_controller and b.controller_epoch == 6, 10, "re-election after fencing")
+    assert raw.get("/controller_epoch")[0] == b"6"
+    b.create_topic("fenced", {0: [1]}, {})
+    assert json.loads(raw.get("/brokers/topics/fenced/partitions/0/state")[0])["controller_epoch"] == 6
     non_controller = brokers(2)
     with pytest.raises(NotControllerError):
         non_controller.create_topic("x", {0: [2]}, {})

@@ -81,6 +81,9 @@ class BrokerZk:
     * ``on_reregistered(broker_epoch)``: after an expiry, registration (and election,
       if this broker takes part) succeeded again under a new session.
     * ``on_controller_change(controller_id_or_None, is_controller, controller_epoch)``.
+
+    Without a loop the callbacks run on the worker thread (never on kazoo's
+    threads), one at a time; they should return quickly.
     """
 
     def __init__(self, connect_string: str, broker_id: int, session_timeout_ms: int = 18000,
@@ -306,9 +309,18 @@ class BrokerZk:
                 info = L.decode_controller(data)
                 with self._lock:
                     self._controller_id = info.broker_id
-                    if stat.ephemeralOwner == self.session_id:
-                        return self._is_controller  # already elected in this session
-                    self._set_not_controller(info.broker_id)
+                    mine = stat.ephemeralOwner == self.session_id
+                    if mine and self._is_controller:
+                        return True  # already elected in this session
+                    if not mine:
+                        self._set_not_controller(info.broker_id)
+                if mine:
+                    # Ours but we were fenced (the epoch moved): resign and run again for a new epoch.
+                    try:
+                        zk.retry(zk.delete, L.CONTROLLER, version=stat.version)
+                    except (NoNodeError, BadVersionError):
+                        pass
+                    continue
                 try:
                     epoch_data, _ = zk.retry(zk.get, L.CONTROLLER_EPOCH)
                     self._controller_epoch = L.decode_controller_epoch(epoch_data)
@@ -393,7 +405,8 @@ class BrokerZk:
             return
         if state == KazooState.LOST:
             self._session_lost = True
-            self._is_controller = False
+            with self._lock:  # held only around field updates, never around ZooKeeper calls
+                self._set_not_controller(None)
             log.warning("ZooKeeper session of broker %d expired", self.broker_id)
             self._deliver(self.on_session_lost)
         elif state == KazooState.CONNECTED and self._session_lost:
@@ -405,7 +418,13 @@ class BrokerZk:
             task = self._tasks.get()
             if task == _STOP or self._closing.is_set():
                 return
-            if task == _RECOVER:
+            if isinstance(task, tuple):
+                fn, args = task
+                try:
+                    fn(*args)
+                except Exception:
+                    log.exception("callback %r failed", fn)
+            elif task == _RECOVER:
                 self._retry_until_done(self._recover)
             elif task == _ELECT and self._wants_controller and not self._session_lost:
                 self._retry_until_done(self.elect_controller)
@@ -438,10 +457,7 @@ class BrokerZk:
         if fn is None:
             return
         if self.loop is None:
-            try:
-                fn(*args)
-            except Exception:
-                log.exception("callback %r failed", fn)
+            self._tasks.put((fn, args))  # the worker runs it: a callback may call ZooKeeper
             return
         try:
             self.loop.call_soon_threadsafe(fn, *args)
