@@ -13,6 +13,7 @@ import time
 
 from ..config import BrokerConfig, parse_topic_config
 from ..log.manager import LogManager
+from ..metrics import BrokerMetrics, MetricsServer
 from ..network.server import KafkaServer
 from ..protocol import api
 from ..zk.client import BrokerZk, TopicNotFoundError
@@ -40,6 +41,8 @@ class Broker:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task] = []
         self._stopped = asyncio.Event()
+        self.metrics = BrokerMetrics()
+        self.metrics_server: MetricsServer | None = None
         self._metadata_lock = asyncio.Lock()
         for module in _API_MODULES:
             module.register(self, self.handlers)
@@ -90,6 +93,9 @@ class Broker:
         log.info("registered broker %d at %s:%d (broker epoch %d)", self.broker_id, self.advertised_host,
                  self.advertised_port, epoch)
         await self.refresh_metadata()   # now including our own registration
+        if cfg.metrics_port >= 0:
+            self.metrics_server = MetricsServer(self, listener.host, cfg.metrics_port)
+            await self.metrics_server.start()
         self._start_periodic()
 
     def _pool_bytes(self) -> int:
@@ -122,6 +128,8 @@ class Broker:
     async def stop(self) -> None:
         for t in self._tasks:
             t.cancel()
+        if self.metrics_server is not None:
+            await self.metrics_server.stop()
         if self.server is not None:
             await self.server.stop()
         if self.zk is not None:

@@ -110,6 +110,7 @@ def _read(broker, body):
                 errors = True
                 continue
             if data.size:
+                broker.metrics.fetched(name, data.size)
                 res["records"] = FileRegions(data.regions)
                 total += data.size
                 budget -= data.size

@@ -74,12 +74,14 @@ def produce(broker, header, body):
                         if err == Errors.KAFKA_STORAGE_ERROR:
                             log.error("append to %s-%d failed: %s", name, index, e)
                     else:
+                        broker.metrics.produced(name, r.last_offset - r.base_offset + 1, len(p["records"]))
                         res["base_offset"] = r.base_offset
                         res["log_append_time_ms"] = r.log_append_time_ms
                         res["log_start_offset"] = r.log_start_offset
                         broker.notifier.appended((name, index))
             if err is not None:
                 res["error_code"] = int(err)
+                broker.metrics.produce_failed(name)
                 failed = True
         responses.append({"name": name, "partition_responses": parts})
     if acks == 0:
