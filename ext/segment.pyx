@@ -16,7 +16,7 @@ from libc.stdint cimport int16_t, int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy
 from posix.types cimport off_t
-from posix.unistd cimport pread, write
+from posix.unistd cimport pread, pwrite, write
 
 from ccrc32c cimport crc32c_update
 from hton cimport load_be16, load_be32, load_be64, store_be32, store_be64
@@ -258,6 +258,49 @@ def put_time_entry(buf, Py_ssize_t slot, int64_t timestamp, uint32_t relative_of
         store_be32(<char *>view.buf + slot * 12 + 8, relative_offset)
     finally:
         PyBuffer_Release(&view)
+
+
+cdef int _pwrite_all(int fd, const char *p, Py_ssize_t n, int64_t pos) noexcept nogil:
+    # pwrite until done; 0 or errno.
+    cdef Py_ssize_t w
+    while n > 0:
+        w = pwrite(fd, p, <size_t>n, <off_t>pos)
+        if w < 0:
+            if errno == EINTR:
+                continue
+            return errno
+        if w == 0:
+            return 28
+        p += w
+        n -= w
+        pos += w
+    return 0
+
+
+def write_offset_entry(int fd, Py_ssize_t slot, uint32_t relative_offset, uint32_t position):
+    """pwrite one .index entry at ``slot`` of the index file; raises OSError (e.g. ENOSPC)."""
+    cdef char e[8]
+    cdef int err
+    store_be32(e, relative_offset)
+    store_be32(e + 4, position)
+    with nogil:
+        err = _pwrite_all(fd, e, 8, <int64_t>slot * 8)
+    if err:
+        import os
+        raise OSError(err, os.strerror(err))
+
+
+def write_time_entry(int fd, Py_ssize_t slot, int64_t timestamp, uint32_t relative_offset):
+    """pwrite one .timeindex entry at ``slot`` of the index file; raises OSError."""
+    cdef char e[12]
+    cdef int err
+    store_be64(e, <uint64_t>timestamp)
+    store_be32(e + 8, relative_offset)
+    with nogil:
+        err = _pwrite_all(fd, e, 12, <int64_t>slot * 12)
+    if err:
+        import os
+        raise OSError(err, os.strerror(err))
 
 
 # ----------------------------------------------------------------------------------------

@@ -7,9 +7,10 @@ Formats (big-endian, fixed-size entries, no header):
 - ``%020d.timeindex``: 12-byte entries ``timestamp i64 | relative offset u32``: the greatest
   timestamp seen in the segment up to and including that offset. Timestamps never decrease.
 
-The active segment's index files are preallocated to segment.index.bytes and mmapped writable;
-on roll and on close they are trimmed to their entries and remapped read-only. Lookups are a
-native binary search (``kbroker._native.segment.index_lookup``).
+The active segment's index files are preallocated (sparse) to segment.index.bytes; entries are
+written with pwrite and read through a read-only shared mmap, so a full disk costs a skipped
+entry (harmless: the index is sparse) rather than a SIGBUS. On roll and on close the files are
+trimmed to their entries. Lookups are a native binary search (``segment.index_lookup``).
 
 Threads: the event-loop thread appends and looks up; nothing here blocks beyond page faults.
 
@@ -26,14 +27,6 @@ from kbroker._native import segment as _native
 from .errors import CorruptIndexError
 
 
-def _reserve(fd: int, size: int) -> None:
-    # Allocate the preallocated index for real: a sparse file whose pages are first touched
-    # through the mmap on a full disk raises SIGBUS and kills the process; reserving now turns
-    # that into ENOSPC at segment creation, which the append path reports as a storage error.
-    if size:
-        os.posix_fallocate(fd, 0, size)
-
-
 class _Index:
     ENTRY_SIZE = 0
     KIND = 0
@@ -42,31 +35,40 @@ class _Index:
                  max_position: int = 1 << 32):
         self.path = path
         self.base_offset = base_offset
-        self.writable = writable
         self.max_index_bytes = max_index_bytes
+        self.writable = False
         self._mm = None
+        self._fd = -1                       # kept open while writable (entry pwrites)
         esize = self.ENTRY_SIZE
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             file_len = os.fstat(fd).st_size
             file_entries = file_len // esize
-            if writable:
-                size = max(max_index_bytes // esize, file_entries, 1) * esize
-                if size != file_len:
-                    os.ftruncate(fd, size)
-                _reserve(fd, size)
-            else:
-                size = file_entries * esize
-            self._max_entries = size // esize
+            size = file_entries * esize
+            # Only look at the allocated prefix: a crash leaves the sparse preallocation in
+            # place, and on tmpfs even *reading* a hole through mmap allocates a page (SIGBUS
+            # on a full filesystem). Holes hold no entries anyway.
+            try:
+                data_end = os.lseek(fd, 0, os.SEEK_HOLE) if file_len else 0
+            except OSError:
+                data_end = file_len
+            self._max_entries = file_entries
             if size:
-                self._mm = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+                self._mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
         finally:
             os.close(fd)
         # A crash can leave zero-filled preallocation after the real entries: keep the
         # well-formed prefix and remember whether that was the whole file.
-        self.entries = (_native.index_valid_entries(self._mm, file_entries, self.KIND, max_position)
-                        if file_entries else 0)
+        scan = min(file_entries, data_end // esize)
+        self.entries = (_native.index_valid_entries(self._mm, scan, self.KIND, max_position)
+                        if scan else 0)
         self.file_entries = file_entries
+        if writable:
+            self._remap(self._prealloc_size(max_index_bytes), True)
+            self.file_entries = file_entries
+
+    def _prealloc_size(self, max_index_bytes: int) -> int:
+        return max(max_index_bytes // self.ENTRY_SIZE, self.entries, 1) * self.ENTRY_SIZE
 
     @property
     def sane(self) -> bool:
@@ -82,50 +84,56 @@ class _Index:
         return self.entries * self.ENTRY_SIZE
 
     def reset(self) -> None:
-        """Drop every entry and reopen writable, zero-filled (recovery rebuilds the index from
-        the log; truncating to 0 first clears any stale entries a crash left behind)."""
+        """Drop every entry and reopen writable (recovery rebuilds the index from the log;
+        truncating to 0 first clears any stale entries a crash left behind)."""
         self.entries = 0
         self._remap(0, False)
-        self._remap(max(self.max_index_bytes // self.ENTRY_SIZE, 1) * self.ENTRY_SIZE, True)
+        self._remap(self._prealloc_size(self.max_index_bytes), True)
 
     def truncate_entries(self, n: int) -> None:
         if n < self.entries:
-            self._mm[n * self.ENTRY_SIZE: self.entries * self.ENTRY_SIZE] = bytes(
-                (self.entries - n) * self.ENTRY_SIZE)
+            if self.writable:
+                os.pwrite(self._fd, bytes((self.entries - n) * self.ENTRY_SIZE), n * self.ENTRY_SIZE)
             self.entries = n
+            if not self.writable:
+                self.trim()
 
     def make_writable(self, max_index_bytes: int) -> None:
         """Reopen a trimmed index for appends (the last segment becomes active again)."""
-        if self.writable:
-            return
-        self._remap(max(max_index_bytes // self.ENTRY_SIZE, self.entries, 1) * self.ENTRY_SIZE, True)
+        if not self.writable:
+            self._remap(self._prealloc_size(max_index_bytes), True)
 
     def trim(self) -> None:
-        """Shrink the file to its entries and map it read-only (on roll and on close)."""
+        """Shrink the file to its entries and close the writer (on roll and on close)."""
         self._remap(self.entries * self.ENTRY_SIZE, False)
 
     def _remap(self, size: int, writable: bool) -> None:
+        # The mapping is always read-only: entries are written with pwrite, so a full disk
+        # is an ENOSPC error on that write (the entry is skipped: the index is sparse) instead
+        # of a SIGBUS from touching an unallocated page of the sparse preallocated file.
         if self._mm is not None:
-            if self.writable:
-                self._mm.flush()
             self._mm.close()
             self._mm = None
-        fd = os.open(self.path, os.O_RDWR)
+        fd = self._fd if self._fd >= 0 else os.open(self.path, os.O_RDWR)
+        self._fd = -1
         try:
             os.ftruncate(fd, size)
-            if writable:
-                _reserve(fd, size)
             if size:
-                self._mm = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
-        finally:
+                self._mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        except BaseException:
+            os.close(fd)
+            raise
+        if writable:
+            self._fd = fd
+        else:
             os.close(fd)
         self.writable = writable
         self._max_entries = size // self.ENTRY_SIZE
         self.file_entries = self.entries
 
     def flush(self) -> None:
-        if self._mm is not None and self.writable:
-            self._mm.flush()
+        if self._fd >= 0:
+            os.fsync(self._fd)
 
     def close(self, trim: bool = True) -> None:
         if trim and self.writable:
@@ -133,6 +141,9 @@ class _Index:
         if self._mm is not None:
             self._mm.close()
             self._mm = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def rename(self, new_path: str) -> None:
         os.replace(self.path, new_path)
@@ -158,7 +169,7 @@ class OffsetIndex(_Index):
         if self.entries and rel <= self.last_relative():
             raise CorruptIndexError(
                 f"{self.path}: offset {offset} not above the last entry {self.last_entry()[0]}")
-        _native.put_offset_entry(self._mm, self.entries, rel, position)
+        _native.write_offset_entry(self._fd, self.entries, rel, position)   # OSError: not added
         self.entries += 1
 
     def last_relative(self) -> int:
@@ -224,7 +235,7 @@ class TimeIndex(_Index):
         if self.entries and offset < last_off:
             raise CorruptIndexError(f"{self.path}: offset {offset} below the last entry {last_off}")
         self._append_check()
-        _native.put_time_entry(self._mm, self.entries, timestamp, offset - self.base_offset)
+        _native.write_time_entry(self._fd, self.entries, timestamp, offset - self.base_offset)
         self.entries += 1
         return True
 

@@ -259,11 +259,13 @@ class Log:
             self.recovery_point = leo
         self.recovery_point = min(self.recovery_point, leo)
         # Leader epochs from the recovered batches, then clamp to the surviving range.
+        before = list(self.epoch_cache.entries)
         for b in recovered:
             self.epoch_cache.assign(b.leader_epoch, b.base_offset, flush=False)
         self.epoch_cache.truncate_from_end(leo, flush=False)
         self.epoch_cache.truncate_from_start(self.log_start_offset, flush=False)
-        self.epoch_cache.flush()
+        if self.epoch_cache.entries != before:
+            self.epoch_cache.flush()
         self._rebuild_producer_state(clean and not self.recovered_segments)
         if self.hw_follows_leo:
             self._high_watermark = leo

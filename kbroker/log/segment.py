@@ -170,8 +170,7 @@ class LogSegment:
             self.next_offset = batches[-1][3] + 1
         if not self.active:
             # A closed segment keeps Kafka's roll-time shape: final time entry, trimmed files.
-            if self.max_timestamp >= 0:
-                self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+            self._final_time_entry()
             self.index.trim()
             self.time_index.trim()
         self._load_first_batch_ms()
@@ -223,9 +222,14 @@ class LogSegment:
             self.max_timestamp = max_timestamp
             self.offset_of_max_timestamp = last_offset
         if self.bytes_since_index > self.index_interval_bytes:
-            self.index.append(last_offset, position)
-            self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
-            self.bytes_since_index = 0
+            try:
+                self.index.append(last_offset, position)
+                self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+                self.bytes_since_index = 0
+            except OSError:
+                # Disk full or failing under the index: the batch itself is written, and a
+                # sparse index without this entry is still correct (lookups scan a bit more).
+                pass
         self.bytes_since_index += size
 
     def _truncate_file(self, size: int) -> None:
@@ -283,10 +287,16 @@ class LogSegment:
 
     # -- lifecycle ------------------------------------------------------------------------
 
+    def _final_time_entry(self) -> None:
+        if self.max_timestamp >= 0:
+            try:
+                self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+            except OSError:
+                pass        # optional entry; the time index stays valid without it
+
     def on_become_inactive(self) -> None:
         """On roll: final time-index entry, trim both indexes, close the append descriptor."""
-        if self.max_timestamp >= 0:
-            self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+        self._final_time_entry()
         self.index.trim()
         self.time_index.trim()
         if self._append_fd >= 0:
@@ -301,8 +311,8 @@ class LogSegment:
     def close(self, trim: bool = True) -> None:
         """Trim indexes and close every descriptor (clean shutdown); ``trim=False`` when the
         files are already gone (partition deleted)."""
-        if trim and self.active and self.max_timestamp >= 0:
-            self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+        if trim and self.active:
+            self._final_time_entry()
         self.index.close(trim)
         self.time_index.close(trim)
         if self._append_fd >= 0:
