@@ -470,3 +470,40 @@ def test_admin_topics_and_configs(tansu):
                 await admin.delete_topics([topic])
             assert ei.value.error == Errors.UNKNOWN_TOPIC_OR_PARTITION
     run(go())
+
+
+# ---- against kbroker itself (tests/conftest.py: ZooKeeper + one broker) ----------------------------
+
+def test_kip511_kafka_style_error_reply_from_kbroker(bootstrap):
+    """Asking for ApiVersions v4 gets Kafka's v0-shaped UNSUPPORTED_VERSION reply naming the
+    broker's range; we retry with its max."""
+    from kbroker.client.connection import CLIENT_VERSIONS
+    host, port = bootstrap.rsplit(":", 1)
+    wants_v4 = dict(CLIENT_VERSIONS)
+    wants_v4[18] = (0, 4)
+
+    async def go():
+        conn = await BrokerConnection.open(host, int(port), client_versions=wants_v4)
+        try:
+            if conn.broker_versions[18][1] >= 4:
+                pytest.fail("kbroker is expected to advertise ApiVersions below v4")
+            assert conn.api_versions_version == conn.broker_versions[18][1]
+            _, md = await conn.send(3, {"topics": []})
+            assert md["brokers"]
+        finally:
+            await conn.wait_closed()
+    run(go())
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd"])
+def test_idempotent_producer_read_back_from_kbroker(bootstrap, codec):
+    topic = _unique(f"kb-{codec}")
+    run(_create(bootstrap, topic, 3))
+    recs = record_set()
+    mds = run(_produce(bootstrap, topic, recs, partition=0, compression_type=codec, enable_idempotence=True,
+                       linger_ms=10, batch_size=4096))
+    assert [m.offset for m in mds] == list(range(len(recs)))
+    expected = [(k, v, h, ts, i) for i, (k, v, h, ts) in enumerate(recs)]
+    assert read_confluent(bootstrap, topic, 0, len(recs)) == expected
+    if codec == "none":   # kafka-python here has no zstd library
+        assert read_kafka_python(bootstrap, topic, 0, len(recs)) == expected
