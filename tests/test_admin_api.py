@@ -130,7 +130,7 @@ def _stop(popen) -> None:
 def broker(zk_server, tmp_path_factory):
     # Static broker settings DescribeConfigs must report as STATIC_BROKER_CONFIG.
     b = start_broker(zk_server, tmp_path_factory.mktemp("admin-broker"),
-                     {"num.partitions": "2", "log.retention.hours": "100"})
+                     {"num.partitions": "2", "log.retention.hours": "100", "offsets.topic.num.partitions": "3"})
     try:
         yield b
     finally:
@@ -496,12 +496,21 @@ def test_delete_topics(broker, admin, kp_admin):
     assert topic_partitions(broker, a) == {0: (0, [0])}
 
 
-def test_delete_disabled(zk_server, tmp_path):
-    b = start_broker(zk_server, tmp_path / "nodelete", {"delete.topic.enable": "false"})
+def test_delete_disabled_and_replication_default(zk_server, tmp_path):
+    b = start_broker(zk_server, tmp_path / "nodelete",
+                     {"delete.topic.enable": "false", "default.replication.factor": "3"})
     try:
         admin = AdminClient({"bootstrap.servers": b.bootstrap})
         name = unique("keep")
         admin.create_topics([NewTopic(name, 1, 1)])[name].result(timeout=30)
+        # default.replication.factor=3 with one live broker: neither explicit nor auto-creation works.
+        t = unique("rf3")
+        err = result_error(admin.create_topics([NewTopic(t, 1, -1)])[t])
+        assert err.code() == KafkaError.INVALID_REPLICATION_FACTOR
+        resp = raw_request(b, 3, 4, {"topics": [{"name": t}], "allow_auto_topic_creation": True})
+        assert resp["topics"][0]["error_code"] != 0
+        assert topic_partitions(b, t) is None
+
         err = result_error(admin.delete_topics([name])[name])
         assert err.code() == KafkaError.TOPIC_DELETION_DISABLED
         # Before v3 Kafka had no code for it and answers INVALID_REQUEST.
@@ -542,6 +551,15 @@ def test_auto_create_by_producers(broker, admin):
     resp = raw_request(broker, 3, 4, {"topics": [{"name": other}], "allow_auto_topic_creation": False})
     assert resp["topics"][0]["error_code"] == 3
     assert topic_partitions(broker, other) is None
+
+
+def test_auto_create_consumer_offsets(broker, admin):
+    """__consumer_offsets gets Kafka's internal-topic settings, not the plain topic defaults."""
+    resp = raw_request(broker, 3, 4, {"topics": [{"name": "__consumer_offsets"}], "allow_auto_topic_creation": True})
+    assert resp["topics"][0]["error_code"] in (0, 5)
+    parts = wait_until(lambda: topic_partitions(broker, "__consumer_offsets"), what="__consumer_offsets")
+    assert len(parts) == 3   # offsets.topic.num.partitions
+    assert describe(admin, "__consumer_offsets")["cleanup.policy"].value == "compact"
 
 
 def test_unknown_topic_configs_describe_raw(broker):
