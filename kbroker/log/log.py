@@ -84,7 +84,12 @@ class LogConfig:
             if k in DEFAULTS:
                 merged[k] = v
         for k, v in merged.items():
-            merged[k] = str(v) if k in _STRING_KEYS else int(v)
+            if k == "cleanup.policy":
+                # A list from the broker config/ZooKeeper, or Kafka's comma-separated text.
+                items = v.split(",") if isinstance(v, str) else v
+                merged[k] = ",".join(str(x).strip() for x in items if str(x).strip())
+            else:
+                merged[k] = str(v) if k in _STRING_KEYS else int(v)
         if merged["message.timestamp.type"] not in ("CreateTime", "LogAppendTime"):
             raise ValueError(f"message.timestamp.type: {merged['message.timestamp.type']!r}")
         if merged["segment.bytes"] < 14:
@@ -103,7 +108,7 @@ class LogConfig:
         self.flush_messages = merged["flush.messages"]
         self.flush_ms = merged["flush.ms"]
         self.min_insync_replicas = merged["min.insync.replicas"]
-        self.cleanup_policy = merged["cleanup.policy"]
+        self.cleanup_policy = frozenset(merged["cleanup.policy"].split(","))
         self.file_delete_delay_ms = merged["file.delete.delay.ms"]
 
     @staticmethod

@@ -10,6 +10,8 @@ from ..metadata import topic_name_error
 
 log = logging.getLogger(__name__)
 
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
+
 
 def register(broker, handlers):
     api.advertise(18, 0, 3)   # v4 requests get the KIP-511 answer (v0 body, error 35, our range)
@@ -74,7 +76,7 @@ def _metadata_response(broker, names, pending=()):
                 "isr_nodes": pi.isr,
                 "offline_replicas": [r for r in pi.replicas if r not in md.brokers],
             })
-        topics.append({"error_code": 0, "name": name, "topic_id": info.topic_id, "is_internal": False,
+        topics.append({"error_code": 0, "name": name, "topic_id": info.topic_id, "is_internal": name in INTERNAL_TOPICS,
                        "partitions": parts})
     brokers = [{"node_id": b.broker_id, "host": b.host, "port": b.port, "rack": b.rack}
                for b in sorted(md.brokers.values(), key=lambda b: b.broker_id)]
