@@ -90,7 +90,7 @@ def _read(broker, body):
             index = p["partition"]
             res = {"partition_index": index, "error_code": 0, "high_watermark": -1, "last_stable_offset": -1,
                    "log_start_offset": -1, "aborted_transactions": None, "preferred_read_replica": -1,
-                   "records": None}
+                   "records": b""}   # never null: librdkafka rejects MessageSetSize -1
             parts.append(res)
             lg, _pinfo, err = _leader_log(broker, name, index, p.get("current_leader_epoch", -1))
             if err:
