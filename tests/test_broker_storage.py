@@ -148,6 +148,21 @@ def test_consumers_below_log_start(roll_cluster):
         cc.close()
 
 
+@pytest.mark.xfail(strict=True, reason="broker bug: LogSegment.should_roll measures segment.ms as now - first "
+                                       "batch timestamp; Kafka uses the incoming batch's max timestamp - first batch "
+                                       "timestamp, so records with old CreateTime roll a new segment per batch")
+def test_old_create_times_do_not_roll_a_segment_per_batch(roll_cluster):
+    """Invariant (Kafka's LogSegment.timeWaitedForRoll): the time-based roll compares the new batch's
+    timestamp with the segment's first batch timestamp, so replaying month-old records (same
+    timestamps) into a fresh partition fills one segment instead of creating one per batch."""
+    topic = create_topic(roll_cluster.bootstrap, "old-create-times")
+    month_ago = int(time.time() * 1000) - 30 * 86_400_000
+    with Raw(roll_cluster.bootstrap) as raw:
+        for i in range(5):
+            assert produce(raw, topic, 0, [(month_ago, None, b"old-%d" % i)])["base_offset"] == i
+    assert len(live_segments(roll_cluster, topic)) == 1, live_segments(roll_cluster, topic)
+
+
 # ---- full disk -----------------------------------------------------------------------------------------
 
 def _mount_tmpfs(path, size="2m"):
