@@ -41,7 +41,27 @@ def roll_cluster(tmp_path_factory):
         yield c
 
 
-def test_roll_and_retention_by_bytes_and_time(roll_cluster):
+@pytest.fixture(scope="module")
+def retained_by_bytes(roll_cluster):
+    """'retain-bytes': ~1 MB in 64 KiB segments, then retention.bytes=200000 set with
+    IncrementalAlterConfigs and applied (log start > 0). -> (topic, record count, segments before)."""
+    import confluent_kafka.admin as cka
+
+    c = roll_cluster
+    topic = create_topic(c.bootstrap, "retain-bytes")
+    with Raw(c.bootstrap) as raw:
+        n = fill(raw, topic, 1 << 20, int(time.time() * 1000))
+        before = live_segments(c, topic)
+        assert list_offset(raw, topic, 0, EARLIEST)["offset"] == 0
+        admin = cka.AdminClient({"bootstrap.servers": c.bootstrap})
+        res = cka.ConfigResource(cka.ResourceType.TOPIC, topic, incremental_configs=[
+            cka.ConfigEntry("retention.bytes", "200000", incremental_operation=cka.AlterConfigOpType.SET)])
+        admin.incremental_alter_configs([res])[res].result(timeout=30)
+        wait_for(lambda: list_offset(raw, topic, 0, EARLIEST)["offset"] > 0, 30, "retention.bytes to apply")
+    return topic, n, before
+
+
+def test_roll_and_retention_by_bytes_and_time(roll_cluster, retained_by_bytes):
     """Invariants: ~1 MB into 64 KiB segments rolls into many segment files; after retention.bytes is
     set (IncrementalAlterConfigs) the oldest closed segments go until one more would bring the log
     under the limit, and after retention.ms is set (AlterConfigs) every closed segment older than it
@@ -50,26 +70,19 @@ def test_roll_and_retention_by_bytes_and_time(roll_cluster):
     import confluent_kafka.admin as cka
 
     c = roll_cluster
-    by_bytes = create_topic(c.bootstrap, "retain-bytes")
+    by_bytes, n_bytes, segs_before = retained_by_bytes
     by_time = create_topic(c.bootstrap, "retain-time")
     now = int(time.time() * 1000)
     with Raw(c.bootstrap) as raw:
-        n_bytes = fill(raw, by_bytes, 1 << 20, now)
         n_time = fill(raw, by_time, 1 << 20, now - 2 * 3_600_000)     # two hours old (CreateTime)
-        for topic in (by_bytes, by_time):
-            segs = live_segments(c, topic)
-            assert len(segs) >= 10, f"{topic}: {len(segs)} segments for ~1 MB at {SEGMENT_BYTES} B"
+        for segs in (segs_before, live_segments(c, by_time)):
+            assert len(segs) >= 10, f"{len(segs)} segments for ~1 MB at {SEGMENT_BYTES} B"
             assert all(size <= SEGMENT_BYTES for _b, size in segs[:-1])
-            assert list_offset(raw, topic, 0, EARLIEST)["offset"] == 0
+        assert list_offset(raw, by_time, 0, EARLIEST)["offset"] == 0
 
         admin = cka.AdminClient({"bootstrap.servers": c.bootstrap})
-        res = cka.ConfigResource(cka.ResourceType.TOPIC, by_bytes, incremental_configs=[
-            cka.ConfigEntry("retention.bytes", "200000", incremental_operation=cka.AlterConfigOpType.SET)])
-        admin.incremental_alter_configs([res])[res].result(timeout=30)
         res = cka.ConfigResource(cka.ResourceType.TOPIC, by_time, set_config={"retention.ms": "3600000"})
         admin.alter_configs([res])[res].result(timeout=30)
-
-        wait_for(lambda: list_offset(raw, by_bytes, 0, EARLIEST)["offset"] > 0, 30, "retention.bytes to apply")
         wait_for(lambda: len(live_segments(c, by_time)) == 1, 30, "retention.ms to apply")
 
         segs = live_segments(c, by_bytes)
@@ -91,7 +104,7 @@ def test_roll_and_retention_by_bytes_and_time(roll_cluster):
         assert [r[0] for r in read_all(raw, by_time, 0, active_base)] == list(range(active_base, n_time))
 
 
-def test_consumers_below_log_start(roll_cluster):
+def test_consumers_below_log_start(roll_cluster, retained_by_bytes):
     """Invariants: a kafka-python consumer positioned below the log start with auto_offset_reset='none'
     gets OffsetOutOfRangeError; with 'earliest' it resets to the log start and reads from there;
     librdkafka with auto.offset.reset=earliest does the same."""
@@ -102,8 +115,7 @@ def test_consumers_below_log_start(roll_cluster):
     c = roll_cluster
     with Raw(c.bootstrap) as raw:
         start = list_offset(raw, "retain-bytes", 0, EARLIEST)["offset"]
-    if start == 0:
-        pytest.fail("test_roll_and_retention_by_bytes_and_time must run first (it moves the log start)")
+    assert start > 0
     tp = TopicPartition("retain-bytes", 0)
 
     kc = KafkaConsumer(bootstrap_servers=c.bootstrap, enable_auto_commit=False, auto_offset_reset="none",
@@ -148,9 +160,6 @@ def test_consumers_below_log_start(roll_cluster):
         cc.close()
 
 
-@pytest.mark.xfail(strict=True, reason="broker bug: LogSegment.should_roll measures segment.ms as now - first "
-                                       "batch timestamp; Kafka uses the incoming batch's max timestamp - first batch "
-                                       "timestamp, so records with old CreateTime roll a new segment per batch")
 def test_old_create_times_do_not_roll_a_segment_per_batch(roll_cluster):
     """Invariant (Kafka's LogSegment.timeWaitedForRoll): the time-based roll compares the new batch's
     timestamp with the segment's first batch timestamp, so replaying month-old records (same
