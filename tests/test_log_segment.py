@@ -130,12 +130,14 @@ def test_load_after_close_restores_state(tmp_path):
 
 def test_roll_rules(tmp_path):
     seg = LogSegment(str(tmp_path), 0, 4096, 1 << 20, active=True, now_ms=0)
-    assert not seg.should_roll(100, 0, 10 ** 12, 1000, 10)     # empty segments never roll
+    assert not seg.should_roll(100, 0, 10 ** 12, 10 ** 12, 1000, 10)     # empty segments never roll
     fill(seg, 1, value_size=100, ts=1000)
     size = seg.size
-    assert not seg.should_roll(100, 3, 1000, size + 100, 10 ** 9)
-    assert seg.should_roll(101, 3, 1000, size + 100, 10 ** 9)   # would exceed segment.bytes
-    assert not seg.should_roll(10, 3, 1002 + 499, 1 << 30, 500)
-    assert seg.should_roll(10, 3, 1002 + 500, 1 << 30, 500)     # segment.ms from first batch max ts
-    assert seg.should_roll(10, (1 << 31), 1000, 1 << 30, 10 ** 9)  # relative offset overflow
+    assert not seg.should_roll(100, 3, 1000, 1000, size + 100, 10 ** 9)
+    assert seg.should_roll(101, 3, 1000, 1000, size + 100, 10 ** 9)   # would exceed segment.bytes
+    # segment.ms: the incoming batch's max timestamp minus the first batch's max timestamp (1002),
+    # strictly greater as in Kafka; wall-clock time does not matter once a timestamp is known.
+    assert not seg.should_roll(10, 3, 1002 + 500, 10 ** 12, 1 << 30, 500)
+    assert seg.should_roll(10, 3, 1002 + 501, 0, 1 << 30, 500)
+    assert seg.should_roll(10, (1 << 31), 1000, 1000, 1 << 30, 10 ** 9)  # relative offset overflow
     seg.close()

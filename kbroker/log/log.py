@@ -348,7 +348,7 @@ class Log:
     def _append(self, buf, size, base, last, max_timestamp, now):
         cfg = self.config
         seg = self.active_segment
-        if seg.should_roll(size, last, now, cfg.segment_bytes, cfg.segment_ms):
+        if seg.should_roll(size, last, max_timestamp, now, cfg.segment_bytes, cfg.segment_ms):
             seg = self.roll(now)
         try:
             seg.append(buf, base, last, max_timestamp)

@@ -185,15 +185,22 @@ class LogSegment:
 
     # -- append ---------------------------------------------------------------------------
 
-    def should_roll(self, batch_size: int, last_offset: int, now_ms: int,
+    def should_roll(self, batch_size: int, last_offset: int, max_timestamp: int, now_ms: int,
                     segment_bytes: int, segment_ms: int) -> bool:
-        """Kafka's roll rule, checked before appending a batch."""
+        """Kafka's roll rule, checked before appending a batch.
+
+        segment.ms is measured in record time when the segment has a first-batch timestamp (the
+        incoming batch's max timestamp minus it), else in wall time since the segment was created:
+        replaying old records must not roll a segment per batch."""
         if self.size == 0:
             return False
         if self.size > segment_bytes - batch_size:
             return True
-        start = self.first_batch_ms if self.first_batch_ms is not None else self.created_ms
-        if now_ms - start >= segment_ms:
+        if self.first_batch_ms is not None and self.first_batch_ms >= 0:
+            waited = max_timestamp - self.first_batch_ms
+        else:
+            waited = now_ms - self.created_ms
+        if waited > segment_ms:
             return True
         if self.index.is_full or self.time_index.is_full:
             return True
