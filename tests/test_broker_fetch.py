@@ -416,9 +416,6 @@ def test_offsets_for_times_one_record_per_batch(bootstrap):
         assert (r["error_code"], r["offset"], r["timestamp"]) == (NONE, -1, -1)
 
 
-@pytest.mark.xfail(strict=True, reason="broker bug: ListOffsets by timestamp answers the base offset of the "
-                                       "first batch whose max timestamp >= target (Log.offset_for_timestamp is "
-                                       "batch-granular), Kafka answers the first record's offset")
 def test_offsets_for_times_inside_a_batch(bootstrap):
     """Invariant (Kafka's semantics): with several records per batch, offsets_for_times still names the
     first *record* whose timestamp >= target, not the start of its batch."""

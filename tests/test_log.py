@@ -189,11 +189,12 @@ def test_offset_for_timestamp(tmp_path):
     for i in range(30):
         log.append_as_leader(batch(2, ts=T0 + i * 100), 0, T0)
     assert len(log.segments) > 2
-    assert log.offset_for_timestamp(0) == (0, T0 + 1)
+    assert log.offset_for_timestamp(0) == (0, T0)
     for i in range(30):
-        # Batch i has timestamps T0+100i and T0+100i+1.
-        assert log.offset_for_timestamp(T0 + i * 100) == (2 * i, T0 + i * 100 + 1)
-        assert log.offset_for_timestamp(T0 + i * 100 + 1) == (2 * i, T0 + i * 100 + 1)
+        # Batch i holds offsets 2i and 2i+1 with timestamps T0+100i and T0+100i+1: the answer is the
+        # first *record* at or after the target, as in Kafka, not the batch's base offset.
+        assert log.offset_for_timestamp(T0 + i * 100) == (2 * i, T0 + i * 100)
+        assert log.offset_for_timestamp(T0 + i * 100 + 1) == (2 * i + 1, T0 + i * 100 + 1)
     assert log.offset_for_timestamp(T0 + 30 * 100) is None
     log.close()
 

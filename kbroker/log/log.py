@@ -429,17 +429,23 @@ class Log:
         return FetchData(regions, size, self._high_watermark, self.log_start_offset, leo)
 
     def offset_for_timestamp(self, timestamp: int):
-        """(offset, timestamp) of the first batch whose max timestamp >= ``timestamp``, or
-        None. Batch granularity: the offset is that batch's base offset (clamped to the log
-        start) and the timestamp its max timestamp; Kafka answers with the first *record* at or
-        after the timestamp, which would need decompression. Consumers seeking by time start at
-        or before the record Kafka would name, never after it."""
+        """(offset, timestamp) of the first record whose timestamp >= ``timestamp`` (Kafka's
+        ListOffsets semantics), or None. The time index finds the batch; that one batch is read and
+        its records decoded (decompressed under the max.message.bytes-derived cap)."""
+        from ..record import decode_records
+
         for seg in self.segments:
             if seg.max_timestamp >= 0 and seg.max_timestamp < timestamp:
                 continue
             r = seg.find_timestamp(timestamp)
-            if r is not None:
-                return max(r[0], self.log_start_offset), r[1]
+            if r is None:
+                continue
+            _base, _max_ts, position, size = r
+            data = os.pread(seg.read_fd, size, position)
+            cap = max(64 << 20, 16 * self.config.max_message_bytes)
+            for offset, ts, *_rest in decode_records(data, max_decompressed=cap):
+                if ts >= timestamp and offset >= self.log_start_offset:
+                    return offset, ts
         return None
 
     def end_offset_for_epoch(self, epoch: int):

@@ -278,12 +278,12 @@ class LogSegment:
         return end
 
     def find_timestamp(self, timestamp: int):
-        """(base_offset, max_timestamp) of the first batch whose max timestamp >= ``timestamp``,
-        or None."""
+        """(base_offset, max_timestamp, position, size) of the first batch whose max timestamp
+        >= ``timestamp``, or None."""
         _ts, off = self.time_index.lookup(timestamp)
         _o, pos = self.index.lookup(off)
         r = _native.seek_batch(self.read_fd, pos, self.size, INT64_MAX, INT64_MAX, timestamp)
-        return (r[2], r[4]) if r[1] else None
+        return (r[2], r[4], r[0], r[1]) if r[1] else None
 
     @property
     def largest_timestamp(self) -> int:

@@ -56,7 +56,8 @@ class KafkaServer:
     async def start(self):
         self.loop = asyncio.get_running_loop()
         self._server = await self.loop.create_server(
-            self._new_connection, self.host or None, self.port, reuse_address=True, backlog=1024)
+            # backlog also bounds how many accepts asyncio tries per readiness event
+            self._new_connection, self.host or None, self.port, reuse_address=True, backlog=128)
         self.port = self._server.sockets[0].getsockname()[1]
         if self.idle_ms > 0:
             self._sweeper = self.loop.create_task(self._sweep_idle())

@@ -203,9 +203,34 @@ class Broker:
         return time.time_ns() // 1_000_000
 
 
+class _AcceptErrorFilter:
+    """asyncio's accept loop survives EMFILE (it pauses accepting for a second), but reports it once
+    per backlog slot on every retry: thousands of tracebacks a second while descriptors are
+    exhausted. Log it at most every 10 s with a count; everything else goes to the default handler."""
+
+    INTERVAL_S = 10.0
+
+    def __init__(self):
+        self.suppressed = 0
+        self.last = -1e9
+
+    def __call__(self, loop, context):
+        if context.get("message") != "socket.accept() out of system resource":
+            loop.default_exception_handler(context)
+            return
+        now = loop.time()
+        if now - self.last < self.INTERVAL_S:
+            self.suppressed += 1
+            return
+        log.warning("cannot accept connections: %s (%d similar reports suppressed); retrying",
+                    context.get("exception"), self.suppressed)
+        self.last, self.suppressed = now, 0
+
+
 async def _main(config: BrokerConfig) -> int:
     broker = Broker(config)
     loop = asyncio.get_running_loop()
+    loop.set_exception_handler(_AcceptErrorFilter())
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
