@@ -3,11 +3,9 @@
 Invariant: while a confluent-kafka consumer reads ~20 MB back, the bytes the broker process passes to
 sendfile add up to at least 90% of the partition's log bytes it serves.
 
-How it is measured: the broker counts fetch_sendfile_calls/bytes and fetch_copy_bytes
-(``kbroker.network.server.NetworkMetrics``), but no endpoint exports them yet (``kbroker.metrics.port``
-is not wired up), so the test attaches Debian's ``strace -f -e trace=sendfile`` to the broker's PID
-and adds up the syscalls' return values. Without strace on the machine the test fails: nothing else
-can see inside the broker process.
+Measured two independent ways: Debian's ``strace -f -e trace=sendfile`` attached to the broker's PID
+(adding up the syscalls' return values; the test fails if strace is missing), and the broker's own
+counters (fetch_sendfile_calls/bytes, fetch_copy_bytes) on its ``kbroker.metrics.port`` /metrics.
 """
 from __future__ import annotations
 
@@ -108,3 +106,48 @@ def test_strace_parser_counts_calls(tmp_path):
                   b"sendfile(14, 22, [65536] => [70000], 1000000) = 4464\n"
                   b"1234  sendfile(14, 22, [70000], 10) = -1 EAGAIN (Resource temporarily unavailable)\n")
     assert _sum(f) == (2, 70000)
+
+
+def _metrics(port) -> dict[str, float]:
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("kbroker_network_fetch_"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def test_fetch_uses_sendfile_by_broker_counters(tmp_path):
+    """The same invariant from the broker's own counters on its /metrics endpoint."""
+    from kbroker.testing import LocalCluster, free_port
+    import confluent_kafka as ck
+
+    mport = free_port()
+    with LocalCluster(tmp_path / "cluster", num_partitions=1, overrides={"kbroker.metrics.port": mport}) as c:
+        topic = f"sendfile-m-{uuid.uuid4().hex[:8]}"
+        wait_for_topic(c.bootstrap, topic, 1)
+        p = ck.Producer({"bootstrap.servers": c.bootstrap, "linger.ms": 20})
+        payload = os.urandom(VALUE)
+        for i in range(N):
+            while True:
+                try:
+                    p.produce(topic, value=payload)
+                    break
+                except BufferError:
+                    p.poll(0.05)
+        assert p.flush(60) == 0
+        del p
+        log_bytes = sum(b.size for _f, b in all_batches(c.brokers[0].data_dir, topic, 0))
+        before = _metrics(mport)
+        got = consume_confluent(c.bootstrap, topic, {0: N}, timeout=120)
+        after = _metrics(mport)
+    assert len(got) == N
+    d = {k.replace("kbroker_network_fetch_", ""): after[k] - before.get(k, 0) for k in after}
+    sent, copied = d["sendfile_bytes_total"], d["copy_bytes_total"]
+    print(f"T-sendfile-metrics log_bytes={log_bytes} sendfile_bytes={sent:.0f} copy_bytes={copied:.0f} "
+          f"calls={d['sendfile_calls_total']:.0f}")
+    assert sent >= 0.90 * (sent + copied)
+    assert sent >= 0.90 * log_bytes
