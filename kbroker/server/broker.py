@@ -22,9 +22,9 @@ from .metadata import BrokerInfo, MetadataCache, PartitionInfo, TopicInfo, topic
 log = logging.getLogger(__name__)
 
 # Produce, Fetch, ListOffsets, Metadata... each module registers its handlers and advertised versions.
-from .apis import admin, configs, core, fetch, produce, producer_ids  # noqa: E402
+from .apis import admin, configs, coordinator, core, fetch, produce, producer_ids  # noqa: E402
 
-_API_MODULES = (core, produce, fetch, producer_ids, admin, configs)
+_API_MODULES = (core, produce, fetch, producer_ids, admin, configs, coordinator)
 
 
 class Broker:
