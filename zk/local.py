@@ -21,6 +21,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from kbroker.procutil import live_argv
+
 ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
 ZOOKEEPER_CONF_DIR = "/etc/zookeeper/conf"
 SLF4J_SIMPLE_JAR = "/usr/share/java/slf4j-simple.jar"
@@ -267,12 +269,8 @@ def _port_in_use(port: int) -> bool:
 
 def _pid_is_our_server(pid: int, data_dir: Path) -> bool:
     """True if ``pid`` is a live (not zombie) ZooKeeperServerMain using ``data_dir``'s zoo.cfg."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    if stat.rsplit(")", 1)[-1].split()[0] == "Z":
+    cmdline = live_argv(pid)
+    if cmdline is None:
         return False
     cfg = str(Path(data_dir).resolve() / CONFIG_FILE).encode()
     return MAIN_CLASS.encode() in cmdline and cfg in cmdline

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kbroker.config import BrokerConfig, ConfigError
+from kbroker.procutil import live_argv
 
 LAYOUT_FILE = "cluster.json"
 LOOPBACK = "127.0.0.1"
@@ -144,13 +145,9 @@ def _read_pid(path: Path) -> int | None:
 
 def is_our_broker(pid: int, config_path: Path) -> bool:
     """True if ``pid`` is alive (not a zombie) and runs ``kbroker serve --config <config_path>``."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    if stat.rsplit(")", 1)[-1].split()[0] == "Z":
-        _reap(pid)
+    argv = live_argv(pid)
+    if argv is None:
+        _reap(pid)          # a zombie child of ours: collect it
         return False
     return b"kbroker" in argv and b"serve" in argv and str(config_path).encode() in argv
 
