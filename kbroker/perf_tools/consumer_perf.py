@@ -288,7 +288,8 @@ class _Fetcher:
 async def _consume(o: Options, fetcher: _Fetcher, start_ms: int, rebalance_ms: int, out) -> Result:
     messages = nbytes = 0
     last_msgs = last_bytes = 0
-    now = last_report = last_consumed = wall_ms()
+    now = last_consumed = wall_ms()
+    last_report = start_ms                  # as in Kafka, the first interval includes the assignment
     round_rebalance = rebalance_ms          # Kafka shows the join time in the first detailed line only
     pending: list[list[int]] = []           # fetched record sizes not yet handed out by a "poll"
     pending_ix = 0
