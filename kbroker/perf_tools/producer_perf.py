@@ -33,6 +33,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import cycle, islice
 
 from kbroker._native.batch import BatchBuilder
 from kbroker.client import Cluster, KafkaError, Producer
@@ -469,36 +470,30 @@ async def _produce(cfg: RunConfig, pipe: _Pipeline, partitions: list[int]) -> No
     throttle = cfg.throughput >= 0
     throttler = Throttler(cfg.throughput, mono())
     if cfg.record_size is not None:
-        pool = random_payloads(cfg.record_size)
-        pick = None
+        values = islice(cycle(random_payloads(cfg.record_size)), n)
     elif cfg.payloads:
-        pool = cfg.payloads
         rnd = random.Random(0)
-        pick = [rnd.randrange(len(pool)) for _ in range(min(n, 1 << 16))]
+        pick = [rnd.randrange(len(cfg.payloads)) for _ in range(min(n, 1 << 16))]
+        values = islice(map(cfg.payloads.__getitem__, cycle(pick)), n)
     else:
-        pool = pick = None
-    npool = len(pool) if pool else 0
-    npick = len(pick) if pick else 0
+        values = map(str.encode, map(str, range(n)))
     nparts = len(partitions)
     part_ix = random.randrange(nparts)
     ob = _Open(BatchBuilder(codec, batch_size), partitions[part_ix], mono())
     append, sends = ob.builder.append, ob.sends
     next_yield = mono() + YIELD_EVERY_S
+    total_bytes = batch_start_bytes = 0      # payload bytes so far / when the open batch began
 
     def rotate(now):
-        nonlocal ob, append, sends, part_ix
+        nonlocal ob, append, sends, part_ix, batch_start_bytes
+        ob.nbytes = total_bytes - batch_start_bytes
+        batch_start_bytes = total_bytes
         pipe.close_batch(ob)
         part_ix = (part_ix + 1) % nparts
         ob = _Open(BatchBuilder(codec, batch_size), partitions[part_ix], now)
         append, sends = ob.builder.append, ob.sends
 
-    for i in range(n):
-        if pick is not None:
-            value = pool[pick[i % npick]]
-        elif pool is not None:
-            value = pool[i % npool]
-        else:
-            value = str(i).encode()
+    for i, value in enumerate(values):
         t = mono()
         if not append(None, None, value):
             rotate(t)
@@ -512,7 +507,7 @@ async def _produce(cfg: RunConfig, pipe: _Pipeline, partitions: list[int]) -> No
             ob.first_bytes = len(value)
             ob.created = t
         sends.append(t)
-        ob.nbytes += len(value)
+        total_bytes += len(value)
         if throttle and throttler.should_throttle(i, t):
             pause = throttler.next_sleep()
             if pause is None:
