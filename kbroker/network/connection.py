@@ -97,6 +97,7 @@ class Connection(asyncio.BufferedProtocol):
     def connection_lost(self, exc):
         self.closed = True
         self.server.connections.discard(self)
+        self.server.memory_paused.discard(self)
         self.pool.forget(self._on_memory)
         if self._chunk is not None:
             self._retire_chunk()
@@ -210,6 +211,8 @@ class Connection(asyncio.BufferedProtocol):
             self._paused_mem = True
             self.server.metrics.memory_waits += 1
             self.transport.pause_reading()
+            # A paused transport would never notice the peer hanging up; the server watches for it.
+            self.server.memory_paused.add(self)
         self.pool.wait(self._on_memory)
 
     def _on_memory(self):
@@ -217,6 +220,7 @@ class Connection(asyncio.BufferedProtocol):
             return
         if self._prepare():
             self._paused_mem = False
+            self.server.memory_paused.discard(self)
             if not self._paused_write:
                 self.transport.resume_reading()
         else:
@@ -293,49 +297,40 @@ class Connection(asyncio.BufferedProtocol):
 
     # ---- send path -------------------------------------------------------------------------------
     def _flush(self):
+        """Write every response that is next in request order. Responses that became ready in the
+        same loop iteration leave in one write (one syscall, one loopback wake-up for the client)."""
         if self._writing or self.closed:
             return
         pending = self._pending
+        out = []
         while pending and pending[0].done:
             slot = pending.popleft()
             chunks = slot.chunks
             if chunks is NO_RESPONSE:
                 continue
             if chunks is CLOSE:
+                if out:
+                    self.transport.writelines(out)
                 self.close()
                 return
             if len(chunks) == 1:
-                self.transport.write(chunks[0])
+                out.append(chunks[0])
                 continue
+            if out:
+                self.transport.writelines(out)
+                out = []
             self._writing = True
             self.loop.create_task(self._write_regions(chunks))
             return
+        if out:
+            self.transport.writelines(out)
 
     async def _write_regions(self, chunks):
-        transport = self.transport
-        metrics = self.server.metrics
         try:
-            for c in chunks:
-                if self.closed:
-                    return
-                if not isinstance(c, FileRegions):
-                    transport.write(c)
-                    continue
-                for fd, pos, length in c.regions:
-                    if length < self.server.sendfile_min_bytes:
-                        # Tiny ranges: one pread is cheaper than draining the buffer for sendfile.
-                        data = os.pread(fd if isinstance(fd, int) else fd.fileno(), length, pos)
-                        metrics.fetch_copy_bytes += len(data)
-                        if len(data) != length:
-                            raise ConnectionError(f"segment shrank under a fetch ({len(data)} < {length})")
-                        transport.write(data)
-                        continue
-                    f = io.FileIO(fd if isinstance(fd, int) else fd.fileno(), "rb", closefd=False)
-                    sent = await self.loop.sendfile(transport, f, pos, length, fallback=False)
-                    metrics.fetch_sendfile_calls += 1
-                    metrics.fetch_sendfile_bytes += sent
-                    if sent != length:
-                        raise ConnectionError(f"short sendfile ({sent} < {length})")
+            if self.transport.get_write_buffer_size() == 0 and hasattr(self.loop, "_add_writer"):
+                await self._write_direct(chunks)
+            else:
+                await self._write_via_transport(chunks)
         except (OSError, ConnectionError, RuntimeError) as e:
             log.warning("closing %s: fetch send failed: %s", self.peer, e)
             self.close()
@@ -343,6 +338,78 @@ class Connection(asyncio.BufferedProtocol):
         finally:
             self._writing = False
         self._flush()
+
+    async def _write_direct(self, chunks):
+        """The transport's buffer is empty and nothing else writes to this socket until we are done
+        (responses are serialized by ``_writing``), so bytes go out with ``send`` and file regions with
+        ``os.sendfile`` straight on the non-blocking socket. The socket is registered for writability
+        only while its buffer is full (asyncio's own sendfile registers and unregisters per call)."""
+        sock_fd = self.transport.get_extra_info("socket").fileno()
+        metrics = self.server.metrics
+        for c in chunks:
+            if isinstance(c, FileRegions):
+                for fd, pos, length in c.regions:
+                    file_fd = fd if isinstance(fd, int) else fd.fileno()
+                    sent = 0
+                    while sent < length:
+                        if self.closed:
+                            return
+                        try:
+                            n = os.sendfile(sock_fd, file_fd, pos + sent, length - sent)
+                        except BlockingIOError:
+                            await self._writable(sock_fd)
+                            continue
+                        if n == 0:
+                            raise ConnectionError(f"short sendfile ({sent} < {length}): segment shrank")
+                        sent += n
+                    metrics.fetch_sendfile_calls += 1
+                    metrics.fetch_sendfile_bytes += length
+            else:
+                view = memoryview(c)
+                while view:
+                    if self.closed:
+                        return
+                    try:
+                        n = os.write(sock_fd, view)
+                    except BlockingIOError:
+                        await self._writable(sock_fd)
+                        continue
+                    view = view[n:]
+
+    async def _writable(self, sock_fd):
+        fut = self.loop.create_future()
+        self.loop._add_writer(sock_fd, lambda: fut.done() or fut.set_result(None))
+        try:
+            await fut
+        finally:
+            self.loop._remove_writer(sock_fd)
+
+    async def _write_via_transport(self, chunks):
+        """Earlier responses are still in the transport's buffer: let asyncio order the bytes
+        (``loop.sendfile`` drains the buffer first). Tiny ranges go through a counted copy."""
+        transport = self.transport
+        metrics = self.server.metrics
+        for c in chunks:
+            if self.closed:
+                return
+            if not isinstance(c, FileRegions):
+                transport.write(c)
+                continue
+            for fd, pos, length in c.regions:
+                file_fd = fd if isinstance(fd, int) else fd.fileno()
+                if length < self.server.sendfile_min_bytes:
+                    data = os.pread(file_fd, length, pos)
+                    metrics.fetch_copy_bytes += len(data)
+                    if len(data) != length:
+                        raise ConnectionError(f"segment shrank under a fetch ({len(data)} < {length})")
+                    transport.write(data)
+                    continue
+                f = io.FileIO(file_fd, "rb", closefd=False)
+                sent = await self.loop.sendfile(transport, f, pos, length, fallback=False)
+                metrics.fetch_sendfile_calls += 1
+                metrics.fetch_sendfile_bytes += sent
+                if sent != length:
+                    raise ConnectionError(f"short sendfile ({sent} < {length})")
 
     def close(self):
         if not self.closed:

@@ -31,9 +31,17 @@ class MemoryPool:
     def release(self, n: int) -> None:
         self.used -= n
         assert self.used >= 0, "memory pool released more than reserved"
-        while self._waiters and self.available > 0:
-            wake = self._waiters.popleft()
-            wake()  # the waiter re-tries its reservation and re-queues itself if still short
+        if not self._waiters:
+            return
+        # Each waiter gets one try per release: a waiter that is still short re-queues itself (behind
+        # those not yet tried), so a large frame cannot spin this loop forever and a small request
+        # behind it is not blocked by it.
+        pending, self._waiters = self._waiters, collections.deque()
+        while pending:
+            if self.available <= 0:
+                self._waiters.extendleft(reversed(pending))
+                return
+            pending.popleft()()
 
     def wait(self, callback) -> None:
         self._waiters.append(callback)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import select
 import socket
 
 from .connection import Connection
@@ -23,6 +24,7 @@ class NetworkMetrics:
         self.invalid_frames = 0
         self.memory_waits = 0
         self.idle_closed = 0
+        self.hangups_while_paused = 0
         self.fetch_sendfile_calls = 0
         self.fetch_sendfile_bytes = 0
         self.fetch_copy_bytes = 0
@@ -49,9 +51,11 @@ class KafkaServer:
         self.receive_buffer_bytes = receive_buffer_bytes
         self.metrics = NetworkMetrics()
         self.connections: set[Connection] = set()
+        self.memory_paused: set[Connection] = set()   # stopped reading until pool memory frees up
         self.loop = None
         self._server = None
         self._sweeper = None
+        self._hangup_watch = None
 
     async def start(self):
         self.loop = asyncio.get_running_loop()
@@ -61,6 +65,7 @@ class KafkaServer:
         self.port = self._server.sockets[0].getsockname()[1]
         if self.idle_ms > 0:
             self._sweeper = self.loop.create_task(self._sweep_idle())
+        self._hangup_watch = self.loop.create_task(self._watch_hangups())
         log.info("listening on %s:%d", self.host or "*", self.port)
 
     def _new_connection(self):
@@ -77,6 +82,28 @@ class KafkaServer:
                     self.metrics.idle_closed += 1
                     conn.close()
 
+    async def _watch_hangups(self, interval_s: float = 0.2):
+        """Close memory-paused connections whose peer has gone. Their reservations (a receive chunk, a
+        partial frame) would otherwise stay taken until connections.max.idle.ms, starving everyone
+        else of pool memory. POLLRDHUP reports the peer's FIN without reading the pending data."""
+        mask = getattr(select, "POLLRDHUP", 0x2000) | select.POLLHUP | select.POLLERR
+        while True:
+            await asyncio.sleep(interval_s)
+            if not self.memory_paused:
+                continue
+            poller = select.poll()
+            by_fd = {}
+            for conn in list(self.memory_paused):
+                sock = conn.transport.get_extra_info("socket") if conn.transport else None
+                if sock is None or sock.fileno() < 0:
+                    continue
+                by_fd[sock.fileno()] = conn
+                poller.register(sock.fileno(), mask)
+            for fd, _events in poller.poll(0):
+                conn = by_fd[fd]
+                self.metrics.hangups_while_paused += 1
+                conn.transport.abort()   # nothing can be answered; release its memory now
+
     def tune_socket(self, sock: socket.socket):
         if self.send_buffer_bytes > 0:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer_bytes)
@@ -84,8 +111,9 @@ class KafkaServer:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.receive_buffer_bytes)
 
     async def stop(self):
-        if self._sweeper:
-            self._sweeper.cancel()
+        for task in (self._sweeper, self._hangup_watch):
+            if task:
+                task.cancel()
         if self._server:
             self._server.close()
         for conn in list(self.connections):
