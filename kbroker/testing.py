@@ -29,7 +29,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
+def wait_until(predicate, timeout: float = 20.0, what: str = "condition", interval: float = 0.05):
+    """Poll ``predicate`` until it returns a truthy value (returned); TimeoutError naming ``what``."""
     deadline = time.monotonic() + timeout
     while True:
         result = predicate()

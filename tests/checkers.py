@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kbroker.protocol import api
+from kbroker.testing import wait_until  # noqa: F401  (used by the test modules)
 
 # Kafka API keys and error codes used by the tests.
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS = 0, 1, 2, 3, 18
@@ -543,13 +544,3 @@ def rss_kib(pid: int) -> int:
             return int(line.split()[1])
     raise RuntimeError("no VmRSS")
 
-
-def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = predicate()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)

@@ -32,21 +32,10 @@ import kafka.errors as kerr
 from kazoo.client import KazooClient
 
 from kbroker.protocol import api
+from kbroker.testing import wait_until
 
 HOUR_MS = 3_600_000
 START_TIMEOUT_S = 60
-
-
-def wait_until(predicate, timeout=20.0, what="condition"):
-    """Poll ``predicate`` until it returns a truthy value; fail with ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 class RunningBroker:

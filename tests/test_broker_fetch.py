@@ -16,6 +16,7 @@ import pytest
 
 from kbroker._native import batch as native_batch
 from kbroker.protocol import api
+from kbroker.testing import wait_until as wait_for
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS = 0, 1, 2, 3, 18
 FETCH_V, LIST_OFFSETS_V, PRODUCE_V, METADATA_V = 11, 5, 8, 8
@@ -181,17 +182,6 @@ def create_topic(bootstrap: str, name: str, partitions: int = 1, config: dict | 
             return all(list_offset(raw, name, p, LATEST)["error_code"] == NONE for p in range(partitions))
         wait_for(ready, 30, f"topic {name} to be served")
     return name
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = predicate()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 # ---- long poll ----------------------------------------------------------------------------------------

@@ -23,16 +23,9 @@ from kbroker.zk import layout as L
 from kbroker.zk.client import (BrokerRegistrationError, BrokerZk, NotControllerError, PartitionNotFoundError,
                                StaleVersionError, TopicExistsError, TopicNotFoundError, ZkClientError)
 from kbroker.zk.local import start_zookeeper
+from kbroker.testing import wait_until
 
 SESSION_MS = 6000
-
-
-def wait_until(cond, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)  # poll interval
 
 
 @pytest.fixture
