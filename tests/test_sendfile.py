@@ -151,3 +151,57 @@ def test_fetch_uses_sendfile_by_broker_counters(tmp_path):
           f"calls={d['sendfile_calls_total']:.0f}")
     assert sent >= 0.90 * (sent + copied)
     assert sent >= 0.90 * log_bytes
+
+
+def test_client_vanishing_mid_fetch_leaves_no_stuck_send(tmp_path):
+    """Invariant: a consumer that disconnects while a large fetch response is being sent (the socket
+    buffer full, the broker waiting to write) leaves nothing behind: no send waiting forever, no stale
+    event-loop registration for its fd; the broker keeps serving, and its open-connection gauge returns
+    to the number of live clients."""
+    import socket as _socket
+    import urllib.request
+
+    import confluent_kafka as ck
+
+    from kbroker.protocol import api as _api
+    from kbroker.testing import LocalCluster, free_port, wait_until
+
+    mport = free_port()
+    with LocalCluster(tmp_path, overrides={"kbroker.metrics.port": mport}) as c:
+        p = ck.Producer({"bootstrap.servers": c.bootstrap, "linger.ms": 20})
+        for _ in range(8000):
+            p.produce("vanish", value=b"x" * 1000, partition=0)
+        assert p.flush(30) == 0
+        body = {"replica_id": -1, "max_wait_ms": 0, "min_bytes": 1, "max_bytes": 64 << 20, "isolation_level": 0,
+                "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "",
+                "topics": [{"topic": "vanish", "partitions": [{"partition": 0, "current_leader_epoch": -1,
+                                                               "fetch_offset": 0, "log_start_offset": -1,
+                                                               "partition_max_bytes": 64 << 20}]}]}
+        host, port = c.bootstrap.split(":")
+        for i in range(5):
+            s = _socket.create_connection((host, int(port)), timeout=5)
+            s.setsockopt(_socket.SOL_SOCKET, _socket.SO_RCVBUF, 4096)   # keep the broker's send blocked
+            s.sendall(_api.encode_request(1, 11, i, "vanish", body))
+            s.recv(1024)                                                # the response has started
+            s.close()
+
+        def gauge():
+            text = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5).read().decode()
+            return [float(line.split()[-1]) for line in text.splitlines()
+                    if line.startswith("kafka_network_socketserver_connections ")][0]
+        p.flush(0)
+        wait_until(lambda: gauge() <= 1, 15, "the vanished consumers' connections to be gone")
+        # and fetches still work
+        cons = ck.Consumer({"bootstrap.servers": c.bootstrap, "group.id": "v", "enable.auto.commit": False})
+        cons.assign([ck.TopicPartition("vanish", 0, 7990)])
+        got = []
+        for _ in range(20):
+            got += [m for m in cons.consume(20, timeout=0.5) if not m.error()]
+            if len(got) >= 10:
+                break
+        cons.close()
+        assert len(got) == 10
+        # A stale selector registration shows up as "Exception in callback ..._add_reader" when the
+        # next connection reuses the fd number.
+        log_text = c.brokers[0].log_path.read_text(errors="replace")
+        assert "Exception in callback" not in log_text and "Traceback" not in log_text

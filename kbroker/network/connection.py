@@ -82,6 +82,8 @@ class Connection(asyncio.BufferedProtocol):
         self._paused_write = False
         self._pending: deque[_Slot] = deque()
         self._writing = False
+        self._write_waiter = None # future of a direct send waiting for the socket to drain
+        self._write_fd = -1       # fd we registered for writability (-1: none)
 
     # ---- asyncio callbacks ---------------------------------------------------------------------
     def connection_made(self, transport):
@@ -96,6 +98,13 @@ class Connection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc):
         self.closed = True
+        # Drop a writability registration of ours while the fd is still ours: asyncio closes the socket
+        # right after this returns, and its _force_close only removes writers it registered itself. A
+        # stale selector key would break the next connection that gets the same fd number.
+        self._unregister_writer()
+        waiter = self._write_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(ConnectionError("connection closed during a fetch send"))
         self.server.connections.discard(self)
         self.server.memory_paused.discard(self)
         self.pool.forget(self._on_memory)
@@ -377,12 +386,21 @@ class Connection(asyncio.BufferedProtocol):
                     view = view[n:]
 
     async def _writable(self, sock_fd):
-        fut = self.loop.create_future()
+        if self.closed or self.transport.is_closing():
+            raise ConnectionError("connection closed during a fetch send")
+        fut = self._write_waiter = self.loop.create_future()
         self.loop._add_writer(sock_fd, lambda: fut.done() or fut.set_result(None))
+        self._write_fd = sock_fd
         try:
             await fut
         finally:
-            self.loop._remove_writer(sock_fd)
+            self._write_waiter = None
+            self._unregister_writer()    # no-op if connection_lost already did it
+
+    def _unregister_writer(self):
+        if self._write_fd >= 0:
+            self.loop._remove_writer(self._write_fd)
+            self._write_fd = -1
 
     async def _write_via_transport(self, chunks):
         """Earlier responses are still in the transport's buffer: let asyncio order the bytes
