@@ -120,6 +120,7 @@ async def _point(host: str, port: int, topic: str, batch: bytes, n: int, warmup_
                 open_errors.append(str(e))
                 return None
 
+    rss_before = memory_kib(broker_pid).get("VmRSS")
     t_open = time.monotonic()
     conns = [c for c in await asyncio.gather(*(open_one(i) for i in range(n))) if c is not None]
     open_s = time.monotonic() - t_open
@@ -202,7 +203,7 @@ async def _point(host: str, port: int, topic: str, batch: bytes, n: int, warmup_
         "broker_cpu_s_per_million": round(broker_cpu / records * 1e6, 3) if records else None,
         "client_cpu_cores": round((c1 - c0) / window, 3),
         "rtt_ms_p50": pct(0.50), "rtt_ms_p99": pct(0.99),
-        "broker_rss_max_kib": rss_max or mem.get("VmRSS"), "broker_rss_after_kib": mem.get("VmRSS"),
+        "broker_rss_before_kib": rss_before, "broker_rss_max_kib": rss_max or mem.get("VmRSS"), "broker_rss_after_kib": mem.get("VmRSS"),
         "broker_hwm_kib": mem.get("VmHWM"), "broker_open_fds": fds,
         "produce_errors": state["errors"], "connections_dropped": state["dropped"],
         "first_error": state["first_error"] or (open_errors[0] if open_errors else None),
@@ -270,8 +271,9 @@ def run(target, quick: bool) -> dict:
         f"{RECORD_SIZE} B records, no compression) to partition i % {PARTITIONS} in a loop, 1 in flight. "
         f"{cfg['warmup_s']} s warm-up, then a {cfg['window_s']} s window: responses counted in it; MB/s counts "
         f"record-batch bytes. Broker CPU = broker process utime+stime over the window; client CPU = the "
-        f"client's event-loop thread. Broker RSS: VmRSS sampled every 0.25 s in the window (max), VmHWM "
-        f"after it. Client RLIMIT_NOFILE soft {client_limit[0]} (hard {client_limit[1]}); broker Max open "
+        f"client's event-loop thread. Broker RSS: VmRSS before the connections open, sampled every 0.25 s "
+        f"in the window (max), VmHWM after it; a broker holding records in memory (Tansu's memory:// "
+        f"storage) grows with the data written as well as with connections. Client RLIMIT_NOFILE soft {client_limit[0]} (hard {client_limit[1]}); broker Max open "
         f"files soft {broker_soft} (hard {broker_hard}). {os.cpu_count()} CPUs shared by client and broker "
         f"(load average {os.getloadavg()[0]:.1f} at the end).")
     if notes_extra:
