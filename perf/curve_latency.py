@@ -203,11 +203,17 @@ def _percentiles(raw: bytes) -> dict:
     import numpy as np
     a = np.frombuffer(raw, dtype=np.int64)
     if a.size == 0:
-        return {"p50": None, "p90": None, "p99": None, "p99_9": None, "max": None, "mean": None}
+        return {"p50": None, "p90": None, "p99": None, "p99_9": None, "max": None, "mean": None,
+                "p50_first_tenth": None, "p50_last_tenth": None}
     q = np.percentile(a, [50, 90, 99, 99.9]) / 1e6
+    tenth = max(1, a.size // 10)
+    # Samples are in arrival order (per partition): a median that climbs from the first tenth to the
+    # last means a queue grew during the phase, i.e. the offered load was above what is sustained.
     return {"p50": round(float(q[0]), 4), "p90": round(float(q[1]), 4), "p99": round(float(q[2]), 4),
             "p99_9": round(float(q[3]), 4), "max": round(float(a.max()) / 1e6, 4),
-            "mean": round(float(a.mean()) / 1e6, 4)}
+            "mean": round(float(a.mean()) / 1e6, 4),
+            "p50_first_tenth": round(float(np.median(a[:tenth])) / 1e6, 4),
+            "p50_last_tenth": round(float(np.median(a[-tenth:])) / 1e6, 4)}
 
 
 def _set_timerslack(ns: int) -> int | None:
@@ -359,6 +365,11 @@ def run(target, quick: bool) -> dict:
         f"last delivery to see them). Producer, consumer and broker share the machine "
         f"({os.cpu_count()} CPUs; load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after). "
         f"Goal {goal['text']}: p99 {goal['p99_ms']} ms -> {'met' if goal['met'] else 'missed'}.")
+    growing = [pt["fraction"] for pt in points if pt["p50_last_tenth"] is not None
+               and pt["p50_last_tenth"] > max(5.0, 2 * pt["p50_first_tenth"])]
+    if growing:
+        notes += (f" Latency climbed during the phase (median of the last tenth > 2x the first and > 5 ms: a "
+                  f"queue grew, the offered load was above what this setup sustains) at fractions {growing}.")
     short = [pt["fraction"] for pt in points if pt["sent"] < pt["samples_target"]]
     if short:
         notes += f" Points below the sample target (time bound hit): {short}."
