@@ -66,7 +66,7 @@ class Broker:
         log.info("cluster id %s", self.cluster_id)
         await asyncio.to_thread(self.zk.elect_controller)
         # Topic configs come from ZooKeeper before the logs load, so recovery and retention use them.
-        topics, _brokers, _controller = await asyncio.to_thread(self._read_zk_metadata)
+        topics, _missing, _brokers, _controller = await asyncio.to_thread(self._read_zk_metadata, None)
         self.logs = LogManager(cfg.log_dirs, cfg.topic_defaults())
         self.logs.startup(self.broker_id, self.cluster_id,
                           {name: self.topic_overrides(t) for name, t in topics.items()})
@@ -86,7 +86,7 @@ class Broker:
         self.advertised_port = adv.port or self.server.port
 
         await self.refresh_metadata()
-        self.zk.watch_topics(lambda names: self.loop.create_task(self.refresh_metadata()))
+        self.zk.watch_topics(self._on_topics_changed)
         # Registration last: once /brokers/ids/<id> exists, we answer requests with full metadata.
         epoch = await asyncio.to_thread(self.zk.register_broker, self.advertised_host, self.advertised_port,
                                         cfg.get("broker.rack"))
@@ -143,32 +143,54 @@ class Broker:
         self.metadata.controller_id = -1 if controller_id is None else controller_id
         log.info("controller is now %s (epoch %d)", controller_id, epoch)
 
-    async def refresh_metadata(self) -> None:
-        """Re-read brokers and topics from ZooKeeper and open the logs this broker leads."""
+    async def refresh_metadata(self, names=None) -> None:
+        """Re-read metadata from ZooKeeper and open the logs this broker leads.
+
+        ``names=None`` re-reads every topic (start-up); otherwise only the named topics (created,
+        deleted or altered ones), so a change to one topic does not cost a ZooKeeper read and a log
+        lookup per partition of every topic."""
         async with self._metadata_lock:
-            topics, brokers, controller = await asyncio.to_thread(self._read_zk_metadata)
-            self.metadata.replace_topics(topics)
+            topics, missing, brokers, controller = await asyncio.to_thread(self._read_zk_metadata, names)
+            md = self.metadata
+            if names is None:
+                previous = md.topics
+                md.replace_topics(topics)
+            else:
+                previous = {n: md.topics[n] for n in list(topics) + list(missing) if n in md.topics}
+                for name in missing:
+                    md.remove_topic(name)
+                for info in topics.values():
+                    md.put_topic(info)
             brokers.setdefault(self.broker_id, BrokerInfo(self.broker_id, self.advertised_host,
                                                           self.advertised_port, self.config.get("broker.rack")))
-            self.metadata.brokers = brokers
-            self.metadata.controller_id = -1 if controller is None else controller
-            for t in topics.values():
-                self.open_logs(t)
+            md.brokers = brokers
+            md.controller_id = -1 if controller is None else controller
+            for name, info in topics.items():
+                old = previous.get(name)
+                self.open_logs(info, config_changed=old is None or old.config != info.config)
 
-    def _read_zk_metadata(self):
+    def _on_topics_changed(self, names) -> None:
+        """ZooKeeper's children watch on /brokers/topics (loop thread): read only what appeared or went."""
+        current = set(names)
+        known = set(self.metadata.topics)
+        changed = sorted((current - known) | (known - current))
+        if changed:
+            self.loop.create_task(self.refresh_metadata(changed))
+
+    def _read_zk_metadata(self, names):
         zk = self.zk
-        topics = {}
-        for name in zk.get_topics():
+        topics, missing = {}, []
+        for name in (zk.get_topics() if names is None else names):
             try:
                 topics[name] = self._read_topic(name)
             except TopicNotFoundError:
-                continue  # deleted while we read
+                missing.append(name)   # deleted (or never created)
         brokers = {}
         for bid in zk.get_broker_ids():
             reg = zk.get_broker(bid)
             if reg is not None:
                 brokers[bid] = BrokerInfo(bid, reg.host, reg.port, reg.rack)
-        return topics, brokers, zk.controller_id()
+        return topics, missing, brokers, zk.controller_id()
 
     def _read_topic(self, name) -> TopicInfo:
         zk = self.zk
@@ -192,11 +214,14 @@ class Broker:
         eff.update(self.topic_overrides(topic))
         return eff
 
-    def open_logs(self, topic: TopicInfo) -> None:
-        """Open (or create) the logs of partitions this broker leads, with the topic's current config."""
+    def open_logs(self, topic: TopicInfo, config_changed: bool = True) -> None:
+        """Open (or create) the logs of partitions this broker leads; re-apply the topic's config to
+        its open logs only when the overrides changed."""
         overrides = self.topic_overrides(topic)
+        if config_changed:
+            self.logs.set_topic_config(topic.name, overrides)
         for p, info in topic.partitions.items():
-            if info.leader == self.broker_id:
+            if info.leader == self.broker_id and self.logs.get((topic.name, p)) is None:
                 self.logs.get_or_create(topic.name, p, overrides)
 
     def now_ms(self) -> int:

@@ -208,7 +208,7 @@ async def auto_create_topics(broker, names) -> list[str]:
         log.info("auto-created topic %s with %d partitions, replication factor %d", name, partitions, rf)
         created.append(name)
     if created:
-        await broker.refresh_metadata()
+        await broker.refresh_metadata(created)
     return created
 
 
@@ -259,7 +259,7 @@ async def create_topics(broker, header, body):
                     log.info("created topic %s with %d partitions, replication factor %d", name,
                              len(assignment), len(assignment[0]))
                 done.add(name)
-            await broker.refresh_metadata()
+            await broker.refresh_metadata([name for name, _, _ in to_create])
 
         if not await _run_bounded(work(), body.get("timeout_ms", 60000)):
             for name, _, _ in to_create:
@@ -358,7 +358,7 @@ async def delete_topics(broker, header, body):
                 deleted.append((name, info))
             # Refresh before touching the logs: once this refresh (which holds the metadata lock)
             # has read ZooKeeper, no later refresh can see the topic and reopen its logs.
-            await broker.refresh_metadata()
+            await broker.refresh_metadata([name for name, _ in deleted])
             for name, info in deleted:
                 for p in sorted(info.partitions) if info is not None else ():
                     if broker.logs.get((name, p)) is not None:
@@ -411,7 +411,7 @@ async def create_partitions(broker, header, body):
                           else Errors.INVALID_PARTITIONS, str(e))
                 else:
                     log.info("added partitions %d..%d to topic %s", min(new), max(new), name)
-            await broker.refresh_metadata()
+            await broker.refresh_metadata([name for name, _ in plans])
 
         if not await _run_bounded(work(), body.get("timeout_ms", 0)):
             for name, _ in plans:

@@ -272,9 +272,5 @@ async def _alter_topic(broker, name, entries, plan, validate_only) -> None:
     except TopicNotFoundError:
         raise AdminError(Errors.UNKNOWN_TOPIC_OR_PARTITION, f"The topic '{name}' does not exist.") from None
     log.info("topic %s config overrides are now %s", name, new)
-    await broker.refresh_metadata()
-    info = broker.metadata.topics.get(name)
-    if info is not None:
-        # refresh_metadata re-opens leader logs with the new overrides too; this also covers
-        # logs of partitions this broker does not lead.
-        broker.logs.set_topic_config(name, broker.topic_overrides(info))
+    # The refresh applies the new overrides to every open log of the topic (Broker.open_logs).
+    await broker.refresh_metadata([name])
