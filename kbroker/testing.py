@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from kbroker.procutil import die_with_parent
 from kbroker.zk.local import start_zookeeper
 
 _API_VERSIONS_V0 = struct.pack(">ihhih", 10, 18, 0, 1, 0)
@@ -98,7 +99,7 @@ class LocalCluster:
         self.stop()
 
     def start(self):
-        self.zk = start_zookeeper(self.root / "zookeeper", port=0, tick_time_ms=1000)
+        self.zk = start_zookeeper(self.root / "zookeeper", port=0, tick_time_ms=1000, die_with_parent=True)
         try:
             for b in self.brokers:
                 self.start_broker(b)
@@ -128,8 +129,10 @@ class LocalCluster:
         self.write_config(b, extra)
         env = dict(os.environ, **(self.env or {}))
         log = open(b.log_path, "ab")
+        # Own session (a Ctrl-C to the test run is not a broker crash); dies with the starting thread.
         b.proc = subprocess.Popen([sys.executable, "-m", "kbroker", "serve", "--config", str(b.config_path)],
-                                  stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                                  stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                  preexec_fn=die_with_parent())
         log.close()
 
         def ready():

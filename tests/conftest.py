@@ -11,7 +11,7 @@ def zk_server(tmp_path_factory):
     """
     from kbroker.zk.local import start_zookeeper
 
-    proc = start_zookeeper(tmp_path_factory.mktemp("zookeeper"), port=0, tick_time_ms=1000)
+    proc = start_zookeeper(tmp_path_factory.mktemp("zookeeper"), port=0, tick_time_ms=1000, die_with_parent=True)
     try:
         yield proc
     finally:

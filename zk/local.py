@@ -21,6 +21,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from kbroker import procutil
 from kbroker.procutil import live_argv
 
 ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
@@ -146,8 +147,12 @@ def find_running(data_dir: str | os.PathLike) -> ZkProcess | None:
 
 def start_zookeeper(data_dir: str | os.PathLike, port: int = 0, tick_time_ms: int = 2000, *,
                     ready_timeout: float = 30.0, java: str | None = None,
-                    zookeeper_jar: str = ZOOKEEPER_JAR) -> ZkProcess:
+                    zookeeper_jar: str = ZOOKEEPER_JAR, die_with_parent: bool = False) -> ZkProcess:
     """Start a standalone server on 127.0.0.1 and return once it serves clients.
+
+    ``die_with_parent`` (tests, benchmarks): the server gets SIGTERM if the starting thread exits, so a
+    killed test run leaves no server behind. ``kbroker cluster up`` leaves it off: its server must
+    outlive the command.
 
     ``port=0`` picks a free port; as the pick can race with another process
     binding it, a start that dies on a taken port is retried with a new one.
@@ -169,7 +174,8 @@ def start_zookeeper(data_dir: str | os.PathLike, port: int = 0, tick_time_ms: in
         if port and _port_in_use(port):
             raise ZooKeeperStartError(f"port {port} on {LOOPBACK} is already in use")
         try:
-            return _start_once(java, zookeeper_jar, data_dir, chosen, tick_time_ms, ready_timeout)
+            return _start_once(java, zookeeper_jar, data_dir, chosen, tick_time_ms, ready_timeout,
+                               die_with_parent)
         except _PortTaken:
             if port:
                 raise ZooKeeperStartError(f"port {port} on {LOOPBACK} is already in use") from None
@@ -183,7 +189,7 @@ class _PortTaken(Exception):
 
 
 def _start_once(java: str, jar: str, data_dir: Path, port: int, tick_time_ms: int,
-                ready_timeout: float) -> ZkProcess:
+                ready_timeout: float, die_with_parent: bool = False) -> ZkProcess:
     cfg_path = data_dir / CONFIG_FILE
     cfg_path.write_text(
         f"tickTime={tick_time_ms}\n"
@@ -205,7 +211,8 @@ def _start_once(java: str, jar: str, data_dir: Path, port: int, tick_time_ms: in
         # A new session: the server must outlive the process that started it
         # (``kbroker cluster up`` exits) and ignore a Ctrl-C aimed at that process.
         popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                 cwd=data_dir, start_new_session=True)
+                                 cwd=data_dir, start_new_session=True,
+                                 preexec_fn=procutil.die_with_parent() if die_with_parent else None)
     (data_dir / PID_FILE).write_text(f"{popen.pid}\n")
     proc = ZkProcess(popen.pid, port, data_dir, tick_time_ms, popen)
 
