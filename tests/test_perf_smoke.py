@@ -66,7 +66,13 @@ def test_quick_benchmark_is_well_formed(tmp_path):
     assert raw["capacity"].get("tansu") == [] and raw["capacity"].get("mock") == []
     goals = doc["summary"]["goals"]
     assert len(goals) == len(broker_bench.GOALS)
-    assert all(g["met"] in (True, False) for g in goals), goals
+    # Quick mode measures windows of a few hundred ms, where /proc's 10 ms CPU ticks can read 0 for a
+    # broker: a CPU ratio may then be undecidable (n/a, no value). Every other goal must be decided.
+    for g in goals:
+        if "CPU" in g["goal"] and g["met"] is None:
+            assert g["value"] is None, g
+        else:
+            assert g["met"] in (True, False) and g["value"] is not None, g
     assert "## Goals" in md and "python -m kbroker.perf.broker_bench" in md
     for g in goals:
         assert g["goal"] in md
