@@ -499,10 +499,13 @@ is Debian's package):
 .venv/bin/py-spy record -p PID --native --duration 15 --format raw -o /tmp/broker.txt
 awk '{print $NF"\\t"$0}' /tmp/broker.txt | sort -nr | head   # hottest stacks (count first)
 .venv/bin/py-spy dump -p PID --native             # one stack dump of every thread, now
-# instruction counts of one micro benchmark, in-process (pyperf's single-value debug mode)
-valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.out \\
+# instruction counts of one micro benchmark (pyperf's single-value debug mode, counted in its worker)
+valgrind --tool=callgrind --trace-children=yes --callgrind-out-file=/tmp/cg.%p.out \\
+    --toggle-collect='__pyx_pw_7kbroker_7_native_5batch_1validate_and_stamp' \\
     .venv/bin/python -m kbroker.perf.micro --debug-single-value --select '^batch_validate_stamp_1MiB_1KiB_records$'
-callgrind_annotate /tmp/cg.out | head -40
+# pyperf runs the benchmark in a worker process (hence --trace-children); --toggle-collect counts only
+# the function under test (a Cython wrapper's symbol: nm ext/*.so | grep NAME) instead of start-up
+for f in /tmp/cg.*.out; do callgrind_annotate "$f" | head -20; done
 .venv/bin/kbroker cluster down --dir /dev/shm/prof
 ```
 """
