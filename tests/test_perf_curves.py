@@ -11,8 +11,8 @@ import math
 
 import pytest
 
-pytest.importorskip("confluent_kafka")
-pytest.importorskip("numpy")
+import confluent_kafka  # noqa: E402,F401  (installed by scripts/setup.sh: a missing one must fail)
+import numpy  # noqa: E402,F401
 
 from kbroker.perf import curve_connections, curve_latency  # noqa: E402
 from kbroker.perf.targets import KbrokerTarget  # noqa: E402

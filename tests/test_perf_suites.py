@@ -93,7 +93,7 @@ def test_inputs_are_seeded_and_batches_restampable():
 
 
 def test_arrow_decode_matches_records():
-    pytest.importorskip("pyarrow")
+    import pyarrow  # noqa: F401  (pinned in requirements/dev.txt)
     from kbroker._native.batch import decode_records
     batch = inputs.fill_batch(inputs.MiB, 100, "arrow-test", max_records=500)
     rb = micro.batch_to_arrow(batch)
