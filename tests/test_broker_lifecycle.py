@@ -205,34 +205,8 @@ def test_cluster_id_mismatch_is_refused(tmp_path):
 
 # ---- Kafka's sample server.properties ---------------------------------------------------------------------
 
-# Kafka 3.9's config/server.properties (ZooKeeper mode): its active keys with their values; the
-# commented-out ones are kept commented, as shipped.
-KAFKA_39_SERVER_PROPERTIES = """\
-broker.id=0
-#listeners=PLAINTEXT://:9092
-#advertised.listeners=PLAINTEXT://your.host.name:9092
-#listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL
-num.network.threads=3
-num.io.threads=8
-socket.send.buffer.bytes=102400
-socket.receive.buffer.bytes=102400
-socket.request.max.bytes=104857600
-log.dirs=/tmp/kafka-logs
-num.partitions=1
-num.recovery.threads.per.data.dir=1
-offsets.topic.replication.factor=1
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-#log.flush.interval.messages=10000
-#log.flush.interval.ms=1000
-log.retention.hours=168
-#log.retention.bytes=1073741824
-#log.segment.bytes=1073741824
-log.retention.check.interval.ms=300000
-zookeeper.connect=localhost:2181
-zookeeper.connection.timeout.ms=18000
-group.initial.rebalance.delay.ms=0
-"""
+# Kafka 3.9's sample config/server.properties (active keys and values; commented ones as shipped).
+KAFKA_39_SERVER_PROPERTIES = (Path(__file__).parent / "data" / "kafka39_server.properties").read_text()
 
 
 def test_kafka_sample_server_properties_starts_and_serves(tmp_path, zk_server):

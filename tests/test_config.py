@@ -5,6 +5,7 @@ import re
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,34 +17,7 @@ from kbroker.logging_setup import setup_logging
 
 ZK = "zookeeper.connect=127.0.0.1:2181\n"
 
-# The keys and values of Kafka 3.9's config/server.properties (comments are ours).
-KAFKA_39_SAMPLE = """\
-# broker identity
-broker.id=0
-#listeners=PLAINTEXT://:9092
-#advertised.listeners=PLAINTEXT://your.host.name:9092
-#listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL
-num.network.threads=3
-num.io.threads=8
-socket.send.buffer.bytes=102400
-socket.receive.buffer.bytes=102400
-socket.request.max.bytes=104857600
-log.dirs=/tmp/kafka-logs
-num.partitions=1
-num.recovery.threads.per.data.dir=1
-offsets.topic.replication.factor=1
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-#log.flush.interval.messages=10000
-#log.flush.interval.ms=1000
-log.retention.hours=168
-#log.retention.bytes=1073741824
-#log.segment.bytes=1073741824
-log.retention.check.interval.ms=300000
-zookeeper.connect=localhost:2181
-zookeeper.connection.timeout.ms=18000
-group.initial.rebalance.delay.ms=0
-"""
+KAFKA_39_SAMPLE = (Path(__file__).parent / "data" / "kafka39_server.properties").read_text()
 
 
 def load(text: str, overrides=()) -> BrokerConfig:
