@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from kbroker.protocol.errors import Errors
 
-from .cluster import Cluster, PartitionMeta
+from .cluster import Cluster, ClusterClient, PartitionMeta
 from .connection import KafkaError
 
 CREATE_TOPICS, DELETE_TOPICS, DESCRIBE_CONFIGS, ALTER_CONFIGS = 19, 20, 32, 33
@@ -77,28 +77,12 @@ class TopicDescription:
         return uuid_str(self.topic_id)
 
 
-class Admin:
+class Admin(ClusterClient):
     def __init__(self, bootstrap_servers=None, *, cluster: Cluster | None = None, client_id: str = "kbroker-admin",
                  request_timeout_ms: int = 30000, retry_backoff_ms: int = 100):
-        self._own_cluster = cluster is None
-        self.cluster = cluster or Cluster(bootstrap_servers, client_id=client_id,
-                                          request_timeout_ms=request_timeout_ms, retry_backoff_ms=retry_backoff_ms)
+        super().__init__(bootstrap_servers, cluster, client_id, request_timeout_ms, retry_backoff_ms)
         self.request_timeout_ms = request_timeout_ms
         self.retry_backoff = retry_backoff_ms / 1000
-
-    async def start(self) -> "Admin":
-        await self.cluster.any_connection()
-        return self
-
-    async def __aenter__(self):
-        return await self.start()
-
-    async def __aexit__(self, *exc):
-        await self.close()
-
-    async def close(self) -> None:
-        if self._own_cluster:
-            await self.cluster.close()
 
     async def _to_controller(self, api_key: int, make_body, results_key: str, name_key: str = "name"):
         """Send to the controller; names whose result is NOT_CONTROLLER are retried after a

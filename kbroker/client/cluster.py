@@ -294,3 +294,28 @@ class Cluster:
 
 __all__ = ["Cluster", "BrokerMeta", "PartitionMeta", "TopicMeta", "parse_bootstrap",
            "KafkaError", "UnsupportedVersion", "raise_for_error"]
+
+
+class ClusterClient:
+    """Base of Admin and Consumer: works through a given ``Cluster`` (shared, not closed here) or owns one
+    built from ``bootstrap_servers``; ``start()``/``close()`` and ``async with`` for both."""
+
+    def __init__(self, bootstrap_servers, cluster: "Cluster | None", client_id: str, request_timeout_ms: int,
+                 retry_backoff_ms: int):
+        self._own_cluster = cluster is None
+        self.cluster = cluster or Cluster(bootstrap_servers, client_id=client_id,
+                                          request_timeout_ms=request_timeout_ms, retry_backoff_ms=retry_backoff_ms)
+
+    async def start(self):
+        await self.cluster.any_connection()
+        return self
+
+    async def __aenter__(self):
+        return await self.start()
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    async def close(self) -> None:
+        if self._own_cluster:
+            await self.cluster.close()

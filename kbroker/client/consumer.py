@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from kbroker.protocol.errors import Errors
 from kbroker.record import decode_records, iter_batches
 
-from .cluster import Cluster
+from .cluster import Cluster, ClusterClient
 from .connection import KafkaConnectionError, KafkaError, raise_for_error
 
 FETCH, LIST_OFFSETS = 1, 2
@@ -55,35 +55,18 @@ def _offset_spec(spec) -> int:
     return int(spec)
 
 
-class Consumer:
+class Consumer(ClusterClient):
     def __init__(self, bootstrap_servers=None, *, cluster: Cluster | None = None, client_id: str = "kbroker-consumer",
                  isolation_level="read_uncommitted", request_timeout_ms: int = 30000,
                  retry_backoff_ms: int = 100, check_crcs: bool = False, retries: int = 10):
         if isolation_level not in ISOLATION:
             raise ValueError(f"isolation_level must be read_uncommitted or read_committed, not {isolation_level!r}")
-        self._own_cluster = cluster is None
-        self.cluster = cluster or Cluster(bootstrap_servers, client_id=client_id,
-                                          request_timeout_ms=request_timeout_ms,
-                                          retry_backoff_ms=retry_backoff_ms)
+        super().__init__(bootstrap_servers, cluster, client_id, request_timeout_ms, retry_backoff_ms)
         self.isolation = ISOLATION[isolation_level]
         self.retry_backoff = retry_backoff_ms / 1000
         self.request_timeout_ms = request_timeout_ms
         self.check_crcs = check_crcs
         self.retries = retries
-
-    async def start(self) -> "Consumer":
-        await self.cluster.any_connection()
-        return self
-
-    async def __aenter__(self):
-        return await self.start()
-
-    async def __aexit__(self, *exc):
-        await self.close()
-
-    async def close(self) -> None:
-        if self._own_cluster:
-            await self.cluster.close()
 
     async def _with_leader(self, topic: str, partition: int, make_call):
         """Run ``make_call(conn)`` against the partition leader, refreshing metadata and retrying
