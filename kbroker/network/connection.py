@@ -84,6 +84,7 @@ class Connection(asyncio.BufferedProtocol):
         self._writing = False
         self._write_waiter = None # future of a direct send waiting for the socket to drain
         self._write_fd = -1       # fd we registered for writability (-1: none)
+        self._in_read = False     # dispatching the frames of one read: defer writes to its end
 
     # ---- asyncio callbacks ---------------------------------------------------------------------
     def connection_made(self, transport):
@@ -129,6 +130,14 @@ class Connection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes):
         self.last_active = self.loop.time()
+        self._in_read = True      # responses of the frames in this read are flushed together, below
+        try:
+            self._consume(nbytes)
+        finally:
+            self._in_read = False
+        self._flush()
+
+    def _consume(self, nbytes):
         if self._frame is not None:
             self._frame_fill += nbytes
             if self._frame_fill == len(self._frame):
@@ -306,9 +315,10 @@ class Connection(asyncio.BufferedProtocol):
 
     # ---- send path -------------------------------------------------------------------------------
     def _flush(self):
-        """Write every response that is next in request order. Responses that became ready in the
-        same loop iteration leave in one write (one syscall, one loopback wake-up for the client)."""
-        if self._writing or self.closed:
+        """Write every response that is next in request order. While one read's frames are being
+        dispatched nothing is written; then the responses they produced leave in one write (one
+        syscall, one wake-up for the client) instead of one per request."""
+        if self._writing or self.closed or self._in_read:
             return
         pending = self._pending
         out = []
