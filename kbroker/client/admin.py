@@ -212,31 +212,24 @@ class Admin(ClusterClient):
     async def incremental_alter_configs(self, changes: dict[ConfigResource, dict[str, tuple[int, str | None]]],
                                         validate_only: bool = False, raise_on_error: bool = True):
         """``changes``: resource -> {name: (SET|DELETE|APPEND|SUBTRACT, value)}."""
-        out = {}
-        for res, ops in changes.items():
-            conn = await self._for_resource(res)
-            _, resp = await conn.send(INCREMENTAL_ALTER_CONFIGS, {"resources": [{
-                "resource_type": res.type, "resource_name": res.name,
-                "configs": [{"name": k, "config_operation": op, "value": v} for k, (op, v) in ops.items()]}],
-                "validate_only": validate_only})
-            r = resp["responses"][0]
-            out[res] = KafkaError(r["error_code"], r.get("error_message"), f"alter configs {res.name}") \
-                if r["error_code"] else None
-        if raise_on_error:
-            for e in out.values():
-                if e is not None:
-                    raise e
-        return out
+        return await self._alter(INCREMENTAL_ALTER_CONFIGS, changes, validate_only, raise_on_error,
+                                 lambda ops: [{"name": k, "config_operation": op, "value": v}
+                                              for k, (op, v) in ops.items()])
 
     async def alter_configs(self, configs: dict[ConfigResource, dict[str, str | None]],
                             validate_only: bool = False, raise_on_error: bool = True):
         """Replace the whole dynamic config of each resource (the legacy, non-incremental API)."""
+        return await self._alter(ALTER_CONFIGS, configs, validate_only, raise_on_error,
+                                 lambda entries: [{"name": k, "value": v} for k, v in entries.items()])
+
+    async def _alter(self, api_key: int, per_resource: dict, validate_only: bool, raise_on_error: bool,
+                     config_entries):
+        """One request per resource (each goes to the broker that owns it); -> {resource: KafkaError|None}."""
         out = {}
-        for res, entries in configs.items():
+        for res, entries in per_resource.items():
             conn = await self._for_resource(res)
-            _, resp = await conn.send(ALTER_CONFIGS, {"resources": [{
-                "resource_type": res.type, "resource_name": res.name,
-                "configs": [{"name": k, "value": v} for k, v in entries.items()]}],
+            _, resp = await conn.send(api_key, {"resources": [{
+                "resource_type": res.type, "resource_name": res.name, "configs": config_entries(entries)}],
                 "validate_only": validate_only})
             r = resp["responses"][0]
             out[res] = KafkaError(r["error_code"], r.get("error_message"), f"alter configs {res.name}") \
