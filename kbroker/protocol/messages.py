@@ -921,6 +921,29 @@ api(44, "IncrementalAlterConfigs", "0-1", "1+",
         ]),
     ])
 
+# --- 47 OffsetDelete ------------------------------------------------------------------------------
+api(47, "OffsetDelete", "0", "none",
+    request=[
+        F("group_id", "string"),
+        F("topics", [
+            F("name", "string"),
+            F("partitions", [
+                F("partition_index", "int32"),
+            ]),
+        ]),
+    ],
+    response=[
+        F("error_code", "int16"),
+        F("throttle_time_ms", "int32"),
+        F("topics", [
+            F("name", "string"),
+            F("partitions", [
+                F("partition_index", "int32"),
+                F("error_code", "int16"),
+            ]),
+        ]),
+    ])
+
 # --- 60 DescribeCluster ---------------------------------------------------------------------------
 api(60, "DescribeCluster", "0-1", "0+",
     request=[
