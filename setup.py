@@ -30,6 +30,7 @@ C_DEPS = {
     "crc": ["ext/crc32c.c"],
     "batch": ["ext/crc32c.c"],
     "segment": ["ext/crc32c.c"],
+    "cleaner": ["ext/crc32c.c"],
 }
 
 
