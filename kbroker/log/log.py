@@ -27,7 +27,7 @@ from typing import NamedTuple
 from kbroker._native import batch as _batch
 
 from .epoch_cache import LeaderEpochCache
-from .errors import (CORRUPT_MESSAGE, KAFKA_STORAGE_ERROR, LogAppendError,
+from .errors import (CORRUPT_MESSAGE, INVALID_RECORD, KAFKA_STORAGE_ERROR, LogAppendError,
                      OffsetOutOfRange)
 from .producer_state import ProducerStateManager
 from .segment import INT64_MAX, LogSegment
@@ -345,6 +345,72 @@ class Log:
             self.flush(now)
         return AppendResult(base, last, append_time, self.log_start_offset)
 
+    def append_as_follower(self, buf, now: int | None = None):
+        """Append batches exactly as the leader stamped them (a fetch response's records).
+
+        Every complete batch is CRC-checked; the first must start at the log end offset and
+        each next one right after the previous (a trailing partial batch is ignored, as the
+        leader may cut one at the fetch size). The leader epoch cache follows the batches'
+        partitionLeaderEpoch and producer state is rebuilt from their headers, so a producer
+        retrying on this replica once it leads gets its original offsets. Returns
+        (first offset, last offset) or None when ``buf`` holds no complete batch; raises
+        LogAppendError (CORRUPT_MESSAGE for bad bytes, INVALID_RECORD for offsets that do not
+        continue the log)."""
+        if self.offline:
+            raise LogAppendError(KAFKA_STORAGE_ERROR, f"log {self.name} is offline")
+        try:
+            infos = _batch.iter_batches(buf, 0, True)
+        except _batch.BatchError as e:
+            raise LogAppendError(e.error_code, f"{self.name}: {e}") from None
+        if not infos:
+            return None
+        expected = self.log_end_offset
+        for info in infos:
+            if info.base_offset != expected or info.last_offset_delta < 0:
+                raise LogAppendError(INVALID_RECORD,
+                                     f"{self.name}: batch at offset {info.base_offset} does not "
+                                     f"continue the log (expected {expected})")
+            expected = info.last_offset + 1
+        now = now_ms() if now is None else now
+        end = infos[-1].position + infos[-1].size
+        view = memoryview(buf)[:end] if end != len(buf) else buf
+        cfg = self.config
+        seg = self.active_segment
+        first = infos[0]
+        last = infos[-1].last_offset
+        if seg.should_roll(end, last, infos[-1].max_timestamp, now, cfg.segment_bytes, cfg.segment_ms):
+            seg = self.roll(now)
+        if seg.size + end > cfg.segment_bytes and len(infos) > 1:
+            # Too much for one segment: batch by batch, each may roll.
+            for info in infos:
+                self._append(memoryview(view)[info.position:info.position + info.size], info.size,
+                             info.base_offset, info.last_offset, info.max_timestamp, now)
+        else:
+            try:
+                seg.append_batches(view, infos)
+            except LogAppendError:
+                if seg.size != os.fstat(seg.read_fd).st_size:
+                    self.offline = True
+                raise
+            self.dirty = True
+            if self.hw_follows_leo:
+                self._high_watermark = last + 1
+        ps = self.producer_state
+        cache = self.epoch_cache
+        records = 0
+        for info in infos:
+            epoch = info.partition_leader_epoch
+            if epoch > cache.latest_epoch:
+                cache.assign(epoch, info.base_offset)
+            if info.producer_id >= 0 and not info.is_control:
+                ps.update(info.producer_id, info.producer_epoch, info.base_sequence,
+                          info.last_offset_delta, info.base_offset, info.max_timestamp)
+            records += info.record_count
+        self.unflushed_messages += records
+        if self.unflushed_messages >= cfg.flush_messages:
+            self.flush(now)
+        return first.base_offset, last
+
     def _append(self, buf, size, base, last, max_timestamp, now):
         cfg = self.config
         seg = self.active_segment
@@ -395,6 +461,60 @@ class Log:
         if len(offsets) > SNAPSHOTS_KEPT:
             self.producer_state.delete_snapshots(below=offsets[-SNAPSHOTS_KEPT])
         return seg
+
+    # -- truncation (followers) -------------------------------------------------------------
+
+    def truncate_to(self, offset: int, now: int | None = None) -> bool:
+        """Remove every batch at or after ``offset`` (a batch holding it goes whole, so the new
+        log end may be a little lower). Segments, indexes, the epoch cache, producer state,
+        recovery point and high watermark all follow. Returns whether anything was removed."""
+        if offset >= self.log_end_offset:
+            return False
+        now = now_ms() if now is None else now
+        if offset <= self.log_start_offset or offset <= self.segments[0].base_offset:
+            self.truncate_fully(offset, now)
+            return True
+        i = bisect.bisect_right(self._bases, offset) - 1
+        if self.segments[i].base_offset == offset and i > 0:
+            i -= 1          # nothing of that segment stays: truncate the one before it at its end
+        gone = self.segments[i + 1:]
+        del self.segments[i + 1:]
+        del self._bases[i + 1:]
+        for s in gone:
+            s.mark_deleted()
+            self._pending_delete.append((now + self.config.file_delete_delay_ms, s))
+        seg = self.segments[-1]
+        seg.make_active()
+        seg.truncate_to(offset)
+        self._after_truncation()
+        return True
+
+    def truncate_fully(self, offset: int, now: int | None = None) -> None:
+        """Drop every segment and start the log empty at ``offset`` (the follower is so far
+        behind or diverged that nothing of its log is usable)."""
+        now = now_ms() if now is None else now
+        for s in self.segments:
+            s.mark_deleted()
+            self._pending_delete.append((now + self.config.file_delete_delay_ms, s))
+        cfg = self.config
+        self.segments = [LogSegment(self.dir, offset, cfg.index_interval_bytes, cfg.segment_index_bytes,
+                                    active=True, now_ms=now)]
+        self._bases = [offset]
+        self.log_start_offset = offset
+        self.epoch_cache.entries = []
+        self.epoch_cache.flush()
+        self.producer_state.clear()
+        self.producer_state.delete_snapshots(above=-1)
+        self.recovery_point = offset
+        self._high_watermark = offset
+        self.unflushed_messages = 0
+
+    def _after_truncation(self) -> None:
+        leo = self.log_end_offset
+        self.epoch_cache.truncate_from_end(leo)
+        self._rebuild_producer_state(False)
+        self.recovery_point = min(self.recovery_point, leo)
+        self._high_watermark = min(self._high_watermark, leo)
 
     # -- read -------------------------------------------------------------------------------
 

@@ -57,7 +57,10 @@ def read_properties(path: str) -> dict:
 
 
 class LogManager:
-    def __init__(self, log_dirs, defaults: dict | None = None):
+    def __init__(self, log_dirs, defaults: dict | None = None, hw_follows_leo: bool = True):
+        # False under replication: the partition's leader moves the high watermark (ISR rule)
+        # and a restart keeps the checkpointed one (clamped to the log end).
+        self.hw_follows_leo = hw_follows_leo
         self.log_dirs = [os.path.abspath(d) for d in ([log_dirs] if isinstance(log_dirs, str) else log_dirs)]
         if not self.log_dirs:
             raise ValueError("at least one log dir is required")
@@ -155,7 +158,7 @@ class LogManager:
                                   f"{self._dir_of[tp]} and {d}")
             log = Log(path, tp[0], tp[1], self._config_for(tp[0]), clean_shutdown=clean,
                       recovery_point=rps.get(tp, 0), log_start_offset=starts.get(tp, 0),
-                      high_watermark=hws.get(tp, 0), now=now)
+                      high_watermark=hws.get(tp, 0), now=now, hw_follows_leo=self.hw_follows_leo)
             self.logs[tp] = log
             self._dir_of[tp] = d
         if clean:
@@ -190,7 +193,8 @@ class LogManager:
         for k, d in self._dir_of.items():
             counts[d] += 1
         d = min(self.log_dirs, key=lambda x: counts[x])
-        log = Log(os.path.join(d, f"{topic}-{partition}"), topic, partition, self._config_for(topic))
+        log = Log(os.path.join(d, f"{topic}-{partition}"), topic, partition, self._config_for(topic),
+                  hw_follows_leo=self.hw_follows_leo)
         fsync_dir(d)
         self.logs[tp] = log
         self._dir_of[tp] = d

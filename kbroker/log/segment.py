@@ -224,6 +224,44 @@ class LogSegment:
         if self.first_batch_ms is None:
             self.first_batch_ms = max_timestamp
 
+    def append_batches(self, buf, infos) -> None:
+        """Write already-stamped batches (a follower's copy of the leader's bytes) with one
+        write and index each batch as ``append`` would. ``infos`` are the batches' headers
+        (native BatchInfo, positions relative to ``buf``), contiguous from position 0."""
+        position = self.size
+        try:
+            n = _native.write_all(self._append_fd, buf)
+        except OSError as e:
+            self._truncate_file(position)
+            raise LogAppendError(KAFKA_STORAGE_ERROR,
+                                 f"write to {self.log_path} failed: {e.strerror}") from e
+        self.size = position + n
+        for info in infos:
+            self._index_batch(position + info.position, info.size, info.last_offset, info.max_timestamp)
+        self.next_offset = infos[-1].last_offset + 1
+        if self.first_batch_ms is None:
+            self.first_batch_ms = infos[0].max_timestamp
+
+    def truncate_to(self, offset: int) -> int:
+        """Remove the batch holding ``offset`` and everything after it (follower truncation).
+        Returns the bytes removed; the segment's next offset becomes that batch's base."""
+        r = self.translate_offset(offset)
+        if r is None:
+            return 0
+        position, _size, batch_base = r[0], r[1], r[2]
+        removed = self.size - position
+        self.index.truncate_to_offset(batch_base)
+        self.time_index.truncate_to_offset(batch_base)
+        self._truncate_file(position)
+        # Re-derive next offset, max timestamp and bytes-since-index from what is left.
+        self.next_offset = self.base_offset
+        self.max_timestamp = -1
+        self.offset_of_max_timestamp = self.base_offset
+        self.first_batch_ms = None
+        if not self.load():
+            self.recover(self.base_offset)
+        return removed
+
     def _index_batch(self, position, size, last_offset, max_timestamp):
         if max_timestamp > self.max_timestamp:
             self.max_timestamp = max_timestamp
