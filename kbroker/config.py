@@ -276,18 +276,18 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _known("max.connections.per.ip.overrides", "string", ""),
     _known("max.connection.creation.rate", "int", INT_MAX, at_least(0)),
     _known("connection.failed.authentication.delay.ms", "int", 100, at_least(0)),
-    _known("log.cleanup.policy", "list", ["delete"], list_of(*CLEANUP_POLICIES)),
-    _known("log.cleaner.enable", "boolean", True),
-    _known("log.cleaner.threads", "int", 1, at_least(0)),
+    _impl("log.cleanup.policy", "list", ["delete"], list_of(*CLEANUP_POLICIES)),
+    _impl("log.cleaner.enable", "boolean", True),
+    _impl("log.cleaner.threads", "int", 1, at_least(0)),
     _known("log.cleaner.io.max.bytes.per.second", "double", 1.7976931348623157e308),
-    _known("log.cleaner.dedupe.buffer.size", "long", 128 * 1024 * 1024),
-    _known("log.cleaner.io.buffer.size", "int", 512 * 1024, at_least(0)),
-    _known("log.cleaner.io.buffer.load.factor", "double", 0.9),
-    _known("log.cleaner.backoff.ms", "long", 15000, at_least(0)),
-    _known("log.cleaner.min.cleanable.ratio", "double", 0.5, between(0, 1)),
-    _known("log.cleaner.delete.retention.ms", "long", 86400000, at_least(0)),
-    _known("log.cleaner.min.compaction.lag.ms", "long", 0, at_least(0)),
-    _known("log.cleaner.max.compaction.lag.ms", "long", LONG_MAX, at_least(1)),
+    _impl("log.cleaner.dedupe.buffer.size", "long", 128 * 1024 * 1024),
+    _impl("log.cleaner.io.buffer.size", "int", 512 * 1024, at_least(0)),
+    _impl("log.cleaner.io.buffer.load.factor", "double", 0.9),
+    _impl("log.cleaner.backoff.ms", "long", 15000, at_least(0)),
+    _impl("log.cleaner.min.cleanable.ratio", "double", 0.5, between(0, 1)),
+    _impl("log.cleaner.delete.retention.ms", "long", 86400000, at_least(0)),
+    _impl("log.cleaner.min.compaction.lag.ms", "long", 0, at_least(0)),
+    _impl("log.cleaner.max.compaction.lag.ms", "long", LONG_MAX, at_least(1)),
     _known("log.roll.jitter.ms", "long", None),
     _known("log.roll.jitter.hours", "int", 0, at_least(0)),
     _known("log.segment.delete.delay.ms", "long", 60000, at_least(0)),
@@ -417,10 +417,10 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {k.name: k for k in (
     _topic("unclean.leader.election.enable", "boolean", False, None, ["unclean.leader.election.enable"]),
     # Known topic keys kbroker does not act on yet; accepted and stored so tools round-trip them.
     _topic("segment.jitter.ms", "long", 0, at_least(0), ["log.roll.jitter.ms", "log.roll.jitter.hours"], False),
-    _topic("delete.retention.ms", "long", 86400000, at_least(0), ["log.cleaner.delete.retention.ms"], False),
-    _topic("min.compaction.lag.ms", "long", 0, at_least(0), ["log.cleaner.min.compaction.lag.ms"], False),
-    _topic("max.compaction.lag.ms", "long", LONG_MAX, at_least(1), ["log.cleaner.max.compaction.lag.ms"], False),
-    _topic("min.cleanable.dirty.ratio", "double", 0.5, between(0, 1), ["log.cleaner.min.cleanable.ratio"], False),
+    _topic("delete.retention.ms", "long", 86400000, at_least(0), ["log.cleaner.delete.retention.ms"]),
+    _topic("min.compaction.lag.ms", "long", 0, at_least(0), ["log.cleaner.min.compaction.lag.ms"]),
+    _topic("max.compaction.lag.ms", "long", LONG_MAX, at_least(1), ["log.cleaner.max.compaction.lag.ms"]),
+    _topic("min.cleanable.dirty.ratio", "double", 0.5, between(0, 1), ["log.cleaner.min.cleanable.ratio"]),
     _topic("file.delete.delay.ms", "long", 60000, at_least(0), ["log.segment.delete.delay.ms"], False),
     _topic("compression.type", "string", "producer", one_of(*COMPRESSION_TYPES, case_sensitive=False),
            ["compression.type"], False),
@@ -718,8 +718,18 @@ class BrokerConfig:
             "flush.ms": self.log_flush_interval_ms,
             "min.insync.replicas": v["min.insync.replicas"],
             "cleanup.policy": list(v["log.cleanup.policy"]),
+            "delete.retention.ms": v["log.cleaner.delete.retention.ms"],
+            "min.compaction.lag.ms": v["log.cleaner.min.compaction.lag.ms"],
+            "max.compaction.lag.ms": v["log.cleaner.max.compaction.lag.ms"],
+            "min.cleanable.dirty.ratio": v["log.cleaner.min.cleanable.ratio"],
             "unclean.leader.election.enable": v["unclean.leader.election.enable"],
         }
+
+    def cleaner_config(self) -> dict[str, Any]:
+        """The log cleaner's broker keys (LogManager's cleaner_config)."""
+        return {k: self._values[k] for k in (
+            "log.cleaner.enable", "log.cleaner.threads", "log.cleaner.dedupe.buffer.size",
+            "log.cleaner.io.buffer.size", "log.cleaner.io.buffer.load.factor", "log.cleaner.backoff.ms")}
 
     def describe(self) -> list[str]:
         """`key = value` lines for every known key (passwords hidden), for the start-up log."""

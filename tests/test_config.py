@@ -109,6 +109,10 @@ log.flush.scheduler.interval.ms=2000
 min.insync.replicas=2
 log.cleanup.policy=compact,delete
 unclean.leader.election.enable=true
+log.cleaner.delete.retention.ms=1000
+log.cleaner.min.compaction.lag.ms=5
+log.cleaner.max.compaction.lag.ms=60000
+log.cleaner.min.cleanable.ratio=0.25
 """)
     assert config.topic_defaults() == {
         "segment.bytes": 1048576, "segment.ms": 60000, "retention.ms": 600000,
@@ -117,8 +121,10 @@ unclean.leader.election.enable=true
         "segment.index.bytes": 65536, "flush.messages": 100, "flush.ms": 2000,
         "min.insync.replicas": 2, "cleanup.policy": ["compact", "delete"],
         "unclean.leader.election.enable": True,
+        "delete.retention.ms": 1000, "min.compaction.lag.ms": 5,
+        "max.compaction.lag.ms": 60000, "min.cleanable.dirty.ratio": 0.25,
     }
-    assert config.warnings and "log.cleanup.policy" in config.warnings[0]
+    assert not config.warnings
 
 
 # ---------------------------------------------------------------------------------------------- precedence

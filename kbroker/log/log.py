@@ -26,6 +26,7 @@ from typing import NamedTuple
 
 from kbroker._native import batch as _batch
 
+from .cleaner import recover_swaps
 from .epoch_cache import LeaderEpochCache
 from .errors import (CORRUPT_MESSAGE, INVALID_RECORD, KAFKA_STORAGE_ERROR, LogAppendError,
                      OffsetOutOfRange)
@@ -50,6 +51,11 @@ DEFAULTS = {
     "min.insync.replicas": 1,
     "cleanup.policy": "delete",
     "file.delete.delay.ms": 60000,
+    # Compaction (cleaner.py).
+    "delete.retention.ms": 86400000,
+    "min.compaction.lag.ms": 0,
+    "max.compaction.lag.ms": LONG_MAX,
+    "min.cleanable.dirty.ratio": 0.5,
 }
 
 # Broker-level (server.properties) names accepted in LogManager defaults.
@@ -69,9 +75,14 @@ BROKER_KEYS = {
     "log.flush.interval.ms": "flush.ms",
     "log.cleanup.policy": "cleanup.policy",
     "log.segment.delete.delay.ms": "file.delete.delay.ms",
+    "log.cleaner.delete.retention.ms": "delete.retention.ms",
+    "log.cleaner.min.compaction.lag.ms": "min.compaction.lag.ms",
+    "log.cleaner.max.compaction.lag.ms": "max.compaction.lag.ms",
+    "log.cleaner.min.cleanable.ratio": "min.cleanable.dirty.ratio",
 }
 
 _STRING_KEYS = {"message.timestamp.type", "cleanup.policy"}
+_FLOAT_KEYS = {"min.cleanable.dirty.ratio"}
 
 
 class LogConfig:
@@ -89,7 +100,7 @@ class LogConfig:
                 items = v.split(",") if isinstance(v, str) else v
                 merged[k] = ",".join(str(x).strip() for x in items if str(x).strip())
             else:
-                merged[k] = str(v) if k in _STRING_KEYS else int(v)
+                merged[k] = str(v) if k in _STRING_KEYS else float(v) if k in _FLOAT_KEYS else int(v)
         if merged["message.timestamp.type"] not in ("CreateTime", "LogAppendTime"):
             raise ValueError(f"message.timestamp.type: {merged['message.timestamp.type']!r}")
         if merged["segment.bytes"] < 14:
@@ -179,6 +190,8 @@ class Log:
         self.dirty = False                 # appended since the last flush
         self.offline = False
         self.recovered_segments = 0        # segments CRC-scanned by the last load
+        # Compaction: offsets below this were cleaned (cleaner-offset-checkpoint, LogManager).
+        self.cleaner_checkpoint = 0
         self._load(clean_shutdown, now_ms() if now is None else now)
 
     # -- properties -------------------------------------------------------------------------
@@ -210,6 +223,7 @@ class Log:
     # -- load / recovery --------------------------------------------------------------------
 
     def _load(self, clean: bool, now: int) -> None:
+        recover_swaps(self.dir)            # complete or roll back an interrupted compaction swap
         self._remove_leftovers()
         bases = sorted(int(n[:20]) for n in os.listdir(self.dir)
                        if n.endswith(".log") and len(n) == 24 and n[:20].isdigit())

@@ -7,6 +7,8 @@ Per log dir (Kafka's names):
   checked on every later one (a mismatch is refused, naming both values).
 - ``recovery-point-offset-checkpoint``, ``replication-offset-checkpoint`` (high watermarks),
   ``log-start-offset-checkpoint``: text ``0\\n<n>\\n<topic> <partition> <offset>\\n`` (checkpoint.py).
+- ``cleaner-offset-checkpoint``: per compacted partition, the offset below which it is cleaned
+  (the log cleaner's next pass starts its dedupe map there; cleaner.py).
 - ``.kafka_cleanshutdown``: written last by ``shutdown()``; present at startup means no recovery
   scan is needed. It is removed once the logs are loaded, so a crash after startup is unclean.
 - ``<topic>-<partition>/``: one Log; ``<topic>-<partition>.<uuid>-delete/`` while being deleted.
@@ -17,16 +19,19 @@ Threads: the broker's event-loop thread. ``cleanup_expired``, ``flush_dirty`` an
 Crash: checkpoints are atomic (temp + fsync + rename). Without the marker each Log CRC-scans
 from its recovery point (log.py). A leftover ``-delete`` directory is removed at startup.
 """
+import asyncio
 import fcntl
 import os
 import shutil
 import uuid
 
 from .checkpoint import OffsetCheckpoint, fsync_dir
+from .cleaner import CleanerConfig, LogCleaner
 from .errors import LogDirError
 from .log import Log, LogConfig, now_ms
 
 RECOVERY_POINT_FILE = "recovery-point-offset-checkpoint"
+CLEANER_FILE = "cleaner-offset-checkpoint"
 HW_FILE = "replication-offset-checkpoint"
 LOG_START_FILE = "log-start-offset-checkpoint"
 META_FILE = "meta.properties"
@@ -57,7 +62,8 @@ def read_properties(path: str) -> dict:
 
 
 class LogManager:
-    def __init__(self, log_dirs, defaults: dict | None = None, hw_follows_leo: bool = True):
+    def __init__(self, log_dirs, defaults: dict | None = None, hw_follows_leo: bool = True,
+                 cleaner_config: dict | None = None):
         # False under replication: the partition's leader moves the high watermark (ISR rule)
         # and a restart keeps the checkpointed one (clamped to the log end).
         self.hw_follows_leo = hw_follows_leo
@@ -72,6 +78,9 @@ class LogManager:
         self._closing: list = []           # (due_ms, Log) deleted partitions with open fds
         self.clean_startup = None          # per startup: were all dirs shut down cleanly
         self.started = False
+        # Compaction threads (log.cleaner.* keys); started by startup() when it runs on an
+        # event loop (the broker), else by start_cleaner().
+        self.cleaner = LogCleaner(CleanerConfig(cleaner_config), logs=lambda: list(self.logs.values()))
 
     # -- startup ----------------------------------------------------------------------------
 
@@ -95,6 +104,19 @@ class LogManager:
             self.logs.clear()
             raise
         self.started = True
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not None:
+            self.start_cleaner(loop)
+
+    def start_cleaner(self, loop=None) -> None:
+        """Start the log cleaner threads (log.cleaner.enable); ``loop`` is the thread owning the
+        logs, through which the cleaner takes snapshots and swaps segments in."""
+        if loop is not None:
+            self.cleaner.run_on_loop(loop)
+        self.cleaner.start()
 
     def _lock(self, d: str) -> None:
         fd = os.open(os.path.join(d, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
@@ -142,6 +164,7 @@ class LogManager:
         rps = OffsetCheckpoint(os.path.join(d, RECOVERY_POINT_FILE)).read()
         hws = OffsetCheckpoint(os.path.join(d, HW_FILE)).read()
         starts = OffsetCheckpoint(os.path.join(d, LOG_START_FILE)).read()
+        cleaned = OffsetCheckpoint(os.path.join(d, CLEANER_FILE)).read()
         now = now_ms()
         for name in sorted(os.listdir(d)):
             path = os.path.join(d, name)
@@ -159,6 +182,7 @@ class LogManager:
             log = Log(path, tp[0], tp[1], self._config_for(tp[0]), clean_shutdown=clean,
                       recovery_point=rps.get(tp, 0), log_start_offset=starts.get(tp, 0),
                       high_watermark=hws.get(tp, 0), now=now, hw_follows_leo=self.hw_follows_leo)
+            log.cleaner_checkpoint = cleaned.get(tp, 0)
             self.logs[tp] = log
             self._dir_of[tp] = d
         if clean:
@@ -267,6 +291,8 @@ class LogManager:
             {tp: log.high_watermark for tp, log in mine})
         OffsetCheckpoint(os.path.join(d, LOG_START_FILE)).write(
             {tp: log.log_start_offset for tp, log in mine})
+        OffsetCheckpoint(os.path.join(d, CLEANER_FILE)).write(
+            {tp: log.cleaner_checkpoint for tp, log in mine if log.cleaner_checkpoint > 0})
 
     # -- shutdown ---------------------------------------------------------------------------
 
@@ -274,6 +300,7 @@ class LogManager:
         """Flush and close every log, write checkpoints, then the clean-shutdown marker."""
         if not self.started:
             return
+        self.cleaner.stop()
         for log in self.logs.values():
             log.close()
         for _due, log in self._closing:

@@ -386,7 +386,8 @@ class LogSegment:
             os.close(self.read_fd)
             self.read_fd = -1
         for path in (self.log_path, self.index.path, self.time_index.path):
-            for p in (path + ".deleted", path):
+            # Once renamed, the plain name may already belong to a compacted replacement.
+            for p in (path + ".deleted",) if self.deleted else (path + ".deleted", path):
                 try:
                     os.unlink(p)
                 except FileNotFoundError:

@@ -67,7 +67,7 @@ class Broker:
         await asyncio.to_thread(self.zk.elect_controller)
         # Topic configs come from ZooKeeper before the logs load, so recovery and retention use them.
         topics, _missing, _brokers, _controller = await asyncio.to_thread(self._read_zk_metadata, None)
-        self.logs = LogManager(cfg.log_dirs, cfg.topic_defaults())
+        self.logs = LogManager(cfg.log_dirs, cfg.topic_defaults(), cleaner_config=cfg.cleaner_config())
         self.logs.startup(self.broker_id, self.cluster_id,
                           {name: self.topic_overrides(t) for name, t in topics.items()})
 
