@@ -233,6 +233,13 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _impl("unclean.leader.election.enable", "boolean", False),
     _impl("producer.id.expiration.ms", "int", 86400000, at_least(1)),
     # kbroker's own keys.
+    _impl("max.connections", "int", INT_MAX, at_least(0),
+          doc="at the limit new connections wait in the listen backlog until one closes"),
+    _impl("max.connections.per.ip", "int", INT_MAX, at_least(0),
+          doc="a connection over its address's limit is closed right after accept"),
+    _impl("kbroker.socket.request.frame.timeout.ms", "int", 30000, at_least(0),
+          doc="kbroker's own (Kafka has none): a request frame must arrive in full within this time of its "
+              "first byte or the connection is closed; 0 = no deadline"),
     _impl("kbroker.metrics.port", "int", -1, between(-1, 65535),
           doc="Prometheus /metrics HTTP port on the listener host; -1 = off, 0 = any free port"),
     # --- known Kafka keys, not implemented yet (warned about) ------------------------------------
@@ -271,8 +278,6 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _known("security.inter.broker.protocol", "string", "PLAINTEXT", one_of(*SECURITY_PROTOCOLS)),
     _known("control.plane.listener.name", "string", None),
     _known("socket.listen.backlog.size", "int", 50, at_least(1)),
-    _known("max.connections", "int", INT_MAX, at_least(0)),
-    _known("max.connections.per.ip", "int", INT_MAX, at_least(0)),
     _known("max.connections.per.ip.overrides", "string", ""),
     _known("max.connection.creation.rate", "int", INT_MAX, at_least(0)),
     _known("connection.failed.authentication.delay.ms", "int", 100, at_least(0)),

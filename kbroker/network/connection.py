@@ -1,11 +1,16 @@
 """One client connection: framing into pooled buffers, dispatch, and in-order responses.
 
-Receiving (``asyncio.BufferedProtocol``): the kernel copies straight into a 64 KiB receive chunk; each
+Receiving (``asyncio.BufferedProtocol``): the kernel copies straight into a 32 KiB receive chunk; each
 complete frame inside it is handed to the handler as a memoryview slice of the chunk (no copy). A frame
-larger than what is left of the chunk gets a buffer of its own, reserved from the broker-wide pool
-before it is allocated, and the kernel fills that buffer directly. The size prefix is checked before
-anything is reserved: a frame over ``socket.request.max.bytes`` or a non-positive size closes the
-connection. A chunk is reused from its start once no request still holds a view into it.
+larger than what is left of the chunk gets a buffer of its own (an anonymous mmap: its pages cost
+memory only once written) which the kernel fills directly. Pool memory for such a frame is reserved as
+its bytes arrive, a step ahead of them (``FRAME_STEP``, then half of what has arrived), never for the
+size it announces: a client that announces 100 MiB and sends 2 KB holds about ``FRAME_STEP``. The size
+prefix is checked before anything is reserved: a frame over ``socket.request.max.bytes`` or a
+non-positive size closes the connection. A chunk is reused from its start once no request still holds a
+view into it; when its last view goes, a connection paused for memory is woken (it may need no more).
+A frame must complete within ``kbroker.socket.request.frame.timeout.ms`` of its first byte (the server's
+sweeper closes the connection otherwise).
 
 Sending: requests may complete out of order (a long-polling Fetch, an acks=all Produce), but their
 responses leave in request order (clients match correlation ids FIFO). Response chunks are bytes or
@@ -19,6 +24,7 @@ import asyncio
 import inspect
 import io
 import logging
+import mmap
 import os
 import struct
 from collections import deque
@@ -28,7 +34,8 @@ from ..protocol.types import FileRegions, ProtocolError
 
 log = logging.getLogger(__name__)
 
-CHUNK_SIZE = 64 * 1024
+CHUNK_SIZE = 32 * 1024
+FRAME_STEP = 256 * 1024     # pool memory a large frame may hold beyond the bytes it has sent
 _MIN_TAIL = 4096            # below this much free tail space, rotate the chunk rather than read in dribbles
 _SIZE = struct.Struct(">i")
 
@@ -37,28 +44,34 @@ CLOSE = object()            # handler asks to close the connection (e.g. acks=0 
 
 
 class _Chunk:
-    __slots__ = ("buf", "view", "refs", "retired", "pool")
+    __slots__ = ("buf", "view", "refs", "retired", "pool", "owner")
 
-    def __init__(self, pool, size):
+    def __init__(self, pool, size, owner):
         self.buf = bytearray(size)
         self.view = memoryview(self.buf)
         self.refs = 0          # frames dispatched from this chunk and not yet completed
         self.retired = False   # no longer read into; its memory goes back when refs reaches 0
         self.pool = pool
+        self.owner = owner
 
     def unref(self):
         self.refs -= 1
-        if self.retired and self.refs == 0:
-            self.pool.release(len(self.buf))
+        if self.refs == 0:
+            if self.retired:
+                self.pool.release(len(self.buf))
+            elif self.owner._paused_mem:
+                # Its owner may be waiting for a fresh chunk only because this one was in use.
+                self.owner.loop.call_soon(self.owner._on_memory)
 
 
 class _Slot:
-    __slots__ = ("header", "chunks", "done")
+    __slots__ = ("header", "chunks", "done", "since")
 
-    def __init__(self, header):
+    def __init__(self, header, since):
         self.header = header
         self.chunks = None
         self.done = False
+        self.since = since     # loop time the request arrived (the sweeper closes requests that never end)
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -71,12 +84,17 @@ class Connection(asyncio.BufferedProtocol):
         self.peer = None
         self.closed = False
         self.last_active = self.loop.time()
+        self.counted_ip = None    # set once the server counted us against max.connections.per.ip
         self._chunk: _Chunk | None = None
         self._start = 0           # first unparsed byte in the chunk
         self._end = 0             # end of received bytes in the chunk
-        self._frame = None        # dedicated buffer of a large frame being received
+        self._frame = None        # dedicated buffer (mmap) of a large frame being received
+        self._frame_size = 0
         self._frame_fill = 0
+        self._frame_reserved = 0  # partial pool memory held for it (fill <= reserved <= size)
         self._frame_need = 0      # size of a large frame waiting for pool memory
+        self.partial_since = None # loop time of the first byte of a frame not yet complete
+        self._waiting_mem = False # queued in the pool's waiters
         self._next = None         # memoryview handed to the kernel by get_buffer
         self._paused_mem = False
         self._paused_write = False
@@ -93,7 +111,7 @@ class Connection(asyncio.BufferedProtocol):
         sock = transport.get_extra_info("socket")
         if sock is not None:
             self.server.tune_socket(sock)
-        self.server.connections.add(self)
+        self.server.connection_opened(self)
         if not self._prepare():
             self._wait_for_memory()
 
@@ -106,13 +124,15 @@ class Connection(asyncio.BufferedProtocol):
         waiter = self._write_waiter
         if waiter is not None and not waiter.done():
             waiter.set_exception(ConnectionError("connection closed during a fetch send"))
-        self.server.connections.discard(self)
+        self.server.connection_closed(self)
         self.server.memory_paused.discard(self)
-        self.pool.forget(self._on_memory)
+        if self._waiting_mem:
+            self._waiting_mem = False
+            self.pool.forget(self._on_pool_memory)
         if self._chunk is not None:
             self._retire_chunk()
         if self._frame is not None:
-            self.pool.release(len(self._frame))
+            self.pool.release(self._frame_reserved, partial=True)
             self._frame = None
 
     def pause_writing(self):
@@ -138,17 +158,29 @@ class Connection(asyncio.BufferedProtocol):
         self._flush()
 
     def _consume(self, nbytes):
+        self._next = None
         if self._frame is not None:
             self._frame_fill += nbytes
-            if self._frame_fill == len(self._frame):
-                frame, self._frame = self._frame, None
-                size = len(frame)
-                self._dispatch(memoryview(frame), lambda: self.pool.release(size))
+            if self._frame_fill == self._frame_size:
+                self._complete_frame()
         else:
             self._end += nbytes
             self._parse_chunk()
-        if not self.closed and not self._prepare():
+        if self.closed:
+            return
+        if self._frame is not None or self._frame_need or self._end > self._start:
+            if self.partial_since is None:
+                self.partial_since = self.last_active
+        else:
+            self.partial_since = None
+        if not self._prepare():
             self._wait_for_memory()
+
+    def _complete_frame(self):
+        frame, self._frame = self._frame, None
+        size = self._frame_size
+        self.pool.settle(size)            # arrived in full: no longer a partial reservation
+        self._dispatch(memoryview(frame), lambda: self.pool.release(size))
 
     def eof_received(self):
         return False  # close our side too
@@ -182,22 +214,25 @@ class Connection(asyncio.BufferedProtocol):
     def _prepare(self) -> bool:
         """Set up the buffer for the next read. False if pool memory is needed and not available."""
         if self._frame is not None:
-            self._next = memoryview(self._frame)[self._frame_fill:]
+            if self._frame_fill == self._frame_reserved:
+                grow = min(self._frame_size - self._frame_reserved, max(FRAME_STEP, self._frame_reserved // 2))
+                if not self.pool.try_reserve(grow, partial=True):
+                    return False
+                self._frame_reserved += grow
+            self._next = memoryview(self._frame)[self._frame_fill:self._frame_reserved]
             return True
         if self._frame_need:
             size = self._frame_need
-            if not self.pool.try_reserve(size):
+            have = self._end - self._start - 4
+            first = min(size, have + FRAME_STEP)
+            if not self.pool.try_reserve(first, partial=True):
                 return False
             self._frame_need = 0
-            frame = bytearray(size)
-            have = self._end - self._start - 4
+            frame = mmap.mmap(-1, size)
             frame[:have] = self._chunk.buf[self._start + 4:self._end]
             self._start = self._end
-            if have == size:  # cannot happen (we only switch when it does not fit) but stay exact
-                self._dispatch(memoryview(frame), lambda: self.pool.release(size))
-                return self._prepare()
-            self._frame, self._frame_fill = frame, have
-            self._next = memoryview(frame)[have:]
+            self._frame, self._frame_size, self._frame_fill, self._frame_reserved = frame, size, have, first
+            self._next = memoryview(frame)[have:first]
             return True
         chunk = self._chunk
         if chunk is not None and self._start == self._end and chunk.refs == 0:
@@ -209,7 +244,7 @@ class Connection(asyncio.BufferedProtocol):
             else:
                 if not self.pool.try_reserve(CHUNK_SIZE):
                     return False
-                fresh = _Chunk(self.pool, CHUNK_SIZE)
+                fresh = _Chunk(self.pool, CHUNK_SIZE, self)
                 if chunk is not None:
                     fresh.buf[:partial] = chunk.buf[self._start:self._end]
                     self._retire_chunk()
@@ -231,18 +266,30 @@ class Connection(asyncio.BufferedProtocol):
             self.transport.pause_reading()
             # A paused transport would never notice the peer hanging up; the server watches for it.
             self.server.memory_paused.add(self)
-        self.pool.wait(self._on_memory)
+        if not self._waiting_mem:
+            self._waiting_mem = True
+            self.pool.wait(self._on_pool_memory)
+
+    def _on_pool_memory(self):
+        self._waiting_mem = False      # the pool dequeued us to call this
+        self._on_memory()
 
     def _on_memory(self):
-        if self.closed:
+        """Called by the pool when memory was released, or by our own chunk when its last request
+        completed (then we may still be queued in the pool)."""
+        if self.closed or not self._paused_mem:
             return
         if self._prepare():
+            if self._waiting_mem:
+                self._waiting_mem = False
+                self.pool.forget(self._on_pool_memory)
             self._paused_mem = False
             self.server.memory_paused.discard(self)
             if not self._paused_write:
                 self.transport.resume_reading()
-        else:
-            self.pool.wait(self._on_memory)
+        elif not self._waiting_mem:
+            self._waiting_mem = True
+            self.pool.wait(self._on_pool_memory)
 
     # ---- dispatch --------------------------------------------------------------------------------
     def _dispatch(self, frame, release):
@@ -255,7 +302,7 @@ class Connection(asyncio.BufferedProtocol):
             log.warning("closing %s: %s", self.peer, e)
             self.close()
             return
-        slot = _Slot(header)
+        slot = _Slot(header, self.last_active)
         self._pending.append(slot)
         key, version = header.api_key, header.api_version
         supported = api.SUPPORTED.get(key)
@@ -306,7 +353,15 @@ class Connection(asyncio.BufferedProtocol):
             self._finish(slot, result)
             return
         h = slot.header
-        self._finish(slot, api.encode_response(h.api_key, h.api_version, h.correlation_id, result))
+        try:
+            chunks = api.encode_response(h.api_key, h.api_version, h.correlation_id, result)
+        except Exception:
+            # e.g. a response over 2^31-1 bytes: no answer is possible, so the client must see a close
+            # (not a hang); logged once per failure.
+            log.exception("cannot encode %s v%d response for %s; closing",
+                          api.API_NAMES.get(h.api_key, h.api_key), h.api_version, self.peer)
+            chunks = CLOSE
+        self._finish(slot, chunks)
 
     def _finish(self, slot, chunks):
         slot.chunks = chunks

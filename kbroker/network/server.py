@@ -1,12 +1,22 @@
 """The listening socket: accepts connections and owns what they share (memory pool, handlers, metrics).
 
-asyncio's accept loop already survives running out of file descriptors (on EMFILE/ENFILE it logs and
-retries after a second instead of stopping), so a descriptor storm degrades service, not the broker.
+Limits, with Kafka's semantics where Kafka has the key:
+- ``max.connections``: at the limit the broker stops accepting (new clients wait in the listen backlog)
+  until a connection closes; the few that one accept burst takes beyond it are closed at once.
+- ``max.connections.per.ip``: a connection beyond its address's limit is closed right after accept.
+- descriptors: accepting stops ``FD_RESERVE`` descriptors before RLIMIT_NOFILE, so the ZooKeeper
+  session, segment rolls and checkpoints always find one (asyncio's accept loop would survive EMFILE,
+  but everything else in the process would fail with it).
+- ``kbroker.socket.request.frame.timeout.ms`` (kbroker's own: Kafka has no such deadline): a request
+  frame must arrive in full within this time of its first byte, or its connection is closed.
+- ``connections.max.idle.ms`` closes idle connections and also connections whose oldest request has
+  been pending that long (an answer that will never come must end in a close, not a hang).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import select
 import socket
 
@@ -14,6 +24,8 @@ from .connection import Connection
 from .pool import MemoryPool
 
 log = logging.getLogger(__name__)
+
+FD_RESERVE = 64        # descriptors kept free for everything that is not a client connection
 
 
 class NetworkMetrics:
@@ -25,6 +37,10 @@ class NetworkMetrics:
         self.memory_waits = 0
         self.idle_closed = 0
         self.hangups_while_paused = 0
+        self.frame_timeouts = 0
+        self.stuck_requests_closed = 0
+        self.connections_rejected = 0     # per-ip or max.connections overflow, closed at accept
+        self.accept_pauses = 0
         self.fetch_sendfile_calls = 0
         self.fetch_sendfile_bytes = 0
         self.fetch_copy_bytes = 0
@@ -37,14 +53,26 @@ class NetworkMetrics:
 class KafkaServer:
     def __init__(self, host: str, port: int, handlers: dict, *, max_request_bytes: int,
                  pool_bytes: int, idle_ms: int, sendfile_min_bytes: int = 4096,
-                 send_buffer_bytes: int = -1, receive_buffer_bytes: int = -1):
+                 send_buffer_bytes: int = -1, receive_buffer_bytes: int = -1,
+                 max_connections: int = 2**31 - 1, max_connections_per_ip: int = 2**31 - 1,
+                 frame_timeout_ms: int = 30000):
         if pool_bytes < max_request_bytes:
             raise ValueError("queued.max.request.bytes must be at least socket.request.max.bytes")
         self.host = host
         self.port = port
         self.handlers = handlers
         self.max_request_bytes = max_request_bytes
-        self.pool = MemoryPool(pool_bytes)
+        # A quarter of the pool (never so much that a maximum-size frame could not arrive) is kept
+        # for complete requests and receive chunks: frames still arriving cannot take it.
+        keep = min(pool_bytes // 4, pool_bytes - max_request_bytes)
+        self.pool = MemoryPool(pool_bytes, partial_limit=pool_bytes - keep)
+        self.max_connections = max_connections
+        self.max_connections_per_ip = max_connections_per_ip
+        self.frame_timeout_ms = frame_timeout_ms
+        self.per_ip: dict[str, int] = {}
+        self._accepting = True
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        self.fd_limit = (soft - min(FD_RESERVE, soft // 4)) if soft != resource.RLIM_INFINITY else 2**31
         self.idle_ms = idle_ms
         self.sendfile_min_bytes = sendfile_min_bytes
         self.send_buffer_bytes = send_buffer_bytes
@@ -63,22 +91,106 @@ class KafkaServer:
             # backlog also bounds how many accepts asyncio tries per readiness event
             self._new_connection, self.host or None, self.port, reuse_address=True, backlog=128)
         self.port = self._server.sockets[0].getsockname()[1]
-        if self.idle_ms > 0:
-            self._sweeper = self.loop.create_task(self._sweep_idle())
+        self._sweeper = self.loop.create_task(self._sweep())
         self._hangup_watch = self.loop.create_task(self._watch_hangups())
         log.info("listening on %s:%d", self.host or "*", self.port)
 
     def _new_connection(self):
         return Connection(self)
 
-    async def _sweep_idle(self):
-        # connections.max.idle.ms: a connection with no request for that long is closed.
-        interval = max(self.idle_ms / 10_000, 0.05)
+    # ---- connection accounting and accept control ------------------------------------------------
+    def connection_opened(self, conn) -> None:
+        ip = conn.peer[0] if conn.peer else None
+        sock = conn.transport.get_extra_info("socket")
+        fd = sock.fileno() if sock is not None else -1
+        # fds are allocated lowest-first, so a new socket's number tracks how many are open
+        if fd >= self.fd_limit:
+            self._reject(conn, "descriptors nearly exhausted (fd %d, limit %d)" % (fd, self.fd_limit + FD_RESERVE))
+            self._pause_accepting(retry_s=0.5)
+            return
+        if len(self.connections) >= self.max_connections:
+            self._reject(conn, "max.connections=%d reached" % self.max_connections)
+            self._pause_accepting()
+            return
+        if self.per_ip.get(ip, 0) >= self.max_connections_per_ip:
+            self._reject(conn, "max.connections.per.ip=%d reached for %s" % (self.max_connections_per_ip, ip))
+            return
+        conn.counted_ip = ip
+        self.per_ip[ip] = self.per_ip.get(ip, 0) + 1
+        self.connections.add(conn)
+        if len(self.connections) >= self.max_connections:
+            self._pause_accepting()
+
+    def connection_closed(self, conn) -> None:
+        if conn not in self.connections:
+            return
+        self.connections.discard(conn)
+        ip = conn.counted_ip
+        n = self.per_ip.get(ip, 0) - 1
+        if n > 0:
+            self.per_ip[ip] = n
+        else:
+            self.per_ip.pop(ip, None)
+        if not self._accepting and len(self.connections) < self.max_connections:
+            self._resume_accepting()
+
+    def _reject(self, conn, why: str) -> None:
+        self.metrics.connections_rejected += 1
+        # One line per rejection would be an attacker-driven log storm: log every 1000th.
+        if self.metrics.connections_rejected % 1000 == 1:
+            log.warning("closing new connection from %s: %s (%d rejected so far)", conn.peer, why,
+                        self.metrics.connections_rejected)
+        conn.close()
+
+    def _pause_accepting(self, retry_s: float | None = None) -> None:
+        if self._accepting and self._server is not None:
+            self._accepting = False
+            self.metrics.accept_pauses += 1
+            for sock in self._server.sockets:
+                self.loop._remove_reader(sock.fileno())
+        if retry_s is not None:
+            self.loop.call_later(retry_s, self._resume_accepting)
+
+    def _resume_accepting(self) -> None:
+        if self._accepting or self._server is None or not self._server.is_serving():
+            return
+        if len(self.connections) >= self.max_connections:
+            return   # connection_closed resumes us
+        self._accepting = True
+        for sock in self._server.sockets:
+            self.loop._start_serving(self._new_connection, sock, None, self._server, 128)
+
+    async def _sweep(self):
+        """connections.max.idle.ms: a connection with no request for that long is closed, and so is one
+        whose oldest request has been pending that long. A frame still incomplete
+        kbroker.socket.request.frame.timeout.ms after its first byte closes its connection."""
+        periods = [p for p in (self.idle_ms, self.frame_timeout_ms) if p > 0]
+        if not periods:
+            return
+        interval = max(min(periods) / 20_000, 0.05)
         while True:
             await asyncio.sleep(interval)
-            deadline = self.loop.time() - self.idle_ms / 1000
+            now = self.loop.time()
+            idle_deadline = now - self.idle_ms / 1000 if self.idle_ms > 0 else None
+            frame_deadline = now - self.frame_timeout_ms / 1000 if self.frame_timeout_ms > 0 else None
             for conn in list(self.connections):
-                if conn.last_active < deadline and not conn._pending and not conn._writing:
+                if conn.closed:
+                    continue
+                if frame_deadline is not None and conn.partial_since is not None \
+                        and conn.partial_since < frame_deadline:
+                    self.metrics.frame_timeouts += 1
+                    log.info("closing %s: request frame incomplete after %d ms", conn.peer, self.frame_timeout_ms)
+                    conn.transport.abort()
+                    continue
+                if idle_deadline is None:
+                    continue
+                if conn._pending:
+                    if conn._pending[0].since < idle_deadline:
+                        self.metrics.stuck_requests_closed += 1
+                        log.warning("closing %s: a request has been pending for connections.max.idle.ms",
+                                    conn.peer)
+                        conn.transport.abort()
+                elif conn.last_active < idle_deadline and not conn._writing:
                     self.metrics.idle_closed += 1
                     conn.close()
 

@@ -79,6 +79,9 @@ class Broker:
             idle_ms=cfg.get("connections.max.idle.ms"),
             send_buffer_bytes=cfg.get("socket.send.buffer.bytes"),
             receive_buffer_bytes=cfg.get("socket.receive.buffer.bytes"),
+            max_connections=cfg.get("max.connections"),
+            max_connections_per_ip=cfg.get("max.connections.per.ip"),
+            frame_timeout_ms=cfg.get("kbroker.socket.request.frame.timeout.ms"),
         )
         await self.server.start()
         adv = cfg.advertised_listeners[0]
