@@ -158,9 +158,19 @@ cdef inline Py_ssize_t skip_field(const unsigned char *p, Py_ssize_t pos, Py_ssi
 
 cdef int walk_records(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end,
                       int32_t count) noexcept nogil:
-    cdef int32_t i, h, length, offset_delta, nheaders
+    return walk_records_keyed(p, pos, end, count, False)
+
+
+# walk_records, plus (need_keys) -2 when a record has a null key: a compacted
+# topic cannot accept one (Kafka's LogValidator answers INVALID_RECORD).
+cdef int walk_records_keyed(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end,
+                            int32_t count, bint need_keys) noexcept nogil:
+    cdef int32_t i, h, length, offset_delta, nheaders, key_length
     cdef int64_t ts_delta
     cdef Py_ssize_t rec_end
+    # Each record takes at least 7 bytes: a lying recordsCount fails here, before any loop.
+    if count < 0 or <int64_t>count * 7 > end - pos:
+        return -1
     for i in range(count):
         pos = read_varint(p, pos, end, &length)
         if pos < 0 or length < 1 or length > end - pos:
@@ -173,6 +183,8 @@ cdef int walk_records(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end,
         pos = read_varint(p, pos, rec_end, &offset_delta)
         if pos < 0 or offset_delta != i:
             return -1
+        if need_keys and read_varint(p, pos, rec_end, &key_length) > 0 and key_length < 0:
+            return -2
         pos = skip_field(p, pos, rec_end, True)    # key
         if pos < 0:
             return -1
@@ -298,6 +310,7 @@ cdef enum Verdict:
     APPEND_TIME_SET
     BAD_CODEC
     BAD_RECORDS
+    NULL_KEY
 
 _VERDICTS = {
     TOO_SHORT: (ERR_CORRUPT_MESSAGE, "buffer shorter than a batch header"),
@@ -314,12 +327,19 @@ _VERDICTS = {
     BAD_CODEC: (ERR_UNSUPPORTED_COMPRESSION_TYPE, "unknown compression codec"),
     BAD_RECORDS: (ERR_INVALID_RECORD, "records do not match the batch header "
                                       "(lengths, count or offsetDeltas 0..n-1)"),
+    NULL_KEY: (ERR_INVALID_RECORD, "compacted topic cannot accept a record without a key"),
 }
 
+# Cap on a compressed batch's decompressed records section when validating a
+# produce: far above what a client's batch.size produces (a bomb is refused
+# after at most this much output), and the most memory one validation takes.
+DEFAULT_MAX_DECOMPRESSED = 64 * 1024 * 1024
 
-cdef Verdict check_and_stamp(char *buf, Py_ssize_t n, int64_t base_offset,
-                             int32_t leader_epoch, int64_t max_message_bytes,
-                             int64_t log_append_time_ms) noexcept nogil:
+
+cdef Verdict check_batch(char *buf, Py_ssize_t n, int64_t max_message_bytes,
+                         bint compacted) noexcept nogil:
+    # Everything but the contents of a compressed records section (checked by
+    # the caller after decompressing it).
     cdef const unsigned char *p = <const unsigned char *>buf
     cdef int32_t batch_length, count, last_delta, base_sequence
     cdef int64_t size, producer_id
@@ -359,25 +379,69 @@ cdef Verdict check_and_stamp(char *buf, Py_ssize_t n, int64_t base_offset,
     if (attributes & ATTR_CODEC_MASK) > 4:
         return BAD_CODEC
     if (attributes & ATTR_CODEC_MASK) == 0:
-        if walk_records(p, HEADER_SIZE, <Py_ssize_t>size, count) != 0:
-            return BAD_RECORDS
+        return check_records(p + HEADER_SIZE, <Py_ssize_t>size - HEADER_SIZE, count, compacted)
+    return OK
 
+
+cdef Verdict check_records(const unsigned char *p, Py_ssize_t n, int32_t count,
+                           bint compacted) noexcept nogil:
+    cdef int r = walk_records_keyed(p, 0, n, count, compacted)
+    if r == -2:
+        return NULL_KEY
+    return OK if r == 0 else BAD_RECORDS
+
+
+cdef void stamp(char *buf, Py_ssize_t size, int64_t base_offset, int32_t leader_epoch,
+                int64_t log_append_time_ms) noexcept nogil:
+    cdef int attributes = load_be16(buf + OFF_ATTRIBUTES)
+    cdef uint32_t crc
     store_be64(buf + OFF_BASE_OFFSET, <uint64_t>base_offset)
     store_be32(buf + OFF_LEADER_EPOCH, <uint32_t>leader_epoch)
     if log_append_time_ms >= 0:
         store_be16(buf + OFF_ATTRIBUTES, <uint16_t>(attributes | ATTR_LOG_APPEND_TIME))
         store_be64(buf + OFF_MAX_TIMESTAMP, <uint64_t>log_append_time_ms)
-        crc = batch_crc(buf, <Py_ssize_t>size)
+        crc = batch_crc(buf, size)
         store_be32(buf + OFF_CRC, crc)
-    return OK
+
+
+cdef Verdict check_compressed(object body, int codec, int32_t count, bint compacted,
+                              Py_ssize_t max_decompressed) except? BAD_RECORDS:
+    # Like Kafka's LogValidator: decompress the records section (bounded by
+    # max_decompressed; the codecs release the GIL while inflating) and check
+    # its records against the header. Corrupt data or output past the cap is
+    # CORRUPT_MESSAGE; records that contradict the header are INVALID_RECORD.
+    global _compression
+    cdef Py_buffer raw
+    cdef Verdict verdict
+    if _compression is None:
+        from kbroker.record import compression as _c
+        _compression = _c
+    try:
+        section = _compression.decompress(codec, body, max_decompressed)
+    except _compression.DecompressionLimitExceeded:
+        raise BatchError(ERR_CORRUPT_MESSAGE,
+                         f"records section expands past {max_decompressed} bytes") from None
+    except _compression.CompressionError as e:
+        raise BatchError(ERR_CORRUPT_MESSAGE, f"records section: {e}") from None
+    PyObject_GetBuffer(section, &raw, PyBUF_SIMPLE)
+    try:
+        with nogil:
+            verdict = check_records(<const unsigned char *>raw.buf, raw.len, count, compacted)
+    finally:
+        PyBuffer_Release(&raw)
+    return verdict
 
 
 def validate_and_stamp(buf, int64_t base_offset, int32_t leader_epoch,
-                       int64_t max_message_bytes, int64_t log_append_time_ms):
+                       int64_t max_message_bytes, int64_t log_append_time_ms,
+                       bint compacted=False, Py_ssize_t max_decompressed=DEFAULT_MAX_DECOMPRESSED):
     """Validate the one producer batch filling the writable buffer ``buf`` and
     stamp baseOffset / partitionLeaderEpoch in place (plus LogAppendTime:
     attributes bit 3, maxTimestamp and the CRC when log_append_time_ms >= 0).
-    Returns the stamped header as a BatchInfo; raises BatchError."""
+    A compressed records section is decompressed (at most ``max_decompressed``
+    bytes) and its records checked like an uncompressed one; ``compacted``
+    also requires every record to have a key. Nothing is stamped unless the
+    batch is valid. Returns the stamped header as a BatchInfo; raises BatchError."""
     cdef Py_buffer view
     cdef Verdict verdict
     cdef char *p
@@ -388,14 +452,22 @@ def validate_and_stamp(buf, int64_t base_offset, int32_t leader_epoch,
         n = view.len
         if n >= NOGIL_BYTES:
             with nogil:
-                verdict = check_and_stamp(p, n, base_offset, leader_epoch,
-                                          max_message_bytes, log_append_time_ms)
+                verdict = check_batch(p, n, max_message_bytes, compacted)
         else:
-            verdict = check_and_stamp(p, n, base_offset, leader_epoch,
-                                      max_message_bytes, log_append_time_ms)
+            verdict = check_batch(p, n, max_message_bytes, compacted)
+        if verdict == OK and (load_be16(p + OFF_ATTRIBUTES) & ATTR_CODEC_MASK) != 0:
+            verdict = check_compressed(memoryview(buf)[HEADER_SIZE:n],
+                                       load_be16(p + OFF_ATTRIBUTES) & ATTR_CODEC_MASK,
+                                       <int32_t>load_be32(p + OFF_RECORDS_COUNT),
+                                       compacted, max_decompressed)
         if verdict != OK:
             code, message = _VERDICTS[verdict]
             raise BatchError(code, message)
+        if n >= NOGIL_BYTES:
+            with nogil:
+                stamp(p, n, base_offset, leader_epoch, log_append_time_ms)
+        else:
+            stamp(p, n, base_offset, leader_epoch, log_append_time_ms)
         return parse_header(p, 0)
     finally:
         PyBuffer_Release(&view)

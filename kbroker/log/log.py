@@ -336,7 +336,8 @@ class Log:
         append_time = now if cfg.log_append_time else -1
         base = self.log_end_offset
         try:
-            info = _batch.validate_and_stamp(buf, base, leader_epoch, cfg.max_message_bytes, append_time)
+            info = _batch.validate_and_stamp(buf, base, leader_epoch, cfg.max_message_bytes, append_time,
+                                             "compact" in cfg.cleanup_policy)
         except _batch.BatchError as e:
             raise LogAppendError(e.error_code, str(e)) from None
         pid = info.producer_id
