@@ -31,6 +31,7 @@ C_DEPS = {
     "batch": ["ext/crc32c.c"],
     "segment": ["ext/crc32c.c"],
     "cleaner": ["ext/crc32c.c"],
+    "arrow": ["ext/crc32c.c"],
 }
 
 

@@ -1,0 +1,741 @@
+"""RecordBatch v2 <-> Arrow columns, for the Spark data source (kbroker.spark).
+
+Read: ``RecordDecoder`` walks uncompressed records sections (what follows byte 61 of a
+batch, after decompression) and appends each record straight into Arrow buffers it owns:
+int32 offsets + data for key and value (with validity bitmaps), int64 offset, int64
+timestamp in microseconds, int32 timestampType, and optionally the headers list
+(list offsets, struct children key string / value binary). ``flush()`` hands the buffers to
+pyarrow without copying (each is a ``_Mem`` exposing the buffer protocol) and returns a
+``pyarrow.RecordBatch`` with exactly Spark's Arrow schema for the Kafka source.
+
+Write: ``partition_for_keys`` (Kafka's murmur2 partitioner over a binary column) and
+``build_batches`` (rows of Arrow key/value/headers columns -> RecordBatch v2 bytes, sized
+by batch.size) encode in two GIL-free passes (size, then write) into the result bytes.
+
+The byte work runs without the GIL; Python objects are made per batch, never per record.
+Header keys are written and read as bytes: Kafka's clients only ever produce UTF-8 keys.
+"""
+cimport cython
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport free, realloc
+from libc.string cimport memcpy, memset
+
+from ccrc32c cimport crc32c_update
+from hton cimport load_be32, store_be16, store_be32, store_be64
+
+import time
+
+cdef enum:
+    HEADER_SIZE = 61
+    LOG_OVERHEAD = 12
+    OFF_ATTRIBUTES = 21
+
+cdef int64_t INT32_LIMIT = 0x7FFFFFFF
+cdef object _compression = None
+
+# Return codes of the nogil decoder.
+cdef enum:
+    DONE = 0
+    FULL = 1
+    CORRUPT = -1
+    NOMEM = -2
+
+
+class ArrowDecodeError(ValueError):
+    """A records section that does not parse (truncated, lengths that lie)."""
+
+
+# ---------------------------------------------------------------- owned buffers
+
+@cython.final
+cdef class _Mem:
+    """A growable malloc'd byte buffer that pyarrow can wrap without a copy (buffer protocol).
+    Grown bytes are zeroed, so validity bitmaps start all-null."""
+    cdef char *data
+    cdef Py_ssize_t length      # bytes in use (what the buffer protocol exposes)
+    cdef Py_ssize_t capacity
+    cdef Py_ssize_t shape[1]
+    cdef Py_ssize_t strides[1]
+    cdef int exports
+
+    def __cinit__(self):
+        self.data = NULL
+        self.length = 0
+        self.capacity = 0
+        self.exports = 0
+
+    def __dealloc__(self):
+        free(self.data)
+
+    cdef int reserve(self, Py_ssize_t need) noexcept nogil:
+        # 0 ok, -1 out of memory; never called once exported.
+        cdef Py_ssize_t cap = self.capacity if self.capacity else 64
+        cdef char *grown
+        if need <= self.capacity:
+            return 0
+        while cap < need:
+            cap *= 2
+        grown = <char *>realloc(self.data, <size_t>cap)
+        if grown == NULL:
+            return -1
+        memset(grown + self.capacity, 0, <size_t>(cap - self.capacity))
+        self.data = grown
+        self.capacity = cap
+        return 0
+
+    def __getbuffer__(self, Py_buffer *view, int flags):
+        self.shape[0] = self.length
+        self.strides[0] = 1
+        view.buf = self.data if self.data != NULL else <char *>&self.shape[0]
+        view.obj = self
+        view.len = self.length
+        view.readonly = 1
+        view.itemsize = 1
+        view.format = NULL
+        view.ndim = 1
+        view.shape = self.shape
+        view.strides = self.strides
+        view.suboffsets = NULL
+        view.internal = NULL
+        self.exports += 1
+
+    def __releasebuffer__(self, Py_buffer *view):
+        self.exports -= 1
+
+    def __len__(self):
+        return self.length
+
+
+cdef inline int put_i32(_Mem m, int32_t v) noexcept nogil:
+    if m.reserve(m.length + 4) < 0:
+        return -1
+    (<int32_t *>(m.data + m.length))[0] = v
+    m.length += 4
+    return 0
+
+
+cdef inline int put_i64(_Mem m, int64_t v) noexcept nogil:
+    if m.reserve(m.length + 8) < 0:
+        return -1
+    (<int64_t *>(m.data + m.length))[0] = v
+    m.length += 8
+    return 0
+
+
+cdef inline int put_bytes(_Mem m, const unsigned char *p, Py_ssize_t n) noexcept nogil:
+    if n <= 0:
+        return 0
+    if m.reserve(m.length + n) < 0:
+        return -1
+    memcpy(m.data + m.length, p, <size_t>n)
+    m.length += n
+    return 0
+
+
+# Validity bit ``row`` (rows are appended in order, so the bitmap grows by whole bytes).
+cdef inline int put_bit(_Mem m, Py_ssize_t row, bint valid) noexcept nogil:
+    cdef Py_ssize_t byte = row >> 3
+    if byte >= m.length:
+        if m.reserve(byte + 1) < 0:
+            return -1
+        m.length = byte + 1
+    if valid:
+        m.data[byte] = <char>(<uint8_t>m.data[byte] | (1 << (row & 7)))
+    return 0
+
+
+# ---------------------------------------------------------------- varints
+
+cdef inline Py_ssize_t read_varint(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end,
+                                   int32_t *out) noexcept nogil:
+    cdef uint32_t raw = 0
+    cdef int shift = 0
+    cdef unsigned char b
+    while True:
+        if pos >= end or shift > 28:
+            return -1
+        b = p[pos]
+        pos += 1
+        raw |= <uint32_t>(b & 0x7F) << shift
+        if not (b & 0x80):
+            break
+        shift += 7
+    out[0] = <int32_t>((raw >> 1) ^ (~(raw & 1) + 1))
+    return pos
+
+
+cdef inline Py_ssize_t read_varlong(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end,
+                                    int64_t *out) noexcept nogil:
+    cdef uint64_t raw = 0
+    cdef int shift = 0
+    cdef unsigned char b
+    while True:
+        if pos >= end or shift > 63:
+            return -1
+        b = p[pos]
+        pos += 1
+        raw |= <uint64_t>(b & 0x7F) << shift
+        if not (b & 0x80):
+            break
+        shift += 7
+    out[0] = <int64_t>((raw >> 1) ^ (~(raw & 1) + 1))
+    return pos
+
+
+cdef inline int varint_size(int64_t v) noexcept nogil:
+    cdef uint64_t z = (<uint64_t>v << 1) ^ <uint64_t>(v >> 63)
+    cdef int n = 1
+    while z >= 0x80:
+        z >>= 7
+        n += 1
+    return n
+
+
+cdef inline Py_ssize_t write_varint(char *p, Py_ssize_t pos, int64_t v) noexcept nogil:
+    cdef uint64_t z = (<uint64_t>v << 1) ^ <uint64_t>(v >> 63)
+    while z >= 0x80:
+        p[pos] = <char>((z & 0x7F) | 0x80)
+        z >>= 7
+        pos += 1
+    p[pos] = <char>z
+    return pos + 1
+
+
+# A length-prefixed field at p[pos]: its start and length (-1 = null); -1 when malformed.
+cdef inline Py_ssize_t field_at(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end,
+                                Py_ssize_t *start, int32_t *length) noexcept nogil:
+    pos = read_varint(p, pos, end, length)
+    if pos < 0 or length[0] < -1 or length[0] > end - pos:
+        return -1
+    start[0] = pos
+    return pos + (length[0] if length[0] > 0 else 0)
+
+
+# ---------------------------------------------------------------- read: records -> Arrow
+
+@cython.final
+cdef class RecordDecoder:
+    """Accumulates decoded records as Arrow buffers; ``flush`` returns them as one
+    pyarrow.RecordBatch. ``append`` stops when ``max_rows`` rows or ``max_bytes`` bytes of
+    key/value/header data are held (at least one record is always taken), so binary columns
+    stay far below int32 offsets' 2 GiB."""
+    cdef readonly bint include_headers
+    cdef readonly int64_t max_rows
+    cdef readonly int64_t max_bytes
+    cdef readonly int64_t rows
+    cdef readonly int64_t data_bytes
+    cdef readonly int64_t last_offset     # offset of the last record appended, -1 before any
+    cdef _Mem key_valid, key_off, key_data, val_valid, val_off, val_data
+    cdef _Mem offsets, timestamps, ts_types
+    cdef _Mem hdr_valid, hdr_off, hk_off, hk_data, hv_valid, hv_off, hv_data
+    cdef int64_t nheaders
+
+    def __init__(self, bint include_headers=False, int64_t max_rows=65536,
+                 int64_t max_bytes=64 * 1024 * 1024):
+        if max_rows < 1 or max_bytes < 1 or max_bytes > (1 << 30):
+            raise ValueError("max_rows must be >= 1 and max_bytes within [1, 1 GiB]")
+        self.include_headers = include_headers
+        self.max_rows = max_rows
+        self.max_bytes = max_bytes
+        self.last_offset = -1
+        self._reset()
+
+    cdef void _reset(self):
+        self.rows = 0
+        self.data_bytes = 0
+        self.nheaders = 0
+        self.key_valid, self.key_off, self.key_data = _Mem(), _Mem(), _Mem()
+        self.val_valid, self.val_off, self.val_data = _Mem(), _Mem(), _Mem()
+        self.offsets, self.timestamps, self.ts_types = _Mem(), _Mem(), _Mem()
+        self.hdr_valid, self.hdr_off = _Mem(), _Mem()
+        self.hk_off, self.hk_data = _Mem(), _Mem()
+        self.hv_valid, self.hv_off, self.hv_data = _Mem(), _Mem(), _Mem()
+        # Arrow offsets start with a 0.
+        put_i32(self.key_off, 0)
+        put_i32(self.val_off, 0)
+        put_i32(self.hdr_off, 0)
+        put_i32(self.hk_off, 0)
+        put_i32(self.hv_off, 0)
+
+    cdef int _decode(self, const unsigned char *p, Py_ssize_t n, int32_t count,
+                     int64_t base_offset, int64_t base_timestamp, int64_t log_append_time,
+                     int32_t ts_type, int64_t lo, int64_t hi,
+                     Py_ssize_t *pos_io, int32_t *index_io) noexcept nogil:
+        cdef Py_ssize_t pos = pos_io[0], rec_end, kstart, vstart, hks, hvs, after
+        cdef int32_t i, h, length, offset_delta, nh, klen, vlen, hkl, hvl
+        cdef int64_t ts_delta, offset, need
+        cdef bint keep
+        i = index_io[0]
+        while i < count:
+            after = read_varint(p, pos, n, &length)
+            if after < 0 or length < 1 or length > n - after:
+                return CORRUPT
+            rec_end = after + length
+            after += 1      # record attributes: unused
+            after = read_varlong(p, after, rec_end, &ts_delta)
+            if after < 0:
+                return CORRUPT
+            after = read_varint(p, after, rec_end, &offset_delta)
+            if after < 0:
+                return CORRUPT
+            after = field_at(p, after, rec_end, &kstart, &klen)
+            if after < 0:
+                return CORRUPT
+            after = field_at(p, after, rec_end, &vstart, &vlen)
+            if after < 0:
+                return CORRUPT
+            offset = base_offset + offset_delta
+            keep = lo <= offset < hi
+            if keep and self.rows > 0:
+                need = (klen if klen > 0 else 0) + (vlen if vlen > 0 else 0) + (rec_end - after)
+                if self.rows >= self.max_rows or self.data_bytes + need > self.max_bytes:
+                    pos_io[0] = pos
+                    index_io[0] = i
+                    return FULL
+            if keep:
+                if put_bit(self.key_valid, self.rows, klen >= 0) < 0 \
+                        or put_bytes(self.key_data, p + kstart, klen) < 0 \
+                        or put_i32(self.key_off, <int32_t>self.key_data.length) < 0 \
+                        or put_bit(self.val_valid, self.rows, vlen >= 0) < 0 \
+                        or put_bytes(self.val_data, p + vstart, vlen) < 0 \
+                        or put_i32(self.val_off, <int32_t>self.val_data.length) < 0 \
+                        or put_i64(self.offsets, offset) < 0 \
+                        or put_i64(self.timestamps, (log_append_time if log_append_time >= 0
+                                                     else base_timestamp + ts_delta) * 1000) < 0 \
+                        or put_i32(self.ts_types, ts_type) < 0:
+                    return NOMEM
+                self.data_bytes += (klen if klen > 0 else 0) + (vlen if vlen > 0 else 0)
+            after = read_varint(p, after, rec_end, &nh)
+            if after < 0 or nh < 0 or nh > rec_end - after:
+                return CORRUPT
+            for h in range(nh):
+                after = field_at(p, after, rec_end, &hks, &hkl)
+                if after < 0 or hkl < 0:
+                    return CORRUPT
+                after = field_at(p, after, rec_end, &hvs, &hvl)
+                if after < 0:
+                    return CORRUPT
+                if keep and self.include_headers:
+                    if put_bytes(self.hk_data, p + hks, hkl) < 0 \
+                            or put_i32(self.hk_off, <int32_t>self.hk_data.length) < 0 \
+                            or put_bit(self.hv_valid, self.nheaders, hvl >= 0) < 0 \
+                            or put_bytes(self.hv_data, p + hvs, hvl) < 0 \
+                            or put_i32(self.hv_off, <int32_t>self.hv_data.length) < 0:
+                        return NOMEM
+                    self.nheaders += 1
+                    self.data_bytes += hkl + (hvl if hvl > 0 else 0)
+            if after != rec_end:
+                return CORRUPT
+            if keep:
+                if self.include_headers:
+                    # Spark's Kafka source gives null, not [], for a record without headers.
+                    if put_bit(self.hdr_valid, self.rows, nh > 0) < 0 \
+                            or put_i32(self.hdr_off, <int32_t>self.nheaders) < 0:
+                        return NOMEM
+                self.rows += 1
+                self.last_offset = offset
+            pos = rec_end
+            i += 1
+        if pos != n:
+            return CORRUPT
+        pos_io[0] = pos
+        index_io[0] = i
+        return DONE
+
+    def append(self, section, int32_t count, int64_t base_offset, int64_t base_timestamp,
+               int64_t log_append_time, int32_t timestamp_type, int64_t lo, int64_t hi,
+               Py_ssize_t pos=0, int32_t index=0):
+        """Decode the records of one uncompressed records section, keeping those with
+        ``lo <= offset < hi``. Resumes at byte ``pos`` / record ``index`` (what a previous call
+        returned when it filled up). -> (pos, index, full): full means flush() then call again
+        with the returned pos and index; otherwise the section is done."""
+        cdef const unsigned char[::1] view = section
+        cdef int rc
+        cdef Py_ssize_t n = view.shape[0]
+        if pos < 0 or pos > n or index < 0:
+            raise ValueError("resume position outside the section")
+        with nogil:
+            rc = self._decode(&view[0] if n else NULL, n, count, base_offset, base_timestamp,
+                              log_append_time, timestamp_type, lo, hi, &pos, &index)
+        if rc == CORRUPT:
+            raise ArrowDecodeError(f"malformed records section (base offset {base_offset}, "
+                                   f"{count} records, {n} bytes)")
+        if rc == NOMEM:
+            raise MemoryError()
+        return pos, index, rc == FULL
+
+    def flush(self, str topic, int32_t partition):
+        """The rows held so far as a pyarrow.RecordBatch (Spark's Kafka schema; ``headers`` last
+        when include_headers); the decoder starts empty again."""
+        import numpy as np
+        import pyarrow as pa
+        cdef int64_t n = self.rows
+        cdef bytes tb = topic.encode("utf-8")
+        schema = kafka_arrow_schema(self.include_headers)
+        buf = pa.py_buffer
+        key = pa.Array.from_buffers(pa.binary(), n, [buf(self.key_valid), buf(self.key_off),
+                                                     buf(self.key_data)])
+        value = pa.Array.from_buffers(pa.binary(), n, [buf(self.val_valid), buf(self.val_off),
+                                                       buf(self.val_data)])
+        # Constant columns: numpy/bytes fills, no per-row Python.
+        topic_off = np.arange(n + 1, dtype=np.int32) * np.int32(len(tb))
+        topic_col = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(topic_off),
+                                                           pa.py_buffer(tb * n)])
+        part = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(np.full(n, partition,
+                                                                                dtype=np.int32))])
+        offs = pa.Array.from_buffers(pa.int64(), n, [None, buf(self.offsets)])
+        ts = pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), n, [None, buf(self.timestamps)])
+        tst = pa.Array.from_buffers(pa.int32(), n, [None, buf(self.ts_types)])
+        cols = [key, value, topic_col, part, offs, ts, tst]
+        if self.include_headers:
+            hdr_type = schema.field("headers").type
+            struct_type = hdr_type.value_type
+            hk = pa.Array.from_buffers(pa.string(), self.nheaders,
+                                       [None, buf(self.hk_off), buf(self.hk_data)])
+            hv = pa.Array.from_buffers(pa.binary(), self.nheaders,
+                                       [buf(self.hv_valid), buf(self.hv_off), buf(self.hv_data)])
+            structs = pa.Array.from_buffers(struct_type, self.nheaders, [None], children=[hk, hv])
+            cols.append(pa.Array.from_buffers(hdr_type, n, [buf(self.hdr_valid), buf(self.hdr_off)],
+                                              children=[structs]))
+        batch = pa.RecordBatch.from_arrays(cols, schema=schema)
+        self._reset()
+        return batch
+
+
+_SCHEMAS = {}
+
+
+def kafka_arrow_schema(bint include_headers=False):
+    """Spark's Arrow schema for the Kafka source (every field nullable, timestamps in us UTC)."""
+    import pyarrow as pa
+    schema = _SCHEMAS.get(include_headers)
+    if schema is None:
+        fields = [pa.field("key", pa.binary()), pa.field("value", pa.binary()),
+                  pa.field("topic", pa.string()), pa.field("partition", pa.int32()),
+                  pa.field("offset", pa.int64()), pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+                  pa.field("timestampType", pa.int32())]
+        if include_headers:
+            fields.append(pa.field("headers", pa.list_(pa.struct([pa.field("key", pa.string()),
+                                                                  pa.field("value", pa.binary())]))))
+        schema = _SCHEMAS[include_headers] = pa.schema(fields)
+    return schema
+
+
+# ---------------------------------------------------------------- write: Arrow -> records
+
+# One Arrow binary/string column (int32 offsets) seen as raw pointers.
+cdef struct BinCol:
+    const uint8_t *valid      # NULL = no nulls
+    const int32_t *off
+    const unsigned char *data
+    int64_t base              # the array's offset into its buffers
+    bint present
+
+
+cdef inline bint col_valid(const BinCol *c, int64_t row) noexcept nogil:
+    cdef int64_t i = c.base + row
+    return c.valid == NULL or (c.valid[i >> 3] >> (i & 7)) & 1
+
+
+cdef inline int32_t col_len(const BinCol *c, int64_t row) noexcept nogil:
+    # -1 for null (Kafka's encoding of a null key/value).
+    cdef int64_t i = c.base + row
+    if not c.present or not col_valid(c, row):
+        return -1
+    return c.off[i + 1] - c.off[i]
+
+
+cdef inline const unsigned char *col_ptr(const BinCol *c, int64_t row) noexcept nogil:
+    return c.data + c.off[c.base + row]
+
+
+cdef class _Column:
+    """Keeps the pyarrow buffers of a binary column alive while raw pointers into them are used."""
+    cdef BinCol col
+    cdef object keep
+
+    def __init__(self, arr):
+        cdef const uint8_t[::1] valid_mv
+        cdef const int32_t[::1] off_mv
+        cdef const unsigned char[::1] data_mv
+        import numpy as np
+        import pyarrow as pa
+        self.col.present = arr is not None
+        self.col.valid = NULL
+        if arr is None:
+            return
+        t = arr.type
+        if not (pa.types.is_binary(t) or pa.types.is_string(t)):
+            raise TypeError(f"expected a binary or string column, got {t}")
+        bufs = arr.buffers()
+        self.col.base = arr.offset
+        keep = [bufs]
+        if bufs[0] is not None and arr.null_count:
+            valid_mv = np.frombuffer(bufs[0], dtype=np.uint8)
+            self.col.valid = &valid_mv[0]
+            keep.append(valid_mv)
+        off_mv = np.frombuffer(bufs[1], dtype=np.int32)
+        self.col.off = &off_mv[0]
+        keep.append(off_mv)
+        if bufs[2] is not None and len(bufs[2]):
+            data_mv = np.frombuffer(bufs[2], dtype=np.uint8)
+            self.col.data = &data_mv[0]
+            keep.append(data_mv)
+        else:
+            self.col.data = <const unsigned char *>""
+        self.keep = keep
+
+
+# A list<struct<key string, value binary>> headers column: list offsets/validity + children.
+cdef struct HdrCol:
+    const int32_t *off
+    const uint8_t *valid
+    int64_t base
+    bint present
+    BinCol hkey
+    BinCol hval
+
+
+cdef inline int64_t hdr_first(const HdrCol *c, int64_t row) noexcept nogil:
+    return c.off[c.base + row]
+
+
+cdef inline int64_t hdr_count(const HdrCol *c, int64_t row) noexcept nogil:
+    cdef int64_t i = c.base + row
+    if not c.present:
+        return 0
+    if c.valid != NULL and not ((c.valid[i >> 3] >> (i & 7)) & 1):
+        return 0
+    return c.off[i + 1] - c.off[i]
+
+
+cdef class _ListColumn:
+    """Keeps a headers column's buffers alive while raw pointers into them are used."""
+    cdef HdrCol col
+    cdef object keep
+
+    def __init__(self, arr):
+        cdef const int32_t[::1] off_mv
+        cdef const uint8_t[::1] valid_mv
+        cdef _Column hk, hv
+        import numpy as np
+        self.col.present = arr is not None
+        self.col.valid = NULL
+        self.col.hkey.present = False
+        self.col.hval.present = False
+        if arr is None:
+            return
+        bufs = arr.buffers()
+        self.col.base = arr.offset
+        off_mv = np.frombuffer(bufs[1], dtype=np.int32)
+        self.col.off = &off_mv[0]
+        keep = [bufs, off_mv]
+        if bufs[0] is not None and arr.null_count:
+            valid_mv = np.frombuffer(bufs[0], dtype=np.uint8)
+            self.col.valid = &valid_mv[0]
+            keep.append(valid_mv)
+        structs = arr.values
+        if structs.null_count:
+            raise ValueError("headers: a header (struct) may not be null")
+        hk = _Column(structs.field(0))
+        hv = _Column(structs.field(1))
+        if hk.col.valid != NULL:
+            raise ValueError("headers: a header key may not be null")
+        self.col.hkey = hk.col
+        self.col.hval = hv.col
+        keep += [hk, hv]
+        self.keep = keep
+
+
+cdef inline int64_t record_body_size(const BinCol *k, const BinCol *v, const HdrCol *hd,
+                                     int64_t row, int32_t index) noexcept nogil:
+    cdef int32_t kl = col_len(k, row), vl = col_len(v, row), hl
+    cdef int64_t nh = hdr_count(hd, row), h, j, size
+    size = 1 + varint_size(0) + varint_size(index) + varint_size(kl) + (kl if kl > 0 else 0) \
+        + varint_size(vl) + (vl if vl > 0 else 0) + varint_size(nh)
+    if nh:
+        j = hdr_first(hd, row)
+        for h in range(j, j + nh):
+            hl = col_len(&hd.hkey, h)
+            size += varint_size(hl) + hl
+            hl = col_len(&hd.hval, h)
+            size += varint_size(hl) + (hl if hl > 0 else 0)
+    return size
+
+
+cdef Py_ssize_t write_record(char *out, Py_ssize_t pos, const BinCol *k, const BinCol *v,
+                             const HdrCol *hd, int64_t row, int32_t index, int64_t body) noexcept nogil:
+    cdef int32_t kl = col_len(k, row), vl = col_len(v, row), hl
+    cdef int64_t nh = hdr_count(hd, row), h, j
+    pos = write_varint(out, pos, body)
+    out[pos] = 0                              # record attributes
+    pos += 1
+    pos = write_varint(out, pos, 0)           # timestampDelta: one timestamp per batch
+    pos = write_varint(out, pos, index)       # offsetDelta
+    pos = write_varint(out, pos, kl)
+    if kl > 0:
+        memcpy(out + pos, col_ptr(k, row), <size_t>kl)
+        pos += kl
+    pos = write_varint(out, pos, vl)
+    if vl > 0:
+        memcpy(out + pos, col_ptr(v, row), <size_t>vl)
+        pos += vl
+    pos = write_varint(out, pos, nh)
+    if nh:
+        j = hdr_first(hd, row)
+        for h in range(j, j + nh):
+            hl = col_len(&hd.hkey, h)
+            pos = write_varint(out, pos, hl)
+            memcpy(out + pos, col_ptr(&hd.hkey, h), <size_t>hl)
+            pos += hl
+            hl = col_len(&hd.hval, h)
+            pos = write_varint(out, pos, hl)
+            if hl > 0:
+                memcpy(out + pos, col_ptr(&hd.hval, h), <size_t>hl)
+                pos += hl
+    return pos
+
+
+def partition_for_keys(keys, int32_t num_partitions):
+    """Kafka's default partition of each row's key, ``(murmur2(key) & 0x7fffffff) % n``, as an
+    int32 numpy array; -1 where the key is null (the caller spreads those)."""
+    import numpy as np
+    cdef _Column kc = _Column(keys)
+    cdef int64_t n = len(keys), row
+    cdef int32_t[::1] out
+    cdef int32_t kl, length, i, tail, rest
+    cdef uint32_t h, k, m = 0x5BD1E995
+    cdef const unsigned char *d
+    if num_partitions < 1:
+        raise ValueError("num_partitions must be >= 1")
+    result = np.empty(n, dtype=np.int32)
+    out = result
+    with nogil:
+        for row in range(n):
+            kl = col_len(&kc.col, row)
+            if kl < 0:
+                out[row] = -1
+                continue
+            d = col_ptr(&kc.col, row)
+            length = kl
+            h = <uint32_t>0x9747B28C ^ <uint32_t>length
+            tail = length & ~3
+            i = 0
+            while i < tail:
+                # little-endian 4-byte blocks, as Java's Utils.murmur2 reads them
+                k = <uint32_t>d[i] | (<uint32_t>d[i + 1] << 8) | (<uint32_t>d[i + 2] << 16) \
+                    | (<uint32_t>d[i + 3] << 24)
+                k *= m
+                k ^= k >> 24
+                k *= m
+                h *= m
+                h ^= k
+                i += 4
+            rest = length & 3
+            if rest == 3:
+                h ^= <uint32_t>d[tail + 2] << 16
+            if rest >= 2:
+                h ^= <uint32_t>d[tail + 1] << 8
+            if rest >= 1:
+                h ^= <uint32_t>d[tail]
+                h *= m
+            h ^= h >> 13
+            h *= m
+            h ^= h >> 15
+            out[row] = <int32_t>((h & 0x7FFFFFFF) % <uint32_t>num_partitions)
+    return result
+
+
+def build_batches(keys, values, headers, rows, int64_t batch_size, int codec=0,
+                  timestamp_ms=None, int32_t max_records=1 << 20):
+    """Encode the rows ``rows`` (int64 numpy array of row indices, in order) of the Arrow columns
+    ``keys`` / ``values`` (binary or string, or None for all-null keys) and ``headers``
+    (list<struct<key string, value binary>> or None) into RecordBatch v2 bytes (baseOffset 0,
+    no producer id), each at most ``batch_size`` bytes uncompressed unless a single record is
+    larger. -> list of (bytes, record_count)."""
+    global _compression
+    cdef _Column kc = _Column(keys)
+    cdef _Column vc = _Column(values)
+    cdef _ListColumn hc = _ListColumn(headers)
+    cdef const int64_t[::1] idx = rows
+    cdef int64_t n = idx.shape[0], start = 0, end, total, body, r
+    cdef int32_t count
+    cdef int64_t ts = <int64_t>(time.time_ns() // 1000000) if timestamp_ms is None else timestamp_ms
+    cdef bytes section, out
+    cdef char *p
+    cdef Py_ssize_t pos
+    cdef list result = []
+    cdef uint32_t crc
+    cdef Py_ssize_t size
+    if values is None:
+        raise ValueError("values are required")
+    if n and (keys is not None and len(keys) != len(values)):
+        raise ValueError("keys and values differ in length")
+    while start < n:
+        # pass 1: how many rows fit in batch_size
+        with nogil:
+            total = 0
+            end = start
+            while end < n and end - start < max_records:
+                r = idx[end]
+                body = record_body_size(&kc.col, &vc.col, &hc.col, r, <int32_t>(end - start))
+                body += varint_size(body)
+                if end > start and HEADER_SIZE + total + body > batch_size:
+                    break
+                total += body
+                end += 1
+        if HEADER_SIZE + total - LOG_OVERHEAD > INT32_LIMIT:
+            raise OverflowError("a record batch would exceed 2 GiB")
+        count = <int32_t>(end - start)
+        # pass 2: write the records section, straight after the header when uncompressed
+        out = PyBytes_FromStringAndSize(NULL, HEADER_SIZE + total if codec == 0 else total)
+        p = PyBytes_AS_STRING(out) + (HEADER_SIZE if codec == 0 else 0)
+        with nogil:
+            pos = 0
+            for r in range(start, end):
+                body = record_body_size(&kc.col, &vc.col, &hc.col, idx[r], <int32_t>(r - start))
+                pos = write_record(p, pos, &kc.col, &vc.col, &hc.col, idx[r], <int32_t>(r - start), body)
+        if codec != 0:
+            if _compression is None:
+                from kbroker.record import compression as _c
+                _compression = _c
+            section = _compression.compress(codec, out)
+            out = PyBytes_FromStringAndSize(NULL, HEADER_SIZE + len(section))
+            memcpy(PyBytes_AS_STRING(out) + HEADER_SIZE, PyBytes_AS_STRING(section), len(section))
+        p = PyBytes_AS_STRING(out)
+        size = len(out)
+        with nogil:
+            store_be64(p, 0)                                   # baseOffset
+            store_be32(p + 8, <uint32_t>(size - LOG_OVERHEAD))
+            store_be32(p + 12, <uint32_t>-1)                   # partitionLeaderEpoch
+            p[16] = 2                                          # magic
+            store_be16(p + OFF_ATTRIBUTES, <unsigned short>codec)
+            store_be32(p + 23, <uint32_t>(count - 1))          # lastOffsetDelta
+            store_be64(p + 27, <uint64_t>ts)
+            store_be64(p + 35, <uint64_t>ts)
+            store_be64(p + 43, <uint64_t>-1)                   # producerId
+            store_be16(p + 51, <unsigned short>0xFFFF)         # producerEpoch -1
+            store_be32(p + 53, <uint32_t>-1)                   # baseSequence
+            store_be32(p + 57, <uint32_t>count)
+            crc = crc32c_update(0, p + OFF_ATTRIBUTES, <size_t>(size - OFF_ATTRIBUTES))
+            store_be32(p + 17, crc)
+        result.append((out, count))
+        start = end
+    return result
+
+
+
+def set_producer_fields(batch, int64_t producer_id, int32_t producer_epoch, int32_t base_sequence):
+    """Stamp an idempotent producer's id/epoch/baseSequence into a built batch (a new bytes)
+    and recompute its CRC."""
+    cdef const unsigned char[::1] view = batch
+    cdef Py_ssize_t size = view.shape[0]
+    cdef bytes out = PyBytes_FromStringAndSize(<const char *>&view[0], size)
+    cdef char *p = PyBytes_AS_STRING(out)
+    with nogil:
+        store_be64(p + 43, <uint64_t>producer_id)
+        store_be16(p + 51, <unsigned short>producer_epoch)
+        store_be32(p + 53, <uint32_t>base_sequence)
+        store_be32(p + 17, crc32c_update(0, p + OFF_ATTRIBUTES, <size_t>(size - OFF_ATTRIBUTES)))
+    return out
