@@ -94,9 +94,12 @@ class Consumer(ClusterClient):
     # ---- fetch ---------------------------------------------------------------------------------
 
     async def fetch(self, topic: str, partition: int, offset: int, max_bytes: int = 1048576,
-                    max_wait_ms: int = 500, min_bytes: int = 1, raw: bool = False) -> FetchResult:
+                    max_wait_ms: int = 500, min_bytes: int = 1, raw: bool = False,
+                    decode: bool = True) -> FetchResult:
         """One Fetch of ``topic``/``partition`` from ``offset``. Records below ``offset`` (a batch
-        starts before it) are dropped; a trailing partial batch is ignored."""
+        starts before it) are dropped; a trailing partial batch is ignored. ``decode=False``
+        skips the per-record decode: ``records`` is empty and ``raw`` is the records section as
+        received (no copy), for callers that decode batches themselves (kbroker.spark)."""
         async def call(conn):
             version = conn.version_for(FETCH)
             body = {
@@ -120,6 +123,9 @@ class Consumer(ClusterClient):
 
         p = await self._with_leader(topic, partition, call)
         data = p["records"]
+        if not decode:
+            return FetchResult(topic, partition, [], p["high_watermark"], p.get("last_stable_offset", -1),
+                               p.get("log_start_offset", -1), offset, data if data is not None else b"")
         records, next_offset = self._decode(topic, partition, data, offset, p.get("aborted_transactions"))
         return FetchResult(topic, partition, records, p["high_watermark"], p.get("last_stable_offset", -1),
                            p.get("log_start_offset", -1), next_offset,
