@@ -281,6 +281,9 @@ class LogCleaner:
         self._lock = threading.Lock()
         self.stats = {"passes": 0, "bytes_read": 0, "bytes_written": 0, "errors": 0}
         self._horizons: dict = {}            # id(log) -> earliest delete horizon left
+        # Logs whose cleaning failed (e.g. a corrupt batch): skipped from then on, as Kafka
+        # marks such partitions uncleanable, instead of failing every backoff.
+        self.uncleanable: set = set()
 
     def run_on_loop(self, loop) -> None:
         """Route owner-thread steps through ``loop`` (the broker's event loop). A step still
@@ -360,7 +363,7 @@ class LogCleaner:
             if self._stop.is_set():
                 raise CleanerStopped()
             with self._lock:
-                if id(lg) in self._busy:
+                if id(lg) in self._busy or lg.name in self.uncleanable:
                     continue
             ratio = self.runner(lambda lg=lg: self._dirty_ratio(lg, now))
             if ratio is not None and ratio > best_ratio:
@@ -373,6 +376,12 @@ class LogCleaner:
             self._busy.add(id(best))
         try:
             result = self.clean_log(best, now)
+        except CleanerStopped:
+            raise
+        except Exception:
+            self.uncleanable.add(best.name)
+            log.exception("cleaning %s failed; it is not cleaned again until restart", best.name)
+            raise
         finally:
             with self._lock:
                 self._busy.discard(id(best))
