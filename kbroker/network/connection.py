@@ -35,7 +35,7 @@ from ..protocol.types import FileRegions, ProtocolError
 log = logging.getLogger(__name__)
 
 CHUNK_SIZE = 32 * 1024
-FRAME_STEP = 256 * 1024     # pool memory a large frame may hold beyond the bytes it has sent
+FRAME_STEP = 64 * 1024      # pool memory a large frame may hold beyond the bytes it has sent
 _MIN_TAIL = 4096            # below this much free tail space, rotate the chunk rather than read in dribbles
 _SIZE = struct.Struct(">i")
 
