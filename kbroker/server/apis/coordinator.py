@@ -4,37 +4,25 @@ As in Kafka, the coordinator of group G is the leader of partition ``abs(javaHas
 internal topic ``__consumer_offsets`` (partition count ``offsets.topic.num.partitions``), created on
 first use; until it has a leader the answer is COORDINATOR_NOT_AVAILABLE and clients retry.
 
-The group APIs themselves (JoinGroup, OffsetCommit, ...) are not implemented yet and are therefore
-not advertised. FindCoordinator is advertised anyway because librdkafka < 2.1 (Debian's kcat) only
-turns its LZ4 compression on when a broker advertises FindCoordinator: that was its probe for
-"broker >= 0.8.2".
+The group APIs themselves (JoinGroup, OffsetCommit, ...) live in ``groups.py`` (registered from
+here) on top of ``kbroker.coordinator``. (FindCoordinator must be advertised in any case:
+librdkafka < 2.1, Debian's kcat, only turns LZ4 on when a broker advertises it.)
 """
 from __future__ import annotations
 
+from ...coordinator.manager import java_string_hash, partition_for  # noqa: F401  (re-exported)
 from ...protocol import api
 from ...protocol.errors import Errors
+from . import groups
 
 OFFSETS_TOPIC = "__consumer_offsets"
 GROUP, TRANSACTION = 0, 1
 
 
-def java_string_hash(s: str) -> int:
-    """Java's String.hashCode over UTF-16 code units, as a signed 32-bit int."""
-    h = 0
-    data = s.encode("utf-16-be")
-    for i in range(0, len(data), 2):
-        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
-    return h - (1 << 32) if h & 0x80000000 else h
-
-
-def partition_for(group_id: str, partitions: int) -> int:
-    h = java_string_hash(group_id)
-    return (0 if h == -(1 << 31) else abs(h)) % partitions   # Kafka's Utils.abs
-
-
 def register(broker, handlers):
     api.advertise(10, 0, 2)
     handlers[10] = lambda conn, header, body: find_coordinator(broker, body)
+    groups.register(broker, handlers)
 
 
 def _answer(code, node=None, message=None):

@@ -1,0 +1,135 @@
+"""Appends to and reads from the partitions of ``__consumer_offsets``.
+
+``append`` is the ONE place where the coordinator writes: with the broker's ReplicaManager (when
+replication is wired in) it appends with acks=-1 and waits until the batch is replicated (or
+``offsets.commit.timeout.ms`` passes); without one, it appends to the local leader log, which on a
+single broker is the whole ISR. Errors come back as Kafka maps them for the group APIs.
+
+Batches are built by the native BatchBuilder, one batch per call (all records of one commit or one
+group write), so a commit is one append whatever its partition count.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+
+from kbroker._native.batch import BatchBuilder
+from kbroker.record import decode_records, iter_batches
+
+from ..log.errors import LogAppendError
+from ..protocol.errors import Errors
+
+log = logging.getLogger(__name__)
+
+OFFSETS_TOPIC = "__consumer_offsets"
+
+# Kafka's mapping of append errors for offset commits (GroupMetadataManager.storeOffsets) ...
+_COMMIT_ERRORS = {
+    Errors.UNKNOWN_TOPIC_OR_PARTITION: Errors.COORDINATOR_NOT_AVAILABLE,
+    Errors.NOT_ENOUGH_REPLICAS: Errors.COORDINATOR_NOT_AVAILABLE,
+    Errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND: Errors.COORDINATOR_NOT_AVAILABLE,
+    Errors.REQUEST_TIMED_OUT: Errors.COORDINATOR_NOT_AVAILABLE,
+    Errors.NOT_LEADER_OR_FOLLOWER: Errors.NOT_COORDINATOR,
+    Errors.KAFKA_STORAGE_ERROR: Errors.NOT_COORDINATOR,
+    Errors.MESSAGE_TOO_LARGE: Errors.INVALID_COMMIT_OFFSET_SIZE,
+    Errors.RECORD_LIST_TOO_LARGE: Errors.INVALID_COMMIT_OFFSET_SIZE,
+    Errors.INVALID_FETCH_SIZE: Errors.INVALID_COMMIT_OFFSET_SIZE,
+}
+# ... and for group metadata (storeGroup): too large is a server error there.
+_GROUP_ERRORS = dict(_COMMIT_ERRORS)
+for _c in (Errors.MESSAGE_TOO_LARGE, Errors.RECORD_LIST_TOO_LARGE, Errors.INVALID_FETCH_SIZE):
+    _GROUP_ERRORS[_c] = Errors.UNKNOWN_SERVER_ERROR
+
+
+def map_error(code: int, for_commit: bool) -> int:
+    if code == 0:
+        return 0
+    table = _COMMIT_ERRORS if for_commit else _GROUP_ERRORS
+    try:
+        return int(table.get(Errors(code), code))
+    except ValueError:
+        return int(Errors.UNKNOWN_SERVER_ERROR)
+
+
+def build_batch(records, now_ms: int) -> bytearray:
+    """One RecordBatch v2 holding ``records`` [(key, value-or-None)], writable for stamping."""
+    size = 128 + sum(len(k) + (len(v) if v is not None else 0) + 32 for k, v in records)
+    b = BatchBuilder(0, size)
+    for k, v in records:
+        b.append(now_ms, k, v)
+    return bytearray(b.build())
+
+
+class OffsetsStore:
+    def __init__(self, broker):
+        self.broker = broker
+
+    def _timeout_ms(self) -> int:
+        return self.broker.config.get("offsets.commit.timeout.ms")
+
+    async def append(self, partition: int, records, for_commit: bool) -> tuple[int, int]:
+        """Append ``records`` [(key bytes, value bytes or None)] to ``__consumer_offsets-partition``
+        and wait until they are durable. Returns (error code as the group APIs report it, base
+        offset or -1)."""
+        broker = self.broker
+        tp = (OFFSETS_TOPIC, partition)
+        buf = build_batch(records, broker.now_ms())
+        rm = getattr(broker, "replica_manager", None)
+        if rm is not None:
+            try:
+                res = rm.append_records({tp: memoryview(buf)}, -1, self._timeout_ms(), internal=True)
+                if inspect.isawaitable(res):
+                    res = await res
+            except Exception:
+                log.exception("append to %s-%d failed", *tp)
+                return int(Errors.UNKNOWN_SERVER_ERROR), -1
+            r = res[tp]
+            return map_error(int(r.error_code), for_commit), r.base_offset
+        # No ReplicaManager: the local leader log is the whole ISR on one broker.
+        md = broker.metadata
+        tinfo = md.topics.get(OFFSETS_TOPIC)
+        pinfo = tinfo.partitions.get(partition) if tinfo is not None else None
+        if pinfo is None:
+            return map_error(Errors.UNKNOWN_TOPIC_OR_PARTITION, for_commit), -1
+        if pinfo.leader != broker.broker_id:
+            return map_error(Errors.NOT_LEADER_OR_FOLLOWER, for_commit), -1
+        lg = broker.logs.get(tp)
+        if lg is None:
+            return map_error(Errors.NOT_LEADER_OR_FOLLOWER, for_commit), -1
+        try:
+            r = lg.append_as_leader(buf, pinfo.leader_epoch, broker.now_ms())
+        except LogAppendError as e:
+            return map_error(e.error_code, for_commit), -1
+        broker.notifier.appended(tp)
+        return 0, r.base_offset
+
+    def read_all(self, partition: int, chunk_bytes: int):
+        """Yield (offset, key, value) of every record in the partition's local log, oldest first,
+        reading ``chunk_bytes`` (``offsets.load.buffer.size``) at a time."""
+        lg = self.broker.logs.get((OFFSETS_TOPIC, partition))
+        if lg is None:
+            return
+        offset = lg.log_start_offset
+        end = lg.log_end_offset
+        while offset < end:
+            data = lg.read(offset, chunk_bytes, max_offset=end, min_one_batch=True)
+            if not data.regions:
+                break
+            fd, pos, length = data.regions[0]
+            buf = os.pread(fd, length, pos)
+            view = memoryview(buf)
+            advanced = False
+            for info in iter_batches(view):
+                if info.position + info.size > len(buf):
+                    break
+                if info.next_offset <= offset:
+                    continue
+                advanced = True
+                offset = info.next_offset
+                if info.is_control:
+                    continue
+                for rec in decode_records(view[info.position:info.position + info.size]):
+                    yield rec[0], rec[2], rec[3]
+            if not advanced:
+                break
