@@ -546,6 +546,12 @@ class BrokerZk:
             raise PartitionNotFoundError(f"{topic}-{partition}") from None
         return stat.version
 
+    def notify_isr_change(self, partitions) -> str:
+        """Tell the controller a leader changed ISRs: a persistent sequential
+        /isr_change_notification/isr_change_<seq> naming ``partitions`` [(topic, p)]."""
+        return self.kazoo.retry(self.kazoo.create, L.ISR_CHANGE_PREFIX, L.encode_partition_list(partitions),
+                                sequence=True, makepath=True)
+
     def add_partitions(self, name: str, new_assignment: dict[int, list[int]]) -> dict[int, list[int]]:
         """Add partitions (controller only). ``new_assignment`` holds only the new
         partitions, numbered on from the current count. Returns the full assignment."""

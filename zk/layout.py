@@ -34,6 +34,7 @@ CONFIG_TOPICS = "/config/topics"
 DELETE_TOPICS = "/admin/delete_topics"
 LATEST_PRODUCER_ID_BLOCK = "/latest_producer_id_block"
 ISR_CHANGE_NOTIFICATION = "/isr_change_notification"
+ISR_CHANGE_PREFIX = "/isr_change_notification/isr_change_"
 LOG_DIR_EVENT_NOTIFICATION = "/log_dir_event_notification"
 CONSUMERS = "/consumers"
 
@@ -364,3 +365,11 @@ def decode_producer_id_block(data: bytes | None) -> ProducerIdBlock | None:
     if not obj:
         return None
     return ProducerIdBlock(int(obj["broker"]), int(obj["block_start"]), int(obj["block_end"]))
+
+
+# --- /isr_change_notification/isr_change_<seq>, /admin/preferred_replica_election --------------
+
+def encode_partition_list(partitions) -> bytes:
+    """{"version":1,"partitions":[{"topic":t,"partition":p},...]} (ISR change notifications and
+    preferred replica election requests share this shape)."""
+    return dumps({"version": 1, "partitions": [{"topic": t, "partition": int(p)} for t, p in partitions]})

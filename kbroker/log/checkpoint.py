@@ -21,7 +21,11 @@ VERSION = 0
 
 def write_lines(path: str, lines: list) -> None:
     """Atomically replace ``path`` with the version/count header and ``lines``."""
-    body = f"{VERSION}\n{len(lines)}\n" + "".join(f"{line}\n" for line in lines)
+    write_text(path, f"{VERSION}\n{len(lines)}\n" + "".join(f"{line}\n" for line in lines))
+
+
+def write_text(path: str, body: str) -> None:
+    """Atomically replace ``path`` with ``body`` (temp file, fsync, rename, directory fsync)."""
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:

@@ -27,6 +27,7 @@ from typing import NamedTuple
 from kbroker._native import batch as _batch
 
 from .cleaner import recover_swaps
+from .checkpoint import write_text
 from .epoch_cache import LeaderEpochCache
 from .errors import (CORRUPT_MESSAGE, INVALID_RECORD, KAFKA_STORAGE_ERROR, LogAppendError,
                      OffsetOutOfRange)
@@ -34,6 +35,7 @@ from .producer_state import ProducerStateManager
 from .segment import INT64_MAX, LogSegment
 
 LONG_MAX = INT64_MAX
+PARTITION_METADATA = "partition.metadata"
 SNAPSHOTS_KEPT = 3
 
 # Kafka's topic-level names and defaults (LogConfig / TopicConfig).
@@ -476,6 +478,24 @@ class Log:
         if len(offsets) > SNAPSHOTS_KEPT:
             self.producer_state.delete_snapshots(below=offsets[-SNAPSHOTS_KEPT])
         return seg
+
+    # -- partition.metadata (topic id) --------------------------------------------------------
+
+    def read_topic_id(self) -> str | None:
+        """The topic id (base64 text) in ``partition.metadata``, None if the file is absent."""
+        try:
+            with open(os.path.join(self.dir, PARTITION_METADATA), encoding="utf-8") as f:
+                for line in f:
+                    key, _, value = line.partition(":")
+                    if key.strip() == "topic_id":
+                        return value.strip()
+        except FileNotFoundError:
+            pass
+        return None
+
+    def write_topic_id(self, topic_id: str) -> None:
+        """Kafka's ``partition.metadata`` (version 0), written atomically."""
+        write_text(os.path.join(self.dir, PARTITION_METADATA), f"version: 0\ntopic_id: {topic_id}\n")
 
     # -- truncation (followers) -------------------------------------------------------------
 

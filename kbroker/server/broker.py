@@ -16,6 +16,7 @@ from ..log.manager import LogManager
 from ..metrics import BrokerMetrics, MetricsServer
 from ..network.server import KafkaServer
 from ..protocol import api
+from ..replica import LeaderAndIsrState, ReplicaManager
 from ..zk.client import BrokerZk, TopicNotFoundError
 from .metadata import BrokerInfo, MetadataCache, PartitionInfo, TopicInfo, topic_id_bytes
 
@@ -35,6 +36,7 @@ class Broker:
         self.metadata = MetadataCache()
         self.handlers: dict = {}
         self.logs: LogManager | None = None
+        self.replica_manager: ReplicaManager | None = None
         self.zk: BrokerZk | None = None
         self.server: KafkaServer | None = None
         self.notifier = None
@@ -67,9 +69,13 @@ class Broker:
         await asyncio.to_thread(self.zk.elect_controller)
         # Topic configs come from ZooKeeper before the logs load, so recovery and retention use them.
         topics, _missing, _brokers, _controller = await asyncio.to_thread(self._read_zk_metadata, None)
-        self.logs = LogManager(cfg.log_dirs, cfg.topic_defaults(), cleaner_config=cfg.cleaner_config())
+        # hw_follows_leo=False: each partition's leader moves its high watermark (ISR rule).
+        self.logs = LogManager(cfg.log_dirs, cfg.topic_defaults(), cleaner_config=cfg.cleaner_config(),
+                               hw_follows_leo=False)
         self.logs.startup(self.broker_id, self.cluster_id,
                           {name: self.topic_overrides(t) for name, t in topics.items()})
+        self.replica_manager = ReplicaManager(self)
+        self.replica_manager.start()
 
         listener = cfg.listeners[0]
         self.server = KafkaServer(
@@ -138,6 +144,8 @@ class Broker:
         if self.zk is not None:
             await asyncio.to_thread(self.zk.close)
         if self.logs is not None:
+            if self.replica_manager is not None:
+                await self.replica_manager.stop()
             self.logs.shutdown()
         self._stopped.set()
 
@@ -218,14 +226,20 @@ class Broker:
         return eff
 
     def open_logs(self, topic: TopicInfo, config_changed: bool = True) -> None:
-        """Open (or create) the logs of partitions this broker leads; re-apply the topic's config to
-        its open logs only when the overrides changed."""
+        """Re-apply the topic's config to its open logs when the overrides changed. Until a
+        controller has sent LeaderAndIsr, also lead what the cached state names this broker the
+        leader of, through the same ReplicaManager entry point LeaderAndIsr uses."""
         overrides = self.topic_overrides(topic)
         if config_changed:
             self.logs.set_topic_config(topic.name, overrides)
+        rm = self.replica_manager
+        if rm is None or rm.controller_managed:
+            return
         for p, info in topic.partitions.items():
-            if info.leader == self.broker_id and self.logs.get((topic.name, p)) is None:
-                self.logs.get_or_create(topic.name, p, overrides)
+            if info.leader == self.broker_id:
+                st = LeaderAndIsrState(info.leader, info.leader_epoch, list(info.isr) or [self.broker_id],
+                                       list(info.replicas), info.zk_version)
+                rm.become_leader((topic.name, p), st, overrides)
 
     def now_ms(self) -> int:
         return time.time_ns() // 1_000_000

@@ -27,19 +27,14 @@ def register(broker, handlers):
 
 
 def _leader_log(broker, topic, partition, current_leader_epoch=-1):
-    """-> (Log, PartitionInfo, error code). Epoch checks per KIP-320."""
-    pinfo = broker.metadata.partition(topic, partition)
-    if pinfo is None:
-        return None, None, Errors.UNKNOWN_TOPIC_OR_PARTITION
-    if pinfo.leader != broker.broker_id:
-        return None, pinfo, Errors.NOT_LEADER_OR_FOLLOWER
-    if current_leader_epoch >= 0 and current_leader_epoch != pinfo.leader_epoch:
-        return None, pinfo, (Errors.FENCED_LEADER_EPOCH if current_leader_epoch < pinfo.leader_epoch
-                             else Errors.UNKNOWN_LEADER_EPOCH)
-    lg = broker.logs.get((topic, partition))
-    if lg is None:
-        return None, pinfo, Errors.NOT_LEADER_OR_FOLLOWER
-    return lg, pinfo, Errors.NONE
+    """-> (Log, Partition, error code): reads are served by the leader only (KIP-320 epoch checks
+    in ReplicaManager.fetch_partition)."""
+    p, err = broker.replica_manager.fetch_partition((topic, partition), current_leader_epoch)
+    if err:
+        if p is None and broker.metadata.partition(topic, partition) is None:
+            err = Errors.UNKNOWN_TOPIC_OR_PARTITION
+        return None, p, err
+    return p.log, p, Errors.NONE
 
 
 def fetch(broker, header, body):
@@ -47,6 +42,9 @@ def fetch(broker, header, body):
         # We never hand out fetch sessions (KIP-227 lets a broker answer every fetch in full).
         return {"throttle_time_ms": 0, "error_code": Errors.FETCH_SESSION_ID_NOT_FOUND, "session_id": 0,
                 "responses": []}
+    replica_id = body.get("replica_id", -1)    # v15+ would carry it in replica_state; we serve <= 11
+    if replica_id >= 0:
+        _record_follower(broker, body, replica_id)
     responses, size, errors = _read(broker, body)
     if size >= body["min_bytes"] or body["max_wait_ms"] <= 0 or errors:
         return _answer(responses)
@@ -72,6 +70,16 @@ async def _long_poll(broker, body):
             return _answer(responses)
 
 
+def _record_follower(broker, body, replica_id):
+    """A follower's fetch offset is its log end offset: HW and ISR bookkeeping on the leader."""
+    rm = broker.replica_manager
+    for t in body["topics"]:
+        for p in t["partitions"]:
+            part, err = rm.fetch_partition((t["topic"], p["partition"]), p.get("current_leader_epoch", -1))
+            if not err:
+                rm.record_follower_fetch(part, replica_id, p["fetch_offset"], p.get("current_leader_epoch", -1))
+
+
 def _answer(responses):
     return {"throttle_time_ms": 0, "error_code": 0, "session_id": 0, "responses": responses}
 
@@ -79,6 +87,7 @@ def _answer(responses):
 def _read(broker, body):
     """Read every requested partition -> (responses, total bytes, any error)."""
     budget = body.get("max_bytes", 0x7FFFFFFF)
+    follower = body.get("replica_id", -1) >= 0
     first = True
     total = 0
     errors = False
@@ -103,8 +112,10 @@ def _read(broker, body):
             res["log_start_offset"] = lg.log_start_offset
             limit = min(p["partition_max_bytes"], budget)
             try:
-                # Consumers never see past the high watermark (= LSO until transactions exist).
-                data = lg.read(p["fetch_offset"], limit, hw, min_one_batch=first)
+                # Consumers never see past the high watermark (= LSO until transactions exist);
+                # followers read up to the log end.
+                data = lg.read(p["fetch_offset"], limit, lg.log_end_offset if follower else hw,
+                               min_one_batch=first)
             except OffsetOutOfRange:
                 res["error_code"] = int(Errors.OFFSET_OUT_OF_RANGE)
                 errors = True
@@ -134,6 +145,10 @@ def list_offsets(broker, header, body):
                 res["error_code"] = int(err)
                 continue
             ts = p["timestamp"]
+            if not pinfo.leader_hw_ready():
+                # A new leader's HW may be below what the previous leader exposed (KIP-207).
+                res["error_code"] = int(Errors.OFFSET_NOT_AVAILABLE)
+                continue
             if ts == LATEST:
                 res["offset"] = lg.high_watermark        # = LSO for read_committed without transactions
                 res["leader_epoch"] = pinfo.leader_epoch

@@ -1,15 +1,15 @@
-"""Produce: validate and append each partition's RecordBatch as received.
+"""Produce: check names, then hand each partition's RecordBatch to the ReplicaManager.
 
-The batch bytes are a view into the request frame; ``Log.append_as_leader`` validates them natively
-(CRC32C, sizes, counts), stamps offsets and the leader epoch in place and writes them to the segment.
-No per-record Python work. acks=0 gets no response, and any error closes the connection (the client
-has no other way to learn of it).
+The batch bytes are a view into the request frame; the leader's ``Log.append_as_leader`` validates
+them natively (CRC32C, sizes, counts), stamps offsets and the leader epoch in place and writes them
+to the segment. No per-record Python work. acks=0/1 are answered at once; acks=all when the high
+watermark covers the batches (replica/manager.py). acks=0 gets no response, and any error closes
+the connection (the client has no other way to learn of it).
 """
 from __future__ import annotations
 
 import logging
 
-from ...log.errors import LogAppendError
 from ...network.connection import CLOSE, NO_RESPONSE
 from ...protocol import api
 from ...protocol.errors import Errors
@@ -34,9 +34,10 @@ def produce(broker, header, body):
     else:
         code = None
     md = broker.metadata
-    now_ms = broker.now_ms()
     failed = False
     responses = []
+    entries = {}
+    slots = []          # (tp, response dict) of the partitions handed to the ReplicaManager
     for topic in body["topic_data"]:
         name = topic["name"]
         tinfo = md.topics.get(name)
@@ -51,44 +52,50 @@ def produce(broker, header, body):
                 if tinfo is None:
                     err = (Errors.INVALID_TOPIC_EXCEPTION if topic_name_error(name)
                            else Errors.UNKNOWN_TOPIC_OR_PARTITION)
-                else:
-                    pinfo = tinfo.partitions.get(index)
-                    if pinfo is None:
-                        err = Errors.UNKNOWN_TOPIC_OR_PARTITION
-                    elif pinfo.leader != broker.broker_id:
-                        err = Errors.NOT_LEADER_OR_FOLLOWER
-                    elif p["records"] is None or len(p["records"]) == 0:
-                        err = Errors.CORRUPT_MESSAGE
-                    elif acks == -1 and len(pinfo.isr) < _min_isr(broker, tinfo):
-                        err = Errors.NOT_ENOUGH_REPLICAS
+                elif index not in tinfo.partitions:
+                    err = Errors.UNKNOWN_TOPIC_OR_PARTITION
+                elif p["records"] is None or len(p["records"]) == 0:
+                    err = Errors.CORRUPT_MESSAGE
             if err is None:
-                lg = broker.logs.get((name, index))
-                if lg is None:
-                    err = Errors.NOT_LEADER_OR_FOLLOWER
+                tp = (name, index)
+                if tp in entries:
+                    err = Errors.INVALID_RECORD      # the same partition twice in one request
                 else:
-                    try:
-                        r = lg.append_as_leader(p["records"], pinfo.leader_epoch, now_ms)
-                    except LogAppendError as e:
-                        err = e.error_code
-                        res["error_message"] = str(e)
-                        if err == Errors.KAFKA_STORAGE_ERROR:
-                            log.error("append to %s-%d failed: %s", name, index, e)
-                    else:
-                        broker.metrics.produced(name, r.last_offset - r.base_offset + 1, len(p["records"]))
-                        res["base_offset"] = r.base_offset
-                        res["log_append_time_ms"] = r.log_append_time_ms
-                        res["log_start_offset"] = r.log_start_offset
-                        broker.notifier.appended((name, index))
-            if err is not None:
-                res["error_code"] = int(err)
-                broker.metrics.produce_failed(name)
-                failed = True
+                    entries[tp] = p["records"]
+                    slots.append((tp, res))
+                    continue
+            res["error_code"] = int(err)
+            broker.metrics.produce_failed(name)
+            failed = True
         responses.append({"name": name, "partition_responses": parts})
+    if entries:
+        results = broker.replica_manager.append_records(entries, acks, body["timeout_ms"])
+        if not isinstance(results, dict):
+            return _finish_later(broker, results, slots, responses)
+        failed |= _fill(broker, results, slots)
     if acks == 0:
         return CLOSE if failed else NO_RESPONSE
     return {"responses": responses, "throttle_time_ms": 0}
 
 
-def _min_isr(broker, tinfo) -> int:
-    v = tinfo.config.get("min.insync.replicas")
-    return int(v) if v is not None else broker.config.get("min.insync.replicas")
+def _fill(broker, results, slots) -> bool:
+    failed = False
+    for tp, res in slots:
+        r = results[tp]
+        if r.error_code:
+            res["error_code"] = int(r.error_code)
+            if r.error_message:
+                res["error_message"] = r.error_message
+            broker.metrics.produce_failed(tp[0])
+            failed = True
+        else:
+            res["base_offset"] = r.base_offset
+            res["log_append_time_ms"] = r.log_append_time_ms
+            res["log_start_offset"] = r.log_start_offset
+    return failed
+
+
+async def _finish_later(broker, future, slots, responses):
+    """acks=all: answer once the high watermark covers every batch (or it failed / timed out)."""
+    _fill(broker, await future, slots)
+    return {"responses": responses, "throttle_time_ms": 0}

@@ -1,0 +1,251 @@
+"""ReplicaFetcher: one asyncio task per source (leader) broker, copying its partitions' batches.
+
+Loop: connect (kbroker.client BrokerConnection to the leader's registered endpoint); for the
+partitions that just became followers, truncate by leader epoch (below); then Fetch v11 with
+replica_id = this broker's id, current_leader_epoch, fetch_offset = own LEO,
+replica.fetch.wait.max.ms / replica.fetch.min.bytes / replica.fetch.max.bytes /
+replica.fetch.response.max.bytes. The leader's batches are appended as they are
+(Log.append_as_follower); the follower HW = min(leader HW, own LEO).
+
+Truncation (KIP-101/279): send OffsetForLeaderEpoch (replica_id = own id) for the latest epoch
+in the local epoch cache. The leader answers its largest epoch <= ours and where it ends. If we
+hold that epoch too, truncate to min(leader's end, our end for it); otherwise ask again with our
+largest epoch below it, until the epochs agree. Without any local epoch, truncate to the HW.
+
+Errors: connection failures back off replica.fetch.backoff.ms; FENCED_LEADER_EPOCH,
+UNKNOWN_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER park the partition for the backoff (a LeaderAndIsr
+will move it); OFFSET_OUT_OF_RANGE truncates again (or restarts the log at the leader's log start).
+
+Threads: the event-loop thread.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from ..client.connection import BrokerConnection
+from ..log.errors import LogAppendError
+from ..protocol.errors import Errors
+
+log = logging.getLogger(__name__)
+
+FETCH, OFFSET_FOR_LEADER_EPOCH = 1, 23
+FETCH_VERSION = 11            # replica_id in the body, current_leader_epoch, no topic ids
+OFFSET_FOR_LEADER_EPOCH_VERSION = 3
+MAX_EPOCH_ROUNDS = 16
+
+
+class _State:
+    __slots__ = ("truncating", "parked_until")
+
+    def __init__(self):
+        self.truncating = True
+        self.parked_until = 0.0
+
+
+class ReplicaFetcher:
+    EMPTY = None      # set below: a fetcher-shaped object with no partitions
+
+    def __init__(self, rm, source_id: int):
+        self.rm = rm
+        self.source_id = source_id
+        self.partitions: dict = {}          # tp -> _State
+        self._wake = asyncio.Event()
+        self._task = None
+        self._conn = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._close()
+
+    def add(self, tp) -> None:
+        self.partitions[tp] = _State()
+        self._wake.set()
+
+    def remove(self, tp) -> None:
+        self.partitions.pop(tp, None)
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    async def _run(self) -> None:
+        rm = self.rm
+        backoff = rm.fetch_backoff_ms / 1000
+        while True:
+            if not self.partitions:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            try:
+                if self._conn is None or self._conn.closed:
+                    self._close()
+                    addr = rm.broker_address(self.source_id)
+                    if addr is None:
+                        raise ConnectionError(f"broker {self.source_id} has no known endpoint")
+                    self._conn = await BrokerConnection.open(
+                        addr[0], addr[1], node_id=self.source_id, client_id=f"broker-{rm.broker_id}-fetcher",
+                        request_timeout_ms=rm.socket_timeout_ms)
+                if any(s.truncating for s in self.partitions.values()):
+                    await self._truncate()
+                if not await self._fetch():
+                    await self._park_wait()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("fetcher from broker %d: %s; retrying in %.1f s", self.source_id, e, backoff)
+                self._close()
+                await asyncio.sleep(backoff)
+
+    async def _park_wait(self) -> None:
+        """Every partition is parked: sleep until the first comes back (or one is added)."""
+        now = time.monotonic()
+        due = min((s.parked_until for s in self.partitions.values()), default=now)
+        self._wake.clear()
+        try:
+            await asyncio.wait_for(self._wake.wait(), max(due - now, 0.01))
+        except asyncio.TimeoutError:
+            pass
+
+    def _park(self, tp) -> None:
+        s = self.partitions.get(tp)
+        if s is not None:
+            s.parked_until = time.monotonic() + self.rm.fetch_backoff_ms / 1000
+
+    # -- truncation ---------------------------------------------------------------------------
+
+    async def _truncate(self) -> None:
+        rm = self.rm
+        queries = {}     # tp -> epoch to ask about
+        for tp, s in self.partitions.items():
+            if not s.truncating:
+                continue
+            p = rm.partitions.get(tp)
+            if p is None:
+                continue
+            epoch = p.log.epoch_cache.latest_epoch
+            if epoch < 0:
+                self._truncate_to(p, p.log.high_watermark, "no local leader epochs")
+                s.truncating = False
+            else:
+                queries[tp] = epoch
+        for _round in range(MAX_EPOCH_ROUNDS):
+            if not queries:
+                return
+            asked = {tp: (rm.partitions[tp], e) for tp, e in queries.items() if tp in rm.partitions}
+            body = {"replica_id": rm.broker_id, "topics": []}
+            by_topic = {}
+            for (t, i), (p, e) in asked.items():
+                by_topic.setdefault(t, []).append({"partition": i, "current_leader_epoch": p.leader_epoch,
+                                                   "leader_epoch": e})
+            body["topics"] = [{"topic": t, "partitions": ps} for t, ps in by_topic.items()]
+            _v, resp = await self._conn.send(OFFSET_FOR_LEADER_EPOCH, body, OFFSET_FOR_LEADER_EPOCH_VERSION)
+            queries = {}
+            for t in resp["topics"]:
+                for r in t["partitions"]:
+                    tp = (t["topic"], r["partition"])
+                    if tp not in asked or tp not in self.partitions:
+                        continue
+                    p, asked_epoch = asked[tp]
+                    if r["error_code"]:
+                        self._park(tp)
+                        continue
+                    leader_epoch, end = r["leader_epoch"], r["end_offset"]
+                    lg = p.log
+                    if leader_epoch < 0 or end < 0:
+                        target = lg.high_watermark
+                    else:
+                        mine, my_end = lg.end_offset_for_epoch(leader_epoch)
+                        if mine != leader_epoch and mine >= 0 and mine < asked_epoch:
+                            queries[tp] = mine          # ask again about our epoch below theirs
+                            continue
+                        target = min(end, my_end if my_end >= 0 else end, lg.log_end_offset)
+                    self._truncate_to(p, target, f"leader {self.source_id} epoch {leader_epoch} ends at {end}")
+                    self.partitions[tp].truncating = False
+
+    def _truncate_to(self, p, offset: int, why: str) -> None:
+        lg = p.log
+        if offset < lg.log_end_offset:
+            log.info("%s-%d: truncating from %d to %d (%s)", p.topic, p.index, lg.log_end_offset, offset, why)
+            lg.truncate_to(offset)
+
+    # -- fetch --------------------------------------------------------------------------------
+
+    async def _fetch(self) -> bool:
+        """One Fetch round. Returns False when every partition is parked or truncating."""
+        rm = self.rm
+        now = time.monotonic()
+        by_topic = {}
+        sent = {}
+        for tp, s in self.partitions.items():
+            if s.truncating or s.parked_until > now:
+                continue
+            p = rm.partitions.get(tp)
+            if p is None or p.leader_id != self.source_id:
+                continue
+            lg = p.log
+            sent[tp] = (p, p.leader_epoch, lg.log_end_offset)
+            by_topic.setdefault(tp[0], []).append({
+                "partition": tp[1], "current_leader_epoch": p.leader_epoch, "fetch_offset": lg.log_end_offset,
+                "log_start_offset": lg.log_start_offset, "partition_max_bytes": rm.fetch_max_bytes})
+        if not sent:
+            return False
+        body = {"replica_id": rm.broker_id, "max_wait_ms": rm.fetch_wait_ms, "min_bytes": rm.fetch_min_bytes,
+                "max_bytes": rm.fetch_response_max_bytes, "isolation_level": 0, "session_id": 0,
+                "session_epoch": -1, "topics": [{"topic": t, "partitions": ps} for t, ps in by_topic.items()],
+                "forgotten_topics_data": [], "rack_id": ""}
+        _v, resp = await self._conn.send(FETCH, body, FETCH_VERSION,
+                                         timeout=(rm.fetch_wait_ms + rm.socket_timeout_ms) / 1000)
+        if resp.get("error_code"):
+            raise ConnectionError(f"fetch failed with error {resp['error_code']}")
+        for t in resp["responses"]:
+            for r in t["partitions"]:
+                tp = (t["topic"], r["partition_index"])
+                got = sent.get(tp)
+                s = self.partitions.get(tp)
+                if got is None or s is None:
+                    continue
+                p, epoch, offset = got
+                if rm.partitions.get(tp) is not p or p.leader_epoch != epoch or p.log.log_end_offset != offset:
+                    continue        # moved on while the fetch was out (new epoch, truncation)
+                code = r["error_code"]
+                lg = p.log
+                if code == 0:
+                    records = r["records"]
+                    if records is not None and len(records):
+                        try:
+                            lg.append_as_follower(records)
+                        except LogAppendError as e:
+                            log.warning("%s-%d: follower append failed (%s); truncating again", tp[0], tp[1], e)
+                            s.truncating = True
+                            continue
+                    lg.high_watermark = min(r["high_watermark"], lg.log_end_offset)
+                    rm.broker.notifier.appended(tp)
+                elif code == Errors.OFFSET_OUT_OF_RANGE:
+                    start = r["log_start_offset"]
+                    if 0 <= offset < start:
+                        log.info("%s-%d: log end %d is below the leader's log start %d: starting over there",
+                                 tp[0], tp[1], offset, start)
+                        lg.truncate_fully(start)
+                    else:
+                        s.truncating = True
+                else:
+                    self._park(tp)
+        return True
+
+
+class _NoFetcher:
+    partitions: dict = {}
+
+
+ReplicaFetcher.EMPTY = _NoFetcher()

@@ -1,0 +1,396 @@
+"""ReplicaManager: every partition replica this broker holds, and the entry points the Produce and
+Fetch handlers, the group coordinator and LeaderAndIsr/StopReplica call.
+
+- ``append_records(entries, acks, timeout_ms)``: leader appends. acks 0/1 (or nothing left to
+  wait for) -> the results dict directly, with no await and no extra allocation per batch;
+  acks=all -> a future resolving when the high watermark covers each batch (DelayedProduce).
+  acks=all is refused before the append with NOT_ENOUGH_REPLICAS when the ISR is below
+  min.insync.replicas.
+- ``fetch_partition`` + ``record_follower_fetch``: the Fetch handler's leader lookup with KIP-320
+  epoch checks; a follower fetch's offset is that follower's LEO (HW, ISR expansion).
+- ``become_leader`` / ``become_follower`` / ``stop_replica``: LeaderAndIsr and StopReplica.
+  A partition state with a lower leader epoch than the one held is refused (STALE_CONTROLLER_EPOCH
+  per partition, as Kafka); an equal epoch with the same ISR/replicas is a no-op.
+- ISR changes (leader only): shrink after replica.lag.time.max.ms without catching up, expand
+  when a follower caught up in the current epoch. Each change is a version-checked write of the
+  state znode (expected version = partition_epoch) on a worker thread, then an
+  isr_change_notification for the controller. A StaleVersionError means someone else (the
+  controller) moved the partition: this leader stops acknowledging acks=all until LeaderAndIsr.
+
+Threads: the event-loop thread; ZooKeeper writes go to worker threads.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import NamedTuple
+
+from ..log.errors import LogAppendError
+from ..protocol.errors import Errors
+from .delayed import DelayedProduce
+from .fetcher import ReplicaFetcher
+from .partition import Partition
+
+log = logging.getLogger(__name__)
+
+UNDECIDED = -1
+
+
+class PartitionResult(NamedTuple):
+    error_code: int
+    base_offset: int = -1
+    log_append_time_ms: int = -1
+    log_start_offset: int = -1
+    error_message: str | None = None
+
+
+class LeaderAndIsrState(NamedTuple):
+    leader: int
+    leader_epoch: int
+    isr: list
+    replicas: list
+    partition_epoch: int
+    controller_epoch: int = -1
+    is_new: bool = False
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class ReplicaManager:
+    def __init__(self, broker):
+        self.broker = broker
+        self.broker_id = broker.broker_id
+        self.logs = broker.logs
+        cfg = broker.config
+        self.lag_ms = cfg.get("replica.lag.time.max.ms")
+        self.fetch_wait_ms = cfg.get("replica.fetch.wait.max.ms")
+        self.fetch_min_bytes = cfg.get("replica.fetch.min.bytes")
+        self.fetch_max_bytes = cfg.get("replica.fetch.max.bytes")
+        self.fetch_response_max_bytes = cfg.get("replica.fetch.response.max.bytes")
+        self.fetch_backoff_ms = cfg.get("replica.fetch.backoff.ms")
+        self.socket_timeout_ms = cfg.get("replica.socket.timeout.ms")
+        self.partitions: dict[tuple[str, int], Partition] = {}
+        self.fetchers: dict[int, ReplicaFetcher] = {}
+        self.controller_epoch = -1          # highest controller epoch seen (replica_control)
+        self.controller_managed = False     # a LeaderAndIsr arrived: leadership comes from it only
+        self.isr_shrinks = 0
+        self.isr_expands = 0
+        self._tasks: set = set()
+        self._isr_task = None
+        self.loop = None
+        self.state_lock = asyncio.Lock()    # LeaderAndIsr / StopReplica apply one at a time
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._isr_task = self.loop.create_task(self._isr_check_loop())
+
+    async def stop(self) -> None:
+        if self._isr_task is not None:
+            self._isr_task.cancel()
+        for f in list(self.fetchers.values()):
+            await f.stop()
+        self.fetchers.clear()
+        for t in list(self._tasks):
+            t.cancel()
+        for p in self.partitions.values():
+            self._fail_waiters(p, Errors.NOT_LEADER_OR_FOLLOWER)
+
+    def _spawn(self, coro) -> None:
+        t = self.loop.create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    # -- produce ------------------------------------------------------------------------------
+
+    def append_records(self, entries: dict, acks: int, timeout_ms: int, internal: bool = False):
+        """Append each partition's batch as leader. -> {tp: PartitionResult}, or an awaitable of
+        it for acks=all while the high watermark has not covered every batch."""
+        now = _now_ms()
+        results = {}
+        pending = None
+        metrics = self.broker.metrics
+        notifier = self.broker.notifier
+        for tp, records in entries.items():
+            p = self.partitions.get(tp)
+            if p is None or not p.is_leader:
+                results[tp] = PartitionResult(Errors.NOT_LEADER_OR_FOLLOWER)
+                continue
+            if acks == -1:
+                if p.stale:
+                    results[tp] = PartitionResult(Errors.NOT_LEADER_OR_FOLLOWER,
+                                                  error_message="this leader's ISR write was fenced")
+                    continue
+                if len(p.isr) < p.min_isr:
+                    results[tp] = PartitionResult(
+                        Errors.NOT_ENOUGH_REPLICAS,
+                        error_message=f"ISR {p.isr} is smaller than min.insync.replicas={p.min_isr}")
+                    continue
+            lg = p.log
+            try:
+                r = lg.append_as_leader(records, p.leader_epoch, now)
+            except LogAppendError as e:
+                if e.error_code == Errors.KAFKA_STORAGE_ERROR:
+                    log.error("append to %s-%d failed: %s", tp[0], tp[1], e)
+                results[tp] = PartitionResult(e.error_code, error_message=e.message)
+                continue
+            if not internal:
+                metrics.produced(tp[0], r.last_offset - r.base_offset + 1, len(records))
+            notifier.appended(tp)
+            if len(p.isr) == 1 and p.maybe_increment_hw():
+                self._complete(p)
+            if acks == -1 and r.last_offset >= lg.high_watermark:
+                results[tp] = PartitionResult(UNDECIDED, r.base_offset, r.log_append_time_ms, r.log_start_offset)
+                if pending is None:
+                    pending = []
+                pending.append((p, r.last_offset + 1))
+            else:
+                results[tp] = PartitionResult(0, r.base_offset, r.log_append_time_ms, r.log_start_offset)
+        if pending is None:
+            return results
+        d = DelayedProduce(results, len(pending), self.loop, timeout_ms, self._timed_out)
+        for p, required in pending:
+            p.waiters.append((required, d))
+        return d.future
+
+    def _timed_out(self, d: DelayedProduce) -> None:
+        for tp in d.undecided():
+            d.decide(tp, Errors.REQUEST_TIMED_OUT)
+
+    def _complete(self, p: Partition) -> None:
+        """The HW moved: acknowledge the waiters it covers and wake consumers' long polls."""
+        hw = p.log.high_watermark
+        w = p.waiters
+        while w and w[0][0] <= hw:
+            _req, d = w.popleft()
+            d.decide(p.tp, 0)
+        self.broker.notifier.appended(p.tp)
+
+    def _fail_waiters(self, p: Partition, code: int) -> None:
+        w = p.waiters
+        while w:
+            _req, d = w.popleft()
+            d.decide(p.tp, code)
+
+    # -- fetch --------------------------------------------------------------------------------
+
+    def fetch_partition(self, tp, current_leader_epoch: int = -1):
+        """-> (Partition or None, error code) for a read from the leader (KIP-320 checks)."""
+        p = self.partitions.get(tp)
+        if p is None:
+            return None, Errors.NOT_LEADER_OR_FOLLOWER
+        if current_leader_epoch >= 0 and current_leader_epoch != p.leader_epoch:
+            return p, (Errors.FENCED_LEADER_EPOCH if current_leader_epoch < p.leader_epoch
+                       else Errors.UNKNOWN_LEADER_EPOCH)
+        if not p.is_leader:
+            return p, Errors.NOT_LEADER_OR_FOLLOWER
+        return p, Errors.NONE
+
+    def record_follower_fetch(self, p: Partition, replica_id: int, fetch_offset: int, fetch_epoch: int) -> None:
+        if not p.update_follower(replica_id, fetch_offset, fetch_epoch, _now_ms()):
+            return
+        if p.maybe_increment_hw():
+            self._complete(p)
+        if not p.isr_in_flight and not p.stale and p.can_join_isr(replica_id):
+            self._change_isr(p, sorted(p.isr + [replica_id]), expand=True)
+
+    # -- LeaderAndIsr / StopReplica ------------------------------------------------------------
+
+    def _partition(self, tp, overrides: dict | None, topic_id: bytes | None) -> Partition:
+        p = self.partitions.get(tp)
+        lg = self.logs.get(tp)
+        if p is not None and lg is p.log:
+            if overrides is not None:
+                self.logs.set_topic_config(tp[0], overrides)
+            return p
+        if lg is None:
+            lg = self.logs.get_or_create(tp[0], tp[1], overrides)
+        elif overrides is not None:
+            self.logs.set_topic_config(tp[0], overrides)
+        p = Partition(tp[0], tp[1], lg, self.broker_id)
+        p.topic_id = topic_id
+        self.partitions[tp] = p
+        return p
+
+    def _stale_epoch(self, p: Partition | None, st: LeaderAndIsrState) -> bool:
+        return p is not None and st.leader_epoch < p.leader_epoch
+
+    def _unchanged(self, p: Partition | None, st: LeaderAndIsrState) -> bool:
+        return (p is not None and st.leader_epoch == p.leader_epoch and st.leader == p.leader_id
+                and sorted(st.isr) == sorted(p.isr) and list(st.replicas) == p.replicas
+                and (st.leader == self.broker_id or st.leader < 0
+                     or (p.tp in self.fetchers.get(st.leader, ReplicaFetcher.EMPTY).partitions)))
+
+    def become_leader(self, tp, st: LeaderAndIsrState, overrides: dict | None = None,
+                      topic_id: bytes | None = None) -> int:
+        p = self.partitions.get(tp)
+        if self._stale_epoch(p, st):
+            return Errors.STALE_CONTROLLER_EPOCH
+        if self._unchanged(p, st):
+            p.partition_epoch = max(p.partition_epoch, st.partition_epoch)
+            return Errors.NONE
+        p = self._partition(tp, overrides, topic_id)
+        self._stop_fetching(tp)
+        new = p.make_leader(st, _now_ms())
+        if new:
+            log.info("%s-%d: leader in epoch %d (isr %s, log end %d, hw %d)", tp[0], tp[1], st.leader_epoch,
+                     st.isr, p.log.log_end_offset, p.log.high_watermark)
+        if p.maybe_increment_hw():
+            self._complete(p)
+        return Errors.NONE
+
+    def become_follower(self, tp, st: LeaderAndIsrState, overrides: dict | None = None,
+                        topic_id: bytes | None = None) -> int:
+        p = self.partitions.get(tp)
+        if self._stale_epoch(p, st):
+            return Errors.STALE_CONTROLLER_EPOCH
+        if self._unchanged(p, st):
+            p.partition_epoch = max(p.partition_epoch, st.partition_epoch)
+            return Errors.NONE
+        p = self._partition(tp, overrides, topic_id)
+        was_leader = p.is_leader
+        if was_leader:
+            self._fail_waiters(p, Errors.NOT_LEADER_OR_FOLLOWER)
+        changed = p.make_follower(st)
+        if changed or was_leader:
+            log.info("%s-%d: follower of %d in epoch %d (log end %d)", tp[0], tp[1], st.leader,
+                     st.leader_epoch, p.log.log_end_offset)
+        self._stop_fetching(tp)
+        if st.leader >= 0:
+            f = self.fetchers.get(st.leader)
+            if f is None:
+                f = self.fetchers[st.leader] = ReplicaFetcher(self, st.leader)
+                f.start()
+            f.add(tp)
+        return Errors.NONE
+
+    def apply_leader_and_isr(self, tp, st: LeaderAndIsrState, overrides: dict | None,
+                             topic_id: str | None) -> int:
+        """One partition state of a LeaderAndIsr. A log left by an earlier topic of the same name
+        (another topic id in partition.metadata) is deleted and the replica starts empty."""
+        if self.broker_id not in st.replicas:
+            return Errors.NONE
+        p = self.partitions.get(tp)
+        if topic_id and (p is None or p.topic_id != topic_id):
+            lg = self.logs.get(tp)
+            have = lg.read_topic_id() if lg is not None else None
+            if have is not None and have != topic_id:
+                log.warning("%s-%d: the log on disk belongs to topic id %s, not %s: deleting it",
+                            tp[0], tp[1], have, topic_id)
+                self.stop_replica(tp, delete=True)
+                p = None
+        if st.leader == self.broker_id:
+            code = self.become_leader(tp, st, overrides, topic_id)
+        else:
+            code = self.become_follower(tp, st, overrides, topic_id)
+        p = self.partitions.get(tp)
+        if code == Errors.NONE and topic_id and p is not None and p.topic_id != topic_id:
+            if p.log.read_topic_id() is None:
+                p.log.write_topic_id(topic_id)
+            p.topic_id = topic_id
+        return code
+
+    def stop_replica(self, tp, delete: bool) -> int:
+        self._stop_fetching(tp)
+        p = self.partitions.pop(tp, None)
+        if p is not None:
+            self._fail_waiters(p, Errors.NOT_LEADER_OR_FOLLOWER)
+        if delete:
+            self.logs.delete(tp[0], tp[1])
+        return Errors.NONE
+
+    def delete_stale_log(self, tp) -> None:
+        """The log on disk belongs to an earlier topic of the same name: drop it (recreated empty)."""
+        self.stop_replica(tp, delete=True)
+
+    def _stop_fetching(self, tp) -> None:
+        for f in self.fetchers.values():
+            f.remove(tp)
+
+    def broker_address(self, broker_id: int):
+        b = self.broker.metadata.brokers.get(broker_id)
+        return None if b is None else (b.host, b.port)
+
+    # -- ISR ----------------------------------------------------------------------------------
+
+    async def _isr_check_loop(self) -> None:
+        interval = max(self.lag_ms / 2, 50) / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.check_isr(_now_ms())
+            except Exception:
+                log.exception("ISR check failed")
+
+    def check_isr(self, now_ms: int) -> None:
+        for p in self.partitions.values():
+            if p.is_leader and not p.isr_in_flight and not p.stale:
+                out = p.out_of_sync(now_ms, self.lag_ms)
+                if out:
+                    log.info("%s-%d: shrinking ISR %s by %s (not caught up for %d ms)", p.topic, p.index,
+                             p.isr, out, self.lag_ms)
+                    self._change_isr(p, [r for r in p.isr if r not in out], expand=False)
+
+    def _change_isr(self, p: Partition, new_isr: list, expand: bool) -> None:
+        p.isr_in_flight = True
+        self._spawn(self._write_isr(p, new_isr, expand))
+
+    async def _write_isr(self, p: Partition, new_isr: list, expand: bool) -> None:
+        from ..zk.client import StaleVersionError
+        from ..zk.layout import PartitionState
+
+        zk = self.broker.zk
+        epoch, version = p.leader_epoch, p.partition_epoch
+        state = PartitionState(leader=self.broker_id, leader_epoch=epoch, isr=list(new_isr),
+                               controller_epoch=max(p.controller_epoch, 0))
+        try:
+            new_version = await asyncio.to_thread(zk.set_partition_state, p.topic, p.index, state,
+                                                  expected_version=version)
+        except StaleVersionError:
+            if p.leader_epoch == epoch and p.is_leader:
+                p.stale = True
+                log.warning("%s-%d: ISR write at version %d refused (the state moved): not acknowledging "
+                            "acks=all until LeaderAndIsr", p.topic, p.index, version)
+            return
+        except Exception:
+            log.exception("%s-%d: ISR write failed; will retry", p.topic, p.index)
+            return
+        finally:
+            if p.leader_epoch == epoch:
+                p.isr_in_flight = False
+        if p.leader_epoch != epoch or not p.is_leader or self.partitions.get(p.tp) is not p:
+            return      # a LeaderAndIsr overtook the write; its state wins
+        p.isr = list(new_isr)
+        p.partition_epoch = new_version
+        if expand:
+            self.isr_expands += 1
+        else:
+            self.isr_shrinks += 1
+        log.info("%s-%d: ISR is now %s (version %d)", p.topic, p.index, p.isr, new_version)
+        self._update_metadata_isr(p)
+        if len(p.isr) < p.min_isr:
+            self._fail_waiters(p, Errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND)
+        elif p.maybe_increment_hw():
+            self._complete(p)
+        try:
+            await asyncio.to_thread(zk.notify_isr_change, [p.tp])
+        except Exception:
+            log.exception("%s-%d: ISR change notification failed", p.topic, p.index)
+
+    def _update_metadata_isr(self, p: Partition) -> None:
+        info = self.broker.metadata.partition(p.topic, p.index)
+        if info is not None and info.leader_epoch == p.leader_epoch:
+            info.isr = list(p.isr)
+            info.zk_version = p.partition_epoch
+
+    # -- metrics ------------------------------------------------------------------------------
+
+    def under_replicated(self) -> int:
+        return sum(1 for p in self.partitions.values() if p.is_leader and len(p.isr) < len(p.replicas))
+
+    def under_min_isr(self) -> int:
+        return sum(1 for p in self.partitions.values() if p.is_leader and len(p.isr) < p.min_isr)
