@@ -105,6 +105,8 @@ def _packages():
 
 setup(
     packages=_packages(),
+    # Spark 4 auto-registers the DefaultSource of an installed top-level module pyspark_<name>.
+    py_modules=["pyspark_kbroker"],
     package_dir=PACKAGE_DIR,
     package_data={
         "kbroker._native": ["*.pyi", "*.pxd", "py.typed"],

@@ -26,6 +26,7 @@ fi
 echo "== installing pinned Python dependencies"
 .venv/bin/python -m pip install -q --disable-pip-version-check -U pip==26.3 setuptools==84.2.1 wheel==0.48.0
 .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements/dev.txt
+.venv/bin/python -m pip install -q --disable-pip-version-check -r requirements/spark.txt
 echo "== building kbroker (Cython extensions)"
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
 .venv/bin/python -c "import kbroker._native.crc, kbroker._native.batch, kbroker._native.segment" \

@@ -1,0 +1,440 @@
+"""The cluster side of the data source: topic/partition resolution and offset lookups (driver),
+ranged reads into Arrow batches and batch production (executors), all through kbroker's own
+asyncio client. Each public function is synchronous and owns its event loop, because Spark
+calls the data source from plain threads.
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+from .options import EARLIEST, LATEST, ClientConfig, OffsetRange, OptionError, ReadConfig
+
+UNKNOWN_TOPIC_OR_PARTITION = 3
+OFFSET_OUT_OF_RANGE = 1
+HEADER_SIZE = 61
+
+
+class DataLossError(RuntimeError):
+    """Offsets the query needs are gone (retention, a deleted topic) and failOnDataLoss=true."""
+
+
+def _cluster(cfg: ClientConfig):
+    from kbroker.client import Cluster
+    # Metadata requests never auto-create topics (allow_auto_topic_creation=False).
+    return Cluster(cfg.bootstrap, client_id=cfg.client_id, request_timeout_ms=cfg.request_timeout_ms,
+                   retry_backoff_ms=cfg.retry_backoff_ms, allow_auto_topic_creation=False)
+
+
+def _consumer(cfg: ClientConfig, cluster):
+    from kbroker.client import Consumer
+    return Consumer(cluster=cluster, client_id=cfg.client_id, isolation_level=cfg.isolation_level,
+                    request_timeout_ms=cfg.request_timeout_ms, retry_backoff_ms=cfg.retry_backoff_ms,
+                    check_crcs=cfg.check_crcs, retries=cfg.retries)
+
+
+async def _topic_partitions(cluster, cfg: ReadConfig) -> dict[str, list[int]]:
+    """{topic: sorted partitions} the query reads now; a named topic that does not exist fails
+    with the option that named it."""
+    if cfg.strategy == "subscribepattern":
+        await cluster.fetch_metadata(None, allow_auto_topic_creation=False)
+        pat = re.compile(cfg.target)
+        return {t: sorted(tm.partitions) for t, tm in sorted(cluster.topics.items())
+                if not tm.is_internal and tm.error_code == 0 and pat.fullmatch(t)}
+    wanted = cfg.target if cfg.strategy == "subscribe" else list(cfg.target)
+    resp = await cluster.fetch_metadata(sorted(set(wanted)), allow_auto_topic_creation=False)
+    errors = {t["name"]: t["error_code"] for t in resp["topics"]}
+    out = {}
+    for t in wanted:
+        tm = cluster.topics.get(t)
+        if tm is None or errors.get(t, 0) == UNKNOWN_TOPIC_OR_PARTITION:
+            opt = "subscribe" if cfg.strategy == "subscribe" else "assign"
+            raise OptionError(f"option '{opt}': topic {t!r} does not exist")
+        parts = sorted(tm.partitions)
+        if cfg.strategy == "assign":
+            missing = [p for p in cfg.target[t] if p not in tm.partitions]
+            if missing:
+                raise OptionError(f"option 'assign': topic {t!r} has no partition(s) {missing} "
+                                  f"(it has {len(parts)})")
+            parts = list(cfg.target[t])
+        out[t] = parts
+    return out
+
+
+async def _list(consumer, tps, spec) -> dict:
+    """{(t, p): offset} for spec 'earliest' | 'latest' | a timestamp (ms) | {(t,p): ts}."""
+    async def one(tp):
+        s = spec.get(tp) if isinstance(spec, dict) else spec
+        if s is None:
+            return tp, None
+        return tp, await consumer.list_offsets(tp[0], tp[1], s)
+    return dict(await asyncio.gather(*(one(tp) for tp in tps)))
+
+
+async def _resolve(consumer, tps, spec, name, cfg: ReadConfig, latest: dict, earliest: dict) -> dict:
+    """A start/end spec -> {(t, p): offset} for every tp."""
+    if spec == "earliest":
+        return dict(earliest)
+    if spec == "latest":
+        return dict(latest)
+    if isinstance(spec, tuple):       # by timestamp
+        ts = spec[1]
+        if isinstance(ts, dict):
+            per = {(t, p): v for t, parts in ts.items() for p, v in parts.items()}
+            missing = [tp for tp in tps if tp not in per]
+            if missing:
+                raise OptionError(f"option '{name}OffsetsByTimestamp' lacks partitions {missing}")
+        else:
+            per = {tp: ts for tp in tps}
+        found = await _list(consumer, tps, per)
+        out = {}
+        for tp, off in found.items():
+            if off is None or off < 0:
+                # no record at or after the timestamp
+                if name == "starting" and cfg.timestamp_strategy == "error":
+                    raise OptionError(f"option 'startingOffsetsByTimestamp'/'startingTimestamp': no offset of "
+                                      f"{tp[0]}-{tp[1]} has a timestamp >= {per[tp]} (set "
+                                      f"startingOffsetsByTimestampStrategy=latest to start at the end)")
+                off = latest[tp]
+            out[tp] = off
+        return out
+    out = {}
+    given = {(t, p): off for t, parts in spec.items() for p, off in parts.items()}
+    unknown = [tp for tp in given if tp not in latest]
+    if unknown:
+        raise OptionError(f"option '{name}Offsets' names partitions the query does not read: "
+                          f"{', '.join(f'{t}-{p}' for t, p in unknown)}")
+    for tp in tps:
+        off = given.get(tp)
+        if off is None:
+            if cfg.strategy == "assign" or name == "ending":
+                raise OptionError(f"option '{name}Offsets' must give an offset for {tp[0]}-{tp[1]}")
+            off = EARLIEST if name == "starting" else LATEST
+        out[tp] = earliest[tp] if off == EARLIEST else latest[tp] if off == LATEST else off
+    return out
+
+
+def plan_batch(cfg: ReadConfig) -> list[OffsetRange]:
+    """The offset ranges of a batch query (before minPartitions splitting)."""
+    async def go():
+        cluster = _cluster(cfg.client)
+        try:
+            consumer = _consumer(cfg.client, cluster)
+            tparts = await _topic_partitions(cluster, cfg)
+            tps = [(t, p) for t, ps in tparts.items() for p in ps]
+            earliest = await _list(consumer, tps, "earliest")
+            latest = await _list(consumer, tps, "latest")
+            start = await _resolve(consumer, tps, cfg.starting, "starting", cfg, latest, earliest)
+            end = await _resolve(consumer, tps, cfg.ending, "ending", cfg, latest, earliest)
+            ranges = []
+            for tp in tps:
+                s, e = start[tp], end[tp]
+                if s < earliest[tp]:
+                    if cfg.fail_on_data_loss:
+                        raise DataLossError(
+                            f"{tp[0]}-{tp[1]}: offsets {s}..{earliest[tp] - 1} are gone (log start offset "
+                            f"{earliest[tp]}); set failOnDataLoss=false to skip them")
+                    s = earliest[tp]
+                if e < s:
+                    raise OptionError(f"{tp[0]}-{tp[1]}: ending offset {e} is before starting offset {s} "
+                                      "(options 'startingOffsets' / 'endingOffsets')")
+                ranges.append(OffsetRange(tp[0], tp[1], s, e))
+            return ranges
+        finally:
+            await cluster.close()
+    return asyncio.run(go())
+
+
+def latest_offsets(cfg: ReadConfig) -> tuple[dict, dict]:
+    """(earliest, latest) {(t, p): offset} for every partition the query reads now."""
+    async def go():
+        cluster = _cluster(cfg.client)
+        try:
+            consumer = _consumer(cfg.client, cluster)
+            tparts = await _topic_partitions(cluster, cfg)
+            tps = [(t, p) for t, ps in tparts.items() for p in ps]
+            return await _list(consumer, tps, "earliest"), await _list(consumer, tps, "latest")
+        finally:
+            await cluster.close()
+    return asyncio.run(go())
+
+
+def starting_offsets(cfg: ReadConfig) -> dict:
+    """{(t, p): offset} a new streaming query starts from."""
+    async def go():
+        cluster = _cluster(cfg.client)
+        try:
+            consumer = _consumer(cfg.client, cluster)
+            tparts = await _topic_partitions(cluster, cfg)
+            tps = [(t, p) for t, ps in tparts.items() for p in ps]
+            earliest = await _list(consumer, tps, "earliest")
+            latest = await _list(consumer, tps, "latest")
+            return await _resolve(consumer, tps, cfg.starting, "starting", cfg, latest, earliest)
+        finally:
+            await cluster.close()
+    return asyncio.run(go())
+
+
+# ---------------------------------------------------------------- executor side: read
+
+
+def read_range(client: ClientConfig, topic: str, partition: int, start: int, end: int,
+               include_headers: bool, fail_on_data_loss: bool, max_rows: int, max_bytes: int):
+    """Yield pyarrow.RecordBatches (Spark's Kafka schema) of offsets [start, end) of one
+    partition, fetched from its leader (the client retries across leader moves) and decoded
+    natively. Offsets missing because of compaction are skipped; offsets below the log start
+    (retention) fail when ``fail_on_data_loss``, else are skipped."""
+    from kbroker._native.arrow import RecordDecoder
+    from kbroker.client import KafkaError
+    from kbroker.record import DEFAULT_MAX_DECOMPRESSED, iter_batches
+    from kbroker.record.compression import decompress
+
+    if start >= end:
+        return
+    loop = asyncio.new_event_loop()
+    cluster = _cluster(client)
+    consumer = _consumer(client, cluster)
+    decoder = RecordDecoder(include_headers, max_rows, max_bytes)
+    pos = start
+    try:
+        while pos < end:
+            try:
+                r = loop.run_until_complete(consumer.fetch(
+                    topic, partition, pos, max_bytes=client.max_partition_fetch_bytes,
+                    max_wait_ms=client.fetch_max_wait_ms, decode=False))
+            except KafkaError as e:
+                if e.error != OFFSET_OUT_OF_RANGE:
+                    raise
+                earliest = loop.run_until_complete(consumer.list_offsets(topic, partition, "earliest"))
+                if pos < earliest:
+                    if fail_on_data_loss:
+                        raise DataLossError(f"{topic}-{partition}: offsets {pos}..{earliest - 1} are gone "
+                                            f"(log start offset {earliest}); set failOnDataLoss=false "
+                                            "to skip them") from e
+                    pos = earliest
+                    continue
+                latest = loop.run_until_complete(consumer.list_offsets(topic, partition, "latest"))
+                if fail_on_data_loss:
+                    raise DataLossError(f"{topic}-{partition}: offset {pos} is past the log end {latest} "
+                                        f"(the range ended at {end}); set failOnDataLoss=false to "
+                                        "stop there") from e
+                break
+            data = r.raw
+            nxt = pos
+            if data is not None and len(data):
+                mv = memoryview(data)
+                for info in iter_batches(mv, 0, client.check_crcs):
+                    if info.base_offset >= end:
+                        nxt = end
+                        break
+                    last_next = info.next_offset
+                    if last_next > nxt:
+                        nxt = last_next
+                    if info.is_control or last_next <= pos:
+                        continue
+                    section = mv[info.position + HEADER_SIZE:info.position + info.size]
+                    if info.codec:
+                        section = decompress(info.codec, section, DEFAULT_MAX_DECOMPRESSED)
+                    ts_type = info.timestamp_type
+                    lat = info.max_timestamp if ts_type else -1
+                    spos, sidx = 0, 0
+                    while True:
+                        spos, sidx, full = decoder.append(section, info.record_count, info.base_offset,
+                                                          info.first_timestamp, lat, ts_type, pos, end,
+                                                          spos, sidx)
+                        if not full:
+                            break
+                        yield decoder.flush(topic, partition)
+            if nxt <= pos:
+                # Nothing at pos: past the high watermark the range promised data that is gone
+                # (truncation); below it, a gap (compaction, aborted data) ends at the HW.
+                if r.high_watermark <= pos:
+                    if fail_on_data_loss:
+                        raise DataLossError(f"{topic}-{partition}: the range ends at {end} but the log "
+                                            f"ends at {r.high_watermark}; set failOnDataLoss=false to "
+                                            "stop there")
+                    break
+                nxt = min(r.high_watermark, end)
+            pos = nxt
+        if decoder.rows:
+            yield decoder.flush(topic, partition)
+    finally:
+        loop.run_until_complete(cluster.close())
+        loop.close()
+
+
+# ---------------------------------------------------------------- executor side: write
+
+
+class ArrowProducer:
+    """Builds RecordBatches from Arrow columns natively and produces them with kbroker's client:
+    one batch in flight per partition when idempotent (so sequences stay ordered), up to
+    max.in.flight otherwise. Used by one Spark task; ``close`` waits for every ack."""
+
+    def __init__(self, client: ClientConfig, topic_option: str | None):
+        from kbroker.client import Producer
+        self.cfg = client.producer
+        self.topic_option = topic_option
+        self.loop = asyncio.new_event_loop()
+        self.cluster = _cluster(client)
+        self.producer = Producer(cluster=self.cluster, client_id=client.client_id, acks=self.cfg["acks"],
+                                 enable_idempotence=self.cfg["idempotence"],
+                                 request_timeout_ms=client.request_timeout_ms,
+                                 retry_backoff_ms=client.retry_backoff_ms,
+                                 delivery_timeout_ms=self.cfg["delivery_timeout_ms"])
+        self.sequences: dict[tuple[str, int], int] = {}
+        self.pending: dict[tuple[str, int], list] = {}
+        self.sticky: dict[str, int] = {}
+        self.records = 0
+        self.batches = 0
+        self.bytes = 0
+        self.max_pending_bytes = max(4 * 1024 * 1024, 4 * self.cfg["batch_size"])
+        if self.cfg["idempotence"]:
+            self.loop.run_until_complete(self.producer._init_producer_id())
+        self.first_queued: float | None = None
+
+    def _partitions(self, topic: str) -> int:
+        parts = self.cluster.partitions_for(topic)
+        if parts is None:
+            resp = self.loop.run_until_complete(self.cluster.fetch_metadata([topic], allow_auto_topic_creation=False))
+            errs = {t["name"]: t["error_code"] for t in resp["topics"]}
+            parts = self.cluster.partitions_for(topic)
+            if parts is None or errs.get(topic):
+                raise OptionError(f"topic {topic!r} (from the 'topic' option or column) does not exist")
+        return len(parts)
+
+    def write(self, rb) -> None:
+        """Route and send one pyarrow.RecordBatch (columns value [key, topic, partition, headers])."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from kbroker._native.arrow import build_batches, partition_for_keys
+
+        n = rb.num_rows
+        if n == 0:
+            return
+        names = rb.schema.names
+        value = rb.column(names.index("value"))
+        key = rb.column(names.index("key")) if "key" in names else None
+        headers = rb.column(names.index("headers")) if "headers" in names else None
+        if self.topic_option:
+            groups = [(self.topic_option, np.arange(n, dtype=np.int64))]
+        else:
+            tcol = rb.column(names.index("topic"))
+            if tcol.null_count:
+                raise ValueError("a row has a null 'topic' and no 'topic' option is set")
+            enc = tcol.dictionary_encode()
+            codes = enc.indices.to_numpy(zero_copy_only=False)
+            groups = [(str(enc.dictionary[i]), np.flatnonzero(codes == i).astype(np.int64))
+                      for i in range(len(enc.dictionary))]
+        explicit = None
+        if "partition" in names:
+            pcol = rb.column(names.index("partition"))
+            explicit = pc.fill_null(pcol.cast(pa.int32()), -1).to_numpy(zero_copy_only=False)
+        for topic, rows in groups:
+            nparts = self._partitions(topic)
+            if key is not None:
+                part = partition_for_keys(key, nparts)[rows] if len(rows) != n else partition_for_keys(key, nparts)
+            else:
+                part = np.full(len(rows), -1, dtype=np.int32)
+            if explicit is not None:
+                ex = explicit[rows]
+                bad = ex[(ex >= nparts) | (ex < -1)]
+                if len(bad):
+                    raise ValueError(f"'partition' {int(bad[0])} is out of range for topic {topic!r} "
+                                     f"({nparts} partitions)")
+                part = np.where(ex >= 0, ex, part)
+            nulls = part < 0
+            if nulls.any():
+                # Null keys: sticky per Arrow batch (Kafka's KIP-480 idea: fill one partition's
+                # batch, then move on), so they spread over the partitions across batches.
+                s = self.sticky.get(topic)
+                s = (np.random.randint(nparts) if s is None else s + 1) % nparts
+                self.sticky[topic] = s
+                part = np.where(nulls, s, part).astype(np.int32)
+            order = np.argsort(part, kind="stable")
+            sorted_parts = part[order]
+            bounds = np.flatnonzero(np.diff(sorted_parts)) + 1
+            for chunk in np.split(order, bounds):
+                p = int(part[chunk[0]])
+                built = build_batches(key, value, headers, rows[chunk], self.cfg["batch_size"], self.cfg["codec"])
+                for data, count in built:
+                    self._send(topic, p, data, count)
+        if self.first_queued is None:
+            self.first_queued = time.monotonic()
+        # linger.ms: how long queued batches may wait for more rows before they are sent
+        if time.monotonic() - self.first_queued >= self.cfg["linger_ms"] / 1000:
+            self._drain(0)
+        else:
+            self._drain(self.max_pending_bytes)
+
+    def _send(self, topic, partition, data, count):
+        from kbroker._native.arrow import set_producer_fields
+        tp = (topic, partition)
+        if self.cfg["idempotence"]:
+            seq = self.sequences.get(tp, 0)
+            data = set_producer_fields(data, self.producer.producer_id, self.producer.producer_epoch, seq)
+            self.sequences[tp] = (seq + count) & 0x7FFFFFFF
+        self.pending.setdefault(tp, []).append((data, count))
+        self.bytes += len(data)
+
+    def _drain(self, keep_bytes: int) -> None:
+        """Send queued batches until at most ``keep_bytes`` remain queued (0 = all, then wait)."""
+        queued = sum(len(d) for q in self.pending.values() for d, _ in q)
+        if queued <= keep_bytes and keep_bytes:
+            return
+        self.loop.run_until_complete(self._send_all())
+        self.first_queued = None
+
+    async def _send_all(self):
+        limit = 1 if self.cfg["idempotence"] else self.cfg["max_in_flight"]
+
+        async def partition_chain(tp, items):
+            sem = asyncio.Semaphore(limit)
+
+            async def one(data, count):
+                async with sem:
+                    await self.producer.produce_batch(tp[0], tp[1], data)
+                self.records += count
+                self.batches += 1
+            if limit == 1:
+                for data, count in items:
+                    await one(data, count)
+            else:
+                await asyncio.gather(*(one(d, c) for d, c in items))
+
+        work = self.pending
+        self.pending = {}
+        await asyncio.gather(*(partition_chain(tp, items) for tp, items in work.items()))
+
+    def close(self) -> dict:
+        try:
+            self._drain(0)
+            return {"records": self.records, "batches": self.batches, "bytes": self.bytes}
+        finally:
+            self.loop.run_until_complete(self.cluster.close())
+            self.loop.close()
+
+    def abort(self) -> None:
+        try:
+            self.loop.run_until_complete(self.cluster.close())
+        finally:
+            self.loop.close()
+
+
+def wait_for_partitions(client: ClientConfig, topic: str, timeout: float = 30.0) -> int:
+    async def go():
+        cluster = _cluster(client)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                await cluster.fetch_metadata([topic], allow_auto_topic_creation=False)
+                parts = cluster.partitions_for(topic)
+                if parts or time.monotonic() > deadline:
+                    return len(parts or [])
+                await asyncio.sleep(0.1)
+        finally:
+            await cluster.close()
+    return asyncio.run(go())
