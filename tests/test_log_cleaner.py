@@ -430,3 +430,36 @@ def test_kill9_checker_sees_a_lost_swap(tmp_path, monkeypatch):
     lg2 = Log(path, "t", 0, LogConfig(conf), clean_shutdown=False, now=NOW)
     assert latest(file_records(lg2)) != latest(before)
     lg2.close()
+
+
+def test_in_flight_read_survives_the_swap(tmp_path):
+    """A fetch's (fd, position, length) region taken before a swap still reads the old bytes
+    until file.delete.delay.ms has passed (the fd stays open, its number is not reused)."""
+    lg = make_log(tmp_path / "t-0", **{"file.delete.delay.ms": 60_000})
+    for i in range(40):
+        append(lg, [(b"k%d" % (i % 3), b"value-%d" % i)])
+    lg.roll(NOW)
+    region = lg.read(0, 1 << 20).regions[0]
+    fd, pos, n = region
+    old = os.pread(fd, n, pos)
+    assert LogCleaner().clean_log(lg, NOW) is not None
+    assert os.pread(fd, n, pos) == old
+    assert os.fstat(fd).st_nlink == 1          # renamed .deleted, not yet unlinked
+    lg.remove_deleted_files(NOW + 59_000)
+    assert os.pread(fd, n, pos) == old
+    lg.remove_deleted_files(NOW + 60_001)
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    lg.close()
+
+
+def test_compact_delete_policy_cleans_and_retains(tmp_path):
+    lg = make_log(tmp_path / "t-0", **{"cleanup.policy": "compact,delete", "retention.ms": 1000})
+    for i in range(30):
+        append(lg, [(b"k%d" % (i % 2), b"%d" % i)], ts=NOW)
+    lg.roll(NOW)
+    r = LogCleaner().clean_log(lg, NOW)
+    assert r is not None and sorted(v for _o, _k, v in file_records(lg)) == [b"28", b"29"]
+    assert lg.delete_old_segments(NOW + 5000) > 0
+    assert file_records(lg) == []
+    lg.close()

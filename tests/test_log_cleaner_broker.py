@@ -7,6 +7,7 @@ records (unique keys) so segments roll. Invariants, read from the start by confl
 kafka-python:
 - every key's latest value (or tombstone, delete.retention.ms being an hour) is there, at its
   original offset, and no key appears twice once the cleaner has caught up;
+- on a second topic with delete.retention.ms=500 the tombstones (and so their keys) are gone later;
 - a keyless record produced to the compacted topic is refused with INVALID_RECORD (87).
 """
 from __future__ import annotations
@@ -73,6 +74,30 @@ def test_compacted_topic_end_to_end(tmp_path):
         assert [(r.offset, r.rec.key, r.rec.value) for r in kp] == [(r.offset, r.rec.key, r.rec.value) for r in recs
                                                                    if r.offset < end]
         p.flush(10)
+
+        # With a short delete.retention.ms the tombstones go too, on a later pass.
+        short = f"compact-short-{uuid.uuid4().hex[:8]}"
+        create_topic(bs, short, 1, {"cleanup.policy": "compact", "segment.bytes": 2048, "segment.ms": 200,
+                                    "min.cleanable.dirty.ratio": 0.01, "delete.retention.ms": 500})
+        expect = {}
+        for v in range(20):
+            for k in range(KEYS):
+                key = b"key-%d" % k
+                value = None if (v == 19 and k < 3) else b"v-%d-%d" % (k, v) + b"y" * 40
+                p.produce(short, key=key, value=value, partition=0)
+                expect[key] = value
+        assert p.flush(30) == 0
+        survivors = {k: v for k, v in expect.items() if v is not None}
+
+        def tombstones_gone():
+            marker_no[0] += 1
+            p.produce(short, key=b"marker-%d" % marker_no[0], value=b"m", partition=0)
+            assert p.flush(10) == 0
+            recs = consume_confluent(bs, short, {0: log_end_offset(bs, short, 0)})
+            main = {r.rec.key: r.rec.value for r in recs if r.rec.key.startswith(b"key-")}
+            return main == survivors
+
+        wait_until(tombstones_gone, timeout=90, what="expired tombstones to be cleaned away")
 
         # Keyless records have no place in a compacted topic.
         plain = ck.Producer({"bootstrap.servers": bs, "enable.idempotence": False, "retries": 0})
