@@ -53,6 +53,28 @@ def api_versions_ok(port: int) -> bool:
         return False
 
 
+def controller_known(port: int):
+    """The controller id in the broker's Metadata answer (v1, no topics) once the broker has applied
+    the controller's first UpdateMetadata; None before (or when it does not answer)."""
+    from kbroker.protocol import api
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+            s.sendall(api.encode_request(3, 1, 7, "kbroker-testing", {"topics": []}))
+            head = s.recv(4, socket.MSG_WAITALL)
+            (size,) = struct.unpack(">i", head)
+            frame = b""
+            while len(frame) < size:
+                chunk = s.recv(size - len(frame))
+                if not chunk:
+                    return None
+                frame += chunk
+        _, body = api.decode_response(3, 1, memoryview(frame))
+    except (OSError, struct.error, ValueError):
+        return None
+    return None if body["controller_id"] < 0 else body["controller_id"]
+
+
 class BrokerProc:
     def __init__(self, broker_id: int, port: int, root: Path):
         self.broker_id = broker_id
@@ -140,7 +162,9 @@ class LocalCluster:
                 raise RuntimeError(f"broker {broker_id} exited with {b.proc.returncode}:\n{b.log_tail()}")
             czxid = self.registration_czxid(broker_id)
             # After a kill -9 the old session's node lingers until it expires: wait for a new one.
-            return czxid is not None and czxid != b.czxid and api_versions_ok(b.port) and czxid
+            # Ready = registered, answering, and holding the controller's metadata.
+            return (czxid is not None and czxid != b.czxid and api_versions_ok(b.port)
+                    and controller_known(b.port) is not None and czxid)
 
         b.czxid = wait_until(ready, timeout, f"broker {broker_id} to register and answer")
         return b

@@ -317,18 +317,29 @@ def test_controller_writes_are_fenced_by_epoch(brokers, raw):
     b = brokers(1)
     assert b.elect_controller()
     # Another controller bumps the epoch behind our back: our writes must fail, not land.
+    b.create_topic("fenced", {0: [1]}, {})          # an admin write: not fenced
     raw.set("/controller_epoch", b"5")
+    state = L.PartitionState(1, 0, [1], b.controller_epoch)
     with pytest.raises(NotControllerError):
-        b.create_topic("fenced", {0: [1]}, {})
-    assert raw.exists("/brokers/topics/fenced") is None
+        b.create_partition_states("fenced", {0: state})
+    assert raw.exists("/brokers/topics/fenced/partitions") is None
     # It resigns and, being the only candidate, wins again with a newer epoch than the intruder's.
     wait_until(lambda: b.is_controller and b.controller_epoch == 6, 10, "re-election after fencing")
     assert raw.get("/controller_epoch")[0] == b"6"
-    b.create_topic("fenced", {0: [1]}, {})
+    assert b.create_partition_states("fenced", {0: L.PartitionState(1, 0, [1], 6)}) == {0: 0}
     assert json.loads(raw.get("/brokers/topics/fenced/partitions/0/state")[0])["controller_epoch"] == 6
+    # A state update is fenced too, and checks the version it read.
+    raw.set("/controller_epoch", b"9")
+    with pytest.raises(NotControllerError):
+        b.update_partition_states({("fenced", 0): (L.PartitionState(1, 1, [1], 6), 0)})
+    assert json.loads(raw.get("/brokers/topics/fenced/partitions/0/state")[0])["leader_epoch"] == 0
+    wait_until(lambda: b.is_controller and b.controller_epoch == 10, 10, "re-election after fencing")
+    with pytest.raises(StaleVersionError):
+        b.update_partition_states({("fenced", 0): (L.PartitionState(1, 1, [1], 10), 3)})
+    assert b.update_partition_states({("fenced", 0): (L.PartitionState(1, 1, [1], 10), 0)}) == {("fenced", 0): 1}
     non_controller = brokers(2)
     with pytest.raises(NotControllerError):
-        non_controller.create_topic("x", {0: [2]}, {})
+        non_controller.create_partition_states("x", {0: L.PartitionState(2, 0, [2], 1)})
 
 
 # --- topics ----------------------------------------------------------------------------
@@ -338,6 +349,8 @@ def test_topic_crud_and_cas(brokers, raw):
     b.elect_controller()
     epoch = b.controller_epoch
     tid = b.create_topic("orders", {0: [1], 1: [1]}, {"retention.ms": "86400000"})
+    assert raw.exists("/brokers/topics/orders/partitions") is None    # states are the controller's
+    b.create_partition_states("orders", {p: L.PartitionState(1, 0, [1], epoch) for p in (0, 1)})
     assert len(tid) == 22 and L.uuid_to_base64(L.base64_to_uuid(tid)) == tid
     with pytest.raises(TopicExistsError):
         b.create_topic("orders", {0: [1]}, {})
@@ -372,6 +385,9 @@ def test_topic_crud_and_cas(brokers, raw):
         b.add_partitions("orders", {3: [1]})
     assert b.add_partitions("orders", {2: [1], 3: [1]}) == {0: [1], 1: [1], 2: [1], 3: [1]}
     assert b.get_topic("orders") == (tid, {0: [1], 1: [1], 2: [1], 3: [1]})
+    with pytest.raises(PartitionNotFoundError):
+        b.get_partition_state("orders", 3)
+    b.create_partition_states("orders", {p: L.PartitionState(1, 0, [1], epoch) for p in (2, 3)})
     assert b.get_partition_state("orders", 3)[0] == L.PartitionState(1, 0, [1], epoch)
 
     # Configs.

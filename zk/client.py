@@ -468,11 +468,11 @@ class BrokerZk:
 
     def create_topic(self, name: str, assignment: dict[int, list[int]], configs: dict[str, str] | None = None,
                      topic_id: str | None = None) -> str:
-        """Create a topic atomically (controller only); return its topic id.
+        """Write a new topic's assignment and config (admin write, any broker); return its topic id.
 
-        One multi-op: the assignment znode, each partition's state (leader = first
-        replica, isr = all replicas, leader epoch 0), the config znode and a config
-        change notification, fenced by the controller epoch.
+        One multi-op: the assignment znode, the config znode and a config change
+        notification. The controller sees the new child of /brokers/topics and
+        creates the partition state znodes (leadership is its business).
         """
         L.validate_topic_name(name)
         _check_assignment(assignment, start=0)
@@ -482,10 +482,7 @@ class BrokerZk:
         # A config znode can outlive a topic (Kafka writes it before the topic): overwrite it.
         config_stat = zk.retry(zk.exists, L.topic_config_path(name))
         tx = zk.transaction()
-        self._controller_check(tx)
         tx.create(L.topic_path(name), L.encode_topic(assignment, topic_id))
-        tx.create(L.topic_partitions_path(name))
-        self._add_partition_creates(tx, name, assignment)
         if config_stat is None:
             tx.create(L.topic_config_path(name), L.encode_config(configs))
         else:
@@ -495,20 +492,76 @@ class BrokerZk:
         failure = _failed(results)
         if failure is not None:
             index, exc = failure
-            if index == 0 and isinstance(exc, BadVersionError):
-                raise self._controller_moved()
-            if index == 1 and isinstance(exc, NodeExistsError):
+            if index == 0 and isinstance(exc, NodeExistsError):
                 raise TopicExistsError(f"topic {name!r} already exists")
+            if index == 1 and isinstance(exc, (BadVersionError, NoNodeError, NodeExistsError)):
+                raise StaleVersionError(f"config of {name!r} changed concurrently")
             raise ZkClientError(f"creating topic {name!r} failed at operation {index}: {exc!r}")
         return topic_id
 
-    def _add_partition_creates(self, tx, name: str, assignment: dict[int, list[int]]) -> None:
-        for p in sorted(assignment):
-            replicas = [int(r) for r in assignment[p]]
-            state = L.PartitionState(leader=replicas[0], leader_epoch=0, isr=replicas,
-                                     controller_epoch=self._controller_epoch)
-            tx.create(L.partition_path(name, p))
-            tx.create(L.partition_state_path(name, p), L.encode_partition_state(state))
+    # --- controller writes (fenced by /controller_epoch) ---------------------
+
+    def create_partition_states(self, topic: str, states: dict[int, L.PartitionState]) -> dict[int, int]:
+        """Create the state znodes of new partitions (controller only); return {partition: zk version}.
+
+        Creates /brokers/topics/<t>/partitions and /partitions/<p> when missing. Raises
+        NotControllerError when fenced, StaleVersionError when a state znode already exists.
+        """
+        zk = self.kazoo
+        have_parent = zk.retry(zk.exists, L.topic_partitions_path(topic)) is not None
+        existing = set()
+        if have_parent:
+            existing = {int(p) for p in zk.retry(zk.get_children, L.topic_partitions_path(topic))}
+        tx = zk.transaction()
+        self._controller_check(tx)
+        if not have_parent:
+            tx.create(L.topic_partitions_path(topic))
+        for p in sorted(states):
+            if p not in existing:
+                tx.create(L.partition_path(topic, p))
+            tx.create(L.partition_state_path(topic, p), L.encode_partition_state(states[p]))
+        self._commit_fenced(tx, f"creating partition states of {topic!r}")
+        return {p: 0 for p in states}
+
+    def update_partition_states(self, updates: dict[tuple[str, int], tuple[L.PartitionState, int]]
+                                ) -> dict[tuple[str, int], int]:
+        """Controller CAS of several state znodes in one fenced multi-op.
+
+        ``updates``: {(topic, partition): (new state, expected zk version)}; returns the new
+        versions. Raises NotControllerError when fenced and StaleVersionError (naming the
+        partition) when a state moved since it was read; nothing is written then.
+        """
+        if not updates:
+            return {}
+        keys = sorted(updates)
+        tx = self.kazoo.transaction()
+        self._controller_check(tx)
+        for t, p in keys:
+            state, version = updates[(t, p)]
+            tx.set_data(L.partition_state_path(t, p), L.encode_partition_state(state), version=version)
+        results = self._commit_fenced(tx, "updating partition states", keys=keys)
+        return {k: results[i + 1].version for i, k in enumerate(keys)}
+
+    def controller_delete(self, paths: list[str]) -> None:
+        """Delete znodes (children before parents, as given) in one fenced multi-op."""
+        tx = self.kazoo.transaction()
+        self._controller_check(tx)
+        for path in paths:
+            tx.delete(path)
+        self._commit_fenced(tx, f"deleting {len(paths)} znodes")
+
+    def _commit_fenced(self, tx, what: str, keys=None) -> list:
+        results = tx.commit()
+        failure = _failed(results)
+        if failure is None:
+            return results
+        index, exc = failure
+        if index == 0 and isinstance(exc, BadVersionError):
+            raise self._controller_moved()
+        if isinstance(exc, (BadVersionError, NodeExistsError, NoNodeError)):
+            where = keys[index - 1] if keys and 0 < index <= len(keys) else index
+            raise StaleVersionError(f"{what}: operation {where} found a different version: {exc!r}")
+        raise ZkClientError(f"{what} failed at operation {index}: {exc!r}")
 
     def get_topics(self) -> list[str]:
         return sorted(self.kazoo.retry(self.kazoo.get_children, L.BROKER_TOPICS))
@@ -553,8 +606,9 @@ class BrokerZk:
                                 sequence=True, makepath=True)
 
     def add_partitions(self, name: str, new_assignment: dict[int, list[int]]) -> dict[int, list[int]]:
-        """Add partitions (controller only). ``new_assignment`` holds only the new
-        partitions, numbered on from the current count. Returns the full assignment."""
+        """Add partitions to the assignment (admin write). ``new_assignment`` holds only the new
+        partitions, numbered on from the current count. Returns the full assignment; the
+        controller creates the new partitions' states."""
         zk = self.kazoo
         try:
             data, stat = zk.retry(zk.get, L.topic_path(name))
@@ -563,21 +617,14 @@ class BrokerZk:
         current = L.decode_topic(data)
         _check_assignment(new_assignment, start=len(current.partitions))
         full = {**current.partitions, **{int(p): list(r) for p, r in new_assignment.items()}}
-        tx = zk.transaction()
-        self._controller_check(tx)
-        # CAS on the topic znode: two concurrent adds cannot both win.
-        tx.set_data(L.topic_path(name), L.encode_topic(full, current.topic_id, current.adding_replicas,
-                                                      current.removing_replicas), version=stat.version)
-        self._add_partition_creates(tx, name, new_assignment)
-        results = tx.commit()
-        failure = _failed(results)
-        if failure is not None:
-            index, exc = failure
-            if index == 0 and isinstance(exc, BadVersionError):
-                raise self._controller_moved()
-            if index == 1 and isinstance(exc, BadVersionError):
-                raise StaleVersionError(f"topic {name!r} changed concurrently")
-            raise ZkClientError(f"adding partitions to {name!r} failed at operation {index}: {exc!r}")
+        try:
+            # CAS on the topic znode: two concurrent adds cannot both win.
+            zk.set(L.topic_path(name), L.encode_topic(full, current.topic_id, current.adding_replicas,
+                                                     current.removing_replicas), version=stat.version)
+        except BadVersionError:
+            raise StaleVersionError(f"topic {name!r} changed concurrently") from None
+        except NoNodeError:
+            raise TopicNotFoundError(name) from None
         return full
 
     def get_topic_config(self, name: str) -> dict[str, str]:
@@ -664,6 +711,108 @@ class BrokerZk:
             return None
 
         self.kazoo.ChildrenWatch(L.BROKER_TOPICS, on_children)
+
+    def watch_children(self, path: str, callback: Callable[[list[str]], None],
+                       active: Callable[[], bool] = lambda: True) -> None:
+        """Call ``callback(sorted children)`` (on the loop) now and on every change of ``path``
+        (created if missing) until ``active()`` turns false. kazoo's thread only hands over."""
+        self.kazoo.retry(self.kazoo.ensure_path, path)
+
+        def on_children(children):
+            if self._closing.is_set() or not active():
+                return False  # stops the watch
+            self._deliver(callback, sorted(children))
+            return None
+
+        self.kazoo.ChildrenWatch(path, on_children)
+
+    def watch_data(self, path: str, callback: Callable[[bool], None],
+                   active: Callable[[], bool] = lambda: True) -> None:
+        """Call ``callback(exists)`` (on the loop) now and whenever ``path``'s data changes or it
+        appears/vanishes, until ``active()`` turns false."""
+        def on_data(data, stat, event=None):
+            if self._closing.is_set() or not active():
+                return False
+            self._deliver(callback, stat is not None)
+            return None
+
+        self.kazoo.DataWatch(path, on_data)
+
+    # --- reads for the controller -------------------------------------------
+
+    def get_live_brokers(self) -> dict[int, tuple[L.BrokerRegistration, int]]:
+        """{broker id: (registration, broker epoch = czxid)} of every registered broker."""
+        zk = self.kazoo
+        out = {}
+        for child in zk.retry(zk.get_children, L.BROKER_IDS):
+            try:
+                data, stat = zk.retry(zk.get, L.broker_path(int(child)))
+            except NoNodeError:
+                continue
+            out[int(child)] = (L.decode_broker(int(child), data), stat.czxid)
+        return out
+
+    def get_partition_states(self, topic: str, partitions) -> dict[int, tuple[L.PartitionState, int]]:
+        """{partition: (state, zk version)} for the partitions whose state znode exists."""
+        out = {}
+        for p in partitions:
+            try:
+                out[p] = self.get_partition_state(topic, p)
+            except PartitionNotFoundError:
+                pass
+        return out
+
+    def mark_topic_for_deletion(self, name: str) -> None:
+        """Ask the controller to delete a topic (/admin/delete_topics/<t>); idempotent."""
+        try:
+            self.kazoo.retry(self.kazoo.create, L.delete_topic_path(name), makepath=True)
+        except NodeExistsError:
+            pass
+
+    def get_topic_deletions(self) -> list[str]:
+        return sorted(self.kazoo.retry(self.kazoo.get_children, L.DELETE_TOPICS))
+
+    def remove_topic_deletion(self, name: str) -> None:
+        try:
+            self.kazoo.retry(self.kazoo.delete, L.delete_topic_path(name))
+        except NoNodeError:
+            pass
+
+    def read_partition_list_children(self, parent: str) -> dict[str, list[tuple[str, int]]]:
+        """{child name: [(topic, partition)]} of notification nodes under ``parent``."""
+        zk = self.kazoo
+        out = {}
+        for child in sorted(zk.retry(zk.get_children, parent)):
+            try:
+                data, _ = zk.retry(zk.get, f"{parent}/{child}")
+            except NoNodeError:
+                continue
+            try:
+                out[child] = L.decode_partition_list(data)
+            except (ValueError, KeyError, TypeError):
+                log.error("unreadable %s/%s: %r", parent, child, data)
+                out[child] = []
+        return out
+
+    def read_partition_list(self, path: str) -> list[tuple[str, int]] | None:
+        """The partitions listed at ``path`` (None if it does not exist)."""
+        try:
+            data, _ = self.kazoo.retry(self.kazoo.get, path)
+        except NoNodeError:
+            return None
+        try:
+            return L.decode_partition_list(data)
+        except (ValueError, KeyError, TypeError):
+            log.error("unreadable %s: %r", path, data)
+            return []
+
+    def delete_nodes(self, paths) -> None:
+        """Delete notification/request znodes (already gone is fine)."""
+        for path in paths:
+            try:
+                self.kazoo.retry(self.kazoo.delete, path)
+            except NoNodeError:
+                pass
 
     # --- producer ids ------------------------------------------------------
 

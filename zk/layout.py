@@ -35,6 +35,8 @@ DELETE_TOPICS = "/admin/delete_topics"
 LATEST_PRODUCER_ID_BLOCK = "/latest_producer_id_block"
 ISR_CHANGE_NOTIFICATION = "/isr_change_notification"
 ISR_CHANGE_PREFIX = "/isr_change_notification/isr_change_"
+PREFERRED_REPLICA_ELECTION = "/admin/preferred_replica_election"
+REASSIGN_PARTITIONS = "/admin/reassign_partitions"
 LOG_DIR_EVENT_NOTIFICATION = "/log_dir_event_notification"
 CONSUMERS = "/consumers"
 
@@ -373,3 +375,8 @@ def encode_partition_list(partitions) -> bytes:
     """{"version":1,"partitions":[{"topic":t,"partition":p},...]} (ISR change notifications and
     preferred replica election requests share this shape)."""
     return dumps({"version": 1, "partitions": [{"topic": t, "partition": int(p)} for t, p in partitions]})
+
+
+def decode_partition_list(data: bytes | None) -> list[tuple[str, int]]:
+    obj = loads(data) or {}
+    return [(str(e["topic"]), int(e["partition"])) for e in obj.get("partitions") or ()]

@@ -17,15 +17,18 @@ from ..metrics import BrokerMetrics, MetricsServer
 from ..network.server import KafkaServer
 from ..protocol import api
 from ..replica import LeaderAndIsrState, ReplicaManager
-from ..zk.client import BrokerZk, TopicNotFoundError
-from .metadata import BrokerInfo, MetadataCache, PartitionInfo, TopicInfo, topic_id_bytes
+from ..controller.controller import Controller
+from ..zk.client import BrokerZk
+from .metadata import BrokerInfo, MetadataCache, TopicInfo
 
 log = logging.getLogger(__name__)
 
 # Produce, Fetch, ListOffsets, Metadata... each module registers its handlers and advertised versions.
 from .apis import admin, configs, coordinator, core, fetch, produce, producer_ids  # noqa: E402
+from .apis import controlled_shutdown, replica_control  # noqa: E402
 
-_API_MODULES = (core, produce, fetch, producer_ids, admin, configs, coordinator)
+_API_MODULES = (core, produce, fetch, producer_ids, admin, configs, coordinator, replica_control,
+                controlled_shutdown)
 
 
 class Broker:
@@ -38,6 +41,7 @@ class Broker:
         self.logs: LogManager | None = None
         self.replica_manager: ReplicaManager | None = None
         self.zk: BrokerZk | None = None
+        self.controller: Controller | None = None   # active while this broker holds /controller
         self.server: KafkaServer | None = None
         self.notifier = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -66,14 +70,13 @@ class Broker:
         await asyncio.to_thread(self.zk.start)
         self.cluster_id = self.zk.cluster_id
         log.info("cluster id %s", self.cluster_id)
-        await asyncio.to_thread(self.zk.elect_controller)
         # Topic configs come from ZooKeeper before the logs load, so recovery and retention use them.
-        topics, _missing, _brokers, _controller = await asyncio.to_thread(self._read_zk_metadata, None)
+        configs = await asyncio.to_thread(self._read_topic_configs, None)
         # hw_follows_leo=False: each partition's leader moves its high watermark (ISR rule).
         self.logs = LogManager(cfg.log_dirs, cfg.topic_defaults(), cleaner_config=cfg.cleaner_config(),
                                hw_follows_leo=False)
         self.logs.startup(self.broker_id, self.cluster_id,
-                          {name: self.topic_overrides(t) for name, t in topics.items()})
+                          {name: self._typed(c) for name, c in configs.items()})
         self.replica_manager = ReplicaManager(self)
         self.replica_manager.start()
 
@@ -94,14 +97,16 @@ class Broker:
         self.advertised_host = adv.host or "127.0.0.1"
         self.advertised_port = adv.port or self.server.port
 
-        await self.refresh_metadata()
-        self.zk.watch_topics(self._on_topics_changed)
-        # Registration last: once /brokers/ids/<id> exists, we answer requests with full metadata.
+        # Until the controller's first UpdateMetadata this broker knows only itself.
+        self.metadata.brokers = {self.broker_id: BrokerInfo(self.broker_id, self.advertised_host,
+                                                            self.advertised_port, cfg.get("broker.rack"))}
+        # Registration, then the election (as Kafka): the controller finds us among the live brokers
+        # and sends us the cluster's metadata over the listener that is already open.
         epoch = await asyncio.to_thread(self.zk.register_broker, self.advertised_host, self.advertised_port,
                                         cfg.get("broker.rack"))
         log.info("registered broker %d at %s:%d (broker epoch %d)", self.broker_id, self.advertised_host,
                  self.advertised_port, epoch)
-        await self.refresh_metadata()   # now including our own registration
+        await asyncio.to_thread(self.zk.elect_controller)
         if cfg.metrics_port >= 0:
             self.metrics_server = MetricsServer(self, listener.host, cfg.metrics_port)
             await self.metrics_server.start()
@@ -135,6 +140,10 @@ class Broker:
         self._tasks.append(self.loop.create_task(loop()))
 
     async def stop(self) -> None:
+        if self.server is not None and self.zk is not None and self.zk.broker_epoch is not None:
+            await self._controlled_shutdown()
+        if self.controller is not None:
+            self.controller.stop()
         for t in self._tasks:
             t.cancel()
         if self.metrics_server is not None:
@@ -149,71 +158,70 @@ class Broker:
             self.logs.shutdown()
         self._stopped.set()
 
-    # ---- metadata -----------------------------------------------------------------------------------
+    async def _controlled_shutdown(self) -> None:
+        """Ask the controller to move our leaderships away before the listener closes
+        (``controlled.shutdown.*``); on failure after the retries, stop anyway (Kafka does too)."""
+        from .apis.controlled_shutdown import request_controlled_shutdown
+        await request_controlled_shutdown(self)
+
+    # ---- controller and metadata ------------------------------------------------------------------
     def _on_controller_change(self, controller_id, is_controller, epoch) -> None:
-        self.metadata.controller_id = -1 if controller_id is None else controller_id
+        """/controller changed (loop thread): run the controller while this broker holds it."""
         log.info("controller is now %s (epoch %d)", controller_id, epoch)
+        if self.controller is None:
+            self.controller = Controller(self.zk, self.broker_id, self.config.get, self.metrics)
+        if is_controller:
+            self.controller.start(epoch)
+        else:
+            self.controller.stop()
+
+    async def apply_update_metadata(self, body) -> None:
+        """The controller's UpdateMetadata: read the configs of topics new to this broker (worker
+        thread), swap the cache on the loop, then open the logs of the changed topics."""
+        async with self._metadata_lock:
+            md = self.metadata
+            new = sorted({ts["topic_name"] for ts in body["topic_states"]
+                          if ts["topic_name"] not in md.topics
+                          and any(ps["leader"] != -2 for ps in ts["partition_states"])})
+            configs = await asyncio.to_thread(self._read_topic_configs, new) if new else {}
+            changed, removed = md.apply_update_metadata(body, configs)
+            for name in removed:
+                self._forget_topic(name)
+            for name, info in changed.items():
+                self.open_logs(info, config_changed=name in configs)
+
+    def _forget_topic(self, name) -> None:
+        """A topic left the cache. Its logs belong to StopReplica (the replica manager deletes them);
+        a broker without that handler deletes them here, as a lone broker always did."""
+        if 5 in self.handlers:
+            return
+        for tp in [tp for tp in self.logs.logs if tp[0] == name]:
+            if self.replica_manager is not None:
+                self.replica_manager.stop_replica(tp, delete=True)
+            else:
+                self.logs.delete(*tp)
 
     async def refresh_metadata(self, names=None) -> None:
-        """Re-read metadata from ZooKeeper and open the logs this broker leads.
-
-        ``names=None`` re-reads every topic (start-up); otherwise only the named topics (created,
-        deleted or altered ones), so a change to one topic does not cost a ZooKeeper read and a log
-        lookup per partition of every topic."""
+        """Re-read the config overrides of ``names`` (all cached topics if None) from ZooKeeper and
+        apply them to the open logs (after a config change)."""
         async with self._metadata_lock:
-            topics, missing, brokers, controller = await asyncio.to_thread(self._read_zk_metadata, names)
             md = self.metadata
-            if names is None:
-                previous = md.topics
-                md.replace_topics(topics)
-            else:
-                previous = {n: md.topics[n] for n in list(topics) + list(missing) if n in md.topics}
-                for name in missing:
-                    md.remove_topic(name)
-                for info in topics.values():
-                    md.put_topic(info)
-            brokers.setdefault(self.broker_id, BrokerInfo(self.broker_id, self.advertised_host,
-                                                          self.advertised_port, self.config.get("broker.rack")))
-            md.brokers = brokers
-            md.controller_id = -1 if controller is None else controller
-            for name, info in topics.items():
-                old = previous.get(name)
-                self.open_logs(info, config_changed=old is None or old.config != info.config)
+            wanted = sorted(md.topics) if names is None else [n for n in names if n in md.topics]
+            configs = await asyncio.to_thread(self._read_topic_configs, wanted)
+            for name, config in configs.items():
+                info = md.topics.get(name)
+                if info is not None and info.config != config:
+                    info.config = config
+                    self.open_logs(info, config_changed=True)
 
-    def _on_topics_changed(self, names) -> None:
-        """ZooKeeper's children watch on /brokers/topics (loop thread): read only what appeared or went."""
-        current = set(names)
-        known = set(self.metadata.topics)
-        changed = sorted((current - known) | (known - current))
-        if changed:
-            self.loop.create_task(self.refresh_metadata(changed))
-
-    def _read_zk_metadata(self, names):
+    def _read_topic_configs(self, names):
+        """{topic: overrides} from ZooKeeper (worker thread); ``None`` = every topic."""
         zk = self.zk
-        topics, missing = {}, []
-        for name in (zk.get_topics() if names is None else names):
-            try:
-                topics[name] = self._read_topic(name)
-            except TopicNotFoundError:
-                missing.append(name)   # deleted (or never created)
-        brokers = {}
-        for bid in zk.get_broker_ids():
-            reg = zk.get_broker(bid)
-            if reg is not None:
-                brokers[bid] = BrokerInfo(bid, reg.host, reg.port, reg.rack)
-        return topics, missing, brokers, zk.controller_id()
+        return {name: zk.get_topic_config(name) for name in (zk.get_topics() if names is None else names)}
 
-    def _read_topic(self, name) -> TopicInfo:
-        zk = self.zk
-        topic_id, assignment = zk.get_topic(name)
-        parts = {}
-        for p, replicas in assignment.items():
-            try:
-                state, version = zk.get_partition_state(name, p)
-                parts[p] = PartitionInfo(state.leader, state.leader_epoch, list(replicas), list(state.isr), version)
-            except Exception:
-                parts[p] = PartitionInfo(-1, -1, list(replicas), [], -1)
-        return TopicInfo(name, topic_id_bytes(topic_id), parts, zk.get_topic_config(name))
+    @staticmethod
+    def _typed(config: dict) -> dict:
+        return {k: parse_topic_config(k, v) for k, v in config.items()}
 
     def topic_overrides(self, topic: TopicInfo) -> dict:
         """The topic's config overrides (from ZooKeeper), typed."""

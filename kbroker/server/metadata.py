@@ -1,11 +1,13 @@
 """The broker's view of the cluster: brokers, topics, partition leadership and topic config overrides.
 
-ZooKeeper is the source of truth (Kafka's znode layout); this cache is what request handlers read, so
-nothing on the data path waits on ZooKeeper. It is refreshed from ZooKeeper on a worker thread and
-swapped in on the loop thread.
+Filled by the controller's UpdateMetadata requests (brokers, leaders, ISR, replicas, topic ids,
+controller id), as Kafka's ZooKeeper-mode brokers do; topic config overrides are read from ZooKeeper
+when a topic first appears and on config changes. Request handlers read only this cache, so nothing
+on the data path waits on ZooKeeper. Until the first UpdateMetadata it knows only this broker.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import re
 from dataclasses import dataclass, field
@@ -68,7 +70,10 @@ class MetadataCache:
         self.topics: dict[str, TopicInfo] = {}
         self.brokers: dict[int, BrokerInfo] = {}
         self.controller_id: int = -1
+        self.controller_epoch: int = -1     # highest controller epoch seen (older requests are stale)
         self.topic_ids: dict[bytes, str] = {}
+        self.updates = 0                    # UpdateMetadata requests applied
+        self._waiters: list[asyncio.Future] = []
 
     def replace_topics(self, topics: dict[str, TopicInfo]) -> None:
         self.topics = topics
@@ -86,3 +91,72 @@ class MetadataCache:
     def partition(self, topic: str, partition: int) -> PartitionInfo | None:
         t = self.topics.get(topic)
         return None if t is None else t.partitions.get(partition)
+
+    # ---- UpdateMetadata ------------------------------------------------------------------------
+    def apply_update_metadata(self, body: dict, configs: dict[str, dict[str, str]]):
+        """Apply an UpdateMetadata (v5+) body; ``configs``: overrides of topics new to the cache.
+
+        Returns (changed topics, removed topics). Leader -2 (LeaderDuringDelete) removes the
+        partition, and the topic with its last partition."""
+        brokers = {}
+        for b in body["live_brokers"]:
+            ep = next((e for e in b["endpoints"] if e["listener"] == "PLAINTEXT"), None) or b["endpoints"][0]
+            brokers[b["id"]] = BrokerInfo(b["id"], ep["host"], ep["port"], b.get("rack"))
+        self.brokers = brokers
+        self.controller_id = body["controller_id"]
+        changed: dict[str, TopicInfo] = {}
+        removed: list[str] = []
+        for ts in body["topic_states"]:
+            name = ts["topic_name"]
+            info = self.topics.get(name)
+            topic_id = bytes(ts["topic_id"])
+            if info is not None and topic_id != bytes(16) and info.topic_id != topic_id:
+                # the topic was deleted and recreated while we missed the deletion
+                self.remove_topic(name)
+                removed.append(name)
+                info = None
+            for ps in ts["partition_states"]:
+                p = ps["partition_index"]
+                if ps["leader"] == LEADER_DURING_DELETE:
+                    if info is not None:
+                        info.partitions.pop(p, None)
+                    continue
+                if info is None:
+                    info = TopicInfo(name, topic_id, {}, dict(configs.get(name, {})))
+                    self.put_topic(info)
+                info.partitions[p] = PartitionInfo(ps["leader"], ps["leader_epoch"], list(ps["replicas"]),
+                                                   list(ps["isr"]), ps["zk_version"])
+            if info is not None:
+                if info.partitions:
+                    changed[name] = info
+                else:
+                    self.remove_topic(name)
+                    removed.append(name)
+        self.updates += 1
+        self._wake()
+        return changed, removed
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def wait_for(self, predicate, timeout_s: float | None) -> bool:
+        """Wait (on the loop) until ``predicate()`` holds after some update; False at timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        while not predicate():
+            fut = loop.create_future()
+            self._waiters.append(fut)
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(fut, remaining)
+            except asyncio.TimeoutError:
+                return predicate()
+        return True
+
+
+LEADER_DURING_DELETE = -2

@@ -1,35 +1,30 @@
 """Topic administration: CreateTopics, DeleteTopics, CreatePartitions and Metadata's auto-creation.
 
-ZooKeeper is the source of truth, so every handler validates against the metadata cache, writes
-ZooKeeper through ``BrokerZk`` on a worker thread (the calls block), then refreshes the cache so
-the logs exist (or are gone) before the client hears back. Writes are controller-only; with a lone
-broker this broker is the controller. Error codes and messages follow Kafka 3.9 in ZooKeeper mode.
+As Kafka's ZooKeeper-mode admin: the handlers validate against the metadata cache and write only the
+request into ZooKeeper (a topic's assignment and config, a deletion mark) on a worker thread; the
+controller reacts (partition states, leaders, StopReplica) and tells every broker through
+UpdateMetadata. A handler answers when this broker's cache shows the outcome (a leader for every new
+partition, the deleted topic gone) or at ``timeout_ms`` with REQUEST_TIMED_OUT. CreateTopics,
+CreatePartitions and DeleteTopics are served by the controller's broker (others: NOT_CONTROLLER);
+auto-creation by any broker. Error codes and messages follow Kafka 3.9 in ZooKeeper mode.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
 
 from ...config import ConfigError, TOPIC_CONFIGS, parse_topic_config
+from ...controller.assignment import AssignmentError as AdminError
+from ...controller.assignment import assign_replicas, check_manual_assignment
 from ...protocol import api
 from ...protocol.errors import Errors
-from ...zk.client import NotControllerError, StaleVersionError, TopicExistsError, TopicNotFoundError
+from ...zk.client import StaleVersionError, TopicExistsError, TopicNotFoundError
 from ..metadata import topic_name_error
 
 log = logging.getLogger(__name__)
 
 GROUP_METADATA_TOPIC = "__consumer_offsets"
 TRANSACTION_STATE_TOPIC = "__transaction_state"
-
-
-class AdminError(Exception):
-    """A per-topic failure that becomes ``error_code`` + ``error_message`` in the response."""
-
-    def __init__(self, code: int, message: str | None = None):
-        super().__init__(message)
-        self.code = int(code)
-        self.message = message
 
 
 def register(broker, handlers):
@@ -42,62 +37,6 @@ def register(broker, handlers):
 
 
 # ---- shared helpers ------------------------------------------------------------------------------
-
-def assign_replicas(brokers, n_partitions: int, replication_factor: int, *, start_partition: int = 0,
-                    start_index: int = -1) -> dict[int, list[int]]:
-    """Kafka's rack-unaware assignment: leaders round-robin over the sorted brokers from a random
-    start, followers at a shift that grows every time the leaders wrap around, so partitions of
-    one topic spread their replicas (and leadership) evenly."""
-    ids = sorted(brokers)
-    n = len(ids)
-    if n_partitions <= 0:
-        raise AdminError(Errors.INVALID_PARTITIONS, "Number of partitions must be larger than 0.")
-    if replication_factor <= 0:
-        raise AdminError(Errors.INVALID_REPLICATION_FACTOR, "Replication factor must be larger than 0.")
-    if replication_factor > n:
-        raise AdminError(Errors.INVALID_REPLICATION_FACTOR,
-                         f"Replication factor: {replication_factor} larger than available brokers: {n}.")
-    start = start_index if start_index >= 0 else random.randrange(n)
-    shift = start_index if start_index >= 0 else random.randrange(n)
-    out = {}
-    p = max(0, start_partition)
-    for _ in range(n_partitions):
-        if p > 0 and p % n == 0:
-            shift += 1
-        first = (p + start) % n
-        replicas = [ids[first]]
-        for j in range(replication_factor - 1):
-            replicas.append(ids[(first + 1 + (shift + j) % (n - 1)) % n])
-        out[p] = replicas
-        p += 1
-    return out
-
-
-def _check_manual_assignment(replica_lists: list[list[int]], live: set[int], expected_rf: int | None,
-                             first_partition: int) -> None:
-    for i, replicas in enumerate(replica_lists):
-        p = first_partition + i
-        if not replicas:
-            raise AdminError(Errors.INVALID_REPLICA_ASSIGNMENT, f"Replica list of partition {p} is empty.")
-        if len(set(replicas)) != len(replicas):
-            raise AdminError(Errors.INVALID_REPLICA_ASSIGNMENT,
-                             f"Duplicate brokers not allowed in replica assignment: {_ids(replicas)} "
-                             f"for partition id {p}.")
-        unknown = [b for b in replicas if b not in live]
-        if unknown:
-            raise AdminError(Errors.INVALID_REPLICA_ASSIGNMENT,
-                             f"Unknown broker(s) in replica assignment: {_ids(unknown)}.")
-        if expected_rf is None:
-            expected_rf = len(replicas)
-        elif len(replicas) != expected_rf:
-            raise AdminError(Errors.INVALID_REPLICA_ASSIGNMENT,
-                             f"Inconsistent replication factor between partitions, partition {first_partition} "
-                             f"has {expected_rf} while partition {p} has {len(replicas)}.")
-
-
-def _ids(ids) -> str:
-    return ", ".join(str(i) for i in ids)
-
 
 def validate_topic_configs(configs) -> dict[str, str]:
     """[(name, text)] → the override dict stored in ZooKeeper; ConfigError text → INVALID_CONFIG."""
@@ -127,7 +66,19 @@ def check_config_consistency(overrides: dict[str, str]) -> None:
 
 
 def _is_controller(broker) -> bool:
-    return broker.zk is not None and broker.zk.is_controller
+    return broker.controller is not None and broker.controller.active
+
+
+async def _live_brokers(broker) -> dict[int, str | None]:
+    """{broker id: rack} of the registered brokers, read from ZooKeeper (placement must not
+    depend on how fresh this broker's cache is)."""
+    regs = await asyncio.to_thread(broker.zk.get_live_brokers)
+    return {bid: reg.rack for bid, (reg, _) in regs.items()}
+
+
+def _has_leaders(broker, name: str, partitions) -> bool:
+    info = broker.metadata.topics.get(name)
+    return info is not None and all(p in info.partitions and info.partitions[p].leader >= 0 for p in partitions)
 
 
 def _collides(name: str, existing) -> str | None:
@@ -175,16 +126,18 @@ def internal_topic_spec(broker, name: str) -> tuple[int, int, dict[str, str]] | 
 
 # ---- auto-creation (Metadata) --------------------------------------------------------------------
 
+AUTO_CREATE_WAIT_S = 10.0
+
+
 async def auto_create_topics(broker, names) -> list[str]:
-    """Create the missing, validly named topics with the broker defaults; return those we created.
+    """Create the missing, validly named topics with the broker defaults; return those that have a
+    leader for every partition in this broker's cache when we answer (others are reported
+    LEADER_NOT_AVAILABLE and the client retries, as with Kafka).
 
     A topic someone else created meanwhile counts as existing, not as created. A replication factor
-    larger than the live brokers leaves the topic uncreated (Kafka answers the Metadata request with
-    an error for it and the client retries)."""
-    if not _is_controller(broker):
-        return []
-    live = list(broker.metadata.brokers)
-    created = []
+    larger than the live brokers leaves the topic uncreated."""
+    live = None
+    created = {}
     for name in dict.fromkeys(names):
         if name in broker.metadata.topics or topic_name_error(name) is not None:
             continue
@@ -194,8 +147,10 @@ async def auto_create_topics(broker, names) -> list[str]:
         if spec is None:
             spec = (broker.config.get("num.partitions"), broker.config.get("default.replication.factor"), {})
         partitions, rf, configs = spec
+        if live is None:
+            live = await _live_brokers(broker)
         try:
-            assignment = assign_replicas(live, partitions, rf)
+            assignment = assign_replicas(live, partitions, rf, racks=live)
         except AdminError as e:
             log.warning("not auto-creating topic %s: %s", name, e.message)
             continue
@@ -203,13 +158,12 @@ async def auto_create_topics(broker, names) -> list[str]:
             await asyncio.to_thread(broker.zk.create_topic, name, assignment, configs)
         except TopicExistsError:
             continue
-        except NotControllerError:
-            break
         log.info("auto-created topic %s with %d partitions, replication factor %d", name, partitions, rf)
-        created.append(name)
+        created[name] = list(assignment)
     if created:
-        await broker.refresh_metadata(created)
-    return created
+        await broker.metadata.wait_for(lambda: all(_has_leaders(broker, n, ps) for n, ps in created.items()),
+                                       AUTO_CREATE_WAIT_S)
+    return [n for n, ps in created.items() if _has_leaders(broker, n, ps)]
 
 
 # ---- CreateTopics (19) ---------------------------------------------------------------------------
@@ -224,6 +178,7 @@ async def create_topics(broker, header, body):
         counts[t["name"]] = counts.get(t["name"], 0) + 1
 
     to_create = []   # (name, assignment, configs)
+    live = await _live_brokers(broker) if _is_controller(broker) else {}
     for t in body["topics"]:
         name = t["name"]
         if name in results:
@@ -237,7 +192,7 @@ async def create_topics(broker, header, body):
                                  f"entries for the following topics: {name}")
             if not _is_controller(broker):
                 raise AdminError(Errors.NOT_CONTROLLER, "This is not the correct controller for this cluster.")
-            to_create.append((name, *_plan_topic(broker, md, t)))
+            to_create.append((name, *_plan_topic(broker, md, t, live)))
         except AdminError as e:
             res["error_code"], res["error_message"] = e.code, e.message
 
@@ -245,21 +200,23 @@ async def create_topics(broker, header, body):
         done: set[str] = set()
 
         async def work():
+            written = {}
             for name, assignment, configs in to_create:
                 try:
                     await asyncio.to_thread(broker.zk.create_topic, name, assignment, configs)
                 except TopicExistsError:
                     _fail(results[name], Errors.TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")
-                except NotControllerError as e:
-                    _fail(results[name], Errors.NOT_CONTROLLER, str(e))
                 except Exception as e:   # a ZooKeeper failure must not lose the other topics' answers
                     log.exception("creating topic %s failed", name)
                     _fail(results[name], Errors.UNKNOWN_SERVER_ERROR, f"Creating topic {name} failed: {e}")
                 else:
                     log.info("created topic %s with %d partitions, replication factor %d", name,
                              len(assignment), len(assignment[0]))
+                    written[name] = list(assignment)
                 done.add(name)
-            await broker.refresh_metadata([name for name, _, _ in to_create])
+            # The controller elects the leaders and tells us through UpdateMetadata.
+            await broker.metadata.wait_for(
+                lambda: all(_has_leaders(broker, n, ps) for n, ps in written.items()), None)
 
         if not await _run_bounded(work(), body.get("timeout_ms", 60000)):
             for name, _, _ in to_create:
@@ -267,7 +224,7 @@ async def create_topics(broker, header, body):
                 if res["error_code"] == 0:
                     _fail(res, Errors.REQUEST_TIMED_OUT,
                           f"Timed out waiting for topic {name} to be created "
-                          f"({'written to ZooKeeper' if name in done else 'not yet written'}).")
+                          f"({'waiting for its leaders' if name in done else 'not yet written'}).")
     # error_message only exists from v1; the encoder leaves out fields the version lacks.
     return {"throttle_time_ms": 0, "topics": [results[n] for n in order]}
 
@@ -276,7 +233,7 @@ def _fail(res: dict, code: int, message: str) -> None:
     res["error_code"], res["error_message"] = int(code), message
 
 
-def _plan_topic(broker, md, t) -> tuple[dict[int, list[int]], dict[str, str]]:
+def _plan_topic(broker, md, t, live: dict[int, str | None]) -> tuple[dict[int, list[int]], dict[str, str]]:
     """Validate one CreatableTopic; return (assignment, config overrides) or raise AdminError."""
     name = t["name"]
     bad = topic_name_error(name)
@@ -290,7 +247,6 @@ def _plan_topic(broker, md, t) -> tuple[dict[int, list[int]], dict[str, str]]:
     configs = validate_topic_configs((c["name"], c["value"]) for c in t.get("configs") or ())
     n_parts, rf = t["num_partitions"], t["replication_factor"]
     manual = t.get("assignments") or []
-    live = set(md.brokers)
     if manual:
         if n_parts != -1 or rf != -1:
             raise AdminError(Errors.INVALID_REQUEST,
@@ -303,13 +259,13 @@ def _plan_topic(broker, md, t) -> tuple[dict[int, list[int]], dict[str, str]]:
             raise AdminError(Errors.INVALID_REPLICA_ASSIGNMENT,
                              "Partitions should be a consecutive 0-based integer sequence.")
         lists = [by_partition[p] for p in range(len(by_partition))]
-        _check_manual_assignment(lists, live, None, 0)
+        check_manual_assignment(lists, set(live), None, 0)
         return dict(enumerate(lists)), configs
     if n_parts == -1:
         n_parts = broker.config.get("num.partitions")
     if rf == -1:
         rf = broker.config.get("default.replication.factor")
-    return assign_replicas(live, n_parts, rf), configs
+    return assign_replicas(live, n_parts, rf, racks=live), configs
 
 
 # ---- DeleteTopics (20) ---------------------------------------------------------------------------
@@ -340,29 +296,18 @@ async def delete_topics(broker, header, body):
 
     if to_delete:
         async def work():
-            deleted = []
+            marked = []
             for name in to_delete:
-                info = broker.metadata.topics.get(name)
                 try:
-                    await asyncio.to_thread(broker.zk.delete_topic, name)
-                except TopicNotFoundError:
-                    responses[name]["error_code"] = Errors.UNKNOWN_TOPIC_OR_PARTITION
-                    continue
-                except NotControllerError:
-                    responses[name]["error_code"] = Errors.NOT_CONTROLLER
-                    continue
+                    await asyncio.to_thread(broker.zk.mark_topic_for_deletion, name)
                 except Exception:
-                    log.exception("deleting topic %s failed", name)
+                    log.exception("marking topic %s for deletion failed", name)
                     responses[name]["error_code"] = Errors.UNKNOWN_SERVER_ERROR
                     continue
-                deleted.append((name, info))
-            # Refresh before touching the logs: once this refresh (which holds the metadata lock)
-            # has read ZooKeeper, no later refresh can see the topic and reopen its logs.
-            await broker.refresh_metadata([name for name, _ in deleted])
-            for name, info in deleted:
-                for p in sorted(info.partitions) if info is not None else ():
-                    if broker.logs.get((name, p)) is not None:
-                        broker.logs.delete(name, p)
+                marked.append(name)
+            # The controller stops the replicas, removes the znodes, then tells every broker.
+            await broker.metadata.wait_for(lambda: not any(n in broker.metadata.topics for n in marked), None)
+            for name in marked:
                 log.info("deleted topic %s", name)
 
         if not await _run_bounded(work(), body.get("timeout_ms", 0)):
@@ -381,6 +326,7 @@ async def create_partitions(broker, header, body):
     results = {}
     order = []
     plans = []    # (name, new assignment)
+    live = await _live_brokers(broker) if _is_controller(broker) else {}
     for t in body["topics"]:
         name = t["name"]
         if name in results:
@@ -392,12 +338,14 @@ async def create_partitions(broker, header, body):
                 raise AdminError(Errors.INVALID_REQUEST, "Duplicate topic in request.")
             if not _is_controller(broker):
                 raise AdminError(Errors.NOT_CONTROLLER, "This is not the correct controller for this cluster.")
-            plans.append((name, _plan_partitions(md, t)))
+            plans.append((name, _plan_partitions(md, t, live)))
         except AdminError as e:
             res["error_code"], res["error_message"] = e.code, e.message
 
     if plans and not validate_only:
+
         async def work():
+            written = {}
             for name, new in plans:
                 try:
                     await asyncio.to_thread(broker.zk.add_partitions, name, new)
@@ -406,12 +354,13 @@ async def create_partitions(broker, header, body):
                 except StaleVersionError:
                     _fail(results[name], Errors.INVALID_PARTITIONS,
                           f"Topic {name} was changed concurrently; retry with its current partition count.")
-                except (NotControllerError, ValueError) as e:
-                    _fail(results[name], Errors.NOT_CONTROLLER if isinstance(e, NotControllerError)
-                          else Errors.INVALID_PARTITIONS, str(e))
+                except ValueError as e:
+                    _fail(results[name], Errors.INVALID_PARTITIONS, str(e))
                 else:
                     log.info("added partitions %d..%d to topic %s", min(new), max(new), name)
-            await broker.refresh_metadata([name for name, _ in plans])
+                    written[name] = list(new)
+            await broker.metadata.wait_for(
+                lambda: all(_has_leaders(broker, n, ps) for n, ps in written.items()), None)
 
         if not await _run_bounded(work(), body.get("timeout_ms", 0)):
             for name, _ in plans:
@@ -421,7 +370,7 @@ async def create_partitions(broker, header, body):
     return {"throttle_time_ms": 0, "results": [results[n] for n in order]}
 
 
-def _plan_partitions(md, t) -> dict[int, list[int]]:
+def _plan_partitions(md, t, live: dict[int, str | None]) -> dict[int, list[int]]:
     name, count = t["name"], t["count"]
     info = md.topics.get(name)
     if info is None:
@@ -435,7 +384,6 @@ def _plan_partitions(md, t) -> dict[int, list[int]]:
                          f"has {current} partitions, {count} would not be an increase.")
     p0 = info.partitions.get(0)
     rf = len(p0.replicas) if p0 is not None and p0.replicas else 1
-    live = set(md.brokers)
     adding = count - current
     manual = t.get("assignments")
     if manual is not None:
@@ -444,10 +392,10 @@ def _plan_partitions(md, t) -> dict[int, list[int]]:
                              f"Increasing the number of partitions by {adding} but {len(manual)} "
                              f"assignments provided.")
         lists = [list(a["broker_ids"]) for a in manual]
-        _check_manual_assignment(lists, live, rf, current)
+        check_manual_assignment(lists, set(live), rf, current)
         return {current + i: r for i, r in enumerate(lists)}
     # Continue Kafka's round-robin from where partition 0's leader sits, as its ZooKeeper admin does.
     ids = sorted(live)
     leader0 = p0.replicas[0] if p0 is not None and p0.replicas else None
     start = next((i for i, b in enumerate(ids) if leader0 is not None and b >= leader0), 0)
-    return assign_replicas(ids, adding, rf, start_partition=current, start_index=start)
+    return assign_replicas(ids, adding, rf, start_partition=current, start_index=start, racks=live)

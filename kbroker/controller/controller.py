@@ -1,0 +1,527 @@
+"""The controller's event loop and state changes (Kafka's KafkaController in ZooKeeper mode, kept small).
+
+Runs on the broker's asyncio loop while this broker holds /controller. ZooKeeper watches only hand an
+event to the queue (kazoo's threads never call ZooKeeper); one task takes events in order, reads and
+writes ZooKeeper on worker threads (every write a multi-op fenced by /controller_epoch's version and,
+for state znodes, the version read), then tells the brokers through their channels:
+LeaderAndIsr to the replicas of changed partitions, UpdateMetadata to every live broker.
+
+Partition state machine, as small as correctness allows:
+  new (assignment, no state znode) --first live replica leads, ISR = live replicas, epoch 0--> online
+  online --leader gone: first live ISR member (unclean: any live replica), epoch+1--> online
+         \\--no eligible replica: leader -1, last ISR member kept, epoch+1--> offline
+  offline --an ISR member (unclean: any replica) comes back--> online
+Replica side: a dead or shutting-down follower leaves the ISR (epoch+1); its return is the
+leader's business (ISR expansion).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ..protocol.errors import Errors
+from ..zk import layout as L
+from ..zk.client import NotControllerError, StaleVersionError
+from . import election, requests as R
+from .channel import BrokerChannel
+from .context import ControllerContext, LiveBroker
+
+log = logging.getLogger(__name__)
+
+STOP_REPLICA_WAIT_S = 30.0
+
+
+def _bool(v) -> bool:
+    return str(v).strip().lower() == "true"
+
+
+class Controller:
+    """Started by the broker when it wins /controller (``start(epoch)``), stopped when it loses it."""
+
+    def __init__(self, zk, broker_id: int, config_get, metrics=None):
+        self.zk = zk
+        self.broker_id = broker_id
+        self.config_get = config_get          # broker config lookup by Kafka key
+        self.metrics = metrics
+        self.ctx = ControllerContext()
+        self.channels: dict[int, BrokerChannel] = {}
+        self.active = False
+        self._generation = 0
+        self._events: asyncio.Queue | None = None
+        self._task: asyncio.Task | None = None
+        self.elections = 0                    # leader elections made (LeaderElectionRate)
+        self.ready = asyncio.Event()          # set once the start-up state has been sent
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    def start(self, epoch: int) -> None:
+        if self.active and self.ctx.epoch == epoch:
+            return
+        self.stop()
+        self._generation += 1
+        self.active = True
+        self.ready = asyncio.Event()
+        self.ctx = ControllerContext(epoch=epoch)
+        self._events = asyncio.Queue()
+        self._task = asyncio.get_running_loop().create_task(self._run(self._generation),
+                                                            name=f"controller-{self.broker_id}")
+        self._events.put_nowait(("startup",))
+        log.info("controller %d started (epoch %d)", self.broker_id, epoch)
+
+    def stop(self) -> None:
+        if not self.active:
+            return
+        self.active = False
+        self._generation += 1          # disarms every watch of this term
+        if self._task is not None:
+            self._task.cancel()
+        for ch in self.channels.values():
+            ch.stop()
+        self.channels.clear()
+        log.info("controller %d stopped (epoch %d)", self.broker_id, self.ctx.epoch)
+
+    def offline_partition_count(self) -> int:
+        return len(self.ctx.offline_partitions()) if self.active else 0
+
+    # ---- events ---------------------------------------------------------------------------------
+    def _post(self, generation, *event) -> None:
+        if self.active and generation == self._generation and self._events is not None:
+            self._events.put_nowait(event)
+
+    async def controlled_shutdown(self, broker_id: int, broker_epoch: int):
+        """Served for the ControlledShutdown handler: -> (error code, [(topic, partition)] remaining)."""
+        if not self.active:
+            return Errors.NOT_CONTROLLER, []
+        fut = asyncio.get_running_loop().create_future()
+        self._events.put_nowait(("controlled_shutdown", broker_id, broker_epoch, fut))
+        return await fut
+
+    async def _run(self, generation) -> None:
+        handlers = {
+            "startup": self._on_startup, "brokers": self._on_brokers, "topics": self._on_topics,
+            "topic_data": self._on_topic_data, "delete": self._on_delete, "isr": self._on_isr_change,
+            "preferred": self._on_preferred, "controlled_shutdown": self._on_controlled_shutdown,
+        }
+        while True:
+            event = await self._events.get()
+            try:
+                await handlers[event[0]](generation, *event[1:])
+            except asyncio.CancelledError:
+                raise
+            except NotControllerError as e:
+                log.warning("controller %d fenced: %s", self.broker_id, e)
+                self._fail_pending(event)
+                self.stop()
+                return
+            except Exception:
+                log.exception("controller event %s failed; retrying in 1s", event[0])
+                if event[0] == "controlled_shutdown":
+                    self._fail_pending(event)
+                else:
+                    asyncio.get_running_loop().call_later(1.0, self._post, generation, *event)
+
+    @staticmethod
+    def _fail_pending(event) -> None:
+        if event[0] == "controlled_shutdown" and not event[-1].done():
+            event[-1].set_result((Errors.NOT_CONTROLLER, []))
+
+    def _watch(self, generation, kind: str, path: str, data: bool = False, arg=None) -> None:
+        active = lambda: self.active and generation == self._generation  # noqa: E731
+        if data:
+            self.zk.watch_data(path, lambda exists: self._post(generation, kind, arg), active)
+        else:
+            self.zk.watch_children(path, lambda children: self._post(generation, kind), active)
+
+    async def _zk(self, fn, *args):
+        return await asyncio.to_thread(fn, *args)
+
+    # ---- start-up -------------------------------------------------------------------------------
+    async def _on_startup(self, generation) -> None:
+        ctx = self.ctx
+        brokers = await self._zk(self.zk.get_live_brokers)
+        for bid, (reg, czxid) in brokers.items():
+            self._add_broker(reg, czxid)
+        names = await self._zk(self.zk.get_topics)
+        for name in names:
+            await self._load_topic(generation, name)
+        for kind, path in (("brokers", L.BROKER_IDS), ("topics", L.BROKER_TOPICS), ("delete", L.DELETE_TOPICS),
+                           ("isr", L.ISR_CHANGE_NOTIFICATION)):
+            self._watch(generation, kind, path)
+        self._watch(generation, "preferred", L.PREFERRED_REPLICA_ELECTION, data=True)
+        # Partitions left without a state (their creator died) and partitions without a live leader.
+        for name in list(ctx.assignments):
+            await self._init_new_partitions(name, send=False)
+        changed = await self._elect_offline(ctx.offline_partitions())
+        for bid in sorted(ctx.brokers):
+            self._send_leader_and_isr(ctx.partitions_with_replica(bid), only=bid)
+        self._send_update_metadata(list(ctx.states))
+        self.ready.set()
+        log.info("controller %d: %d brokers, %d topics, %d partitions (%d elected at start-up)", self.broker_id,
+                 len(ctx.brokers), len(ctx.assignments), len(ctx.states), len(changed))
+
+    async def _load_topic(self, generation, name: str) -> bool:
+        from ..zk.client import TopicNotFoundError
+        try:
+            topic_id, assignment = await self._zk(self.zk.get_topic, name)
+        except TopicNotFoundError:
+            return False
+        states = await self._zk(self.zk.get_partition_states, name, sorted(assignment))
+        ctx = self.ctx
+        ctx.topic_ids[name] = topic_id
+        ctx.assignments[name] = assignment
+        for p, sv in states.items():
+            ctx.states[(name, p)] = sv
+        self._watch(generation, "topic_data", L.topic_path(name), data=True, arg=name)
+        return True
+
+    def _add_broker(self, reg: L.BrokerRegistration, czxid: int) -> None:
+        host, port = reg.host, reg.port
+        if host is None or port < 0:     # no PLAINTEXT host/port field: take the first endpoint
+            _, host, port = reg.endpoints[0]
+        b = LiveBroker(reg.broker_id, host, port, reg.rack, czxid)
+        self.ctx.brokers[b.broker_id] = b
+        old = self.channels.pop(b.broker_id, None)
+        if old is not None:
+            old.stop()
+        self.channels[b.broker_id] = BrokerChannel(b, self.broker_id)
+
+    # ---- sending ----------------------------------------------------------------------------------
+    def _send_leader_and_isr(self, parts, only: int | None = None, is_new=frozenset()) -> None:
+        """LeaderAndIsr for ``parts`` to each of their live replicas (or only to broker ``only``)."""
+        ctx = self.ctx
+        per_broker: dict[int, list] = {}
+        for tp in parts:
+            if tp not in ctx.states:
+                continue
+            for r in ctx.replicas(tp):
+                if r in ctx.brokers and (only is None or r == only):
+                    per_broker.setdefault(r, []).append(tp)
+        for bid, tps in per_broker.items():
+            body = R.leader_and_isr(ctx, self.broker_id, ctx.brokers[bid].epoch, tps, is_new)
+            self.channels[bid].send(R.LEADER_AND_ISR, body)
+
+    def _send_update_metadata(self, parts, to=None, deleted=None) -> list:
+        ctx = self.ctx
+        futs = []
+        for bid in sorted(ctx.brokers if to is None else to):
+            if bid not in ctx.brokers:
+                continue
+            body = R.update_metadata(ctx, self.broker_id, ctx.brokers[bid].epoch,
+                                     [tp for tp in parts if tp in ctx.states], deleted)
+            futs.append(self.channels[bid].send(R.UPDATE_METADATA, body))
+        return futs
+
+    # ---- writing states -----------------------------------------------------------------------------
+    async def _update(self, changes: dict) -> list:
+        """``changes``: {tp: new state} computed from ctx.states; CAS write in one fenced multi.
+        On a version conflict the moved states are re-read and the caller must plan again:
+        returns None then."""
+        ctx = self.ctx
+        if not changes:
+            return []
+        updates = {tp: (st, ctx.states[tp][1]) for tp, st in changes.items()}
+        try:
+            versions = await self._zk(self.zk.update_partition_states, updates)
+        except StaleVersionError:
+            for t in {t for t, _ in changes}:
+                fresh = await self._zk(self.zk.get_partition_states, t, sorted(ctx.assignments.get(t, {})))
+                for p, sv in fresh.items():
+                    ctx.states[(t, p)] = sv
+            return None
+        for tp, st in changes.items():
+            if st.leader != ctx.states[tp][0].leader and st.leader >= 0:
+                self.elections += 1
+            ctx.states[tp] = (st, versions[tp])
+        return list(changes)
+
+    async def _apply(self, parts, planner) -> list:
+        """Plan new states for ``parts`` with ``planner(tp, state) -> state or None`` and write them,
+        re-planning after a conflicting write (a leader's ISR change) up to a few times."""
+        for _ in range(5):
+            changes = {}
+            for tp in parts:
+                if tp in self.ctx.states:
+                    new = planner(tp, self.ctx.states[tp][0])
+                    if new is not None:
+                        changes[tp] = new
+            done = await self._update(changes)
+            if done is not None:
+                return done
+        raise StaleVersionError(f"partition states kept changing under the controller: {sorted(parts)[:5]}")
+
+    def _state(self, leader, isr, old: L.PartitionState) -> L.PartitionState:
+        return L.PartitionState(leader=leader, leader_epoch=old.leader_epoch + 1, isr=list(isr),
+                                controller_epoch=self.ctx.epoch)
+
+    async def _unclean_allowed(self, topic: str) -> bool:
+        overrides = await self._zk(self.zk.get_topic_config, topic)
+        if "unclean.leader.election.enable" in overrides:
+            return _bool(overrides["unclean.leader.election.enable"])
+        return bool(self.config_get("unclean.leader.election.enable"))
+
+    async def _elect_offline(self, parts) -> list:
+        """Elect leaders for partitions whose leader is not alive (write, then tell the brokers)."""
+        ctx = self.ctx
+        if not parts:
+            return []
+        unclean = {}
+        for t in {t for t, _ in parts}:
+            if any(not election.offline(ctx.replicas(tp), ctx.states[tp][0].isr, ctx.live())
+                   for tp in parts if tp[0] == t and tp in ctx.states):
+                unclean[t] = await self._unclean_allowed(t)
+        live = ctx.live() - ctx.shutting_down
+
+        def plan(tp, st):
+            if st.leader in live:
+                return None
+            got = election.offline(ctx.replicas(tp), st.isr, live, unclean.get(tp[0], False))
+            if got is None:
+                if st.leader == election.NO_LEADER:
+                    return None          # already offline: nothing to record
+                leader, isr = election.without_replica(st.leader, st.isr, st.leader)
+                log.warning("%s-%d is offline: no live in-sync replica (isr %s)", tp[0], tp[1], st.isr)
+                return self._state(leader, isr, st)
+            if got[1] == [got[0]] and got[0] not in st.isr:
+                log.warning("unclean leader election for %s-%d: %d (isr was %s)", tp[0], tp[1], got[0], st.isr)
+            return self._state(got[0], got[1], st)
+
+        changed = await self._apply(parts, plan)
+        self._send_leader_and_isr(changed)
+        return changed
+
+    # ---- brokers --------------------------------------------------------------------------------
+    async def _on_brokers(self, generation) -> None:
+        ctx = self.ctx
+        now = await self._zk(self.zk.get_live_brokers)
+        gone = [b for b in ctx.brokers if b not in now]
+        bounced = [b for b, (_, czxid) in now.items() if b in ctx.brokers and ctx.brokers[b].epoch != czxid]
+        new = [b for b in now if b not in ctx.brokers]
+        if not (gone or bounced or new):
+            return
+        log.info("controller %d: brokers gone %s, restarted %s, new %s", self.broker_id, gone, bounced, new)
+        if gone or bounced:
+            await self._on_broker_failure(gone + bounced)
+        if new or bounced:
+            for b in new + bounced:
+                self._add_broker(now[b][0], now[b][1])
+            await self._on_broker_startup(new + bounced)
+
+    async def _on_broker_failure(self, dead) -> None:
+        ctx = self.ctx
+        for b in dead:
+            ctx.brokers.pop(b, None)
+            ctx.shutting_down.discard(b)
+            ch = self.channels.pop(b, None)
+            if ch is not None:
+                ch.stop()
+        dead = set(dead)
+        affected = [tp for tp, (st, _) in ctx.states.items() if st.leader in dead or dead & set(st.isr)]
+        led = [tp for tp in affected if ctx.states[tp][0].leader in dead]
+        changed = await self._elect_offline(led)
+
+        def drop_followers(tp, st):
+            if st.leader in dead or not dead & set(st.isr):
+                return None
+            isr = [r for r in st.isr if r not in dead] or st.isr
+            return self._state(st.leader, isr, st) if isr != st.isr else None
+
+        shrunk = await self._apply([tp for tp in affected if tp not in led], drop_followers)
+        self._send_leader_and_isr(shrunk)
+        # Everyone learns the new broker list, even when no partition changed.
+        self._send_update_metadata(changed + shrunk)
+
+    async def _on_broker_startup(self, new) -> None:
+        ctx = self.ctx
+        others = [b for b in ctx.brokers if b not in new]
+        self._send_update_metadata([], to=others)                 # the new broker list
+        self._send_update_metadata(list(ctx.states), to=new)      # everything, to the newcomers
+        for b in new:
+            self._send_leader_and_isr(ctx.partitions_with_replica(b), only=b)
+        for name in list(ctx.assignments):
+            await self._init_new_partitions(name)
+        changed = await self._elect_offline(ctx.offline_partitions())
+        if changed:
+            self._send_update_metadata(changed)
+
+    # ---- topics ---------------------------------------------------------------------------------
+    async def _on_topics(self, generation) -> None:
+        ctx = self.ctx
+        names = set(await self._zk(self.zk.get_topics))
+        for name in sorted(names - set(ctx.assignments)):
+            if await self._load_topic(generation, name):
+                log.info("controller %d: new topic %s", self.broker_id, name)
+                created = await self._init_new_partitions(name, send=False)
+                # States written by someone else (a tool, an older controller) are announced too.
+                parts = [(name, p) for p in sorted(ctx.assignments[name]) if (name, p) in ctx.states]
+                self._send_leader_and_isr(parts, is_new=frozenset(created))
+                self._send_update_metadata(parts)
+        gone = sorted(set(ctx.assignments) - names)
+        if gone:   # removed from ZooKeeper behind the controller's back: brokers drop it too
+            deleted = {}
+            for name in gone:
+                deleted.update({(name, p): (r, ctx.topic_ids.get(name)) for p, r in ctx.assignments[name].items()})
+                ctx.remove_topic(name)
+            self._send_update_metadata([], deleted=deleted)
+
+    async def _on_topic_data(self, generation, name) -> None:
+        ctx = self.ctx
+        if name not in ctx.assignments:
+            return
+        from ..zk.client import TopicNotFoundError
+        try:
+            topic_id, assignment = await self._zk(self.zk.get_topic, name)
+        except TopicNotFoundError:
+            return     # the children watch handles a deletion
+        if topic_id != ctx.topic_ids.get(name):
+            return     # deleted and recreated: the children watch sees it
+        added = {p: r for p, r in assignment.items() if p not in ctx.assignments[name]}
+        if added:
+            ctx.assignments[name] = {**ctx.assignments[name], **added}
+            log.info("controller %d: topic %s gained partitions %s", self.broker_id, name, sorted(added))
+            await self._init_new_partitions(name)
+
+    async def _init_new_partitions(self, name: str, send: bool = True) -> list:
+        """Create state znodes for partitions of ``name`` that have none and a live replica."""
+        ctx = self.ctx
+        live = ctx.live() - ctx.shutting_down
+        states = {}
+        for p, replicas in sorted(ctx.assignments.get(name, {}).items()):
+            if (name, p) in ctx.states:
+                continue
+            alive = [r for r in replicas if r in live]
+            if not alive:
+                log.warning("%s-%d has no live replica (%s): left without a leader", name, p, replicas)
+                continue
+            states[p] = L.PartitionState(leader=alive[0], leader_epoch=0, isr=alive, controller_epoch=ctx.epoch)
+        if not states:
+            return []
+        try:
+            versions = await self._zk(self.zk.create_partition_states, name, states)
+        except StaleVersionError:
+            # Someone (an older controller, a tool) created them meanwhile: take what is there.
+            fresh = await self._zk(self.zk.get_partition_states, name, sorted(states))
+            for p, sv in fresh.items():
+                ctx.states[(name, p)] = sv
+            return await self._init_new_partitions(name, send)
+        created = []
+        for p, st in states.items():
+            ctx.states[(name, p)] = (st, versions[p])
+            created.append((name, p))
+        self.elections += len(created)
+        if send:
+            self._send_leader_and_isr(created, is_new=frozenset(created))
+            self._send_update_metadata(created)
+        return created
+
+    async def _on_delete(self, generation) -> None:
+        ctx = self.ctx
+        marked = await self._zk(self.zk.get_topic_deletions)
+        for name in marked:
+            if not self.config_get("delete.topic.enable"):
+                log.warning("topic %s marked for deletion but delete.topic.enable=false; unmarked", name)
+                await self._zk(self.zk.remove_topic_deletion, name)
+                continue
+            if name not in ctx.assignments:
+                if not await self._load_topic(generation, name):
+                    await self._zk(self.zk.remove_topic_deletion, name)
+                    continue
+            await self._delete_topic(name)
+
+    async def _delete_topic(self, name: str) -> None:
+        from ..zk.client import TopicNotFoundError
+        ctx = self.ctx
+        assignment = ctx.assignments[name]
+        topic_id = ctx.topic_ids.get(name)
+        # 1. Replicas stop and delete their logs (live ones; we wait for their answers, bounded).
+        futs = []
+        for bid in sorted(ctx.brokers):
+            parts = [(name, p) for p, r in assignment.items() if bid in r]
+            if parts:
+                body = R.stop_replica(ctx, self.broker_id, ctx.brokers[bid].epoch, parts, delete=True)
+                futs.append(self.channels[bid].send(R.STOP_REPLICA, body))
+        if futs:
+            await asyncio.wait(futs, timeout=STOP_REPLICA_WAIT_S)
+        # 2. The znodes go (fenced), so the name is free the moment brokers hear of the deletion.
+        try:
+            await self._zk(self.zk.delete_topic, name)
+        except TopicNotFoundError:
+            await self._zk(self.zk.remove_topic_deletion, name)
+        ctx.remove_topic(name)
+        # 3. Every broker drops it from its metadata (leader -2).
+        self._send_update_metadata([], deleted={(name, p): (r, topic_id) for p, r in assignment.items()})
+        log.info("controller %d: deleted topic %s", self.broker_id, name)
+
+    # ---- ISR changes made by leaders ----------------------------------------------------------
+    async def _on_isr_change(self, generation) -> None:
+        ctx = self.ctx
+        notes = await self._zk(self.zk.read_partition_list_children, L.ISR_CHANGE_NOTIFICATION)
+        if not notes:
+            return
+        parts = sorted({tp for lst in notes.values() for tp in lst if tp[0] in ctx.assignments})
+        for t in {t for t, _ in parts}:
+            fresh = await self._zk(self.zk.get_partition_states, t, sorted({p for tt, p in parts if tt == t}))
+            for p, sv in fresh.items():
+                ctx.states[(t, p)] = sv
+        self._send_update_metadata(parts)
+        await self._zk(self.zk.delete_nodes, [f"{L.ISR_CHANGE_NOTIFICATION}/{c}" for c in notes])
+
+    # ---- preferred replica election ------------------------------------------------------------
+    async def _on_preferred(self, generation, _arg=None) -> None:
+        ctx = self.ctx
+        parts = await self._zk(self.zk.read_partition_list, L.PREFERRED_REPLICA_ELECTION)
+        if parts is None:
+            return
+        changed = await self.elect_preferred([tp for tp in parts if tp in ctx.states])
+        log.info("controller %d: preferred replica election moved %d partitions", self.broker_id, len(changed))
+        await self._zk(self.zk.delete_nodes, [L.PREFERRED_REPLICA_ELECTION])
+
+    async def elect_preferred(self, parts) -> list:
+        ctx = self.ctx
+        live = ctx.live() - ctx.shutting_down
+
+        def plan(tp, st):
+            got = election.preferred(ctx.replicas(tp), st.isr, live)
+            if got is None or got[0] == st.leader:
+                return None
+            return self._state(got[0], got[1], st)
+
+        changed = await self._apply(parts, plan)
+        self._send_leader_and_isr(changed)
+        self._send_update_metadata(changed)
+        return changed
+
+    # ---- controlled shutdown -----------------------------------------------------------------------
+    async def _on_controlled_shutdown(self, generation, broker_id, broker_epoch, fut) -> None:
+        ctx = self.ctx
+        b = ctx.brokers.get(broker_id)
+        if b is None:
+            fut.set_result((Errors.BROKER_NOT_AVAILABLE, []))
+            return
+        if broker_epoch != -1 and broker_epoch != b.epoch:
+            fut.set_result((Errors.STALE_BROKER_EPOCH, []))
+            return
+        ctx.shutting_down.add(broker_id)
+        live = ctx.live() - ctx.shutting_down
+        mine = [tp for tp in ctx.partitions_with_replica(broker_id) if tp in ctx.states]
+
+        def plan(tp, st):
+            replicas = ctx.replicas(tp)
+            if len(replicas) <= 1:
+                return None
+            if st.leader == broker_id:
+                got = election.controlled_shutdown(replicas, st.isr, live, ctx.shutting_down)
+                return None if got is None else self._state(got[0], got[1], st)
+            if broker_id in st.isr and len(st.isr) > 1:
+                return self._state(st.leader, [r for r in st.isr if r != broker_id], st)
+            return None
+
+        changed = await self._apply(mine, plan)
+        self._send_leader_and_isr(changed)
+        followers = [tp for tp in mine if ctx.states[tp][0].leader != broker_id]
+        if followers:
+            body = R.stop_replica(ctx, self.broker_id, b.epoch, followers, delete=False)
+            self.channels[broker_id].send(R.STOP_REPLICA, body)
+        self._send_update_metadata(changed)
+        remaining = sorted(tp for tp in ctx.partitions_led_by(broker_id) if len(ctx.replicas(tp)) > 1)
+        log.info("controller %d: controlled shutdown of broker %d moved %d partitions, %d remain",
+                 self.broker_id, broker_id, len(changed), len(remaining))
+        fut.set_result((0, remaining))

@@ -1,0 +1,62 @@
+"""ControlledShutdown (7): a broker about to stop asks the controller to move its leaderships away
+first. Served by the controller's broker; others answer NOT_CONTROLLER."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ...client.connection import BrokerConnection, KafkaError
+from ...protocol import api
+from ...protocol.errors import Errors
+
+log = logging.getLogger(__name__)
+
+
+def register(broker, handlers):
+    api.advertise(7, 3, 3)
+    handlers[7] = lambda conn, header, body: controlled_shutdown(broker, body)
+
+
+async def controlled_shutdown(broker, body):
+    controller = broker.controller
+    if controller is None or not controller.active:
+        return {"error_code": Errors.NOT_CONTROLLER, "remaining_partitions": []}
+    code, remaining = await controller.controlled_shutdown(body["broker_id"], body["broker_epoch"])
+    return {"error_code": code,
+            "remaining_partitions": [{"topic_name": t, "partition_index": p} for t, p in remaining]}
+
+
+async def request_controlled_shutdown(broker) -> bool:
+    """Broker side (Broker.stop): ControlledShutdown v3 to the current controller until it answers
+    with nothing left to move, at most ``controlled.shutdown.max.retries`` times, pausing
+    ``controlled.shutdown.retry.backoff.ms`` between attempts. True when everything moved."""
+    cfg = broker.config
+    if not cfg.get("controlled.shutdown.enable"):
+        return False
+    retries = max(1, cfg.get("controlled.shutdown.max.retries"))
+    backoff_s = cfg.get("controlled.shutdown.retry.backoff.ms") / 1000
+    for attempt in range(1, retries + 1):
+        controller = broker.metadata.brokers.get(broker.metadata.controller_id)
+        if controller is None:
+            log.warning("controlled shutdown: no known controller (attempt %d of %d)", attempt, retries)
+        else:
+            try:
+                conn = await BrokerConnection.open(controller.host, controller.port,
+                                                   client_id=f"broker-{broker.broker_id}-shutdown")
+                try:
+                    _, resp = await conn.send(7, {"broker_id": broker.broker_id,
+                                                  "broker_epoch": broker.zk.broker_epoch}, version=3)
+                finally:
+                    conn.close()
+                left = resp["remaining_partitions"]
+                if resp["error_code"] == 0 and not left:
+                    log.info("controlled shutdown succeeded")
+                    return True
+                log.warning("controlled shutdown attempt %d of %d: error %d, %d partitions still led here",
+                            attempt, retries, resp["error_code"], len(left))
+            except (KafkaError, OSError) as e:
+                log.warning("controlled shutdown attempt %d of %d failed: %s", attempt, retries, e)
+        if attempt < retries:
+            await asyncio.sleep(backoff_s)
+    log.warning("controlled shutdown did not complete; shutting down anyway")
+    return False
