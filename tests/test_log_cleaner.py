@@ -463,3 +463,23 @@ def test_compact_delete_policy_cleans_and_retains(tmp_path):
     assert lg.delete_old_segments(NOW + 5000) > 0
     assert file_records(lg) == []
     lg.close()
+
+
+def test_empty_cleaned_segments_do_not_hold_back_the_lag(tmp_path):
+    """Segments emptied by a cleaning have no record time; with min.compaction.lag.ms their
+    fresh mtime must not stop the next cleaning from reaching the older-enough segments."""
+    lg = make_log(tmp_path / "t-0", **{"min.compaction.lag.ms": 1000})
+    old = NOW - 10_000
+    for i in range(40):
+        append(lg, [(b"k", b"%d" % i)], ts=old)
+    lg.roll(NOW)
+    cleaner = LogCleaner()
+    assert cleaner.clean_log(lg, NOW) is not None
+    assert any(s.size == 0 for s in lg.segments[:-1])
+    for i in range(40, 80):
+        append(lg, [(b"k", b"%d" % i)], ts=old)
+    lg.roll(NOW)
+    r = cleaner.clean_log(lg, NOW)
+    assert r is not None and r.end_offset == 80
+    assert file_records(lg) == [(79, b"k", b"79")]
+    lg.close()

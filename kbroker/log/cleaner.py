@@ -183,7 +183,7 @@ class _Snapshot:
                 # younger than min.compaction.lag.ms, never the active segment.
                 if seg.next_offset > self.high_watermark:
                     break
-                if min_lag > 0 and now - seg.largest_timestamp < min_lag:
+                if _too_young(seg, now, min_lag):
                     break
                 self.segments.append(_SegInfo(seg))
         except BaseException:
@@ -206,12 +206,15 @@ class _Snapshot:
                 s.fd = -1
 
 
+def _too_young(seg, now: int, min_lag: int) -> bool:
+    # An empty segment (cleaned away) has no record time; its mtime must not hold cleaning up.
+    return min_lag > 0 and seg.size > 0 and now - seg.largest_timestamp < min_lag
+
+
 def swap_in(lg, old_segments: list, base: int, now: int) -> bool:
     """Owner thread: replace ``old_segments`` (contiguous, closed) with the cleaned segment
     written at ``<base>.log.cleaned``. False (nothing changed) if they are no longer in the
     log (retention, truncation or deletion got there first)."""
-    from .segment import LogSegment
-
     segs = lg.segments
     try:
         i = next(k for k, s in enumerate(segs) if s is old_segments[0])
@@ -225,6 +228,20 @@ def swap_in(lg, old_segments: list, base: int, now: int) -> bool:
     for sfx in (".index", ".timeindex", ".log"):
         os.replace(paths[sfx] + ".cleaned", paths[sfx] + ".swap")
     _step("swap")
+    try:
+        _finish_swap(lg, old_segments, i, base, paths, now)
+    except BaseException:
+        # Past the commit point the files on disk are right (a restart completes the swap) but
+        # this Log's segment list is not: stop serving it, as Kafka takes a failing dir offline.
+        lg.offline = True
+        raise
+    return True
+
+
+def _finish_swap(lg, old_segments, i, base, paths, now):
+    from .segment import LogSegment
+
+    d = lg.dir
     for s in old_segments:
         s.mark_deleted()
         lg._pending_delete.append((now + lg.config.file_delete_delay_ms, s))
@@ -237,9 +254,8 @@ def swap_in(lg, old_segments: list, base: int, now: int) -> bool:
     new = LogSegment(d, base, cfg.index_interval_bytes, cfg.segment_index_bytes, active=False, now_ms=now)
     if not new.load():
         new.recover(base)
-    segs[i:i + len(old_segments)] = [new]
+    lg.segments[i:i + len(old_segments)] = [new]
     lg._bases[i:i + len(old_segments)] = [base]
-    return True
 
 
 # ------------------------------------------------------------------------------------------
@@ -400,7 +416,7 @@ class LogCleaner:
         total = dirty = 0
         oldest_dirty_ts = None
         for seg in closed:
-            if seg.next_offset > hw or (min_lag > 0 and now - seg.largest_timestamp < min_lag):
+            if seg.next_offset > hw or _too_young(seg, now, min_lag):
                 break
             total += seg.size
             if seg.next_offset > first_dirty:
