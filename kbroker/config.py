@@ -284,7 +284,7 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _impl("log.cleanup.policy", "list", ["delete"], list_of(*CLEANUP_POLICIES)),
     _impl("log.cleaner.enable", "boolean", True),
     _impl("log.cleaner.threads", "int", 1, at_least(0)),
-    _known("log.cleaner.io.max.bytes.per.second", "double", 1.7976931348623157e308),
+    _impl("log.cleaner.io.max.bytes.per.second", "double", 1.7976931348623157e308),
     _impl("log.cleaner.dedupe.buffer.size", "long", 128 * 1024 * 1024),
     _impl("log.cleaner.io.buffer.size", "int", 512 * 1024, at_least(0)),
     _impl("log.cleaner.io.buffer.load.factor", "double", 0.9),
@@ -734,7 +734,8 @@ class BrokerConfig:
         """The log cleaner's broker keys (LogManager's cleaner_config)."""
         return {k: self._values[k] for k in (
             "log.cleaner.enable", "log.cleaner.threads", "log.cleaner.dedupe.buffer.size",
-            "log.cleaner.io.buffer.size", "log.cleaner.io.buffer.load.factor", "log.cleaner.backoff.ms")}
+            "log.cleaner.io.buffer.size", "log.cleaner.io.buffer.load.factor", "log.cleaner.backoff.ms",
+            "log.cleaner.io.max.bytes.per.second")}
 
     def describe(self) -> list[str]:
         """`key = value` lines for every known key (passwords hidden), for the start-up log."""

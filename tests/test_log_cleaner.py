@@ -483,3 +483,20 @@ def test_empty_cleaned_segments_do_not_hold_back_the_lag(tmp_path):
     assert r is not None and r.end_offset == 80
     assert file_records(lg) == [(79, b"k", b"79")]
     lg.close()
+
+
+def test_io_throttle(tmp_path):
+    """log.cleaner.io.max.bytes.per.second bounds the pass's read + written bytes per second."""
+    import time as _time
+
+    lg = make_log(tmp_path / "t-0", **{"segment.bytes": 4000})
+    for i in range(200):
+        append(lg, [(b"k%d" % (i % 5), b"x" * 100)])
+    lg.roll(NOW)
+    total = lg.size_bytes
+    cleaner = LogCleaner(CleanerConfig({"log.cleaner.io.max.bytes.per.second": total / 0.5}))
+    t0 = _time.monotonic()
+    r = cleaner.clean_log(lg, NOW)
+    took = _time.monotonic() - t0
+    assert r is not None and took >= 0.45, took     # read alone is `total` bytes: >= ~0.5 s
+    lg.close()

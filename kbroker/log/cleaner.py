@@ -41,6 +41,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 
 from kbroker._native import cleaner as _native
 from kbroker._native import segment as _segment
@@ -67,6 +68,7 @@ CLEANER_DEFAULTS = {
     "log.cleaner.io.buffer.size": 512 * 1024,
     "log.cleaner.io.buffer.load.factor": 0.9,
     "log.cleaner.backoff.ms": 15000,
+    "log.cleaner.io.max.bytes.per.second": float("inf"),
 }
 
 # Tests set this to a callable(step) to kill the process at a cleaning step
@@ -94,6 +96,7 @@ class CleanerConfig:
         self.io_buffer_size = int(v["log.cleaner.io.buffer.size"])
         self.load_factor = float(v["log.cleaner.io.buffer.load.factor"])
         self.backoff_ms = int(v["log.cleaner.backoff.ms"])
+        self.max_io_bytes_per_second = float(v["log.cleaner.io.max.bytes.per.second"])
         if self.threads < 0:
             raise ValueError("log.cleaner.threads must be >= 0")
         if not 0 < self.load_factor <= 1:
@@ -299,7 +302,8 @@ class LogCleaner:
         self._horizons: dict = {}            # id(log) -> earliest delete horizon left
         # Logs whose cleaning failed (e.g. a corrupt batch): skipped from then on, as Kafka
         # marks such partitions uncleanable, instead of failing every backoff.
-        self.uncleanable: set = set()
+        self.uncleanable = weakref.WeakSet()
+        self._local = threading.local()      # per thread: [pass start, bytes read + written]
 
     def run_on_loop(self, loop) -> None:
         """Route owner-thread steps through ``loop`` (the broker's event loop). A step still
@@ -379,7 +383,7 @@ class LogCleaner:
             if self._stop.is_set():
                 raise CleanerStopped()
             with self._lock:
-                if id(lg) in self._busy or lg.name in self.uncleanable:
+                if id(lg) in self._busy or lg in self.uncleanable:
                     continue
             ratio = self.runner(lambda lg=lg: self._dirty_ratio(lg, now))
             if ratio is not None and ratio > best_ratio:
@@ -395,7 +399,8 @@ class LogCleaner:
         except CleanerStopped:
             raise
         except Exception:
-            self.uncleanable.add(best.name)
+            if best in self.runner(self._logs):     # a deleted partition is no error
+                self.uncleanable.add(best)
             log.exception("cleaning %s failed; it is not cleaned again until restart", best.name)
             raise
         finally:
@@ -441,6 +446,7 @@ class LogCleaner:
     def clean_log(self, lg, now: int | None = None) -> CleanResult | None:
         """One cleaning pass over ``lg`` (any thread); None when nothing was cleanable."""
         now = int(time.time() * 1000) if now is None else now
+        self._local.io = [time.monotonic(), 0]
         snap = self.runner(lambda: _Snapshot(lg, now))
         try:
             if not snap.segments:
@@ -466,6 +472,19 @@ class LogCleaner:
     def _check_stop(self):
         if self._stop.is_set():
             raise CleanerStopped()
+
+    def _throttle(self, nbytes: int) -> None:
+        """log.cleaner.io.max.bytes.per.second: sleep when this thread's read + written bytes
+        run ahead of the rate (measured over the current pass)."""
+        limit = self.config.max_io_bytes_per_second
+        if limit == float("inf"):
+            return
+        t = self._local.io
+        t[1] += nbytes
+        ahead = t[1] / limit - (time.monotonic() - t[0])
+        if ahead > 0:
+            self._stop.wait(min(ahead, 1.0))
+            self._check_stop()
 
     def _cap(self, cfg) -> int:
         return max(64 << 20, 16 * cfg.max_message_bytes)
@@ -511,6 +530,7 @@ class LogCleaner:
         for s in dirty:
             for h, batch in self._batches(s, snap.first_dirty):
                 self._check_stop()
+                self._throttle(h[1])
                 if h[10] & ATTR_CONTROL:
                     m.mark(h[3])
                     continue
@@ -562,6 +582,7 @@ class LogCleaner:
                 for h, batch in self._batches(s):
                     self._check_stop()
                     new = self._clean_batch(h, batch, offset_map, snap, now, delete_retention, result)
+                    self._throttle(h[1] + (len(new) if new is not None else 0))
                     if new is None:
                         continue
                     last_offset = h[3]
