@@ -147,17 +147,23 @@ def test_native_map_and_filter_units():
 
 RECORD = st.tuples(st.sampled_from([b"a", b"b", b"c", b"d", b"e", b"key-f" * 3]),
                    st.one_of(st.none(), st.binary(min_size=0, max_size=40)))
-BATCH = st.tuples(st.lists(RECORD, min_size=1, max_size=6), st.sampled_from([0, 1, 2, 3, 4]))
+# (records, codec, producer id or -1)
+BATCH = st.tuples(st.lists(RECORD, min_size=1, max_size=6), st.sampled_from([0, 1, 2, 3, 4]),
+                  st.sampled_from([-1, -1, 101, 202]))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batches=st.lists(BATCH, min_size=1, max_size=60), seg_bytes=st.sampled_from([400, 1200, 5000]),
        dedupe=st.sampled_from([48 * 24, 1 << 20]))
 def test_property_compaction_keeps_latest_per_key(tmp_path_factory, batches, seg_bytes, dedupe):
     d = tmp_path_factory.mktemp("prop")
     lg = make_log(d / "t-0", **{"segment.bytes": seg_bytes})
-    for recs, codec in batches:
-        append(lg, recs, codec)
+    seqs, last_of = {}, {}
+    for recs, codec, pid in batches:
+        r = append(lg, recs, codec, pid=pid, seq=seqs.get(pid, 0) if pid >= 0 else -1)
+        if pid >= 0:
+            seqs[pid] = seqs.get(pid, 0) + len(recs)
+            last_of[pid] = r.last_offset
     lg.roll(NOW)                     # everything but an empty active segment is cleanable
     before = file_records(lg)
     cleaner = LogCleaner(CleanerConfig({"log.cleaner.dedupe.buffer.size": dedupe}))
@@ -173,6 +179,10 @@ def test_property_compaction_keeps_latest_per_key(tmp_path_factory, batches, seg
     keys_latest = latest(before)
     # Fully cleaned: exactly one record per key, its latest, tombstones included (within horizon).
     assert sorted(after) == sorted((off, k, v) for k, (off, v) in keys_latest.items())
+    # Each producer's last batch is still there (empty if all its records were superseded).
+    kept = {(b.producer_id, b.last_offset) for seg in lg.segments
+            for b in iter_batches(open(seg.log_path, "rb").read(), 0, True)}
+    assert all((pid, off) in kept for pid, off in last_of.items())
     # Restart (unclean: CRC scan) reads the same.
     lg.close()
     lg2 = Log(str(d / "t-0"), "t", 0, lg.config, clean_shutdown=False, now=NOW)
