@@ -3,11 +3,13 @@
     LogManager  - the log dirs: lock, meta.properties, checkpoints, load/recover, periodic jobs
     Log         - one partition: append_as_leader, read, retention, recovery
     LogSegment  - one .log file with its .index and .timeindex
+    LogCleaner  - compaction threads (cleanup.policy=compact), crash-safe segment swaps
 """
+from .cleaner import LogCleaner
 from .errors import LogAppendError, LogDirError, LogError, OffsetOutOfRange
 from .log import AppendResult, FetchData, Log, LogConfig
 from .manager import LogManager
 from .segment import LogSegment
 
 __all__ = ["AppendResult", "FetchData", "Log", "LogAppendError", "LogConfig", "LogDirError",
-           "LogError", "LogManager", "LogSegment", "OffsetOutOfRange"]
+           "LogCleaner", "LogError", "LogManager", "LogSegment", "OffsetOutOfRange"]
