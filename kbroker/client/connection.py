@@ -33,6 +33,15 @@ CLIENT_VERSIONS: dict[int, tuple[int, int]] = {
     1: (4, 12),     # Fetch (13+ names topics by id)
     2: (1, 7),      # ListOffsets
     3: (1, 12),     # Metadata
+    8: (2, 7),      # OffsetCommit
+    9: (1, 7),      # OffsetFetch (8+ batches groups)
+    10: (0, 3),     # FindCoordinator (4+ batches keys)
+    11: (0, 5),     # JoinGroup
+    12: (0, 3),     # Heartbeat
+    13: (3, 5),     # LeaveGroup (members[] form)
+    14: (0, 3),     # SyncGroup
+    15: (0, 4),     # DescribeGroups
+    16: (0, 2),     # ListGroups
     18: (0, 3),     # ApiVersions
     19: (0, 7),     # CreateTopics
     20: (0, 5),     # DeleteTopics (6+ names topics by id)
@@ -40,7 +49,9 @@ CLIENT_VERSIONS: dict[int, tuple[int, int]] = {
     32: (0, 4),     # DescribeConfigs
     33: (0, 2),     # AlterConfigs
     37: (0, 3),     # CreatePartitions
+    42: (0, 1),     # DeleteGroups
     44: (0, 1),     # IncrementalAlterConfigs
+    47: (0, 0),     # OffsetDelete
     60: (0, 1),     # DescribeCluster
 }
 
