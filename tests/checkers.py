@@ -544,3 +544,104 @@ def rss_kib(pid: int) -> int:
             return int(line.split()[1])
     raise RuntimeError("no VmRSS")
 
+
+
+# ---- history checker for fault tests (reliability plan §2.5) -------------------------------------
+
+@dataclass
+class HistoryReport:
+    sent: int
+    acked: int
+    acked_lost: int             # acknowledged, then missing from the log
+    unseen: int                 # sent, not acknowledged, not in the log (allowed: never confirmed)
+    duplicates: int             # one sent value stored at more than one offset
+    inconsistent_offsets: int   # acked at one offset, read at another; or two reads of one offset differ
+    examples: list = field(default_factory=list)
+
+    def line(self) -> str:
+        return (f"sent {self.sent}, acked {self.acked}: acked-but-lost {self.acked_lost} of {self.acked}, "
+                f"unseen {self.unseen}, duplicates {self.duplicates}, "
+                f"inconsistent offsets {self.inconsistent_offsets}"
+                + (f"; e.g. {self.examples[:5]}" if self.examples else ""))
+
+
+class History:
+    """Every send, acknowledgement, failure and poll of a fault test, keyed by a unique value per
+    send. Thread-safe enough for one producer thread and one consumer thread (list/dict appends
+    under the GIL)."""
+
+    def __init__(self):
+        self.sent: list = []                    # values in send order
+        self.acked: dict = {}                   # value -> (partition, offset)
+        self.failed: dict = {}                  # value -> error text
+        self.polls: list = []                   # (partition, offset, value) in poll order
+
+    def send(self, value: bytes) -> None:
+        self.sent.append(value)
+
+    def ack(self, value: bytes, partition: int, offset: int) -> None:
+        self.acked[value] = (partition, offset)
+
+    def fail(self, value: bytes, error) -> None:
+        self.failed[value] = str(error)
+
+    def poll(self, partition: int, offset: int, value: bytes) -> None:
+        self.polls.append((partition, offset, value))
+
+    def check(self) -> HistoryReport:
+        at: dict = {}                           # (partition, offset) -> value
+        where: dict = {}                        # value -> {(partition, offset)}
+        inconsistent = 0
+        examples = []
+        for part, off, value in self.polls:
+            prev = at.setdefault((part, off), value)
+            if prev != value:
+                inconsistent += 1
+                examples.append(("offset read twice with different values", part, off))
+            where.setdefault(value, set()).add((part, off))
+        lost = 0
+        for value, pos in self.acked.items():
+            seen = where.get(value)
+            if not seen:
+                lost += 1
+                examples.append(("acked but lost", value, pos))
+            elif pos not in seen:
+                inconsistent += 1
+                examples.append(("acked at one offset, read at another", value, pos, sorted(seen)))
+        dups = sum(1 for s in where.values() if len(s) > 1)
+        unseen = sum(1 for v in self.sent if v not in self.acked and v not in where)
+        return HistoryReport(len(self.sent), len(self.acked), lost, unseen, dups, inconsistent, examples)
+
+
+def read_all_confluent(bootstrap: str, topic: str, partitions: int, history: History, timeout: float = 60.0):
+    """Read every partition from the start to its current high watermark (asked of the leader)
+    with a confluent-kafka consumer, logging each record as a poll. Returns {partition: end}."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    deadline = time.monotonic() + timeout
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"history-{time.monotonic_ns()}",
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    try:
+        ends = {}
+        while len(ends) < partitions:
+            for p in range(partitions):
+                if p not in ends:
+                    try:
+                        ends[p] = c.get_watermark_offsets(TopicPartition(topic, p), timeout=5)[1]
+                    except KafkaException:
+                        pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no end offsets for {topic}: {ends}")
+        c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        pos = {p: 0 for p in range(partitions)}
+        while any(pos[p] < ends[p] for p in ends):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"read {pos} of {ends}")
+            m = c.poll(0.5)
+            if m is None or m.error():
+                continue
+            history.poll(m.partition(), m.offset(), m.value())
+            pos[m.partition()] = m.offset() + 1
+    finally:
+        c.close()
+    return ends
