@@ -150,7 +150,11 @@ class Controller:
         # Partitions left without a state (their creator died) and partitions without a live leader.
         for name in list(ctx.assignments):
             await self._init_new_partitions(name, send=False)
-        changed = await self._elect_offline(ctx.offline_partitions())
+        # Brokers that died before this term (often with the previous controller) still sit in
+        # ISRs and lead partitions: treat them as just failed.
+        dead = {r for st, _ in ctx.states.values() for r in [st.leader, *st.isr] if r >= 0} - ctx.live()
+        changed = await self._without_dead(dead)
+        changed += await self._elect_offline(ctx.offline_partitions())
         for bid in sorted(ctx.brokers):
             self._send_leader_and_isr(ctx.partitions_with_replica(bid), only=bid)
         self._send_update_metadata(list(ctx.states))
@@ -313,7 +317,14 @@ class Controller:
             ch = self.channels.pop(b, None)
             if ch is not None:
                 ch.stop()
-        dead = set(dead)
+        changed = await self._without_dead(set(dead))
+        # Everyone learns the new broker list, even when no partition changed.
+        self._send_update_metadata(changed)
+
+    async def _without_dead(self, dead: set) -> list:
+        """Partitions led by ``dead`` brokers get new leaders; dead followers leave ISRs (epoch+1
+        each). LeaderAndIsr goes out; returns the changed partitions for UpdateMetadata."""
+        ctx = self.ctx
         affected = [tp for tp, (st, _) in ctx.states.items() if st.leader in dead or dead & set(st.isr)]
         led = [tp for tp in affected if ctx.states[tp][0].leader in dead]
         changed = await self._elect_offline(led)
@@ -326,8 +337,7 @@ class Controller:
 
         shrunk = await self._apply([tp for tp in affected if tp not in led], drop_followers)
         self._send_leader_and_isr(shrunk)
-        # Everyone learns the new broker list, even when no partition changed.
-        self._send_update_metadata(changed + shrunk)
+        return changed + shrunk
 
     async def _on_broker_startup(self, new) -> None:
         ctx = self.ctx

@@ -1,0 +1,148 @@
+"""Controller failure handling on real three-broker clusters (ZooKeeper session timeout 6 s):
+a killed leader's partitions move to an ISR member with a higher leader epoch, a returning broker is
+taken back, a killed controller is replaced (/controller_epoch + 1), and a SIGTERMed broker hands
+its leaderships over (controlled shutdown) while it is still registered.
+
+Bound (stated): leadership is visible in Metadata at most the session timeout + 6 s after kill -9
+(session expiry, then one controller event: a ZooKeeper read, one fenced multi-op, the requests)."""
+import json
+import signal
+import time
+import uuid
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+from kazoo.client import KazooClient
+
+from kbroker.testing import LocalCluster, wait_until
+from kbroker.zk import layout as L
+
+SESSION_MS = 6000
+BOUND_S = SESSION_MS / 1000 + 6.0
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    with LocalCluster(tmp_path, brokers=3, session_timeout_ms=SESSION_MS) as c:
+        yield c
+
+
+@pytest.fixture
+def zk(cluster):
+    client = KazooClient(hosts=cluster.zk.connect_string)
+    client.start(timeout=10)
+    yield client
+    client.stop()
+    client.close()
+
+
+def _states(zk, name, partitions):
+    return {p: L.decode_partition_state(zk.get(L.partition_state_path(name, p))[0]) for p in range(partitions)}
+
+
+def _leaders(port, name):
+    """{partition: (leader, isr)} as the broker on ``port`` answers Metadata."""
+    md = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"}).list_topics(topic=name, timeout=10)
+    return {p.id: (p.leader, sorted(p.isrs)) for p in md.topics[name].partitions.values()}, md.controller_id
+
+
+def _create(cluster, name, partitions):
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(name, partitions, 3)])[name].result(30)
+
+
+def _controller(zk):
+    return json.loads(zk.get(L.CONTROLLER)[0])["brokerid"], int(zk.get(L.CONTROLLER_EPOCH)[0])
+
+
+def _await_moved(cluster, zk, name, partitions, victim, before, survivor_port):
+    """Wait until no partition is led by ``victim`` in ``survivor_port``'s Metadata; check the new
+    leaders were in the ISR, epochs rose, and the victim left every ISR. Returns seconds waited."""
+    t0 = time.monotonic()
+    victims = [p for p, st in before.items() if st.leader == victim]
+    assert victims, "the scenario needs partitions led by the victim"
+
+    def moved():
+        view, _ = _leaders(survivor_port, name)
+        return all(view[p][0] not in (victim, -1) for p in range(partitions)) and view
+
+    view = wait_until(moved, BOUND_S + 30, f"leadership of {name} to leave broker {victim}")
+    took = time.monotonic() - t0
+    after = _states(zk, name, partitions)
+    for p in range(partitions):
+        if p in victims:
+            assert after[p].leader in before[p].isr and after[p].leader != victim
+            assert after[p].leader_epoch > before[p].leader_epoch
+        assert victim not in after[p].isr
+        assert view[p][0] == after[p].leader
+    return took
+
+
+@pytest.mark.slow
+def test_killed_leader_and_killed_controller_are_replaced(cluster, zk):
+    name = f"failover-{uuid.uuid4().hex[:6]}"
+    _create(cluster, name, 6)
+    controller, epoch = _controller(zk)
+
+    # 1. kill -9 a broker that leads partitions but is not the controller.
+    victim = next(b for b in (0, 1, 2) if b != controller)
+    before = _states(zk, name, 6)
+    cluster.kill(victim)
+    survivor = cluster.brokers[controller].port
+    took = _await_moved(cluster, zk, name, 6, victim, before, survivor)
+    print(f"kill -9 of leader broker {victim}: leadership moved after {took:.2f}s")
+    assert took <= BOUND_S, f"leaders moved {took:.1f}s after kill -9 (bound {BOUND_S}s)"
+    assert _controller(zk) == (controller, epoch)
+
+    # 2. It comes back: registered, served the cluster's metadata, replica of its partitions again.
+    cluster.start_broker(victim)
+    view, seen_controller = _leaders(cluster.brokers[victim].port, name)
+    assert seen_controller == controller and all(lead >= 0 for lead, _ in view.values())
+
+    # 3. kill -9 the controller: another broker wins /controller with the next epoch and moves
+    #    the dead controller's leaderships.
+    before = _states(zk, name, 6)
+    cluster.kill(controller)
+    survivor = cluster.brokers[victim].port
+    t0 = time.monotonic()
+    new_controller, new_epoch = wait_until(
+        lambda: zk.exists(L.CONTROLLER) and _controller(zk)[0] != controller and _controller(zk),
+        BOUND_S + 30, "a new controller")
+    assert new_epoch == epoch + 1 and new_controller in (0, 1, 2)
+    if any(st.leader == controller for st in before.values()):
+        took = _await_moved(cluster, zk, name, 6, controller, before, survivor)
+    else:
+        took = time.monotonic() - t0
+    print(f"kill -9 of controller broker {controller}: new controller {new_controller}, leadership moved "
+          f"after {took:.2f}s")
+    assert took <= BOUND_S, f"failover took {took:.1f}s (bound {BOUND_S}s)"
+    wait_until(lambda: _leaders(survivor, name)[1] == new_controller, 10, "brokers to name the new controller")
+
+
+@pytest.mark.slow
+def test_sigterm_moves_leadership_before_the_broker_leaves(cluster, zk):
+    name = f"ctrl-shutdown-{uuid.uuid4().hex[:6]}"
+    _create(cluster, name, 6)
+    controller, _ = _controller(zk)
+    victim = next(b for b in (0, 1, 2) if b != controller)
+    before = _states(zk, name, 6)
+    cluster.kill(victim, signal.SIGTERM)
+    assert cluster.brokers[victim].proc.returncode == 0
+    # The registration is gone at once (clean session close); the moves happened before that:
+    # each moved state's write (mzxid) precedes the deletion of /brokers/ids/<victim> (the
+    # parent's pzxid), i.e. leadership was handed over while the broker was still registered.
+    deregistered = zk.exists(L.BROKER_IDS).pzxid
+    assert zk.exists(L.broker_path(victim)) is None
+    moved = 0
+    for p, st in before.items():
+        data, stat = zk.get(L.partition_state_path(name, p))
+        after = L.decode_partition_state(data)
+        assert victim not in after.isr and after.leader != victim
+        assert stat.mzxid < deregistered, f"partition {p} changed only after broker {victim} left"
+        if st.leader == victim:
+            assert after.leader in st.isr and after.leader_epoch > st.leader_epoch
+            moved += 1
+    assert moved >= 1
+    assert "controlled shutdown succeeded" in cluster.brokers[victim].log_path.read_text()
+    view, _ = _leaders(cluster.brokers[controller].port, name)
+    assert all(lead not in (victim, -1) for lead, _ in view.values())
