@@ -83,8 +83,20 @@ def render(broker) -> str:
     metric("kafka_server_replicamanager_leadercount", "gauge", "Partitions this broker leads", [({}, len(led))])
     metric("kafka_server_replicamanager_partitioncount", "gauge", "Partitions with a replica here",
            [({}, sum(1 for t in md.topics.values() for i in t.partitions.values() if broker.broker_id in i.replicas))])
-    metric("kafka_server_replicamanager_underreplicatedpartitions", "gauge", "Led partitions with ISR < replicas",
-           [({}, sum(1 for t, p in led if len(t.partitions[p].isr) < len(t.partitions[p].replicas)))])
+    rm = getattr(broker, "replica_manager", None)
+    if rm is not None:
+        # The replica manager's own view of the partitions it leads (its ISR is the one it acts on).
+        metric("kafka_server_replicamanager_underreplicatedpartitions", "gauge",
+               "Led partitions with ISR < replicas", [({}, rm.under_replicated())])
+        metric("kafka_server_replicamanager_underminisrpartitioncount", "gauge",
+               "Led partitions with ISR < min.insync.replicas", [({}, rm.under_min_isr())])
+        metric("kafka_server_replicamanager_isrshrinks_total", "counter", "ISR shrinks by this leader (IsrShrinksPerSec)",
+               [({}, rm.isr_shrinks)])
+        metric("kafka_server_replicamanager_isrexpands_total", "counter", "ISR expansions by this leader (IsrExpandsPerSec)",
+               [({}, rm.isr_expands)])
+    else:
+        metric("kafka_server_replicamanager_underreplicatedpartitions", "gauge", "Led partitions with ISR < replicas",
+               [({}, sum(1 for t, p in led if len(t.partitions[p].isr) < len(t.partitions[p].replicas)))])
     metric("kafka_controller_kafkacontroller_activecontrollercount", "gauge", "1 on the active controller",
            [({}, 1 if md.controller_id == broker.broker_id else 0)])
     if broker.logs is not None:
