@@ -233,6 +233,8 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _impl("unclean.leader.election.enable", "boolean", False),
     _impl("producer.id.expiration.ms", "int", 86400000, at_least(1)),
     # kbroker's own keys.
+    _impl("log.segment.delete.delay.ms", "long", 60000, at_least(0),
+          doc="deleted segments and partitions keep their files this long (own timer, 200 ms resolution)"),
     _impl("max.connections", "int", INT_MAX, at_least(0),
           doc="at the limit new connections wait in the listen backlog until one closes"),
     _impl("max.connections.per.ip", "int", INT_MAX, at_least(0),
@@ -295,7 +297,6 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _impl("log.cleaner.max.compaction.lag.ms", "long", LONG_MAX, at_least(1)),
     _known("log.roll.jitter.ms", "long", None),
     _known("log.roll.jitter.hours", "int", 0, at_least(0)),
-    _known("log.segment.delete.delay.ms", "long", 60000, at_least(0)),
     _known("log.flush.start.offset.checkpoint.interval.ms", "int", 60000, at_least(0)),
     _known("log.preallocate", "boolean", False),
     _known("log.message.format.version", "string", "3.0-IV1"),
@@ -426,7 +427,7 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {k.name: k for k in (
     _topic("min.compaction.lag.ms", "long", 0, at_least(0), ["log.cleaner.min.compaction.lag.ms"]),
     _topic("max.compaction.lag.ms", "long", LONG_MAX, at_least(1), ["log.cleaner.max.compaction.lag.ms"]),
     _topic("min.cleanable.dirty.ratio", "double", 0.5, between(0, 1), ["log.cleaner.min.cleanable.ratio"]),
-    _topic("file.delete.delay.ms", "long", 60000, at_least(0), ["log.segment.delete.delay.ms"], False),
+    _topic("file.delete.delay.ms", "long", 60000, at_least(0), ["log.segment.delete.delay.ms"]),
     _topic("compression.type", "string", "producer", one_of(*COMPRESSION_TYPES, case_sensitive=False),
            ["compression.type"], False),
     _topic("compression.gzip.level", "int", -1, None, ["compression.gzip.level"], False),
@@ -728,6 +729,7 @@ class BrokerConfig:
             "max.compaction.lag.ms": v["log.cleaner.max.compaction.lag.ms"],
             "min.cleanable.dirty.ratio": v["log.cleaner.min.cleanable.ratio"],
             "unclean.leader.election.enable": v["unclean.leader.election.enable"],
+            "file.delete.delay.ms": v["log.segment.delete.delay.ms"],
         }
 
     def cleaner_config(self) -> dict[str, Any]:

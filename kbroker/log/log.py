@@ -20,6 +20,7 @@ high watermark clamped to the new log end. With the marker only index sanity che
 header read after the last index entry run.
 """
 import bisect
+import logging
 import os
 import time
 from typing import NamedTuple
@@ -33,6 +34,8 @@ from .errors import (CORRUPT_MESSAGE, INVALID_RECORD, KAFKA_STORAGE_ERROR, LogAp
                      OffsetOutOfRange)
 from .producer_state import ProducerStateManager
 from .segment import INT64_MAX, LogSegment
+
+_log = logging.getLogger(__name__)
 
 LONG_MAX = INT64_MAX
 PARTITION_METADATA = "partition.metadata"
@@ -248,10 +251,19 @@ class Log:
             recovered.extend(batches)
             if truncated:
                 # Everything after the first invalid batch is suspect: drop later segments.
-                for later in self.segments[i + 1:]:
+                later_segs = self.segments[i + 1:]
+                later_bytes = sum(s.size for s in later_segs)
+                for later in later_segs:
                     later.mark_deleted()
                     later.remove()
                 del self.segments[i + 1:]
+                # Said once per truncation, as Kafka does: what went, from where, and why.
+                _log.warning(
+                    "%s: recovery truncated the log at offset %d: %d bytes of segment %020d.log from byte %d "
+                    "(reason: first batch there failed the size/CRC/offset check or was incomplete)%s",
+                    self.name, seg.next_offset, truncated, seg.base_offset, seg.size,
+                    "" if not later_segs else "; dropped %d later segment(s) with base offsets %d..%d (%d bytes)"
+                    % (len(later_segs), later_segs[0].base_offset, later_segs[-1].base_offset, later_bytes))
             i += 1
         if not self.segments:
             start = self.log_start_offset

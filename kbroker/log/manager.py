@@ -21,6 +21,7 @@ from its recovery point (log.py). A leftover ``-delete`` directory is removed at
 """
 import asyncio
 import fcntl
+import logging
 import os
 import shutil
 import uuid
@@ -38,6 +39,8 @@ META_FILE = "meta.properties"
 LOCK_FILE = ".lock"
 CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
 DELETE_SUFFIX = "-delete"
+
+_log = logging.getLogger(__name__)
 
 
 def parse_dir_name(name: str):
@@ -76,6 +79,7 @@ class LogManager:
         self._dir_of: dict = {}            # (topic, partition) -> log dir
         self._lock_fds: list = []
         self._closing: list = []           # (due_ms, Log) deleted partitions with open fds
+        self._failing_dirs: set = set()    # dirs whose checkpoints last failed (reported once)
         self.clean_startup = None          # per startup: were all dirs shut down cleanly
         self.started = False
         # Compaction threads (log.cleaner.* keys); started by startup() when it runs on an
@@ -246,13 +250,16 @@ class LogManager:
         if log is None:
             return False
         d = self._dir_of.pop(tp)
-        doomed = os.path.join(d, f"{topic}-{partition}.{uuid.uuid4().hex}{DELETE_SUFFIX}")
+        # Kafka's rule: the topic part is cut so the name fits in 255 bytes (a 249-character topic
+        # plus the suffix would not, and the delete would fail with ENAMETOOLONG).
+        suffix = f"-{partition}.{uuid.uuid4().hex}{DELETE_SUFFIX}"
+        doomed = os.path.join(d, topic.encode()[:255 - len(suffix)].decode(errors="ignore") + suffix)
         os.replace(log.dir, doomed)
         fsync_dir(d)
         shutil.rmtree(doomed, ignore_errors=True)
         now = now_ms() if now is None else now
         self._closing.append((now + log.config.file_delete_delay_ms, log))
-        self._write_checkpoints(d)
+        self._checkpoint_dir(d)
         return True
 
     # -- periodic jobs ----------------------------------------------------------------------
@@ -263,15 +270,26 @@ class LogManager:
         deleted = 0
         for log in self.logs.values():
             deleted += log.delete_old_segments(now)
-            log.remove_deleted_files(now)
-        keep = []
-        for due, log in self._closing:
-            if due <= now:
-                log.close_for_delete()
-            else:
-                keep.append((due, log))
-        self._closing = keep
+        self.remove_due_files(now)
         return deleted
+
+    def remove_due_files(self, now: int | None = None) -> None:
+        """Close and unlink what waited file.delete.delay.ms (log.segment.delete.delay.ms): segments
+        of retention and truncation, and the descriptors of deleted partitions. The broker runs this
+        on its own short timer so the space comes back when the delay ends, not at the next retention
+        pass (on a full disk that difference is minutes of failed appends)."""
+        now = now_ms() if now is None else now
+        for log in self.logs.values():
+            if log._pending_delete:
+                log.remove_deleted_files(now)
+        if self._closing:
+            keep = []
+            for due, log in self._closing:
+                if due <= now:
+                    log.close_for_delete()
+                else:
+                    keep.append((due, log))
+            self._closing = keep
 
     def flush_dirty(self, now: int | None = None) -> int:
         """flush.ms policy. Returns the number of logs flushed."""
@@ -279,9 +297,23 @@ class LogManager:
         return sum(1 for log in self.logs.values() if log.maybe_flush(now))
 
     def checkpoint(self) -> None:
-        """Write the three offset checkpoints of every dir."""
+        """Write the offset checkpoints of every dir. A dir that cannot be written (ENOSPC, EIO) is
+        reported once when it starts failing and once when it works again, not on every attempt: the
+        checkpoints are retried on each call and nothing else depends on them succeeding now."""
         for d in self.log_dirs:
+            self._checkpoint_dir(d)
+
+    def _checkpoint_dir(self, d: str) -> None:
+        try:
             self._write_checkpoints(d)
+        except OSError as e:
+            if d not in self._failing_dirs:
+                self._failing_dirs.add(d)
+                _log.error("cannot write checkpoints in log dir %s: %s (retrying quietly until it works)", d, e)
+        else:
+            if d in self._failing_dirs:
+                self._failing_dirs.discard(d)
+                _log.warning("checkpoints in log dir %s are written again", d)
 
     def _write_checkpoints(self, d: str) -> None:
         mine = [(tp, log) for tp, log in self.logs.items() if self._dir_of[tp] == d]

@@ -124,6 +124,9 @@ class Broker:
         self._every(cfg.log_flush_interval_ms if cfg.log_flush_interval_ms and cfg.log_flush_interval_ms < 2**62
                     else cfg.get("log.flush.scheduler.interval.ms"), self.logs.flush_dirty, "flush")
         self._every(min(cfg.get("log.flush.offset.checkpoint.interval.ms"), 5000), self.logs.checkpoint, "checkpoint")
+        # file.delete.delay.ms / log.segment.delete.delay.ms have their own timer: freed space comes back
+        # when the delay ends, not at the next retention pass.
+        self._every(200, self.logs.remove_due_files, "file-delete")
 
     def _every(self, interval_ms, fn, name) -> None:
         if not interval_ms or interval_ms <= 0 or interval_ms >= 2**62:
