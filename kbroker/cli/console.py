@@ -4,8 +4,10 @@ The producer sends one record per stdin line (``parse.key=true`` splits off a ke
 ``key.separator``, a tab by default), idempotent with acks=all as Kafka's console producer is since
 3.0. The consumer prints records in Kafka's DefaultMessageFormatter layout (timestamp, partition,
 offset, headers, key, value, each switched on by a ``print.*`` property) and ends with
-``Processed a total of N messages`` on stderr. It reads without a consumer group: all partitions
-(or ``--partition``), from the end, ``--from-beginning`` or ``--offset``.
+``Processed a total of N messages`` on stderr. Without ``--group`` it reads all partitions (or
+``--partition``), from the end, ``--from-beginning`` or ``--offset``; with ``--group`` it joins the
+group (``kbroker.client.group.GroupConsumer``), shares the partitions with the other members and
+commits what it printed.
 """
 from __future__ import annotations
 
@@ -43,7 +45,8 @@ def register(subparsers) -> None:
     p.add_argument("--property", action="append", default=[], metavar="key=value",
                    help="parse.key, key.separator, ignore.error")
     p.add_argument("--producer-property", action="append", default=[], metavar="key=value",
-                   help="acks, linger.ms, batch.size, compression.type, enable.idempotence")
+                   help="acks, linger.ms, batch.size, compression.type, enable.idempotence, "
+                        "delivery.timeout.ms, retry.backoff.ms, allow.auto.create.topics")
     p.add_argument("--compression-codec", choices=["none", "gzip", "snappy", "lz4", "zstd"], default=None)
     p.add_argument("--request-required-acks", default=None)
     p.add_argument("--sync", action="store_true", help="wait for each record to be acknowledged")
@@ -58,6 +61,12 @@ def register(subparsers) -> None:
     c.add_argument("--max-messages", type=int)
     c.add_argument("--timeout-ms", type=int, help="exit when no record arrives for this long")
     c.add_argument("--isolation-level", choices=["read_uncommitted", "read_committed"], default="read_uncommitted")
+    c.add_argument("--group", help="the consumer group to join: partitions are shared with its other members "
+                                   "and positions are committed (default: no group, read every partition)")
+    c.add_argument("--consumer-property", action="append", default=[], metavar="key=value",
+                   help="with --group: session.timeout.ms, heartbeat.interval.ms, max.poll.interval.ms, "
+                        "partition.assignment.strategy (range, roundrobin), auto.offset.reset, "
+                        "enable.auto.commit, auto.commit.interval.ms, group.instance.id, client.id")
     c.add_argument("--property", action="append", default=[], metavar="key=value",
                    help="print.key, print.timestamp, print.partition, print.offset, print.headers, print.value, "
                         "key.separator, line.separator, headers.separator, null.literal")
@@ -86,7 +95,10 @@ async def _produce(args, stdin) -> int:
         args.bootstrap_server, client_id="console-producer", acks=acks,
         linger_ms=float(pprops.get("linger.ms", 1000)), batch_size=int(pprops.get("batch.size", 16384)),
         compression_type=args.compression_codec or pprops.get("compression.type", "none"),
-        enable_idempotence=idempotent)
+        enable_idempotence=idempotent,
+        delivery_timeout_ms=int(pprops.get("delivery.timeout.ms", 120000)),
+        retry_backoff_ms=int(pprops.get("retry.backoff.ms", 100)),
+        allow_auto_create_topics=_true(pprops.get("allow.auto.create.topics", "true")))
     failures = 0
 
     def report(topic):
@@ -189,7 +201,51 @@ def consumer_main(args: argparse.Namespace) -> int:
     return code
 
 
+async def _consume_group(args, out, seen, fmt) -> int:
+    from kbroker.client.group import GroupConsumer
+    cp = _properties(args.consumer_property)
+    strategy = cp.get("partition.assignment.strategy", "range").split(",")[0].strip()
+    strategy = {"org.apache.kafka.clients.consumer.RangeAssignor": "range",
+                "org.apache.kafka.clients.consumer.RoundRobinAssignor": "roundrobin"}.get(strategy, strategy)
+    consumer = GroupConsumer(
+        args.bootstrap_server, args.group, [args.topic], client_id=cp.get("client.id", "console-consumer"),
+        session_timeout_ms=int(cp.get("session.timeout.ms", 45000)),
+        rebalance_timeout_ms=int(cp.get("max.poll.interval.ms", 300000)),
+        heartbeat_interval_ms=int(cp.get("heartbeat.interval.ms", 3000)), assignor=strategy,
+        # like kafka-console-consumer.sh: --from-beginning sets auto.offset.reset=earliest
+        auto_offset_reset=cp.get("auto.offset.reset", "earliest" if args.from_beginning else "latest"),
+        enable_auto_commit=_true(cp.get("enable.auto.commit", "true")),
+        auto_commit_interval_ms=int(cp.get("auto.commit.interval.ms", 5000)),
+        group_instance_id=cp.get("group.instance.id"), isolation_level=args.isolation_level)
+    printed = 0
+    last_data = time.monotonic()
+    try:
+        while args.max_messages is None or printed < args.max_messages:
+            records = await consumer.poll(500)
+            for rec in records:
+                out.write(fmt.format(rec))
+                printed += 1
+                seen()
+                if args.max_messages is not None and printed >= args.max_messages:
+                    consumer.mark(rec)   # commit only what was printed
+                    break
+            if records:
+                out.flush()
+                last_data = time.monotonic()
+            elif args.timeout_ms is not None and (time.monotonic() - last_data) * 1000 >= args.timeout_ms:
+                break
+        out.flush()
+    finally:
+        await consumer.close()
+    return 0
+
+
 async def _consume(args, out, seen) -> int:
+    if args.group is not None:
+        if args.partition is not None or args.offset is not None:
+            print("Options group and partition/offset cannot be used together.", file=sys.stderr)
+            return 1
+        return await _consume_group(args, out, seen, Formatter(_properties(args.property)))
     if args.offset is not None and args.partition is None:
         print("The partition is required when offset is specified.", file=sys.stderr)
         return 1

@@ -262,6 +262,7 @@ class Cluster:
         """Metadata of ``topic``, refreshing with backoff while it is unknown or leaderless."""
         deadline = time.monotonic() + timeout
         backoff = self.retry_backoff
+        first = True
         while True:
             tm = self.topics.get(topic)
             if tm is not None and tm.error_code == 0 and tm.partitions and \
@@ -270,9 +271,12 @@ class Cluster:
             if time.monotonic() >= deadline:
                 code = tm.error_code if tm is not None and tm.error_code else Errors.UNKNOWN_TOPIC_OR_PARTITION
                 raise KafkaError(code, f"topic {topic!r} not available after {timeout:.1f}s")
-            if tm is not None:
-                await asyncio.sleep(backoff)
+            # Back off between metadata requests also while the topic is unknown (it may be
+            # being auto-created): retry.backoff.ms doubling up to 1 s, as Kafka's clients do.
+            if not first:
+                await asyncio.sleep(min(backoff, max(deadline - time.monotonic(), 0)))
                 backoff = min(backoff * 2, 1.0)
+            first = False
             await self.refresh_metadata([topic])
 
     async def leader_connection(self, topic: str, partition: int) -> BrokerConnection:

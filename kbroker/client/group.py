@@ -264,3 +264,238 @@ class GroupClient(ClusterClient):
                                                   lambda r: r["results"][0]["error_code"])
             out[g] = r["results"][0]["error_code"]
         return out
+
+
+# ---- the group-joining consumer ------------------------------------------------------------------------
+
+import logging  # noqa: E402
+import socket  # noqa: E402
+import time  # noqa: E402
+
+from .consumer import Consumer  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+
+class GroupConsumer:
+    """A consumer that joins ``group_id`` (classic protocol, eager rebalancing), reads the partitions
+    the group leader's assignor gives it, and commits its positions.
+
+    Kafka's consumer configs by their Python names: session_timeout_ms (default 45000),
+    rebalance_timeout_ms (max.poll.interval.ms, 300000), heartbeat_interval_ms (3000), assignor
+    ("range" or "roundrobin"), auto_offset_reset ("latest"/"earliest"), enable_auto_commit,
+    auto_commit_interval_ms (5000), group_instance_id (static membership)."""
+
+    def __init__(self, bootstrap_servers=None, group_id: str = "", topics=(), *, cluster: Cluster | None = None,
+                 client_id: str = "kbroker-consumer", session_timeout_ms: int = 45000,
+                 rebalance_timeout_ms: int = 300000, heartbeat_interval_ms: int = 3000, assignor: str = "range",
+                 auto_offset_reset: str = "latest", enable_auto_commit: bool = True,
+                 auto_commit_interval_ms: int = 5000, group_instance_id: str | None = None,
+                 isolation_level: str = "read_uncommitted", retry_backoff_ms: int = 100):
+        if assignor not in ASSIGNORS:
+            raise ValueError(f"partition.assignment.strategy must be one of {sorted(ASSIGNORS)}, not {assignor!r}")
+        if auto_offset_reset not in ("earliest", "latest"):
+            raise ValueError(f"auto.offset.reset must be earliest or latest, not {auto_offset_reset!r}")
+        self._own_cluster = cluster is None
+        self.cluster = cluster or Cluster(bootstrap_servers, client_id=client_id, retry_backoff_ms=retry_backoff_ms)
+        self.groups = GroupClient(cluster=self.cluster, retry_backoff_ms=retry_backoff_ms)
+        self.consumer = Consumer(cluster=self.cluster, isolation_level=isolation_level, client_id=client_id)
+        self.group_id = group_id
+        self.topics = list(topics)
+        self.session_timeout_ms = session_timeout_ms
+        self.rebalance_timeout_ms = rebalance_timeout_ms
+        self.heartbeat_interval = heartbeat_interval_ms / 1000
+        self.assignor = assignor
+        self.auto_offset_reset = auto_offset_reset
+        self.auto_commit = enable_auto_commit
+        self.auto_commit_interval = auto_commit_interval_ms / 1000
+        self.instance_id = group_instance_id
+        self.backoff = retry_backoff_ms / 1000
+        self.member_id = ""
+        self.generation = -1
+        self.assignment: dict = {}          # {topic: [partitions]}
+        self.positions: dict = {}           # {(topic, partition): next offset}
+        self._committed: dict = {}
+        self._need_rejoin = True
+        self._hb_task: asyncio.Task | None = None
+        self._last_commit = time.monotonic()
+        self._cursor = 0
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    # ---- membership ----------------------------------------------------------------------------------
+    async def _coordinator_conn(self):
+        return await self.cluster.connection(await self.groups.coordinator(self.group_id))
+
+    async def _ensure_member(self) -> None:
+        while self._need_rejoin:
+            await self._join_and_sync()
+
+    async def _join_and_sync(self) -> None:
+        if self._hb_task is not None:
+            self._hb_task.cancel()
+            self._hb_task = None
+        self.assignment, self.positions = {}, {}    # eager: give everything up before rejoining
+        await self.cluster.refresh_metadata(self.topics)
+        meta = encode_subscription(self.topics, version=0)
+        body = {"group_id": self.group_id, "session_timeout_ms": self.session_timeout_ms,
+                "rebalance_timeout_ms": self.rebalance_timeout_ms, "member_id": self.member_id,
+                "group_instance_id": self.instance_id, "protocol_type": "consumer",
+                "protocols": [{"name": self.assignor, "metadata": meta}]}
+        timeout = self.rebalance_timeout_ms / 1000 + 5
+        try:
+            conn = await self._coordinator_conn()
+            _, r = await conn.send(JOIN_GROUP, body, timeout=timeout)
+        except (KafkaConnectionError, KafkaError) as e:
+            log.info("JoinGroup of %s failed (%s); retrying", self.group_id, e)
+            self.groups._coordinators.pop(self.group_id, None)
+            await asyncio.sleep(self.backoff)
+            return
+        code = r["error_code"]
+        if code == Errors.MEMBER_ID_REQUIRED:
+            self.member_id = r["member_id"]
+            return
+        if code in (Errors.UNKNOWN_MEMBER_ID, Errors.ILLEGAL_GENERATION):
+            self.member_id = ""
+            return
+        if code in _RETRY_COORDINATOR or code == Errors.REBALANCE_IN_PROGRESS:
+            self.groups._coordinators.pop(self.group_id, None)
+            await asyncio.sleep(self.backoff)
+            return
+        raise_for_error(code, None, f"JoinGroup({self.group_id})")
+        self.member_id, self.generation = r["member_id"], r["generation_id"]
+        assignments = []
+        if r["leader"] == self.member_id:
+            subs = {m["member_id"]: decode_subscription(m["metadata"]) for m in r["members"]}
+            wanted = sorted({t for ts in subs.values() for t in ts})
+            await self.cluster.refresh_metadata(wanted)
+            counts = {t: len(self.cluster.partitions_for(t) or []) for t in wanted}
+            plan = ASSIGNORS[r["protocol_name"]](subs, counts)
+            assignments = [{"member_id": m, "assignment": encode_assignment(a)} for m, a in plan.items()]
+        sync = {"group_id": self.group_id, "generation_id": self.generation, "member_id": self.member_id,
+                "group_instance_id": self.instance_id, "protocol_type": "consumer",
+                "protocol_name": r["protocol_name"], "assignments": assignments}
+        try:
+            _, s = await conn.send(SYNC_GROUP, sync, timeout=timeout)
+        except (KafkaConnectionError, KafkaError):
+            await asyncio.sleep(self.backoff)
+            return
+        if s["error_code"]:
+            if s["error_code"] in (Errors.UNKNOWN_MEMBER_ID, Errors.ILLEGAL_GENERATION):
+                self.member_id = ""
+            await asyncio.sleep(self.backoff if s["error_code"] != Errors.REBALANCE_IN_PROGRESS else 0)
+            return
+        self.assignment = decode_assignment(s["assignment"])
+        tps = [(t, p) for t, ps in self.assignment.items() for p in ps]
+        committed = await self.groups.fetch_offsets(self.group_id, tps) if tps else {}
+        for tp in tps:
+            c = committed.get(tp)
+            self.positions[tp] = c[0] if c else await self.consumer.list_offsets(tp[0], tp[1], self.auto_offset_reset)
+        self._committed = {tp: c[0] for tp, c in committed.items()}
+        self._need_rejoin = False
+        self._hb_task = asyncio.get_running_loop().create_task(self._heartbeat_loop())
+        log.info("joined group %s generation %d as %s: %s", self.group_id, self.generation, self.member_id,
+                 self.assignment)
+
+    async def _heartbeat_loop(self) -> None:
+        while not self._need_rejoin:
+            await asyncio.sleep(self.heartbeat_interval)
+            try:
+                conn = await self._coordinator_conn()
+                _, r = await conn.send(HEARTBEAT, {"group_id": self.group_id, "generation_id": self.generation,
+                                                   "member_id": self.member_id,
+                                                   "group_instance_id": self.instance_id})
+            except (KafkaConnectionError, KafkaError):
+                self.groups._coordinators.pop(self.group_id, None)
+                continue
+            code = r["error_code"]
+            if code in (Errors.REBALANCE_IN_PROGRESS, Errors.ILLEGAL_GENERATION, Errors.UNKNOWN_MEMBER_ID,
+                        Errors.FENCED_INSTANCE_ID):
+                if code != Errors.REBALANCE_IN_PROGRESS:
+                    self.member_id = "" if code != Errors.FENCED_INSTANCE_ID else self.member_id
+                self._need_rejoin = True
+                if code == Errors.FENCED_INSTANCE_ID:
+                    raise_for_error(code, None, "Heartbeat")
+            elif code in _RETRY_COORDINATOR:
+                self.groups._coordinators.pop(self.group_id, None)
+
+    # ---- reading and committing ---------------------------------------------------------------------
+    async def poll(self, max_wait_ms: int = 500) -> list:
+        """Records from the assigned partitions (one fetch per partition, in turn)."""
+        if self._need_rejoin:
+            if self.auto_commit and self.generation >= 0 and self.positions:
+                await self._commit_quietly()
+            await self._ensure_member()
+        if self.auto_commit and time.monotonic() - self._last_commit >= self.auto_commit_interval:
+            await self._commit_quietly()
+        tps = sorted(self.positions)
+        if not tps:
+            await asyncio.sleep(max_wait_ms / 1000)
+            return []
+        wait = max(10, max_wait_ms // len(tps))
+        for i in range(len(tps)):
+            tp = tps[(self._cursor + i) % len(tps)]
+            r = await self.consumer.fetch(tp[0], tp[1], self.positions[tp], max_wait_ms=wait)
+            if tp in self.positions:
+                self.positions[tp] = max(self.positions[tp], r.next_offset)
+            if r.records:
+                self._cursor = (self._cursor + i + 1) % len(tps)
+                return r.records
+            if self._need_rejoin:
+                break
+        return []
+
+    def mark(self, record) -> None:
+        """Restart from after ``record`` (when the caller stops mid-batch)."""
+        tp = (record.topic, record.partition)
+        if tp in self.positions:
+            self.positions[tp] = record.offset + 1
+
+    async def commit(self, offsets: dict | None = None) -> None:
+        """Commit ``offsets`` {(topic, partition): offset} (default: the current positions) in this
+        member's generation; raises KafkaError (e.g. REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION)."""
+        offsets = dict(self.positions if offsets is None else offsets)
+        if not offsets:
+            return
+        codes = await self.groups.commit_offsets(self.group_id, offsets, self.generation, self.member_id,
+                                                 self.instance_id)
+        self._last_commit = time.monotonic()
+        for tp, c in codes.items():
+            if c:
+                if c in (Errors.REBALANCE_IN_PROGRESS, Errors.ILLEGAL_GENERATION, Errors.UNKNOWN_MEMBER_ID):
+                    self._need_rejoin = True
+                raise_for_error(c, None, f"OffsetCommit {tp[0]}-{tp[1]}")
+        self._committed.update(offsets)
+
+    async def _commit_quietly(self) -> None:
+        pending = {tp: o for tp, o in self.positions.items() if self._committed.get(tp) != o}
+        if not pending:
+            self._last_commit = time.monotonic()
+            return
+        try:
+            await self.commit(pending)
+        except KafkaError as e:
+            log.info("auto-commit for group %s failed: %s", self.group_id, e)
+
+    async def close(self) -> None:
+        try:
+            if self._hb_task is not None:
+                self._hb_task.cancel()
+            if self.generation >= 0 and not self._need_rejoin:
+                if self.auto_commit:
+                    await self._commit_quietly()
+                if self.instance_id is None and self.member_id:
+                    # static members do not leave: a restart within the session keeps the assignment
+                    conn = await self._coordinator_conn()
+                    await conn.send(LEAVE_GROUP, {"group_id": self.group_id, "member_id": self.member_id,
+                                                  "members": [{"member_id": self.member_id}]})
+        except (KafkaError, KafkaConnectionError, socket.error) as e:
+            log.info("leaving group %s failed: %s", self.group_id, e)
+        finally:
+            self._need_rejoin = True
+            if self._own_cluster:
+                await self.cluster.close()
