@@ -292,11 +292,14 @@ def test_t15_acks1_leader_kill_with_lagging_followers_is_seen_as_loss(cluster):
     leader, _epoch, isr = make_topic(c)
     hist = History()
     followers = [b for b in c.brokers if b != leader]
+    p = Producer({"bootstrap.servers": f"127.0.0.1:{c.brokers[leader].port}", "acks": 1, "linger.ms": 0})
+    p.produce(TOPIC, value=b"warm-up", partition=0)     # connection and metadata ready beforehand
+    assert p.flush(10) == 0
     # Followers held back (SIGSTOP) for less than replica.lag.time.max.ms: they stay in the ISR.
     for b in followers:
         os.kill(c.brokers[b].pid, signal.SIGSTOP)
+    stopped = time.monotonic()
     try:
-        p = Producer({"bootstrap.servers": f"127.0.0.1:{c.brokers[leader].port}", "acks": 1, "linger.ms": 0})
         for i in range(200):
             v = b"t15-%04d" % i
             hist.send(v)
@@ -308,6 +311,7 @@ def test_t15_acks1_leader_kill_with_lagging_followers_is_seen_as_loss(cluster):
     finally:
         for b in followers:
             os.kill(c.brokers[b].pid, signal.SIGCONT)
+    assert time.monotonic() - stopped < LAG_MS / 1000, "followers were held past the lag time: premise broken"
     assert len(hist.acked) == 200
     wait_unregistered(c, leader)
     wait_until(lambda: state(c)[0] in followers, 30, "a follower to take over")
@@ -317,3 +321,36 @@ def test_t15_acks1_leader_kill_with_lagging_followers_is_seen_as_loss(cluster):
     report = hist.check()
     print(report.line())
     assert report.acked_lost == 200, report.line()
+
+
+# ---- leader-made ISR changes: a lagging follower leaves the ISR and rejoins ---------------------------
+
+@pytest.mark.slow
+def test_leader_shrinks_isr_for_a_lagging_follower_and_expands_it_back(cluster):
+    """A follower held (SIGSTOP) past replica.lag.time.max.ms but inside its ZooKeeper session is
+    removed by the leader itself (same leader epoch: leader-made ISR changes do not bump it), and
+    rejoins once it has caught up in the current epoch. acks=all keeps going with ISR 2."""
+    c = cluster
+    leader, epoch, isr = make_topic(c)
+    hist = History()
+    load = LoadProducer(c.bootstrap, hist, rate=500, **{"enable.idempotence": True, "acks": "all"}).start()
+    follower = next(b for b in isr if b != leader)
+    try:
+        wait_acks_grow(load, 200)
+        os.kill(c.brokers[follower].pid, signal.SIGSTOP)
+        try:
+            shrunk = wait_until(lambda: (lambda s: s if follower not in s[2] else None)(state(c)),
+                                LAG_MS / 1000 + 10, "the leader to drop the lagging follower")
+        finally:
+            os.kill(c.brokers[follower].pid, signal.SIGCONT)
+        assert shrunk[0] == leader and shrunk[1] == epoch, f"not a leader-made change: {shrunk}"
+        wait_acks_grow(load, 200)
+        back = wait_until(lambda: (lambda s: s if follower in s[2] else None)(state(c)), 30,
+                          "the follower to rejoin")
+        assert back[0] == leader and back[1] == epoch
+    finally:
+        load.finish()
+    read_all_confluent(c.bootstrap, TOPIC, 1, hist)
+    report = hist.check()
+    print(report.line())
+    assert report.acked_lost == 0 and report.duplicates == 0 and report.inconsistent_offsets == 0, report.line()
