@@ -1,0 +1,181 @@
+"""Throughput job: generate N GB inside Spark tasks, write them to a kbroker topic, read them back,
+and verify the record count and an order-independent checksum per partition.
+
+    python -m kbroker.spark.throughput --bootstrap-servers h1:9092 --gb 1
+    spark-submit --master spark://m:7077 spark/throughput.py --bootstrap-servers h1:9092,h2:9092 --gb 100
+
+Records are ``record_size`` bytes: the record id (8 bytes, big-endian) then bytes cut from a
+fixed random block at an id-dependent position, so every value differs and compresses like
+random data. Record i goes to partition ``i % partitions`` (the sink's ``partition`` column), so
+the expected per-partition count and ``sum(crc32(value))`` come from re-generating the values
+(nothing is collected to the driver but one row per partition). Memory per task is one Arrow
+batch of about ``--batch-mb`` MB, whatever N is.
+
+Prints MB/s per phase (with a progress bar on a terminal) and writes a JSON report that echoes
+every setting. Exit status 1 when the verification fails.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+SEED = 0x6B62726F
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="kbroker.spark.throughput", description=__doc__.split("\n\n")[0])
+    p.add_argument("--bootstrap-servers", required=True, help="kbroker brokers, host:port[,host:port]")
+    p.add_argument("--gb", type=float, default=1.0, help="data to generate, in GB of values (default 1)")
+    p.add_argument("--record-size", type=int, default=1024, help="value bytes per record (default 1024, >= 16)")
+    p.add_argument("--partitions", type=int, default=6, help="topic partitions (default 6)")
+    p.add_argument("--replication-factor", type=int, default=1, help="topic replication factor (default 1)")
+    p.add_argument("--compression", default="none", choices=["none", "gzip", "snappy", "lz4", "zstd"],
+                   help="producer compression.type (default none)")
+    p.add_argument("--acks", default="all", choices=["all", "1", "0"], help="producer acks (default all)")
+    p.add_argument("--batch-size", type=int, default=1048576, help="producer batch.size (default 1 MiB)")
+    p.add_argument("--tasks", type=int, default=0, help="write tasks (default: the topic's partitions)")
+    p.add_argument("--min-partitions", type=int, default=0, help="read tasks hint (minPartitions; default 0 = "
+                                                                   "one per topic partition)")
+    p.add_argument("--batch-mb", type=float, default=8.0, help="Arrow batch size in MB inside tasks (default 8)")
+    p.add_argument("--topic", default=None, help="topic name (default kbroker-throughput-<time>)")
+    p.add_argument("--keep-topic", action="store_true", help="do not delete the topic afterwards")
+    p.add_argument("--master", default=None, help="Spark master when run with plain python (default local[*])")
+    p.add_argument("--report", default="throughput-report.json", help="JSON report path")
+    p.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
+    a = p.parse_args(argv)
+    if a.record_size < 16:
+        p.error("--record-size must be >= 16")
+    if a.gb <= 0 or a.partitions < 1 or a.replication_factor < 1:
+        p.error("--gb, --partitions and --replication-factor must be positive")
+    return a
+
+
+def make_generator(record_size: int, partitions: int):
+    """mapInArrow function: ids -> (partition int, value binary)."""
+    def generate(batches):
+        import numpy as np
+        import pyarrow as pa
+        rng = np.random.default_rng(SEED)
+        block = rng.integers(0, 256, size=2 * record_size, dtype=np.uint8)
+        windows = np.lib.stride_tricks.sliding_window_view(block, record_size - 8)
+        for b in batches:
+            ids = b.column(0).to_numpy()
+            n = len(ids)
+            vals = np.empty((n, record_size), dtype=np.uint8)
+            vals[:, :8] = ids.astype(">i8").view(np.uint8).reshape(n, 8)
+            vals[:, 8:] = windows[ids % (record_size + 8)]
+            offsets = np.arange(0, (n + 1) * record_size, record_size, dtype=np.int32)
+            value = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(vals)])
+            part = pa.array((ids % partitions).astype(np.int32), pa.int32())
+            yield pa.RecordBatch.from_arrays([part, value], names=["partition", "value"])
+    return generate
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int, rf: int) -> None:
+    import asyncio
+
+    from kbroker.client import Admin, NewTopic
+
+    async def go():
+        async with Admin(bootstrap) as admin:
+            await admin.create_topics([NewTopic(topic, partitions, rf)])
+    asyncio.run(go())
+    from .kafka import wait_for_partitions
+    from .options import ClientConfig
+    if wait_for_partitions(ClientConfig(bootstrap), topic, timeout=60) != partitions:
+        raise RuntimeError(f"topic {topic} did not get {partitions} partitions")
+
+
+def delete_topic(bootstrap: str, topic: str) -> None:
+    import asyncio
+
+    from kbroker.client import Admin
+
+    async def go():
+        async with Admin(bootstrap) as admin:
+            await admin.delete_topics([topic])
+    asyncio.run(go())
+
+
+def per_partition(df):
+    from pyspark.sql import functions as F
+    rows = (df.groupBy("partition").agg(F.count(F.lit(1)).alias("n"), F.sum(F.crc32("value")).alias("crc"))
+            .collect())
+    return {int(r["partition"]): (int(r["n"]), int(r["crc"] or 0)) for r in rows}
+
+
+def run(args) -> dict:
+    from .progress import Progress, session
+    records = int(args.gb * 1e9 // args.record_size)
+    topic = args.topic or f"kbroker-throughput-{int(time.time())}"
+    tasks = args.tasks or args.partitions
+    rows_per_batch = max(1, int(args.batch_mb * 1e6 // args.record_size))
+    spark = session("kbroker-throughput", args.master,
+                    {"spark.sql.execution.arrow.maxRecordsPerBatch": str(rows_per_batch)})
+    settings = {k: v for k, v in vars(args).items()}
+    settings.update(topic=topic, records=records, write_tasks=tasks, rows_per_arrow_batch=rows_per_batch,
+                    spark_master=spark.sparkContext.master,
+                    spark_default_parallelism=spark.sparkContext.defaultParallelism)
+    nbytes = records * args.record_size
+    report = {"settings": settings, "phases": {}}
+    create_topic(args.bootstrap_servers, topic, args.partitions, args.replication_factor)
+    try:
+        gen = spark.range(records, numPartitions=tasks).mapInArrow(
+            make_generator(args.record_size, args.partitions), "partition int, value binary")
+        with Progress(spark, "write", nbytes, force=args.progress) as pw:
+            (gen.write.format("kbroker").option("kafka.bootstrap.servers", args.bootstrap_servers)
+             .option("topic", topic).option("kafka.acks", args.acks)
+             .option("kafka.compression.type", args.compression)
+             .option("kafka.batch.size", str(args.batch_size)).mode("append").save())
+        report["phases"]["write"] = _phase(pw.seconds, nbytes, records)
+        reader = (spark.read.format("kbroker").option("kafka.bootstrap.servers", args.bootstrap_servers)
+                  .option("subscribe", topic))
+        if args.min_partitions:
+            reader = reader.option("minPartitions", str(args.min_partitions))
+        with Progress(spark, "read", nbytes, force=args.progress) as pr:
+            got = per_partition(reader.load())
+        report["phases"]["read"] = _phase(pr.seconds, nbytes, records)
+        with Progress(spark, "expected", nbytes, force=args.progress) as pe:
+            want = per_partition(gen)
+        report["phases"]["expected"] = _phase(pe.seconds, nbytes, records)
+        verify = {}
+        for p in range(args.partitions):
+            w, g = want.get(p, (0, 0)), got.get(p, (0, 0))
+            verify[str(p)] = {"expected_records": w[0], "read_records": g[0],
+                              "expected_checksum": w[1], "read_checksum": g[1], "ok": w == g}
+        report["verify"] = verify
+        report["ok"] = all(v["ok"] for v in verify.values()) and sum(v["read_records"] for v in verify.values()) \
+            == records
+    finally:
+        if not args.keep_topic:
+            try:
+                delete_topic(args.bootstrap_servers, topic)
+            except Exception as e:      # the report matters more than the cleanup
+                report["cleanup_error"] = str(e)
+    return report
+
+
+def _phase(seconds: float, nbytes: int, records: int) -> dict:
+    return {"seconds": round(seconds, 3), "MB_per_s": round(nbytes / 1e6 / seconds, 2) if seconds else None,
+            "records_per_s": round(records / seconds) if seconds else None,
+            "seconds_per_GB": round(seconds / (nbytes / 1e9), 3) if nbytes else None}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    report = run(args)
+    with open(args.report, "w") as f:
+        json.dump(report, f, indent=2)
+    for name, ph in report["phases"].items():
+        print(f"{name:<9} {ph['seconds']:>9.2f} s  {ph['MB_per_s']:>9.2f} MB/s  {ph['records_per_s']:>10} records/s")
+    print(f"verification: {'OK' if report['ok'] else 'FAILED'} (report: {args.report})")
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    if __package__ in (None, ""):       # spark-submit spark/throughput.py: run as kbroker.spark.throughput
+        from kbroker.spark.throughput import main as _main
+        sys.exit(_main())
+    sys.exit(main())
