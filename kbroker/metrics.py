@@ -97,8 +97,16 @@ def render(broker) -> str:
     else:
         metric("kafka_server_replicamanager_underreplicatedpartitions", "gauge", "Led partitions with ISR < replicas",
                [({}, sum(1 for t, p in led if len(t.partitions[p].isr) < len(t.partitions[p].replicas)))])
+    controller = getattr(broker, "controller", None)
+    active = controller is not None and controller.active
     metric("kafka_controller_kafkacontroller_activecontrollercount", "gauge", "1 on the active controller",
-           [({}, 1 if md.controller_id == broker.broker_id else 0)])
+           [({}, 1 if active else 0)])
+    # Reported by the active controller only (0 elsewhere), as Kafka's controller metrics are.
+    metric("kafka_controller_kafkacontroller_offlinepartitionscount", "gauge",
+           "Partitions without a live leader", [({}, controller.offline_partition_count() if active else 0)])
+    metric("kafka_controller_controllerstats_leaderelectionrateandtimems_count", "counter",
+           "Leader elections made by this broker's controller terms (LeaderElectionRateAndTimeMs)",
+           [({}, controller.elections if controller is not None else 0)])
     if broker.logs is not None:
         metric("kafka_log_log_size", "gauge", "Partition size on disk in bytes",
                [({"topic": lg.topic, "partition": lg.partition}, lg.size_bytes) for lg in broker.logs.all_logs()])

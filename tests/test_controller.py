@@ -3,6 +3,7 @@ pushed by UpdateMetadata agrees on every broker, placement (replication factor, 
 immediate recreate, stale controller/broker epochs refused, and fencing of a deposed controller's
 ZooKeeper writes. Failure tests (kill -9, SIGTERM) are in test_controller_failover.py."""
 import json
+import urllib.request
 import uuid
 
 import confluent_kafka as ck
@@ -29,7 +30,8 @@ def cluster(tmp_path_factory):
     try:
         for bid, rack in RACKS.items():
             c.brokers[bid] = BrokerProc(bid, free_port(), c.root)
-            c.start_broker(bid, extra={"broker.rack": rack})
+            c.brokers[bid].metrics_port = free_port()
+            c.start_broker(bid, extra={"broker.rack": rack, "kbroker.metrics.port": c.brokers[bid].metrics_port})
         yield c
     finally:
         c.stop()
@@ -249,3 +251,20 @@ def test_bumped_controller_epoch_makes_the_controller_resign_and_rerun(cluster, 
     for b in cluster.brokers.values():
         wait_until(lambda: _view(b.port)[1] == new_cid and name in _view(b.port)[2], 15,
                    f"broker {b.broker_id} to follow the new controller epoch")
+
+
+def _metrics(port):
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+            if line and not line.startswith("#") and "{" not in line.split()[0]}
+
+
+def test_controller_metrics(cluster, zk):
+    _create(cluster, _name("metrics"), 3, 3)
+    cid, _ = _controller(zk)
+    seen = {b.broker_id: _metrics(b.metrics_port) for b in cluster.brokers.values()}
+    active = {bid: m["kafka_controller_kafkacontroller_activecontrollercount"] for bid, m in seen.items()}
+    assert active == {bid: (1.0 if bid == cid else 0.0) for bid in seen}
+    assert seen[cid]["kafka_controller_kafkacontroller_offlinepartitionscount"] == 0
+    # Each new partition's first leader is an election; the controller made at least these three.
+    assert seen[cid]["kafka_controller_controllerstats_leaderelectionrateandtimems_count"] >= 3

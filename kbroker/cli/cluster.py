@@ -11,8 +11,10 @@ Layout of DIR::
 
 Broker ids are 0..N-1 (Kafka's sample config uses broker.id=0). Everything binds to 127.0.0.1.
 
-``up`` returns once every broker is registered in ZooKeeper (a fresh ``/brokers/ids/<id>`` node) and
-answers an ApiVersions v0 request; its last stdout line is ``bootstrap.servers=127.0.0.1:P1,...``.
+``up`` returns once every broker is registered in ZooKeeper (a fresh ``/brokers/ids/<id>`` node),
+answers an ApiVersions v0 request, and has heard from the controller about every broker of the
+layout (its Metadata lists them all: a topic with replication factor N can be created at once); its
+last stdout line is ``bootstrap.servers=127.0.0.1:P1,...``.
 Running ``up`` again starts only what is not running. ``down`` stops the processes recorded in the pid
 files, after checking each pid still runs the command we started (pids get recycled).
 ``status`` exits 0 only when ZooKeeper runs and every broker is registered.
@@ -299,6 +301,37 @@ def api_versions_probe(port: int, host: str = LOOPBACK, timeout: float = 2.0) ->
     return None
 
 
+def metadata_probe(port: int, host: str = LOOPBACK, timeout: float = 2.0) -> tuple[set[int], int] | None:
+    """(broker ids, controller id) from the broker's Metadata answer (v1, no topics); None if it
+    does not answer. A broker lists the others once the controller's UpdateMetadata reached it."""
+    from ..protocol import api
+
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(api.encode_request(3, 1, 1, "kbroker-cluster-up", {"topics": []}))
+            (size,) = struct.unpack(">i", _recv_exact(sock, 4))
+            _, body = api.decode_response(3, 1, memoryview(_recv_exact(sock, size)))
+    except (OSError, EOFError, ValueError, struct.error):
+        return None
+    return {b["node_id"] for b in body["brokers"]}, body["controller_id"]
+
+
+def wait_cluster_metadata(layout: Layout, timeout: float) -> None:
+    """Until every broker's Metadata names all the layout's brokers and a controller."""
+    want = {slot.id for slot in layout.brokers}
+    deadline = time.monotonic() + timeout
+    for slot in layout.brokers:
+        while True:
+            got = metadata_probe(slot.port)
+            if got is not None and want <= got[0] and got[1] >= 0:
+                break
+            if time.monotonic() >= deadline:
+                raise ClusterError(f"broker {slot.id} (port {slot.port}) does not see every broker after "
+                                   f"{timeout:g}s: its Metadata names {sorted(got[0]) if got else 'nothing'}, "
+                                   f"controller {got[1] if got else 'unknown'}")
+            time.sleep(0.05)
+
+
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
     buf = bytearray()
     while len(buf) < n:
@@ -440,6 +473,7 @@ def cluster_up(root: Path, brokers: int | None, zk_port: int | None, base_port: 
             wait_ready(client, layout, s, timeout)
             print(f"broker {s.slot.id} ready: registered and answering on {LOOPBACK}:{s.slot.port}",
                   file=out, flush=True)
+        wait_cluster_metadata(layout, timeout)
     finally:
         client.stop()
         client.close()

@@ -78,6 +78,10 @@ def register(subparsers) -> None:
     p.add_argument("--if-exists", action="store_true",
                    help="With --alter/--delete/--describe: only act if the topic exists.")
     p.add_argument("--exclude-internal", action="store_true", help="Exclude internal topics when listing or describing.")
+    p.add_argument("--under-replicated-partitions", action="store_true",
+                   help="With --describe: only partitions whose ISR is smaller than their replica list.")
+    p.add_argument("--unavailable-partitions", action="store_true",
+                   help="With --describe: only partitions without a leader, or whose leader is not available.")
     p.set_defaults(func=main)
 
 
@@ -128,7 +132,7 @@ async def run(args, out) -> int:
         if args.topic and not topics and not args.if_exists:
             raise CommandError(f"Topic '{args.topic}' does not exist as expected")
         if args.describe:
-            await _describe(admin, topics, out)
+            await _describe(admin, topics, out, args.under_replicated_partitions, args.unavailable_partitions)
         elif args.delete:
             if topics:
                 await admin.delete_topics(topics)
@@ -163,9 +167,13 @@ async def _create(admin: Admin, args, out) -> int:
     return 0
 
 
-async def _describe(admin: Admin, topics: list[str], out) -> None:
+async def _describe(admin: Admin, topics: list[str], out, under_replicated: bool = False,
+                    unavailable: bool = False) -> None:
+    """Kafka's describe: a topic line and its partition lines; with a partition filter
+    (--under-replicated-partitions / --unavailable-partitions) only the matching partition lines."""
     if not topics:
         return
+    filtered = under_replicated or unavailable
     descs = await admin.describe_topics(topics)
     resources = [ConfigResource.topic(t) for t in topics]
     configs = await admin.describe_configs(resources, raise_on_error=False)
@@ -182,8 +190,13 @@ async def _describe(admin: Admin, topics: list[str], out) -> None:
         if any(d.topic_id):
             line += f"\tTopicId: {uuid_str(d.topic_id)}"
         line += f"\tPartitionCount: {len(d.partitions)}\tReplicationFactor: {rf}\tConfigs: {overrides}"
-        print(line, file=out)
+        if not filtered:
+            print(line, file=out)
+        live = set(admin.cluster.brokers)
         for p in d.partitions:
+            if filtered and not ((under_replicated and len(p.isr) < len(p.replicas))
+                                 or (unavailable and (p.leader < 0 or p.leader not in live))):
+                continue
             leader = p.leader if p.leader >= 0 else "none"
             print(f"\tTopic: {name}\tPartition: {p.partition}\tLeader: {leader}"
                   f"\tReplicas: {','.join(map(str, p.replicas))}\tIsr: {','.join(map(str, p.isr))}"
