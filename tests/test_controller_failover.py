@@ -146,3 +146,43 @@ def test_sigterm_moves_leadership_before_the_broker_leaves(cluster, zk):
     assert "controlled shutdown succeeded" in cluster.brokers[victim].log_path.read_text()
     view, _ = _leaders(cluster.brokers[controller].port, name)
     assert all(lead not in (victim, -1) for lead, _ in view.values())
+
+
+@pytest.mark.slow
+def test_no_in_sync_replica_left_means_offline_unless_unclean_election_is_allowed(cluster, zk):
+    controller, _ = _controller(zk)
+    a, b = [x for x in (0, 1, 2) if x != controller]
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    clean, unclean = f"clean-{uuid.uuid4().hex[:6]}", f"unclean-{uuid.uuid4().hex[:6]}"
+    fs = admin.create_topics([NewTopic(clean, 1, replica_assignment=[[a, b]]),
+                              NewTopic(unclean, 1, replica_assignment=[[a, b]],
+                                       config={"unclean.leader.election.enable": "true"})])
+    for f in fs.values():
+        f.result(30)
+
+    # The follower stops (controlled shutdown takes it out of the ISR), then the leader dies:
+    # nobody in sync is left.
+    cluster.kill(b, signal.SIGTERM)
+    for name in (clean, unclean):
+        assert _states(zk, name, 1)[0].isr == [a]
+    cluster.kill(a)
+    wait_until(lambda: _states(zk, clean, 1)[0].leader == -1, BOUND_S + 30, f"{clean} to go offline")
+    offline = _states(zk, clean, 1)[0]
+    assert offline.isr == [a]                    # the last in-sync replica stays recorded
+    view, _ = _leaders(cluster.brokers[controller].port, clean)
+    assert view[0][0] == -1
+
+    # The out-of-sync replica comes back: only the topic that allows it takes it as leader.
+    before = _states(zk, unclean, 1)[0]
+    cluster.start_broker(b)
+    st = wait_until(lambda: (s := _states(zk, unclean, 1)[0]).leader == b and s, 30, f"{unclean} led by {b}")
+    assert st.isr == [b] and st.leader_epoch > before.leader_epoch
+    assert _states(zk, clean, 1)[0] == offline
+    assert _leaders(cluster.brokers[controller].port, clean)[0][0][0] == -1
+
+    # The last in-sync replica returns: the clean topic is led again, by it.
+    cluster.start_broker(a)
+    st = wait_until(lambda: (s := _states(zk, clean, 1)[0]).leader == a and s, 30, f"{clean} led by {a} again")
+    assert st.leader_epoch > offline.leader_epoch
+    wait_until(lambda: _leaders(cluster.brokers[controller].port, clean)[0][0][0] == a, 10,
+               "Metadata to show the clean topic's leader")
