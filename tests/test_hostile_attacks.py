@@ -207,6 +207,25 @@ def test_stalled_frames_do_not_stall_others(attacked, attack):
     assert grown <= (POOL >> 20) + RSS_SLACK_MIB
 
 
+@pytest.mark.slow
+def test_huge_metadata_request_does_not_hold_the_loop(attacked):
+    """Three Metadata requests naming 100,000 topics each (none exist, no auto-creation): each is
+    answered in full (every topic UNKNOWN_TOPIC_OR_PARTITION) while the steady clients keep their bound
+    (its decode/encode run off the loop, its answer is built 2,000 topics per loop turn)."""
+    c, steady = attacked
+    baseline = steady.quiet_baseline()
+    names = [{"name": f"nope-{i:06d}"} for i in range(100_000)]
+    t0 = time.monotonic()
+    with RawConn(c.bootstrap, timeout=60) as conn:
+        for _ in range(3):
+            t = time.monotonic()
+            resp = conn.request(METADATA, 4, {"topics": names, "allow_auto_topic_creation": False}, timeout=60)
+            assert len(resp["topics"]) == 100_000
+            assert {x["error_code"] for x in resp["topics"]} == {3}
+            print(f"metadata-100k answered in {time.monotonic() - t:.2f}s")
+    steady.check("metadata-100k-topics", t0, time.monotonic(), baseline)
+
+
 # ---- compressed batches: lies and bombs ---------------------------------------------------------------
 
 def _varint(v: int) -> bytes:

@@ -35,6 +35,7 @@ from ..protocol.types import FileRegions, ProtocolError
 log = logging.getLogger(__name__)
 
 CHUNK_SIZE = 32 * 1024
+OFFLOAD_BYTES = 256 * 1024  # non-Produce requests this large are decoded and answered off the loop
 FRAME_STEP = 64 * 1024      # pool memory a large frame may hold beyond the bytes it has sent
 _MIN_TAIL = 4096            # below this much free tail space, rotate the chunk rather than read in dribbles
 _SIZE = struct.Struct(">i")
@@ -315,6 +316,12 @@ class Connection(asyncio.BufferedProtocol):
                 log.warning("closing %s: unsupported %s v%d", self.peer, api.API_NAMES.get(key, key), version)
                 self.close()
             return
+        if len(frame) >= OFFLOAD_BYTES and key != 0:      # Produce: records stay views, decoding is cheap
+            # Decoding (and later encoding) work proportional to a large request's size runs on the
+            # server's worker thread: the loop keeps serving others (it gets the GIL back every switch
+            # interval) instead of waiting for, e.g., a 100,000-topic Metadata request.
+            self.loop.create_task(self._dispatch_large(slot, header, frame, pos, release))
+            return
         try:
             body = api.decode_request(key, version, frame, pos)
         except ProtocolError as e:
@@ -336,6 +343,34 @@ class Connection(asyncio.BufferedProtocol):
         else:
             release()
             self._complete(slot, result)
+
+    async def _dispatch_large(self, slot, header, frame, pos, release):
+        server = self.server
+        key, version = header.api_key, header.api_version
+        name = api.API_NAMES[key]
+        try:
+            try:
+                body = await self.loop.run_in_executor(server.heavy_executor, api.decode_request,
+                                                       key, version, frame, pos)
+            except ProtocolError as e:
+                server.metrics.invalid_frames += 1
+                log.warning("closing %s: malformed %s v%d: %s", self.peer, name, version, e)
+                self.close()
+                return
+            server.metrics.count_request(key, version)
+            result = server.handlers[key](self, header, body)
+            if inspect.isawaitable(result):
+                result = await result
+            if result is not NO_RESPONSE and result is not CLOSE:
+                result = await self.loop.run_in_executor(server.heavy_executor, api.encode_response,
+                                                         key, version, header.correlation_id, result)
+        except Exception:
+            log.exception("error handling %s v%d from %s; closing", name, version, self.peer)
+            result = CLOSE
+        finally:
+            release()
+        if not self.closed:
+            self._finish(slot, result)
 
     async def _await(self, slot, awaitable, release):
         try:

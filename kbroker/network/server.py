@@ -15,6 +15,7 @@ Limits, with Kafka's semantics where Kafka has the key:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import resource
 import select
@@ -78,6 +79,9 @@ class KafkaServer:
         self.send_buffer_bytes = send_buffer_bytes
         self.receive_buffer_bytes = receive_buffer_bytes
         self.metrics = NetworkMetrics()
+        # One thread for the byte work of very large requests (decode/encode): serialised, so a flood
+        # of them queues here (bounded by the request pool) rather than occupying every thread.
+        self.heavy_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kbroker-heavy")
         self.connections: set[Connection] = set()
         self.memory_paused: set[Connection] = set()   # stopped reading until pool memory frees up
         self.loop = None
@@ -230,5 +234,6 @@ class KafkaServer:
             self._server.close()
         for conn in list(self.connections):
             conn.close()
+        self.heavy_executor.shutdown(wait=False, cancel_futures=True)
         if self._server:
             await self._server.wait_closed()

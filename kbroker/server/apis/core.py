@@ -11,6 +11,9 @@ from ..metadata import topic_name_error
 log = logging.getLogger(__name__)
 
 INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
+# A Metadata answer is built this many topics per event-loop turn: a request naming 100,000 topics
+# must not hold the loop (and every other client) for the whole answer.
+TOPICS_PER_TURN = 2000
 
 
 def register(broker, handlers):
@@ -49,35 +52,51 @@ async def _auto_create_then_answer(broker, names, missing):
     created = await auto_create_topics(broker, missing)
     # Kafka answers LEADER_NOT_AVAILABLE for topics it just created; the client retries. We created
     # them synchronously with a leader already in place, so we can answer with the real metadata.
-    return _metadata_response(broker, names, pending=set(missing) - set(created))
+    return await _metadata_response_sliced(broker, names, pending=set(missing) - set(created))
 
 
 def _metadata_response(broker, names, pending=()):
-    md = broker.metadata
+    if len(names) > TOPICS_PER_TURN:
+        return _metadata_response_sliced(broker, names, pending)
+    return _response(broker, [_topic(broker, name, pending) for name in names])
+
+
+async def _metadata_response_sliced(broker, names, pending=()):
     topics = []
-    for name in names:
-        info = md.topics.get(name)
-        if info is None:
-            bad = topic_name_error(name)
-            code = Errors.INVALID_TOPIC_EXCEPTION if bad else (
-                Errors.LEADER_NOT_AVAILABLE if name in pending else Errors.UNKNOWN_TOPIC_OR_PARTITION)
-            topics.append({"error_code": code, "name": name, "partitions": []})
-            continue
-        parts = []
-        for p in sorted(info.partitions):
-            pi = info.partitions[p]
-            live = pi.leader in md.brokers
-            parts.append({
-                "error_code": 0 if live else Errors.LEADER_NOT_AVAILABLE,
-                "partition_index": p,
-                "leader_id": pi.leader if live else -1,
-                "leader_epoch": pi.leader_epoch,
-                "replica_nodes": pi.replicas,
-                "isr_nodes": pi.isr,
-                "offline_replicas": [r for r in pi.replicas if r not in md.brokers],
-            })
-        topics.append({"error_code": 0, "name": name, "topic_id": info.topic_id, "is_internal": name in INTERNAL_TOPICS,
-                       "partitions": parts})
+    for start in range(0, len(names), TOPICS_PER_TURN):
+        if start:
+            await asyncio.sleep(0)
+        topics.extend(_topic(broker, name, pending) for name in names[start:start + TOPICS_PER_TURN])
+    return _response(broker, topics)
+
+
+def _topic(broker, name, pending):
+    md = broker.metadata
+    info = md.topics.get(name)
+    if info is None:
+        bad = topic_name_error(name)
+        code = Errors.INVALID_TOPIC_EXCEPTION if bad else (
+            Errors.LEADER_NOT_AVAILABLE if name in pending else Errors.UNKNOWN_TOPIC_OR_PARTITION)
+        return {"error_code": code, "name": name, "partitions": []}
+    parts = []
+    for p in sorted(info.partitions):
+        pi = info.partitions[p]
+        live = pi.leader in md.brokers
+        parts.append({
+            "error_code": 0 if live else Errors.LEADER_NOT_AVAILABLE,
+            "partition_index": p,
+            "leader_id": pi.leader if live else -1,
+            "leader_epoch": pi.leader_epoch,
+            "replica_nodes": pi.replicas,
+            "isr_nodes": pi.isr,
+            "offline_replicas": [r for r in pi.replicas if r not in md.brokers],
+        })
+    return {"error_code": 0, "name": name, "topic_id": info.topic_id, "is_internal": name in INTERNAL_TOPICS,
+            "partitions": parts}
+
+
+def _response(broker, topics):
+    md = broker.metadata
     brokers = [{"node_id": b.broker_id, "host": b.host, "port": b.port, "rack": b.rack}
                for b in sorted(md.brokers.values(), key=lambda b: b.broker_id)]
     return {
