@@ -450,6 +450,11 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {k.name: k for k in (
 )}
 
 
+# Broker synonyms of topic keys in another unit: the multiplier to the topic key's milliseconds.
+SYNONYM_UNITS = {"log.roll.hours": 3600 * 1000, "log.retention.minutes": 60 * 1000,
+                 "log.retention.hours": 3600 * 1000, "log.roll.jitter.hours": 3600 * 1000}
+
+
 def parse_topic_config(key: str, text: str) -> Any:
     """Validate one topic config (CreateTopics / AlterConfigs); ConfigError → INVALID_CONFIG."""
     spec = TOPIC_CONFIGS.get(key)

@@ -28,6 +28,7 @@ from typing import NamedTuple
 from kbroker._native import batch as _batch
 
 from .cleaner import recover_swaps
+from ..config import SYNONYM_UNITS, TOPIC_CONFIGS
 from .checkpoint import write_text
 from .epoch_cache import LeaderEpochCache
 from .errors import (CORRUPT_MESSAGE, INVALID_RECORD, KAFKA_STORAGE_ERROR, LogAppendError,
@@ -41,50 +42,22 @@ LONG_MAX = INT64_MAX
 PARTITION_METADATA = "partition.metadata"
 SNAPSHOTS_KEPT = 3
 
-# Kafka's topic-level names and defaults (LogConfig / TopicConfig).
-DEFAULTS = {
-    "segment.bytes": 1 << 30,
-    "segment.ms": 7 * 24 * 3600 * 1000,
-    "retention.ms": 7 * 24 * 3600 * 1000,
-    "retention.bytes": -1,
-    "max.message.bytes": 1048588,
-    "message.timestamp.type": "CreateTime",
-    "index.interval.bytes": 4096,
-    "segment.index.bytes": 10 * 1024 * 1024,
-    "flush.messages": LONG_MAX,
-    "flush.ms": LONG_MAX,
-    "min.insync.replicas": 1,
-    "cleanup.policy": "delete",
-    "file.delete.delay.ms": 60000,
-    # Compaction (cleaner.py).
-    "delete.retention.ms": 86400000,
-    "min.compaction.lag.ms": 0,
-    "max.compaction.lag.ms": LONG_MAX,
-    "min.cleanable.dirty.ratio": 0.5,
-}
+# The topic keys the storage layer acts on. Their defaults and broker-level synonyms come from the
+# one table of topic settings, kbroker.config.TOPIC_CONFIGS (DescribeConfigs, CreateTopics and the
+# broker's topic_defaults() read the same table).
+LOG_KEYS = ("segment.bytes", "segment.ms", "retention.ms", "retention.bytes", "max.message.bytes",
+            "message.timestamp.type", "index.interval.bytes", "segment.index.bytes", "flush.messages",
+            "flush.ms", "min.insync.replicas", "cleanup.policy", "file.delete.delay.ms",
+            # Compaction (cleaner.py).
+            "delete.retention.ms", "min.compaction.lag.ms", "max.compaction.lag.ms",
+            "min.cleanable.dirty.ratio")
 
-# Broker-level (server.properties) names accepted in LogManager defaults.
-BROKER_KEYS = {
-    "log.segment.bytes": "segment.bytes",
-    "log.roll.ms": "segment.ms",
-    "log.roll.hours": ("segment.ms", 3600 * 1000),
-    "log.retention.ms": "retention.ms",
-    "log.retention.minutes": ("retention.ms", 60 * 1000),
-    "log.retention.hours": ("retention.ms", 3600 * 1000),
-    "log.retention.bytes": "retention.bytes",
-    "message.max.bytes": "max.message.bytes",
-    "log.message.timestamp.type": "message.timestamp.type",
-    "log.index.interval.bytes": "index.interval.bytes",
-    "log.index.size.max.bytes": "segment.index.bytes",
-    "log.flush.interval.messages": "flush.messages",
-    "log.flush.interval.ms": "flush.ms",
-    "log.cleanup.policy": "cleanup.policy",
-    "log.segment.delete.delay.ms": "file.delete.delay.ms",
-    "log.cleaner.delete.retention.ms": "delete.retention.ms",
-    "log.cleaner.min.compaction.lag.ms": "min.compaction.lag.ms",
-    "log.cleaner.max.compaction.lag.ms": "max.compaction.lag.ms",
-    "log.cleaner.min.cleanable.ratio": "min.cleanable.dirty.ratio",
-}
+DEFAULTS = {k: TOPIC_CONFIGS[k].default for k in LOG_KEYS}
+
+# Broker-level (server.properties) names accepted in LogManager defaults: topic key -> its
+# synonyms in precedence order as (broker key, multiplier to the topic key's unit).
+BROKER_SYNONYMS = {k: tuple((syn, SYNONYM_UNITS.get(syn, 1)) for syn in TOPIC_CONFIGS[k].synonyms if syn != k)
+                   for k in LOG_KEYS}
 
 _STRING_KEYS = {"message.timestamp.type", "cleanup.policy"}
 _FLOAT_KEYS = {"min.cleanable.dirty.ratio"}
@@ -129,23 +102,14 @@ class LogConfig:
 
     @staticmethod
     def from_broker(props: dict) -> dict:
-        """Translate broker-level keys (log.retention.hours, ...) to topic-level ones."""
-        out = {}
-        for k, v in props.items():
-            if k in DEFAULTS:
-                out.setdefault(k, v)
-            m = BROKER_KEYS.get(k)
-            if isinstance(m, tuple):
-                out[m[0]] = int(v) * m[1]
-            elif m:
-                out[m] = v
-        # The most specific unit wins, as in Kafka (ms over minutes over hours).
-        for key, names in (("retention.ms", ("log.retention.ms", "log.retention.minutes", "log.retention.hours")),
-                           ("segment.ms", ("log.roll.ms", "log.roll.hours"))):
-            for n in names:
-                if n in props:
-                    m = BROKER_KEYS[n]
-                    out[key] = int(props[n]) * (m[1] if isinstance(m, tuple) else 1)
+        """Translate broker-level keys (log.retention.hours, ...) to topic-level ones; of several
+        synonyms the most specific wins, as in Kafka (ms over minutes over hours)."""
+        out = {k: v for k, v in props.items() if k in DEFAULTS}
+        for key, synonyms in BROKER_SYNONYMS.items():
+            for name, unit in synonyms:
+                if name in props and props[name] is not None:
+                    v = props[name]
+                    out[key] = int(v) * unit if unit != 1 else v
                     break
         return out
 
