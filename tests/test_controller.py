@@ -268,3 +268,27 @@ def test_controller_metrics(cluster, zk):
     assert seen[cid]["kafka_controller_kafkacontroller_offlinepartitionscount"] == 0
     # Each new partition's first leader is an election; the controller made at least these three.
     assert seen[cid]["kafka_controller_controllerstats_leaderelectionrateandtimems_count"] >= 3
+
+
+def test_config_change_reaches_every_broker(cluster):
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    name = _name("cfg")
+    _create(cluster, name, 3, 3)
+    admin = _admin(cluster)
+    res = ConfigResource(ConfigResource.Type.TOPIC, name, incremental_configs=[
+        ConfigEntry("retention.ms", "3600000", incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([res])[res].result(30)
+
+    def value_on(port):
+        with RawConn(f"127.0.0.1:{port}") as raw:     # this broker, not whichever a client picks
+            resp = raw.request(32, 1, {"resources": [{"resource_type": 2, "resource_name": name,
+                                                      "configuration_keys": ["retention.ms"]}],
+                                       "include_synonyms": False})
+        (result,) = resp["results"]
+        return {c["name"]: c["value"] for c in result["configs"]}.get("retention.ms")
+
+    # Each broker answers DescribeConfigs from its own cache: all of them learnt of the change
+    # through /config/changes (not only the broker that served the AlterConfigs).
+    for b in cluster.brokers.values():
+        wait_until(lambda: value_on(b.port) == "3600000", 15, f"broker {b.broker_id} to apply retention.ms")

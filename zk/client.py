@@ -762,6 +762,20 @@ class BrokerZk:
                 pass
         return out
 
+    def read_config_changes(self, children) -> list[tuple[str, str]]:
+        """(entity type, entity name) of the /config/changes notifications named (gone ones skipped)."""
+        zk = self.kazoo
+        out = []
+        for child in children:
+            try:
+                data, _ = zk.retry(zk.get, f"{L.CONFIG_CHANGES}/{child}")
+                out.append(L.decode_config_change(data))
+            except NoNodeError:
+                continue
+            except (ValueError, KeyError, TypeError):
+                log.error("unreadable config change notification %s", child)
+        return out
+
     def mark_topic_for_deletion(self, name: str) -> None:
         """Ask the controller to delete a topic (/admin/delete_topics/<t>); idempotent."""
         try:

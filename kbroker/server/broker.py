@@ -19,6 +19,7 @@ from ..protocol import api
 from ..replica import LeaderAndIsrState, ReplicaManager
 from ..controller.controller import Controller
 from ..zk.client import BrokerZk
+from ..zk.layout import CONFIG_CHANGES
 from .metadata import BrokerInfo, MetadataCache, TopicInfo
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ class Broker:
         self.replica_manager: ReplicaManager | None = None
         self.zk: BrokerZk | None = None
         self.controller: Controller | None = None   # active while this broker holds /controller
+        self._config_change_seq: int | None = None   # last /config/changes notification applied
         self.server: KafkaServer | None = None
         self.notifier = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -107,6 +109,7 @@ class Broker:
         log.info("registered broker %d at %s:%d (broker epoch %d)", self.broker_id, self.advertised_host,
                  self.advertised_port, epoch)
         await asyncio.to_thread(self.zk.elect_controller)
+        self.zk.watch_children(CONFIG_CHANGES, self._on_config_changes)
         if cfg.metrics_port >= 0:
             self.metrics_server = MetricsServer(self, listener.host, cfg.metrics_port)
             await self.metrics_server.start()
@@ -203,6 +206,24 @@ class Broker:
                 self.replica_manager.stop_replica(tp, delete=True)
             else:
                 self.logs.delete(*tp)
+
+    def _on_config_changes(self, children) -> None:
+        """/config/changes children (loop thread): re-read the configs of topics named by
+        notifications newer than the last one seen (the first call only records where we are)."""
+        seqs = {c: int(c.rsplit("_", 1)[1]) for c in children if c.rsplit("_", 1)[-1].isdigit()}
+        last = self._config_change_seq
+        self._config_change_seq = max(seqs.values(), default=last if last is not None else -1)
+        if last is None:
+            return
+        fresh = sorted((c for c, n in seqs.items() if n > last), key=seqs.get)
+        if fresh:
+            self.loop.create_task(self._apply_config_changes(fresh))
+
+    async def _apply_config_changes(self, children) -> None:
+        changes = await asyncio.to_thread(self.zk.read_config_changes, children)
+        names = sorted({name for kind, name in changes if kind == "topics"})
+        if names:
+            await self.refresh_metadata(names)
 
     async def refresh_metadata(self, names=None) -> None:
         """Re-read the config overrides of ``names`` (all cached topics if None) from ZooKeeper and
