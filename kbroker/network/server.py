@@ -162,7 +162,8 @@ class KafkaServer:
             return   # connection_closed resumes us
         self._accepting = True
         for sock in self._server.sockets:
-            self.loop._start_serving(self._new_connection, sock, None, self._server, 128)
+            # Server.sockets are TransportSocket wrappers; the accept loop needs the socket itself
+            self.loop._start_serving(self._new_connection, getattr(sock, "_sock", sock), None, self._server, 128)
 
     async def _sweep(self):
         """connections.max.idle.ms: a connection with no request for that long is closed, and so is one
