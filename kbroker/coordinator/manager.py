@@ -108,12 +108,27 @@ class GroupCoordinator:
 
     # ---- partition ownership -----------------------------------------------------------------------
     def _led_partitions(self) -> dict[int, int]:
-        """{offsets partition: leader epoch} for the partitions this broker leads."""
+        """{offsets partition: leader epoch} for the partitions this broker leads: the ReplicaManager's
+        view when there is one (it learns leadership first), else the metadata cache's."""
+        rm = getattr(self.broker, "replica_manager", None)
+        if rm is not None:
+            return {tp[1]: part.leader_epoch for tp, part in list(rm.partitions.items())
+                    if tp[0] == OFFSETS_TOPIC and part.is_leader}
         t = self.broker.metadata.topics.get(OFFSETS_TOPIC)
         if t is None:
             return {}
         me = self.broker.broker_id
         return {p: info.leader_epoch for p, info in t.partitions.items() if info.leader == me}
+
+    def _leader_epoch(self, p: int):
+        """This broker's leader epoch of offsets partition ``p``, or None if it does not lead it."""
+        rm = getattr(self.broker, "replica_manager", None)
+        if rm is not None:
+            part = rm.partitions.get((OFFSETS_TOPIC, p))
+            return part.leader_epoch if part is not None and part.is_leader else None
+        t = self.broker.metadata.topics.get(OFFSETS_TOPIC)
+        info = t.partitions.get(p) if t is not None else None
+        return info.leader_epoch if info is not None and info.leader == self.broker.broker_id else None
 
     def reconcile(self) -> None:
         led = self._led_partitions()
@@ -230,17 +245,17 @@ class GroupCoordinator:
         if t is None or not t.partitions:
             return int(E.COORDINATOR_NOT_AVAILABLE), -1
         p = partition_for(group_id, len(t.partitions))
-        info = t.partitions.get(p)
-        if info is None or info.leader != self.broker.broker_id:
+        epoch = self._leader_epoch(p)
+        if epoch is None:
             return int(E.NOT_COORDINATOR), p
         ps = self.partitions.get(p)
-        if ps is not None and ps.leader_epoch != info.leader_epoch:
-            self._unload(p)
+        if ps is not None and ps.leader_epoch != epoch:
+            self._unload(p)   # lost and regained leadership since the load: reload
             ps = None
         if ps is None:
             if self.broker.logs.get((OFFSETS_TOPIC, p)) is None:
                 return int(E.COORDINATOR_NOT_AVAILABLE), p
-            self._begin_load(p, info.leader_epoch)
+            self._begin_load(p, epoch)
             return int(E.COORDINATOR_LOAD_IN_PROGRESS), p
         if ps.status != LOADED:
             return int(E.COORDINATOR_LOAD_IN_PROGRESS), p
