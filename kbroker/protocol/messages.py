@@ -897,6 +897,30 @@ api(42, "DeleteGroups", "0-2", "2+",
         ]),
     ])
 
+# --- 43 ElectLeaders -----------------------------------------------------------------------------
+# election_type 0 = preferred replica, 1 = unclean (first live replica of a leaderless partition).
+api(43, "ElectLeaders", "0-2", "2+",
+    request=[
+        F("election_type", "int8", "1+"),
+        F("topic_partitions", [
+            F("topic", "string"),
+            F("partitions", "[]int32"),
+        ], nullable="0+"),
+        F("timeout_ms", "int32", default=60000),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("error_code", "int16", "1+"),
+        F("replica_election_results", [
+            F("topic", "string"),
+            F("partition_result", [
+                F("partition_id", "int32"),
+                F("error_code", "int16"),
+                F("error_message", "string", nullable="0+"),
+            ]),
+        ]),
+    ])
+
 # --- 44 IncrementalAlterConfigs -------------------------------------------------------------------
 api(44, "IncrementalAlterConfigs", "0-1", "1+",
     request=[
