@@ -510,3 +510,43 @@ def test_io_throttle(tmp_path):
     took = _time.monotonic() - t0
     assert r is not None and took >= 0.45, took     # read alone is `total` bytes: >= ~0.5 s
     lg.close()
+
+
+def test_shutdown_mid_pass_on_the_event_loop(tmp_path):
+    """LogManager.shutdown() on the event loop stops a cleaner thread in the middle of a pass
+    (throttled to be slow): no deadlock, no .cleaned leftovers, the log reloads intact."""
+    import asyncio
+    import time as _time
+
+    from kbroker.log.manager import LogManager
+
+    async def main():
+        m = LogManager([str(tmp_path / "d")], {},
+                       cleaner_config={"log.cleaner.backoff.ms": 10,
+                                       "log.cleaner.io.max.bytes.per.second": 20000})
+        m.startup(1, "c")               # on a running loop: the cleaner thread starts
+        assert [t for t in m.cleaner._threads if t.is_alive()]
+        lg = m.get_or_create("t", 0, {"cleanup.policy": "compact", "segment.bytes": 2000,
+                                      "min.cleanable.dirty.ratio": 0.01})
+        for i in range(300):
+            append(lg, [(b"k%d" % (i % 7), b"x" * 50)])
+        lg.roll()
+        before = latest(file_records(lg))
+        m.cleaner.wakeup()
+        deadline = _time.monotonic() + 20
+        while not m.cleaner._busy and _time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert m.cleaner._busy, "the cleaner never started a pass"
+        threads = list(m.cleaner._threads)
+        t0 = _time.monotonic()
+        m.shutdown()
+        assert _time.monotonic() - t0 < 10
+        assert not any(t.is_alive() for t in threads)
+        return before
+
+    before = asyncio.run(main())
+    part = tmp_path / "d" / "t-0"
+    assert not [n for n in os.listdir(part) if n.endswith((".cleaned", ".swap"))]
+    lg = Log(str(part), "t", 0, LogConfig({"cleanup.policy": "compact"}), now=NOW)
+    assert latest(file_records(lg)) == before
+    lg.close()
