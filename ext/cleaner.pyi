@@ -6,7 +6,6 @@ from typing_extensions import Buffer
 KEEP_BASE_TIMESTAMP: int
 
 def key_hash(key: Buffer) -> bytes: ...
-def count_null_keys(raw: Buffer, count: int) -> int: ...
 
 @final
 class OffsetMap:

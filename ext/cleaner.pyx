@@ -222,36 +222,6 @@ cdef inline Py_ssize_t next_record(const unsigned char *p, Py_ssize_t pos, Py_ss
     return r.end
 
 
-def count_null_keys(raw, int32_t count):
-    """Records without a key in an uncompressed records section of ``count`` records;
-    ValueError if the section is malformed."""
-    cdef Py_buffer view
-    cdef Rec r
-    cdef Py_ssize_t pos = 0, n
-    cdef int32_t i, nulls = 0
-    cdef const unsigned char *p
-    cdef bint bad = False
-    PyObject_GetBuffer(raw, &view, PyBUF_SIMPLE)
-    try:
-        p = <const unsigned char *>view.buf
-        n = view.len
-        with nogil:
-            for i in range(count):
-                pos = next_record(p, pos, n, &r)
-                if pos < 0:
-                    bad = True
-                    break
-                if r.key < 0:
-                    nulls += 1
-            if not bad and pos != n:
-                bad = True
-    finally:
-        PyBuffer_Release(&view)
-    if bad:
-        raise ValueError("malformed records section")
-    return nulls
-
-
 # ---------------------------------------------------------------- dedupe map
 
 cdef struct Slot:
