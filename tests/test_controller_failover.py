@@ -186,3 +186,50 @@ def test_no_in_sync_replica_left_means_offline_unless_unclean_election_is_allowe
     assert st.leader_epoch > offline.leader_epoch
     wait_until(lambda: _leaders(cluster.brokers[controller].port, clean)[0][0][0] == a, 10,
                "Metadata to show the clean topic's leader")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["cli", "auto"])
+def test_leadership_returns_to_the_preferred_replica(tmp_path, how):
+    """After a SIGTERM bounce the broker is back in every ISR but leads nothing; `kbroker
+    leader-election --election-type PREFERRED` (or auto.leader.rebalance.enable with a 1 s check)
+    gives its preferred partitions back to it."""
+    import subprocess
+    import sys
+
+    overrides = ({"auto.leader.rebalance.enable": "false"} if how == "cli" else
+                 {"auto.leader.rebalance.enable": "true", "leader.imbalance.check.interval.seconds": 1})
+    with LocalCluster(tmp_path, brokers=3, session_timeout_ms=SESSION_MS, overrides=overrides) as cluster:
+        zk = KazooClient(hosts=cluster.zk.connect_string)
+        zk.start(timeout=10)
+        try:
+            name = f"preferred-{uuid.uuid4().hex[:6]}"
+            _create(cluster, name, 3)
+            controller, _ = _controller(zk)
+            victim = next(b for b in (0, 1, 2) if b != controller)
+            assignment = json.loads(zk.get(L.topic_path(name))[0])["partitions"]
+            mine = [int(p) for p, replicas in assignment.items() if replicas[0] == victim]
+            assert mine
+
+            cluster.kill(victim, signal.SIGTERM)
+            assert all(_states(zk, name, 3)[p].leader != victim for p in mine)
+            cluster.start_broker(victim)
+            # Back in sync: the leaders take it into their ISRs again (replication's business).
+            wait_until(lambda: all(victim in st.isr for st in _states(zk, name, 3).values()), 60,
+                       f"broker {victim} to rejoin every ISR")
+            if how == "cli":
+                assert all(_states(zk, name, 3)[p].leader != victim for p in mine)
+                r = subprocess.run([sys.executable, "-m", "kbroker", "leader-election", "--bootstrap-server",
+                                    cluster.bootstrap, "--election-type", "preferred", "--all-topic-partitions"],
+                                   capture_output=True, text=True, timeout=60)
+                assert r.returncode == 0, r.stdout + r.stderr
+                assert (f"Successfully completed leader election (PREFERRED) for partitions "
+                        f"{', '.join(f'{name}-{p}' for p in sorted(mine))}") in r.stdout
+                assert "Valid replica already elected for partitions" in r.stdout
+            wait_until(lambda: all(_states(zk, name, 3)[p].leader == victim for p in mine), 30,
+                       f"broker {victim} to lead its preferred partitions again")
+            view, _ = _leaders(cluster.brokers[controller].port, name)
+            assert all(view[p][0] == victim for p in mine)
+        finally:
+            zk.stop()
+            zk.close()

@@ -15,6 +15,7 @@ SUBCOMMANDS = (
     "kbroker.cli.serve",
     "kbroker.cli.cluster",
     "kbroker.cli.topics",
+    "kbroker.cli.leader_election",
     "kbroker.cli.console",
     "kbroker.cli.consumer_groups",
     "kbroker.cli.perf_test",

@@ -87,6 +87,15 @@ class Controller:
         if self.active and generation == self._generation and self._events is not None:
             self._events.put_nowait(event)
 
+    async def elect_leaders(self, parts, unclean: bool):
+        """Served for ElectLeaders: ``parts`` [(topic, partition)] or None for all ->
+        {tp: (error code, message or None)}."""
+        if not self.active:
+            return None
+        fut = asyncio.get_running_loop().create_future()
+        self._events.put_nowait(("elect_leaders", parts, unclean, fut))
+        return await fut
+
     async def controlled_shutdown(self, broker_id: int, broker_epoch: int):
         """Served for the ControlledShutdown handler: -> (error code, [(topic, partition)] remaining)."""
         if not self.active:
@@ -100,6 +109,7 @@ class Controller:
             "startup": self._on_startup, "brokers": self._on_brokers, "topics": self._on_topics,
             "topic_data": self._on_topic_data, "delete": self._on_delete, "isr": self._on_isr_change,
             "preferred": self._on_preferred, "controlled_shutdown": self._on_controlled_shutdown,
+            "elect_leaders": self._on_elect_leaders, "rebalance": self._on_rebalance,
         }
         while True:
             event = await self._events.get()
@@ -114,7 +124,7 @@ class Controller:
                 return
             except Exception:
                 log.exception("controller event %s failed; retrying in 1s", event[0])
-                if event[0] == "controlled_shutdown":
+                if event[0] in ("controlled_shutdown", "elect_leaders"):
                     self._fail_pending(event)
                 else:
                     asyncio.get_running_loop().call_later(1.0, self._post, generation, *event)
@@ -123,6 +133,8 @@ class Controller:
     def _fail_pending(event) -> None:
         if event[0] == "controlled_shutdown" and not event[-1].done():
             event[-1].set_result((Errors.NOT_CONTROLLER, []))
+        elif event[0] == "elect_leaders" and not event[-1].done():
+            event[-1].set_result(None)
 
     def _watch(self, generation, kind: str, path: str, data: bool = False, arg=None) -> None:
         active = lambda: self.active and generation == self._generation  # noqa: E731
@@ -158,6 +170,7 @@ class Controller:
         for bid in sorted(ctx.brokers):
             self._send_leader_and_isr(ctx.partitions_with_replica(bid), only=bid)
         self._send_update_metadata(list(ctx.states))
+        self._start_rebalance_timer(generation)
         self.ready.set()
         log.info("controller %d: %d brokers, %d topics, %d partitions (%d elected at start-up)", self.broker_id,
                  len(ctx.brokers), len(ctx.assignments), len(ctx.states), len(changed))
@@ -498,6 +511,77 @@ class Controller:
         self._send_leader_and_isr(changed)
         self._send_update_metadata(changed)
         return changed
+
+    async def _on_elect_leaders(self, generation, parts, unclean, fut) -> None:
+        ctx = self.ctx
+        wanted = sorted(ctx.states) if parts is None else sorted(set(parts))
+        results = {tp: (Errors.UNKNOWN_TOPIC_OR_PARTITION, "The partition does not exist.")
+                   for tp in wanted if tp not in ctx.states}
+        known = [tp for tp in wanted if tp in ctx.states]
+        if unclean:
+            # Only leaderless partitions need (and get) an election, any live replica allowed.
+            live = ctx.live() - ctx.shutting_down
+            need = [tp for tp in known if ctx.states[tp][0].leader not in live]
+
+            def plan(tp, st):
+                got = election.offline(ctx.replicas(tp), st.isr, live, unclean=True)
+                return None if got is None else self._state(got[0], got[1], st)
+
+            changed = await self._apply(need, plan)
+            self._send_leader_and_isr(changed)
+            self._send_update_metadata(changed)
+        else:
+            need = known
+            changed = await self.elect_preferred(known)
+        for tp in known:
+            st = ctx.states[tp][0]
+            if tp in changed:
+                results[tp] = (0, None)
+            elif tp not in need or (not unclean and st.leader == ctx.replicas(tp)[0]):
+                results[tp] = (Errors.ELECTION_NOT_NEEDED, "Leader election not needed for topic partition.")
+            elif unclean:
+                results[tp] = (Errors.ELIGIBLE_LEADERS_NOT_AVAILABLE, "No live replica to lead.")
+            else:
+                results[tp] = (Errors.PREFERRED_LEADER_NOT_AVAILABLE,
+                               f"Failed to elect leader for partition {tp[0]}-{tp[1]} under strategy "
+                               f"PreferredReplicaPartitionLeaderElectionStrategy")
+        fut.set_result(results)
+
+    # ---- automatic preferred-leader rebalancing (auto.leader.rebalance.enable) -------------------
+    def _start_rebalance_timer(self, generation) -> None:
+        if not self.config_get("auto.leader.rebalance.enable"):
+            return
+        interval = self.config_get("leader.imbalance.check.interval.seconds")
+        loop = asyncio.get_running_loop()
+
+        def tick():
+            if self.active and generation == self._generation:
+                self._post(generation, "rebalance")
+                loop.call_later(interval, tick)
+
+        loop.call_later(interval, tick)
+
+    async def _on_rebalance(self, generation) -> None:
+        """Kafka's checkAndTriggerAutoLeaderRebalance: per preferred broker, the share of its
+        partitions it does not lead; above leader.imbalance.per.broker.percentage, give them back."""
+        ctx = self.ctx
+        limit = self.config_get("leader.imbalance.per.broker.percentage") / 100
+        by_preferred: dict[int, list] = {}
+        for tp, (st, _) in ctx.states.items():
+            replicas = ctx.replicas(tp)
+            if replicas:
+                by_preferred.setdefault(replicas[0], []).append(tp)
+        todo = []
+        for b, tps in by_preferred.items():
+            if b not in ctx.brokers or b in ctx.shutting_down:
+                continue
+            imbalanced = [tp for tp in tps if ctx.states[tp][0].leader != b]
+            if imbalanced and len(imbalanced) / len(tps) > limit:
+                todo += imbalanced
+        if todo:
+            changed = await self.elect_preferred(todo)
+            log.info("controller %d: auto leader rebalance moved %d of %d partitions", self.broker_id,
+                     len(changed), len(todo))
 
     # ---- controlled shutdown -----------------------------------------------------------------------
     async def _on_controlled_shutdown(self, generation, broker_id, broker_epoch, fut) -> None:

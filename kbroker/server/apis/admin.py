@@ -34,6 +34,8 @@ def register(broker, handlers):
     handlers[19] = lambda conn, header, body: create_topics(broker, header, body)
     handlers[20] = lambda conn, header, body: delete_topics(broker, header, body)
     handlers[37] = lambda conn, header, body: create_partitions(broker, header, body)
+    api.advertise(43, 0, 2)
+    handlers[43] = lambda conn, header, body: elect_leaders(broker, header, body)
 
 
 # ---- shared helpers ------------------------------------------------------------------------------
@@ -399,3 +401,32 @@ def _plan_partitions(md, t, live: dict[int, str | None]) -> dict[int, list[int]]
     leader0 = p0.replicas[0] if p0 is not None and p0.replicas else None
     start = next((i for i, b in enumerate(ids) if leader0 is not None and b >= leader0), 0)
     return assign_replicas(ids, adding, rf, start_partition=current, start_index=start, racks=live)
+
+
+# ---- ElectLeaders (43) -----------------------------------------------------------------------------
+
+async def elect_leaders(broker, header, body):
+    """Preferred (type 0) or unclean (type 1) leader election, served by the controller."""
+    unclean = body.get("election_type", 0) == 1
+    requested = body.get("topic_partitions")
+    parts = None if requested is None else [(t["topic"], p) for t in requested for p in t["partitions"]]
+    results = None
+    if _is_controller(broker):
+        task = asyncio.ensure_future(broker.controller.elect_leaders(parts, unclean))
+        done, _ = await asyncio.wait({task}, timeout=_timeout_s(body.get("timeout_ms", 60000)))
+        if task in done:
+            results = task.result()
+        else:
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            results = {tp: (Errors.REQUEST_TIMED_OUT, "Timed out waiting for the election.")
+                       for tp in parts or ()}
+    if results is None:   # not (or no longer) the controller
+        if header.api_version >= 1:
+            return {"throttle_time_ms": 0, "error_code": Errors.NOT_CONTROLLER, "replica_election_results": []}
+        results = {tp: (Errors.NOT_CONTROLLER, "This is not the correct controller for this cluster.")
+                   for tp in parts or ()}
+    by_topic: dict[str, list] = {}
+    for (t, p), (code, message) in sorted(results.items()):
+        by_topic.setdefault(t, []).append({"partition_id": p, "error_code": code, "error_message": message})
+    return {"throttle_time_ms": 0, "error_code": 0,
+            "replica_election_results": [{"topic": t, "partition_result": r} for t, r in by_topic.items()]}
