@@ -138,13 +138,89 @@ def _xerial_decompress(view: memoryview, max_size: int) -> bytes:
     return bytes(out)
 
 
+def _lz4_bound(view) -> int | None:
+    """Upper bound of an LZ4 frame sequence's output from its block headers (each block holds at most
+    the frame's block maximum), or None when the bytes are not frames we can walk."""
+    total, pos, n = 0, 0, len(view)
+    while pos < n:
+        if n - pos < 7 or bytes(view[pos:pos + 4]) != b"\x04\x22\x4d\x18":
+            return None
+        flg, bd = view[pos + 4], view[pos + 5]
+        if flg >> 6 != 1:
+            return None
+        block_max = {4: 64 << 10, 5: 256 << 10, 6: 1 << 20, 7: 4 << 20}.get((bd >> 4) & 7)
+        if block_max is None:
+            return None
+        pos += 6
+        if flg & 0x08:                    # content size: exact
+            if n - pos < 8:
+                return None
+            total += int.from_bytes(view[pos:pos + 8], "little")
+            block_max = 0
+            pos += 8
+        pos += (4 if flg & 0x01 else 0) + 1
+        while True:
+            if n - pos < 4:
+                return None
+            size = int.from_bytes(view[pos:pos + 4], "little")
+            pos += 4
+            if size == 0:
+                break
+            raw = size & 0x7FFFFFFF
+            total += raw if size & 0x80000000 and block_max else block_max
+            pos += raw + (4 if flg & 0x10 else 0)
+        pos += 4 if flg & 0x04 else 0
+    return total
+
+
+def _zstd_bound(view) -> int | None:
+    """Upper bound of a zstd frame sequence's output from its frame and block headers (a compressed
+    block regenerates at most 128 KiB), or None when the bytes are not frames we can walk."""
+    total, pos, n = 0, 0, len(view)
+    while pos < n:
+        if n - pos < 6 or bytes(view[pos:pos + 4]) != b"\x28\xb5\x2f\xfd":
+            return None
+        fhd = view[pos + 4]
+        single = (fhd >> 5) & 1
+        fcs_size = (1 if single else 0) if fhd >> 6 == 0 else (2, 4, 8)[(fhd >> 6) - 1]
+        pos += 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3]
+        if fcs_size:
+            if n - pos < fcs_size:
+                return None
+            fcs = int.from_bytes(view[pos:pos + fcs_size], "little") + (256 if fcs_size == 2 else 0)
+            pos += fcs_size
+        else:
+            fcs = None
+        blocks = 0
+        while True:
+            if n - pos < 3:
+                return None
+            h = int.from_bytes(view[pos:pos + 3], "little")
+            pos += 3
+            btype, bsize = (h >> 1) & 3, h >> 3
+            if btype == 3:
+                return None
+            blocks += bsize if btype in (0, 1) else 128 << 10
+            pos += 1 if btype == 1 else bsize
+            if h & 1:
+                break
+        pos += 4 if fhd & 0x04 else 0
+        total += fcs if fcs is not None else blocks
+    return total
+
+
 def _decode_into(module, data, max_size: int) -> bytes:
-    # Neither format reliably states its output size, so decode into a buffer
-    # that starts small and grows 4x per retry up to max_size + 1 (the spare
-    # byte tells "exactly max_size" apart from "more"). Retries cost at most
-    # ~1.3x the final decode; memory never exceeds the cap.
+    # Neither format always states its output size, but both can be bounded from their block
+    # headers without decoding: one decode into a buffer of that bound (at most max_size + 1, the
+    # spare byte telling "exactly max_size" from "more"). Unwalkable input falls back to a buffer
+    # that starts small and grows 4x per retry; memory never exceeds the cap.
     limit = max_size + 1
-    size = min(limit, max(4 * len(data), 64 * 1024))
+    view = memoryview(data).cast("B")
+    bound = (_lz4_bound if module is cramjam.lz4 else _zstd_bound)(view)
+    if bound is not None:
+        size = min(limit, max(bound, 1))
+    else:
+        size = min(limit, max(4 * len(data), 64 * 1024))
     while True:
         out = bytearray(size)
         try:
@@ -158,8 +234,9 @@ def _decode_into(module, data, max_size: int) -> bytes:
             continue
         if n > max_size:
             raise DecompressionLimitExceeded(f"output exceeds cap {max_size}")
-        if n == size and size < limit:
-            # Filled exactly: the stream might have more; retry larger.
+        if n == size and size < limit and bound is None:
+            # Filled exactly a guessed size: the stream might have more; retry larger. (A size from
+            # the headers is an upper bound: filling it exactly is a complete decode.)
             size = min(limit, size * 4)
             continue
         del out[n:]
