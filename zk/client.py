@@ -233,6 +233,8 @@ class BrokerZk:
             try:
                 # retry: a create whose reply was lost comes back as NodeExists, owned by us (below)
                 _, stat = zk.retry(zk.create, path, data, ephemeral=True, makepath=True, include_data=True)
+                # Recorded at once: the controller may address us with this epoch any moment now.
+                self.broker_epoch = stat.czxid
                 log.info("registered broker %d at %s:%d (epoch %d)", self.broker_id, host, port, stat.czxid)
                 return stat.czxid
             except NodeExistsError:
@@ -243,6 +245,7 @@ class BrokerZk:
                 continue  # it vanished between create and exists
             if stat.ephemeralOwner == self.session_id:
                 # Ours: a retried create whose first attempt succeeded, or a repeated call.
+                self.broker_epoch = stat.czxid
                 return stat.czxid
             if stat.ephemeralOwner == 0:
                 raise BrokerRegistrationError(f"{path} is a persistent znode; remove it by hand")

@@ -9,6 +9,7 @@ import logging
 from collections import deque
 
 from ..client.connection import BrokerConnection, KafkaError
+from ..protocol.errors import Errors
 from ..protocol.messages import API_NAMES
 from .context import LiveBroker
 from .requests import VERSIONS
@@ -75,9 +76,16 @@ class BrokerChannel:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
-            backoff = 0.05
             if not self._queue or self._queue[0][2] is not fut:
                 return              # stopped meanwhile
+            if resp is not None and resp.get("error_code") == Errors.STALE_BROKER_EPOCH:
+                # This channel serves one incarnation (its epoch); a broker that registered a moment
+                # ago may not have recorded its epoch yet. A restarted one gets a new channel.
+                log.info("broker %d does not know its epoch %d yet; retrying", t.broker_id, t.epoch)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                continue
+            backoff = 0.05
             self._queue.popleft()
             if not fut.done():
                 fut.set_result(resp)
