@@ -112,6 +112,7 @@ def _phase(root, overrides, cleaner, seconds, rate) -> dict:
             lat = _probe(bs, probe_topic, seconds)
         finally:
             child.join(120)
+        fds = len(os.listdir(f"/proc/{cluster.brokers[0].pid}/fd"))
         data = os.path.join(root, "broker-0", "data")
         cleaned = 0
         ckpt = os.path.join(data, "cleaner-offset-checkpoint")
@@ -125,7 +126,7 @@ def _phase(root, overrides, cleaner, seconds, rate) -> dict:
         disk = sum(os.path.getsize(os.path.join(part, f)) for f in os.listdir(part) if f.endswith(".log"))
     return {"cleaner": cleaner, "samples": len(lat), "p50_ms": statistics.median(lat),
             "p99_ms": _pct(lat, 0.99), "max_ms": max(lat), "churn_records": counter.value,
-            "cleaned_up_to_offset": cleaned, "churn_log_bytes_on_disk": disk}
+            "cleaned_up_to_offset": cleaned, "churn_log_bytes_on_disk": disk, "broker_open_fds": fds}
 
 
 def main(argv=None) -> int:

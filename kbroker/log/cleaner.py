@@ -259,6 +259,9 @@ def _finish_swap(lg, old_segments, i, base, paths, now):
         new.recover(base)
     lg.segments[i:i + len(old_segments)] = [new]
     lg._bases[i:i + len(old_segments)] = [base]
+    # Close what earlier swaps left whose delay has passed: a busy cleaner would otherwise pile
+    # up open descriptors until the next retention check.
+    lg.remove_deleted_files(now)
 
 
 # ------------------------------------------------------------------------------------------
