@@ -233,3 +233,69 @@ def test_leadership_returns_to_the_preferred_replica(tmp_path, how):
         finally:
             zk.stop()
             zk.close()
+
+
+@pytest.mark.slow
+def test_reassign_partitions_moves_replicas_and_keeps_the_data(cluster, zk, tmp_path):
+    """kafka-reassign-partitions.sh's flow with `kbroker reassign-partitions`: move a partition,
+    raise another's replication factor, drain broker 0 from a third; the records written before
+    stay readable (all N of N) and the removed replicas' logs are deleted."""
+    import subprocess
+    import sys
+
+    import confluent_kafka as ck
+
+    def tool(*args):
+        return subprocess.run([sys.executable, "-m", "kbroker", "reassign-partitions", "--zookeeper",
+                               cluster.zk.connect_string, *args], capture_output=True, text=True, timeout=60)
+
+    name = f"reassign-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(name, 3, replica_assignment=[[0, 1], [1, 0], [0, 1]])])[name].result(30)
+    p = ck.Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    n = 300
+    for i in range(n):
+        p.produce(name, value=b"%d" % i, partition=i % 3)
+    assert p.flush(30) == 0
+
+    moves = tmp_path / "topics.json"
+    moves.write_text(json.dumps({"version": 1, "topics": [{"topic": name}]}))
+    gen = tool("--generate", "--topics-to-move-json-file", str(moves), "--broker-list", "1,2")
+    assert gen.returncode == 0, gen.stdout + gen.stderr
+    proposed = json.loads(gen.stdout.split("Proposed partition reassignment configuration\n")[1])
+    assert all(set(e["replicas"]) <= {1, 2} and len(e["replicas"]) == 2 for e in proposed["partitions"])
+
+    target = {0: [1, 2], 1: [1, 0, 2], 2: [2, 1]}
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"version": 1, "partitions": [
+        {"topic": name, "partition": q, "replicas": rs} for q, rs in target.items()]}))
+    ex = tool("--execute", "--reassignment-json-file", str(plan))
+    assert ex.returncode == 0, ex.stdout + ex.stderr
+    assert f"Successfully started partition reassignments for {name}-0,{name}-1,{name}-2" in ex.stdout
+
+    wait_until(lambda: tool("--verify", "--reassignment-json-file", str(plan)).returncode == 0, 60,
+               "the reassignment to complete")
+    assert zk.exists(L.REASSIGN_PARTITIONS) is None
+    a = L.decode_topic(zk.get(L.topic_path(name))[0])
+    assert a.partitions == target and a.adding_replicas == {} and a.removing_replicas == {}
+    for q, st in _states(zk, name, 3).items():
+        assert st.leader in target[q] and set(st.isr) <= set(target[q])
+
+    # Every record is still there, read from the new leaders.
+    c = ck.Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": f"g-{uuid.uuid4().hex[:6]}",
+                     "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    try:
+        c.assign([ck.TopicPartition(name, q, 0) for q in range(3)])
+        seen = set()
+        deadline = time.monotonic() + 30
+        while len(seen) < n and time.monotonic() < deadline:
+            for m in c.consume(100, timeout=1):
+                if m.error() is None:
+                    seen.add(int(m.value()))
+        assert len(seen) == n, f"{n - len(seen)} of {n} records missing after the reassignment"
+    finally:
+        c.close()
+    # Removed replicas' logs are gone: broker 0 no longer holds partitions 0 and 2.
+    for q in (0, 2):
+        wait_until(lambda: not (cluster.brokers[0].data_dir / f"{name}-{q}").exists(), 15,
+                   f"broker 0's copy of {name}-{q} to be deleted")

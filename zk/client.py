@@ -779,6 +779,53 @@ class BrokerZk:
                 log.error("unreadable config change notification %s", child)
         return out
 
+    def get_topic_assignment(self, name: str) -> tuple[L.TopicAssignment, int]:
+        """(full assignment incl. adding/removing replicas, znode version)."""
+        try:
+            data, stat = self.kazoo.retry(self.kazoo.get, L.topic_path(name))
+        except NoNodeError:
+            raise TopicNotFoundError(name) from None
+        return L.decode_topic(data), stat.version
+
+    def set_topic_assignment(self, name: str, assignment: L.TopicAssignment, expected_version: int) -> int:
+        """Controller write of a topic's assignment (reassignment), fenced and CAS; new version."""
+        tx = self.kazoo.transaction()
+        self._controller_check(tx)
+        tx.set_data(L.topic_path(name), L.encode_topic(assignment.partitions, assignment.topic_id,
+                                                      assignment.adding_replicas, assignment.removing_replicas),
+                    version=expected_version)
+        return self._commit_fenced(tx, f"reassigning {name!r}")[1].version
+
+    def get_reassignments(self) -> tuple[list[tuple[str, int, list[int]]], int] | None:
+        """(/admin/reassign_partitions entries, version), None when no reassignment is requested."""
+        try:
+            data, stat = self.kazoo.retry(self.kazoo.get, L.REASSIGN_PARTITIONS)
+        except NoNodeError:
+            return None
+        try:
+            return L.decode_reassignment(data), stat.version
+        except (ValueError, KeyError, TypeError):
+            log.error("unreadable %s: %r", L.REASSIGN_PARTITIONS, data)
+            return [], stat.version
+
+    def request_reassignments(self, entries) -> None:
+        """Operator side: create /admin/reassign_partitions; TopicExistsError-like NodeExists
+        surfaces as ZkClientError (a reassignment is already in progress)."""
+        try:
+            self.kazoo.retry(self.kazoo.create, L.REASSIGN_PARTITIONS, L.encode_reassignment(entries), makepath=True)
+        except NodeExistsError:
+            raise ZkClientError("There is an existing assignment running.") from None
+
+    def set_reassignments(self, entries, expected_version: int) -> None:
+        """Controller: rewrite the pending list (delete the znode when empty), fenced and CAS."""
+        tx = self.kazoo.transaction()
+        self._controller_check(tx)
+        if entries:
+            tx.set_data(L.REASSIGN_PARTITIONS, L.encode_reassignment(entries), version=expected_version)
+        else:
+            tx.delete(L.REASSIGN_PARTITIONS, version=expected_version)
+        self._commit_fenced(tx, "updating reassignments")
+
     def mark_topic_for_deletion(self, name: str) -> None:
         """Ask the controller to delete a topic (/admin/delete_topics/<t>); idempotent."""
         try:

@@ -380,3 +380,17 @@ def encode_partition_list(partitions) -> bytes:
 def decode_partition_list(data: bytes | None) -> list[tuple[str, int]]:
     obj = loads(data) or {}
     return [(str(e["topic"]), int(e["partition"])) for e in obj.get("partitions") or ()]
+
+
+# --- /admin/reassign_partitions --------------------------------------------------------------------
+
+def encode_reassignment(entries) -> bytes:
+    """entries: [(topic, partition, [replicas])] (kafka-reassign-partitions.sh's JSON)."""
+    return dumps({"version": 1, "partitions": [{"topic": t, "partition": int(p), "replicas": [int(r) for r in rs]}
+                                               for t, p, rs in entries]})
+
+
+def decode_reassignment(data: bytes | None) -> list[tuple[str, int, list[int]]]:
+    obj = loads(data) or {}
+    return [(str(e["topic"]), int(e["partition"]), [int(r) for r in e["replicas"]])
+            for e in obj.get("partitions") or ()]

@@ -16,6 +16,7 @@ SUBCOMMANDS = (
     "kbroker.cli.cluster",
     "kbroker.cli.topics",
     "kbroker.cli.leader_election",
+    "kbroker.cli.reassign_partitions",
     "kbroker.cli.console",
     "kbroker.cli.consumer_groups",
     "kbroker.cli.perf_test",

@@ -24,6 +24,7 @@ class ControllerContext:
     topic_ids: dict[str, str | None] = field(default_factory=dict)
     assignments: dict[str, dict[int, list[int]]] = field(default_factory=dict)
     states: dict[tuple[str, int], tuple[L.PartitionState, int]] = field(default_factory=dict)
+    reassigning: dict[tuple[str, int], list[int]] = field(default_factory=dict)   # target replicas
 
     def live(self) -> set[int]:
         return set(self.brokers)

@@ -110,6 +110,7 @@ class Controller:
             "topic_data": self._on_topic_data, "delete": self._on_delete, "isr": self._on_isr_change,
             "preferred": self._on_preferred, "controlled_shutdown": self._on_controlled_shutdown,
             "elect_leaders": self._on_elect_leaders, "rebalance": self._on_rebalance,
+            "reassign": self._on_reassign,
         }
         while True:
             event = await self._events.get()
@@ -159,6 +160,7 @@ class Controller:
                            ("isr", L.ISR_CHANGE_NOTIFICATION)):
             self._watch(generation, kind, path)
         self._watch(generation, "preferred", L.PREFERRED_REPLICA_ELECTION, data=True)
+        self._watch(generation, "reassign", L.REASSIGN_PARTITIONS, data=True)
         # Partitions left without a state (their creator died) and partitions without a live leader.
         for name in list(ctx.assignments):
             await self._init_new_partitions(name, send=False)
@@ -321,6 +323,7 @@ class Controller:
             for b in new + bounced:
                 self._add_broker(now[b][0], now[b][1])
             await self._on_broker_startup(new + bounced)
+        await self._advance_reassignments()
 
     async def _on_broker_failure(self, dead) -> None:
         ctx = self.ctx
@@ -486,6 +489,100 @@ class Controller:
                 ctx.states[(t, p)] = sv
         self._send_update_metadata(parts)
         await self._zk(self.zk.delete_nodes, [f"{L.ISR_CHANGE_NOTIFICATION}/{c}" for c in notes])
+        await self._advance_reassignments()
+
+    # ---- partition reassignment (/admin/reassign_partitions) --------------------------------------
+    # Kafka's steps, kept small: 1. replicas := target + original (adding/removing recorded in the
+    # topic znode), leader epoch+1 so every replica hears of it; 2. when every target replica is in
+    # the ISR: leader from the target set, ISR ∩ target, replicas := target, StopReplica(delete) to
+    # the removed ones; 3. the partition leaves the request znode (deleted once empty).
+    async def _on_reassign(self, generation, _arg=None) -> None:
+        ctx = self.ctx
+        got = await self._zk(self.zk.get_reassignments)
+        if got is None:
+            return
+        refused = []
+        for t, p, target in got[0]:
+            tp = (t, p)
+            if tp in ctx.reassigning:
+                continue
+            if tp not in ctx.states or not target or len(set(target)) != len(target):
+                log.warning("reassignment of %s-%d to %s refused: unknown partition or bad replica list",
+                            t, p, target)
+                refused.append(tp)
+            elif any(r not in ctx.brokers for r in target):
+                log.warning("reassignment of %s-%d to %s refused: not every target broker is alive", t, p, target)
+                refused.append(tp)
+            else:
+                await self._start_reassignment(tp, target)
+        await self._advance_reassignments(refused)
+
+    async def _start_reassignment(self, tp, target) -> None:
+        ctx = self.ctx
+        current = ctx.replicas(tp)
+        ctx.reassigning[tp] = list(target)
+        full = list(target) + [r for r in current if r not in target]
+        if full == current:
+            return      # resumed after a controller change, or nothing to add
+        await self._write_assignment(tp[0], {tp[1]: full}, {tp[1]: [r for r in target if r not in current]},
+                                     {tp[1]: [r for r in current if r not in target]})
+        changed = await self._apply([tp], lambda _tp, st: self._state(st.leader, st.isr, st))
+        self._send_leader_and_isr(changed)
+        self._send_update_metadata(changed)
+        log.info("controller %d: reassigning %s-%d from %s to %s", self.broker_id, tp[0], tp[1], current, target)
+
+    async def _write_assignment(self, topic, parts, adding, removing) -> None:
+        a, version = await self._zk(self.zk.get_topic_assignment, topic)
+        keep = lambda m: {p: r for p, r in m.items() if p not in parts}   # noqa: E731
+        new = L.TopicAssignment(a.topic_id, {**a.partitions, **parts},
+                                {**keep(a.adding_replicas), **{p: r for p, r in adding.items() if r}},
+                                {**keep(a.removing_replicas), **{p: r for p, r in removing.items() if r}})
+        await self._zk(self.zk.set_topic_assignment, topic, new, version)
+        self.ctx.assignments[topic] = dict(new.partitions)
+
+    async def _advance_reassignments(self, finished=()) -> None:
+        ctx = self.ctx
+        done = list(finished)
+        for tp, target in list(ctx.reassigning.items()):
+            if tp not in ctx.states:            # the topic went away meanwhile
+                del ctx.reassigning[tp]
+                done.append(tp)
+                continue
+            if not all(r in ctx.states[tp][0].isr for r in target):
+                continue                        # the new replicas are still catching up
+            live = ctx.live() - ctx.shutting_down
+
+            def plan(_tp, st):
+                isr = [r for r in st.isr if r in target]
+                leader = st.leader
+                if leader not in target or leader not in live:
+                    candidates = [r for r in target if r in isr and r in live]
+                    if not candidates:
+                        return None
+                    leader = candidates[0]
+                return self._state(leader, isr, st)
+
+            if not await self._apply([tp], plan):
+                continue
+            removed = [r for r in ctx.replicas(tp) if r not in target]
+            await self._write_assignment(tp[0], {tp[1]: list(target)}, {}, {})
+            self._send_leader_and_isr([tp])
+            for r in removed:
+                if r in ctx.brokers:
+                    body = R.stop_replica(ctx, self.broker_id, ctx.brokers[r].epoch, [tp], delete=True)
+                    self.channels[r].send(R.STOP_REPLICA, body)
+            self._send_update_metadata([tp])
+            del ctx.reassigning[tp]
+            done.append(tp)
+            log.info("controller %d: reassignment of %s-%d to %s completed", self.broker_id, tp[0], tp[1], target)
+        if done:
+            got = await self._zk(self.zk.get_reassignments)
+            if got is not None:
+                keep = [e for e in got[0] if (e[0], e[1]) not in set(done)]
+                try:
+                    await self._zk(self.zk.set_reassignments, keep, got[1])
+                except StaleVersionError:
+                    pass    # rewritten meanwhile: its watch brings us back here
 
     # ---- preferred replica election ------------------------------------------------------------
     async def _on_preferred(self, generation, _arg=None) -> None:
