@@ -388,3 +388,50 @@ def test_standalone_commit_fetch_offset_delete_and_records(bs):
     assert od["error_code"] == 0 and od["topics"][0]["partitions"][0]["error_code"] == 0
     f = request(bs, 9, {"group_id": group, "topics": None}, 5)
     assert {(t["name"], p["partition_index"]) for t in f["topics"] for p in t["partitions"]} == {(topic, 1)}
+
+
+def test_admin_clients_list_describe_offsets_delete(bs):
+    """confluent-kafka's AdminClient and kafka-python's KafkaAdminClient on a running group:
+    list, describe (state, members, assignment), committed offsets, OffsetDelete refused for a
+    subscribed topic, DeleteGroups once the group is empty."""
+    from confluent_kafka import Consumer
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka import ConsumerGroupTopicPartitions
+    from kafka import KafkaAdminClient, TopicPartition
+    from kafka.errors import GroupSubscribedToTopicError
+    topic, group = f"adm-{uuid.uuid4().hex[:8]}", f"adm-{uuid.uuid4().hex[:8]}"
+    create_topic(bs, topic, 2)
+    produce(bs, topic, 10)
+    wait_until(lambda: coordinator_ready(bs, group), 30, "coordinator")
+    c = Consumer({"bootstrap.servers": bs, "group.id": group, "auto.offset.reset": "earliest",
+                  "session.timeout.ms": SESSION_MS, "enable.auto.commit": False})
+    c.subscribe([topic])
+    got = 0
+    deadline = time.time() + 30
+    while got < 10 and time.time() < deadline:
+        m = c.poll(0.2)
+        got += m is not None and not m.error()
+    c.commit(asynchronous=False)
+    a = AdminClient({"bootstrap.servers": bs})
+    k = KafkaAdminClient(bootstrap_servers=bs)
+    try:
+        assert group in [g.group_id for g in a.list_consumer_groups().result(10).valid]
+        d = a.describe_consumer_groups([group])[group].result(10)
+        assert str(d.state).endswith("STABLE") and len(d.members) == 1
+        assert sorted(tp.partition for tp in d.members[0].assignment.topic_partitions) == [0, 1]
+        offs = a.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(10)
+        assert sum(tp.offset for tp in offs.topic_partitions) == 10
+        assert {"group_id": group, "protocol_type": "consumer"} in k.list_groups()
+        assert k.describe_groups([group])[group]["group_state"] == "Stable"
+        assert sum(o.offset for o in k.list_group_offsets(group)[group].values()) == 10
+        res = k.delete_group_offsets(group, [TopicPartition(topic, 1)])
+        assert res[TopicPartition(topic, 1)] is GroupSubscribedToTopicError
+        c.close()
+        c = None
+        wait_until(lambda: describe(bs, group)["group_state"] == "Empty", 30, "group empty")
+        assert k.delete_groups([group]) == {group: "OK"}
+        assert group not in [g.group_id for g in a.list_consumer_groups().result(10).valid]
+    finally:
+        k.close()
+        if c is not None:
+            c.close()

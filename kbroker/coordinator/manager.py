@@ -775,8 +775,13 @@ class GroupCoordinator:
                           for m in g.members.values()]
         return out
 
-    def list_groups(self, states=None) -> tuple[int, list]:
+    async def list_groups(self, states=None) -> tuple[int, list]:
         self._ensure_started()
+        self.reconcile()   # a partition led but not yet loaded (e.g. right after a restart) starts loading
+        loading = [ps.task for ps in self.partitions.values() if ps.status != LOADED and ps.task is not None]
+        if loading:
+            # loads are short; waiting briefly spares clients that do not retry ListGroups
+            await asyncio.wait(loading, timeout=5)
         if any(ps.status != LOADED for ps in self.partitions.values()):
             return int(E.COORDINATOR_LOAD_IN_PROGRESS), []
         wanted = {s.lower() for s in states} if states else None

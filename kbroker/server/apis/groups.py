@@ -114,8 +114,8 @@ def describe_groups(gc, body):
     return {"throttle_time_ms": 0, "groups": [gc.describe_group(g) for g in body["groups"]]}
 
 
-def list_groups(gc, body):
-    err, groups = gc.list_groups(body.get("states_filter"))
+async def list_groups(gc, body):
+    err, groups = await gc.list_groups(body.get("states_filter"))
     return {"throttle_time_ms": 0, "error_code": err, "groups": groups}
 
 
