@@ -1,0 +1,267 @@
+"""Spark data source benchmark (not a timed test): what the Arrow-native path buys.
+
+    python -m kbroker.perf.spark_bench [--mb 200] [--sizes 100,1024] [--rounds 3] [--out spark_bench.json]
+
+Starts one kbroker broker (LocalCluster, real ZooKeeper, log dir in /dev/shm when it exists) and
+one SparkSession (local[2]), then for each record size:
+
+- read: ``SELECT sum(length(value))`` over the topic (warm cache, best of ``rounds``) through
+  * ``kbroker``        the data source (native decode into Arrow buffers),
+  * ``synthetic``      an Arrow source yielding the same bytes with the same schema, no broker:
+                       the ceiling of a Python data source on this Spark,
+  * ``tuples``         the same fetches decoded per record into Python tuples (what the native
+                       decode replaces);
+  ratios kbroker / synthetic (target >= 0.8) and kbroker / tuples; broker CPU-seconds per read.
+- write: the same rows written by the ``kbroker`` sink vs confluent-kafka producing them inside
+  the same Spark tasks (acks=all, lz4 off), ratio kbroker / confluent-kafka.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+
+# ---------------------------------------------------------------- comparison sources
+
+class _Part(InputPartition):
+    def __init__(self, topic, partition, start, end):
+        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+        super().__init__((topic, partition, start, end))
+
+
+class SyntheticSource(DataSource):
+    """Yields ``rows`` records of ``size`` bytes per partition as Arrow batches of the Kafka
+    schema, built from numpy buffers (no broker, no decode)."""
+
+    @classmethod
+    def name(cls):
+        return "kbroker_synthetic"
+
+    def schema(self):
+        from kbroker.spark.source import kafka_schema
+        return kafka_schema(False)
+
+    def reader(self, schema):
+        return SyntheticReader(self.options)
+
+
+class SyntheticReader(DataSourceReader):
+    def __init__(self, options):
+        self.rows = int(options["rows"])
+        self.size = int(options["size"])
+        self.parts = int(options["partitions"])
+        self.batch = int(options.get("batch", "65536"))
+
+    def partitions(self):
+        return [_Part("synthetic", p, 0, self.rows) for p in range(self.parts)]
+
+    def read(self, part):
+        import numpy as np
+        import pyarrow as pa
+
+        from kbroker._native.arrow import kafka_arrow_schema
+        schema = kafka_arrow_schema(False)
+        size = self.size
+        done = 0
+        tb = b"synthetic"
+        while done < self.rows:
+            n = min(self.batch, self.rows - done)
+            # fresh buffers per batch, as a decoder produces them
+            vals = np.full(n * size, 7, dtype=np.uint8)
+            offs = np.arange(0, (n + 1) * size, size, dtype=np.int32)
+            value = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offs), pa.py_buffer(vals)])
+            key = pa.nulls(n, pa.binary())
+            topic = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(np.arange(n + 1, dtype=np.int32) * 9),
+                                                           pa.py_buffer(tb * n)])
+            partc = pa.array(np.full(n, part.partition, dtype=np.int32))
+            offset = pa.array(np.arange(done, done + n, dtype=np.int64))
+            ts = pa.array(np.full(n, 1_700_000_000_000_000, dtype=np.int64)).cast(pa.timestamp("us", tz="UTC"))
+            tst = pa.array(np.zeros(n, dtype=np.int32))
+            yield pa.RecordBatch.from_arrays([key, value, topic, partc, offset, ts, tst], schema=schema)
+            done += n
+
+
+class TupleSource(DataSource):
+    """The kbroker source's fetch path with a per-record Python decode yielding tuples."""
+
+    @classmethod
+    def name(cls):
+        return "kbroker_tuples"
+
+    def schema(self):
+        from kbroker.spark.source import kafka_schema
+        return kafka_schema(False)
+
+    def reader(self, schema):
+        from kbroker.spark.options import read_config
+        return TupleReader(read_config(self.options, streaming=False))
+
+
+class TupleReader(DataSourceReader):
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def partitions(self):
+        from kbroker.spark.kafka import plan_batch
+        from kbroker.spark.options import split_ranges
+        return [_Part(r.topic, r.partition, r.start, r.end) for r in split_ranges(plan_batch(self.cfg), None)]
+
+    def read(self, part):
+        import asyncio
+        import datetime
+
+        from kbroker.client import Consumer
+        cfg = self.cfg.client
+        loop = asyncio.new_event_loop()
+        consumer = Consumer(cfg.bootstrap)
+        utc = datetime.timezone.utc
+        try:
+            pos = part.start
+            while pos < part.end:
+                r = loop.run_until_complete(consumer.fetch(part.topic, part.partition, pos,
+                                                           max_bytes=cfg.max_partition_fetch_bytes))
+                for rec in r.records:
+                    if rec.offset >= part.end:
+                        break
+                    yield (rec.key, rec.value, rec.topic, rec.partition, rec.offset,
+                           datetime.datetime.fromtimestamp(rec.timestamp / 1000, utc), rec.timestamp_type)
+                pos = max(r.next_offset, pos + (0 if r.records else 1))
+        finally:
+            loop.run_until_complete(consumer.close())
+            loop.close()
+
+
+# ---------------------------------------------------------------- helpers
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _best(fn, rounds):
+    times = []
+    result = None
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t0)
+    return min(times), result
+
+
+def _confluent_writer(bootstrap, topic):
+    def produce(batches):
+        import pyarrow as pa
+        from confluent_kafka import Producer
+        p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5, "batch.size": 1048576,
+                      "queue.buffering.max.kbytes": 262144})
+        n = 0
+        for b in batches:
+            for v in b.column(0).to_pylist():
+                while True:
+                    try:
+                        p.produce(topic, v)
+                        break
+                    except BufferError:
+                        p.poll(0.01)
+                n += 1
+            p.poll(0)
+        assert p.flush(120) == 0
+        yield pa.RecordBatch.from_arrays([pa.array([n], pa.int64())], names=["n"])
+    return produce
+
+
+def run(a) -> dict:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from kbroker.spark import register
+    from kbroker.spark.progress import session
+    from kbroker.testing import LocalCluster
+    from kbroker.spark.throughput import create_topic
+
+    root = Path(tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None, prefix="spark-bench-"))
+    results = {"settings": vars(a), "sizes": {}}
+    with LocalCluster(root, brokers=1) as cluster:
+        bs = cluster.bootstrap
+        broker_pid = next(iter(cluster.brokers.values())).pid
+        spark = session("kbroker-spark-bench", "local[2]", {"spark.ui.enabled": "false",
+                                                            "spark.sql.execution.arrow.maxRecordsPerBatch": "20000"})
+        register(spark)
+        spark.dataSource.register(SyntheticSource)
+        spark.dataSource.register(TupleSource)
+        from pyspark.sql import functions as F
+        # warm-up: Python workers started, modules imported, before anything is timed
+        create_topic(bs, "bench-warmup", 2, 1)
+        warm = spark.range(20000, numPartitions=2).select(F.expr("CAST(id AS STRING)").alias("value"))
+        warm.write.format("kbroker").option("kafka.bootstrap.servers", bs).option("topic", "bench-warmup") \
+            .mode("append").save()
+        warm.mapInArrow(_confluent_writer(bs, "bench-warmup"), "n long").collect()
+        spark.read.format("kbroker").option("kafka.bootstrap.servers", bs).option("subscribe", "bench-warmup") \
+            .load().agg(F.sum(F.length("value"))).collect()
+        for size in a.sizes:
+            rows = int(a.mb * 1e6 // size)
+            parts = 2
+            res = {"rows": rows, "bytes": rows * size}
+            gen = spark.range(rows, numPartitions=parts).select(
+                F.expr(f"CAST(repeat('x', {size}) AS BINARY)").alias("value"))
+            # write: kbroker sink vs confluent-kafka in the same tasks
+            t_k, t_c = f"bench-k-{size}", f"bench-c-{size}"
+            create_topic(bs, t_k, parts, 1)
+            create_topic(bs, t_c, parts, 1)
+            t0 = time.perf_counter()
+            (gen.write.format("kbroker").option("kafka.bootstrap.servers", bs).option("topic", t_k)
+             .option("kafka.batch.size", "1048576").mode("append").save())
+            res["write_kbroker_s"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            gen.mapInArrow(_confluent_writer(bs, t_c), "n long").agg(F.sum("n")).collect()
+            res["write_confluent_s"] = time.perf_counter() - t0
+            res["write_ratio"] = res["write_confluent_s"] / res["write_kbroker_s"]
+
+            def q(fmt, **opts):
+                r = spark.read.format(fmt)
+                for k, v in opts.items():
+                    r = r.option(k, v)
+                return lambda: r.load().agg(F.sum(F.length("value"))).collect()[0][0]
+
+            src = {"kafka.bootstrap.servers": bs, "subscribe": t_k}
+            cpu0 = _cpu_seconds(broker_pid)
+            res["read_kbroker_s"], total = _best(q("kbroker", **src), a.rounds)
+            res["broker_cpu_s_per_read"] = (_cpu_seconds(broker_pid) - cpu0) / a.rounds
+            assert total == rows * size, (total, rows * size)
+            res["read_synthetic_s"], total = _best(q("kbroker_synthetic", rows=str(rows // parts), size=str(size),
+                                                     partitions=str(parts)), a.rounds)
+            assert total == (rows // parts) * parts * size
+            res["read_tuples_s"], total = _best(q("kbroker_tuples", **src), max(1, a.rounds - 1))
+            assert total == rows * size
+            res["read_kbroker_MBps"] = rows * size / 1e6 / res["read_kbroker_s"]
+            res["read_vs_synthetic"] = res["read_synthetic_s"] / res["read_kbroker_s"]
+            res["read_vs_tuples"] = res["read_tuples_s"] / res["read_kbroker_s"]
+            res["write_kbroker_MBps"] = rows * size / 1e6 / res["write_kbroker_s"]
+            results["sizes"][str(size)] = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()}
+            print(json.dumps({size: results["sizes"][str(size)]}), flush=True)
+        spark.stop()
+    return results
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="kbroker.perf.spark_bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--mb", type=float, default=200, help="MB of values per record size (default 200)")
+    p.add_argument("--sizes", default="100,1024", help="record sizes in bytes (default 100,1024)")
+    p.add_argument("--rounds", type=int, default=3, help="timed rounds per read, best kept (default 3)")
+    p.add_argument("--out", default="spark_bench.json")
+    a = p.parse_args(argv)
+    a.sizes = [int(s) for s in a.sizes.split(",")]
+    res = run(a)
+    with open(a.out, "w") as f:
+        json.dump(res, f, indent=2)
+    print(f"report: {a.out}")
+
+
+if __name__ == "__main__":
+    main()
