@@ -23,8 +23,10 @@ One pass over a log (``clean_log``):
 4. the segments below that end are grouped (a group fits in segment.bytes and a u32 offset
    range) and each group is rewritten into one segment named after its first base offset.
 
-Crash safety (Kafka's steps): a group is written to ``<base>.log.cleaned`` (+ ``.index``,
-``.timeindex``) and fsynced; then, on the owner thread, renamed to ``.swap`` (indexes first,
+Crash safety (Kafka's steps): each group is written to ``<base>.log.cleaned`` (+ ``.index``,
+``.timeindex``); once all groups of the pass are written they are fsynced together (one journal
+commit, not one per file: fsync storms stall the broker's appends); then, per group, on the owner
+thread, renamed to ``.swap`` (indexes first,
 the log last: ``<base>.log.swap`` existing is the commit point), the old segments renamed to
 ``.deleted`` (their read descriptors stay open for file.delete.delay.ms, so in-flight reads and
 sendfiles finish), and the ``.swap`` files renamed to their final names (the log last).
@@ -466,8 +468,7 @@ class LogCleaner:
             offset_map, end_offset = end
             result.end_offset = end_offset
             todo = [s for s in snap.segments if s.base < end_offset]
-            for group in self._groups(todo, snap.config):
-                self._clean_group(lg, snap, group, offset_map, now, result)
+            self._clean_groups(lg, snap, list(self._groups(todo, snap.config)), offset_map, now, result)
             self.runner(lambda: _advance_checkpoint(lg, end_offset))
             self._horizons[id(lg)] = result.min_horizon
             self.stats["passes"] += 1
@@ -568,10 +569,49 @@ class LogCleaner:
         if group:
             yield group
 
-    def _clean_group(self, lg, snap: _Snapshot, group: list, offset_map, now: int, result: CleanResult):
+    def _clean_groups(self, lg, snap: _Snapshot, groups: list, offset_map, now: int, result: CleanResult):
+        """Write every group's ``.cleaned`` files, make them all durable (one journal commit
+        covers them: fsync per file after all are written, one directory fsync), then swap
+        each in. Whatever is not swapped in is deleted again."""
+        d = lg.dir
+        written = []            # (group, paths) with files written and closed
+        swapped = set()
+        try:
+            for group in groups:
+                paths = self._write_group(d, snap, group, offset_map, now, result)
+                written.append((group, paths))
+            for _group, paths in written:
+                for p in paths.values():
+                    fd = os.open(p, os.O_RDONLY)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+            fsync_dir(d)
+            _step("cleaned")
+            for group, paths in written:
+                self._check_stop()
+                olds = [s.seg for s in group]
+                if self.runner(lambda: swap_in(lg, olds, group[0].base, now)):
+                    swapped.add(id(group))
+                    result.segments_out += 1
+            if swapped:
+                fsync_dir(d)
+        finally:
+            for group, paths in written:
+                if id(group) not in swapped:
+                    for p in paths.values():   # roll back: the old segments stay
+                        try:
+                            os.unlink(p)
+                        except FileNotFoundError:
+                            pass
+
+    def _write_group(self, d: str, snap: _Snapshot, group: list, offset_map, now: int,
+                     result: CleanResult) -> dict:
+        """Write one group's cleaned segment to ``<base>.{log,index,timeindex}.cleaned``
+        (not yet fsynced); returns the three paths."""
         cfg = snap.config
         base = group[0].base
-        d = lg.dir
         paths = {sfx: os.path.join(d, file_name(base, sfx) + ".cleaned")
                  for sfx in (".log", ".index", ".timeindex")}
         for p in paths.values():
@@ -579,7 +619,7 @@ class LogCleaner:
                 os.unlink(p)
         fd = os.open(paths[".log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         index = tindex = None
-        swapped = False
+        ok = False
         try:
             index = OffsetIndex(paths[".index"], base, cfg.segment_index_bytes, True)
             tindex = TimeIndex(paths[".timeindex"], base, cfg.segment_index_bytes, True)
@@ -621,28 +661,19 @@ class LogCleaner:
                     tindex.maybe_append(max_ts, max_ts_offset)
                 except Exception:
                     pass
-            os.fsync(fd)
-            index.flush()
-            tindex.flush()
             index.close(trim=True)
             tindex.close(trim=True)
             index = tindex = None
             result.bytes_written += position
-            fsync_dir(d)
-            _step("cleaned")
-            self._check_stop()
-            olds = [s.seg for s in group]
-            swapped = self.runner(lambda: swap_in(lg, olds, base, now))
-            if swapped:
-                result.segments_out += 1
-                fsync_dir(d)
+            ok = True
+            return paths
         finally:
             os.close(fd)
             for ix in (index, tindex):
                 if ix is not None:
                     ix.close(trim=False)
-            if not swapped:
-                for p in paths.values():       # roll back: the old segments stay
+            if not ok:
+                for p in paths.values():
                     try:
                         os.unlink(p)
                     except FileNotFoundError:
