@@ -240,16 +240,19 @@ def validation_cost(records=200_000):
                 data = b"".join(p.read_bytes() for p in sorted((c.brokers[0].data_dir / f"{topic}-0").glob("*.log")))
                 batches = iter_batches(data)
                 codecs = {b.codec for b in batches}
-                before = after = 0.0
-                for b in batches:
-                    raw = bytearray(data[b.position:b.position + b.size])
-                    raw[0:8] = bytes(8)                       # a producer batch: baseOffset 0
-                    t = time.perf_counter()
-                    read_batch(raw, 0, True)
-                    before += time.perf_counter() - t
-                    t = time.perf_counter()
-                    validate_and_stamp(raw, 0, 0, 1 << 30, -1)
-                    after += time.perf_counter() - t
+                before = after = float("inf")
+                for _rep in range(3):            # the least of three: the machine is shared
+                    tb = ta = 0.0
+                    for b in batches:
+                        raw = bytearray(data[b.position:b.position + b.size])
+                        raw[0:8] = bytes(8)                   # a producer batch: baseOffset 0
+                        t = time.perf_counter()
+                        read_batch(raw, 0, True)
+                        tb += time.perf_counter() - t
+                        t = time.perf_counter()
+                        validate_and_stamp(raw, 0, 0, 1 << 30, -1)
+                        ta += time.perf_counter() - t
+                    before, after = min(before, tb), min(after, ta)
                 added = after - before
                 out[codec] = {"records": records, "batches": len(batches), "stored_codecs": sorted(codecs),
                               "wall_s": round(wall, 2),

@@ -135,6 +135,7 @@ class Connection(asyncio.BufferedProtocol):
         if self._frame is not None:
             self.pool.release(self._frame_reserved, partial=True)
             self._frame = None
+        self._next = None         # the last view handed to the kernel keeps a frame's mmap alive
 
     def pause_writing(self):
         # The client is not reading its responses: stop taking new requests (Kafka mutes the channel).

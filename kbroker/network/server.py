@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import ctypes
+import ctypes.util
 import logging
 import resource
 import select
@@ -27,6 +29,11 @@ from .pool import MemoryPool
 log = logging.getLogger(__name__)
 
 FD_RESERVE = 64        # descriptors kept free for everything that is not a client connection
+
+try:
+    _malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+except (OSError, AttributeError):   # not glibc
+    _malloc_trim = None
 
 
 class NetworkMetrics:
@@ -173,8 +180,16 @@ class KafkaServer:
         if not periods:
             return
         interval = max(min(periods) / 20_000, 0.05)
+        pool_high = False
         while True:
             await asyncio.sleep(interval)
+            # After a burst that took much of the pool (an attack, a flood of large requests), hand the
+            # freed heap back to the OS once the pool has drained: glibc keeps it otherwise.
+            if self.pool.used > self.pool.capacity // 8:
+                pool_high = True
+            elif pool_high and self.pool.used < self.pool.capacity // 64 and _malloc_trim is not None:
+                pool_high = False
+                _malloc_trim(0)
             now = self.loop.time()
             idle_deadline = now - self.idle_ms / 1000 if self.idle_ms > 0 else None
             frame_deadline = now - self.frame_timeout_ms / 1000 if self.frame_timeout_ms > 0 else None
