@@ -14,18 +14,27 @@ def make_session(app: str, master: str = "local[2]", extra: dict | None = None):
     ensure_python_env()
     # The repo root on the workers' path makes the top-level pyspark_kbroker module visible to
     # Spark's data source lookup (an installed wheel puts it in site-packages instead).
-    paths = [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    # Only the JVM (started by getOrCreate) and its workers get it: other tests' subprocesses
+    # (e.g. the wheel install test) must not see the source tree on their path.
+    saved = os.environ.get("PYTHONPATH")
+    paths = [str(ROOT)] + [p for p in (saved or "").split(os.pathsep) if p]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    from pyspark.sql import SparkSession
-    b = (SparkSession.builder.master(master).appName(app)
-         .config("spark.ui.enabled", "false")
-         .config("spark.sql.shuffle.partitions", "2")
-         .config("spark.driver.memory", "1g")
-         .config("spark.sql.session.timeZone", "UTC")
-         .config("spark.python.worker.reuse", "true"))
-    for k, v in (extra or {}).items():
-        b = b.config(k, v)
-    return b.getOrCreate()
+    try:
+        from pyspark.sql import SparkSession
+        b = (SparkSession.builder.master(master).appName(app)
+             .config("spark.ui.enabled", "false")
+             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.driver.memory", "1g")
+             .config("spark.sql.session.timeZone", "UTC")
+             .config("spark.python.worker.reuse", "true"))
+        for k, v in (extra or {}).items():
+            b = b.config(k, v)
+        return b.getOrCreate()
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
 
 
 def create_topic(bootstrap: str, name: str, partitions: int, config: dict | None = None):
