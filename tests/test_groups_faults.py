@@ -286,3 +286,94 @@ def test_broker_kill9_restart_keeps_every_acknowledged_commit(tmp_path):
                     fetched[(g, t["name"], p["partition_index"])] = p["committed_offset"]
         lost = lost_commits(acked, fetched)
         assert lost == [], f"acked-but-lost {len(lost)} of {len(acked)}"
+
+
+def illegal_duplicates(reads, commits):
+    """``reads`` [(t, member, partition, offset)], ``commits`` [(t, member, {partition: offset})] ->
+    re-reads of a record that an earlier reader had already committed past (a duplicate outside the
+    uncommitted window) plus the number of distinct records read."""
+    first = {}
+    bad = []
+    for t, m, p, o in sorted(reads):
+        if (p, o) not in first:
+            first[(p, o)] = (t, m)
+            continue
+        t0, m0 = first[(p, o)]
+        if m0 != m and any(cm == m0 and ct < t and offs.get(p, -1) > o for ct, cm, offs in commits):
+            bad.append((p, o, m0, m))
+    return bad, len(first)
+
+
+def test_duplicate_checker_sees_a_read_past_a_commit():
+    reads = [(1.0, "a", 0, 5), (3.0, "b", 0, 5)]
+    assert illegal_duplicates(reads, [(2.0, "a", {0: 6})])[0] == [(0, 5, "a", "b")]
+    assert illegal_duplicates(reads, [(4.0, "a", {0: 6})])[0] == []      # committed only after: allowed
+
+
+@pytest.mark.slow
+def test_rebalances_lose_nothing_and_duplicate_only_uncommitted(cluster):
+    """kafka-python members commit after every poll while records keep arriving; a member joins
+    and another leaves mid-stream. Every record is read (lost: 0) and no record is read again after
+    its first reader committed past it (illegal duplicates: 0)."""
+    import threading
+    from kafka import KafkaConsumer
+    from kafka.errors import CommitFailedError, KafkaError as KpError
+    bs = cluster.bootstrap
+    topic, group, n = f"reb-{uuid.uuid4().hex[:8]}", f"reb-{uuid.uuid4().hex[:8]}", 3000
+    create_topic(bs, topic, 4)
+    wait_until(lambda: coordinator_ready(bs, group), 30, "coordinator")
+    reads, commits, lock = [], [], threading.Lock()
+
+    def member(name, stop):
+        c = KafkaConsumer(topic, bootstrap_servers=bs, group_id=group, auto_offset_reset="earliest",
+                          enable_auto_commit=False, session_timeout_ms=SESSION_MS, heartbeat_interval_ms=500,
+                          max_poll_records=50)
+        try:
+            while not stop.is_set():
+                got = c.poll(100)
+                now = time.monotonic()
+                with lock:
+                    reads.extend((now, name, tp.partition, m.offset) for tp, ms in got.items() for m in ms)
+                if got:
+                    try:
+                        offs = {tp.partition: c.position(tp) for tp in got}
+                        c.commit()
+                        with lock:
+                            commits.append((time.monotonic(), name, offs))
+                    except (CommitFailedError, KpError):
+                        pass
+        finally:
+            c.close()
+
+    from confluent_kafka import Producer
+    stops = {k: threading.Event() for k in ("a", "b", "c")}
+    threads = {"a": threading.Thread(target=member, args=("a", stops["a"]), daemon=True)}
+    threads["a"].start()
+    p = Producer({"bootstrap.servers": bs, "linger.ms": 5})
+    try:
+        for i in range(n):
+            p.produce(topic, key=str(i).encode(), value=str(i).encode())
+            if i == n // 4:
+                p.flush()
+                threads["b"] = threading.Thread(target=member, args=("b", stops["b"]), daemon=True)
+                threads["b"].start()
+            if i == n // 2:
+                p.flush()
+                threads["c"] = threading.Thread(target=member, args=("c", stops["c"]), daemon=True)
+                threads["c"].start()
+                time.sleep(2)
+                stops["a"].set()          # a leaves mid-stream
+            if i % 100 == 0:
+                p.poll(0)
+                time.sleep(0.05)
+        assert p.flush(30) == 0
+        wait_until(lambda: len({(x[2], x[3]) for x in list(reads)}) >= n, 90, "every record read")
+    finally:
+        for s in stops.values():
+            s.set()
+        for t in threads.values():
+            t.join(30)
+    bad, distinct = illegal_duplicates(reads, commits)
+    assert distinct == n, f"lost {n - distinct} of {n}"
+    assert bad == [], f"{len(bad)} records re-read after their first reader committed past them"
+    assert {m for _, m, _, _ in reads} == {"a", "b", "c"}
