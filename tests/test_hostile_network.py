@@ -227,3 +227,46 @@ def test_max_connections_per_ip_and_total():
         assert len(head) == 8 and struct.unpack(">i", head[4:])[0] == 1, head
         for s in (b, waiting):
             s.close()
+
+
+def test_accept_backs_off_before_the_descriptor_limit():
+    """With RLIMIT_NOFILE = open + 120 when the server starts, accepting stops 30 descriptors before the
+    limit (a quarter of it here; 64 normally): a flood of 140 clients (another process) never takes the
+    last descriptors, so this process can still open files (as the ZooKeeper session, rolls and
+    checkpoints must); a client waiting in the backlog is served once descriptors are free again."""
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    base = len(os.listdir("/proc/self/fd"))
+    limit = base + 120
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+    flood = None
+    try:
+        with ServerThread({18: _api_versions}) as srv:
+            flood = subprocess.Popen([sys.executable, "-c", (
+                "import socket, sys\n"
+                f"s = [socket.create_connection(('127.0.0.1', {srv.port})) for _ in range(140)]\n"
+                "print('connected', flush=True)\n"
+                "sys.stdin.read()\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            assert flood.stdout.readline().strip() == "connected"
+            time.sleep(1.0)
+            open_now = len(os.listdir("/proc/self/fd"))
+            served = srv.call(lambda: len(srv.server.connections))
+            with open(os.devnull) as f:            # the reserve is there: files can still be opened
+                assert f.fileno() < limit
+            assert served < 140 and open_now <= limit - 20, (served, open_now, limit)
+            assert srv.server.metrics.accept_pauses >= 1
+            with _conn(srv.port) as waiting:        # queued behind the flood
+                waiting.sendall(api.encode_request(18, 0, 1, "t", {}))
+                flood.stdin.close()                 # the flood hangs up: descriptors come back
+                flood.wait(10)
+                waiting.settimeout(10)
+                head = waiting.recv(8)
+                assert len(head) == 8 and struct.unpack(">i", head[4:])[0] == 1, head
+    finally:
+        if flood is not None and flood.poll() is None:
+            flood.kill()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

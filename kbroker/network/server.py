@@ -4,9 +4,10 @@ Limits, with Kafka's semantics where Kafka has the key:
 - ``max.connections``: at the limit the broker stops accepting (new clients wait in the listen backlog)
   until a connection closes; the few that one accept burst takes beyond it are closed at once.
 - ``max.connections.per.ip``: a connection beyond its address's limit is closed right after accept.
-- descriptors: accepting stops ``FD_RESERVE`` descriptors before RLIMIT_NOFILE, so the ZooKeeper
-  session, segment rolls and checkpoints always find one (asyncio's accept loop would survive EMFILE,
-  but everything else in the process would fail with it).
+- descriptors: accepting stops ``FD_RESERVE`` descriptors before RLIMIT_NOFILE (as set when the
+  server starts), so the ZooKeeper session, segment rolls and checkpoints always find one (asyncio's
+  accept loop would survive EMFILE, but everything else in the process would fail with it); new
+  clients wait in the listen backlog until descriptors are free again.
 - ``kbroker.socket.request.frame.timeout.ms`` (kbroker's own: Kafka has no such deadline): a request
   frame must arrive in full within this time of its first byte, or its connection is closed.
 - ``connections.max.idle.ms`` closes idle connections and also connections whose oldest request has
@@ -19,6 +20,7 @@ import concurrent.futures
 import ctypes
 import ctypes.util
 import logging
+import os
 import resource
 import select
 import socket
@@ -80,7 +82,9 @@ class KafkaServer:
         self.per_ip: dict[str, int] = {}
         self._accepting = True
         soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        self.fd_limit = (soft - min(FD_RESERVE, soft // 4)) if soft != resource.RLIM_INFINITY else 2**31
+        self.fd_reserve = min(FD_RESERVE, soft // 4)
+        self.fd_limit = soft - self.fd_reserve if soft != resource.RLIM_INFINITY else 2**31
+        self._fd_paused = False
         self.idle_ms = idle_ms
         self.sendfile_min_bytes = sendfile_min_bytes
         self.send_buffer_bytes = send_buffer_bytes
@@ -114,11 +118,15 @@ class KafkaServer:
         ip = conn.peer[0] if conn.peer else None
         sock = conn.transport.get_extra_info("socket")
         fd = sock.fileno() if sock is not None else -1
-        # fds are allocated lowest-first, so a new socket's number tracks how many are open
-        if fd >= self.fd_limit:
-            self._reject(conn, "descriptors nearly exhausted (fd %d, limit %d)" % (fd, self.fd_limit + FD_RESERVE))
-            self._pause_accepting(retry_s=0.5)
-            return
+        # fds are allocated lowest-first, so a new socket's number tracks how many are open. Near the
+        # limit this one is still served, but accepting stops (new clients wait in the backlog) until
+        # descriptors are free again: the reserve stays for ZooKeeper, segment rolls and checkpoints.
+        if fd >= self.fd_limit and self._accepting:
+            log.warning("descriptors nearly exhausted (fd %d of %d): not accepting until some close",
+                        fd, self.fd_limit + self.fd_reserve)
+            self._pause_accepting()
+            self._fd_paused = True
+            self.loop.call_later(0.5, self._recheck_fds)
         if len(self.connections) >= self.max_connections:
             self._reject(conn, "max.connections=%d reached" % self.max_connections)
             self._pause_accepting()
@@ -162,10 +170,22 @@ class KafkaServer:
         if retry_s is not None:
             self.loop.call_later(retry_s, self._resume_accepting)
 
+    def _recheck_fds(self) -> None:
+        try:
+            open_fds = len(os.listdir("/proc/self/fd"))
+        except OSError:
+            open_fds = 0
+        if open_fds < self.fd_limit - 8:        # a little below the mark, so accept does not flap
+            log.info("descriptors available again (%d open): accepting", open_fds)
+            self._fd_paused = False
+            self._resume_accepting()
+        else:
+            self.loop.call_later(0.5, self._recheck_fds)
+
     def _resume_accepting(self) -> None:
         if self._accepting or self._server is None or not self._server.is_serving():
             return
-        if len(self.connections) >= self.max_connections:
+        if len(self.connections) >= self.max_connections or self._fd_paused:
             return   # connection_closed resumes us
         self._accepting = True
         for sock in self._server.sockets:
