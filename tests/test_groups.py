@@ -435,3 +435,28 @@ def test_admin_clients_list_describe_offsets_delete(bs):
         k.close()
         if c is not None:
             c.close()
+
+
+def test_static_member_rejoin_fences_the_old_member_id(bs):
+    group = f"static-p-{uuid.uuid4().hex[:8]}"
+    wait_until(lambda: coordinator_ready(bs, group), 30, "coordinator")
+    j1 = _join(bs, group, instance="inst-1")              # static members get no MEMBER_ID_REQUIRED
+    assert j1["error_code"] == 0
+    old, gen = j1["member_id"], j1["generation_id"]
+    assignment = b"\x00\x00\x00\x00\x00\x01\x00\x01t\x00\x00\x00\x01\x00\x00\x00\x00\xff\xff\xff\xff"
+    s = request(bs, 14, {"group_id": group, "generation_id": gen, "member_id": old, "group_instance_id": "inst-1",
+                         "assignments": [{"member_id": old, "assignment": assignment}]}, 3)
+    assert s["error_code"] == 0 and s["assignment"] == assignment
+    j2 = _join(bs, group, instance="inst-1")              # the same instance restarts (new member id)
+    assert j2["error_code"] == 0 and j2["member_id"] != old
+    assert j2["generation_id"] == gen                     # no rebalance
+    hb = {"group_id": group, "generation_id": gen, "group_instance_id": "inst-1"}
+    assert request(bs, 12, dict(hb, member_id=old), 3)["error_code"] == 82          # FENCED_INSTANCE_ID
+    assert request(bs, 12, dict(hb, member_id=j2["member_id"]), 3)["error_code"] == 0
+    s2 = request(bs, 14, {"group_id": group, "generation_id": gen, "member_id": j2["member_id"],
+                          "group_instance_id": "inst-1", "assignments": []}, 3)
+    assert s2["error_code"] == 0 and s2["assignment"] == assignment                 # the old assignment kept
+    d = describe(bs, group)
+    assert d["group_state"] == "Stable" and [m["group_instance_id"] for m in d["members"]] == ["inst-1"]
+    lv = request(bs, 13, {"group_id": group, "members": [{"member_id": "", "group_instance_id": "inst-1"}]}, 3)
+    assert lv["members"][0]["error_code"] == 0 and describe(bs, group)["group_state"] == "Empty"

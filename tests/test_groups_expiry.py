@@ -67,3 +67,41 @@ def test_empty_group_offsets_expire_and_stay_expired(tmp_path):
         wait_until(lambda: coordinator_ready(bs, lone), 60, "coordinator after restart")
         assert fetch(bs, lone) == {}                      # the tombstones were replayed
         assert fetch(bs, active) == {(topic, 0): 1}
+
+
+def test_initial_rebalance_delay_gathers_the_first_members(tmp_path):
+    """group.initial.rebalance.delay.ms: members joining an empty group within the delay form one
+    generation together (one rebalance, not one per member), answered no earlier than the delay."""
+    import asyncio
+
+    from kbroker.client.connection import BrokerConnection
+    from kbroker.client.group import encode_subscription
+    delay_ms = 2000
+    with LocalCluster(tmp_path, brokers=1, num_partitions=1,
+                      overrides={"offsets.topic.num.partitions": 1, "group.initial.rebalance.delay.ms": delay_ms}) as c:
+        bs = c.bootstrap
+        group = "delayed"
+        wait_until(lambda: coordinator_ready(bs, group), 30, "coordinator")
+
+        async def join(i):
+            await asyncio.sleep(0.3 * i)
+            conn = await BrokerConnection.open("127.0.0.1", c.brokers[0].port)
+            try:
+                _, r = await conn.send(11, {"group_id": group, "session_timeout_ms": 6000,
+                                            "rebalance_timeout_ms": 10000, "member_id": "",
+                                            "protocol_type": "consumer",
+                                            "protocols": [{"name": "range", "metadata": encode_subscription(["t"])}]},
+                                       3, timeout=30)
+                return r
+            finally:
+                conn.close()
+
+        async def go():
+            t0 = time.monotonic()
+            rs = await asyncio.gather(*(join(i) for i in range(3)))
+            return rs, time.monotonic() - t0
+        rs, took = asyncio.run(go())
+        assert [r["error_code"] for r in rs] == [0, 0, 0]
+        assert {r["generation_id"] for r in rs} == {1}
+        assert len(next(r for r in rs if r["leader"] == r["member_id"])["members"]) == 3
+        assert took >= delay_ms / 1000
