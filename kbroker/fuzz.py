@@ -271,6 +271,8 @@ class Fuzzer:
             return key, version, None
         if self.r.random() < self.mutate_rate:
             frame = mutate_bytes(self.r, frame)
+            if len(frame) >= 8:        # what the broker will see (a mutation may hit the header)
+                key, version = struct.unpack_from(">hh", frame, 4)
         return key, version, bytes(frame)
 
     def _rss_mib(self):

@@ -14,6 +14,12 @@ INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 # A Metadata answer is built this many topics per event-loop turn: a request naming 100,000 topics
 # must not hold the loop (and every other client) for the whole answer.
 TOPICS_PER_TURN = 2000
+AUTO_CREATE_WAIT_S = 5.0
+
+
+def _log_failed_creation(task):
+    if not task.cancelled() and task.exception() is not None:
+        log.error("auto-creating topics failed: %r", task.exception())
 
 
 def register(broker, handlers):
@@ -49,7 +55,14 @@ def metadata(broker, header, body):
 
 async def _auto_create_then_answer(broker, names, missing):
     from .admin import auto_create_topics
-    created = await auto_create_topics(broker, missing)
+    task = asyncio.ensure_future(auto_create_topics(broker, missing))
+    task.add_done_callback(_log_failed_creation)
+    try:
+        # Creation normally takes milliseconds; when it cannot finish (e.g. the topic is still being
+        # deleted) the client gets LEADER_NOT_AVAILABLE and retries, as from Kafka, instead of no answer.
+        created = await asyncio.wait_for(asyncio.shield(task), AUTO_CREATE_WAIT_S)
+    except asyncio.TimeoutError:
+        created = []
     # Kafka answers LEADER_NOT_AVAILABLE for topics it just created; the client retries. We created
     # them synchronously with a leader already in place, so we can answer with the real metadata.
     return await _metadata_response_sliced(broker, names, pending=set(missing) - set(created))
