@@ -84,3 +84,48 @@ def test_three_broker_cluster_up_describe_and_filters(tmp_path):
     finally:
         if (root / "cluster.json").exists():
             kbroker("cluster", "down", "--dir", str(root))
+
+
+@pytest.mark.slow
+def test_cluster_up_with_a_three_node_zookeeper_ensemble(tmp_path):
+    """`--zookeepers 3`: brokers connect to the whole ensemble; one ZooKeeper node killed goes
+    unnoticed (an RF=3 topic is still created and written); `up` restarts just that node."""
+    import confluent_kafka as ck
+
+    from kbroker.zk import local
+
+    root = tmp_path / "ens"
+    try:
+        up = kbroker("cluster", "up", "--brokers", "3", "--zookeepers", "3", "--dir", str(root),
+                     "--port", "0", "--zk-port", "0")
+        assert up.returncode == 0, up.stdout + up.stderr
+        bootstrap = up.stdout.splitlines()[-1].split("=", 1)[1]
+        nodes = [local.find_running(root / "zookeeper" / f"node-{i}") for i in (1, 2, 3)]
+        assert all(nodes) and sorted(local.quorum_mode(n.port) for n in nodes) == ["follower", "follower", "leader"]
+        config = (root / "broker-0" / "server.properties").read_text()
+        assert "zookeeper.connect=" + ",".join(f"127.0.0.1:{n.port}" for n in nodes) + "\n" in config
+
+        # The ZooKeeper leader dies: the ensemble elects another, the brokers notice nothing.
+        leader = next(n for n in nodes if local.quorum_mode(n.port) == "leader")
+        os.kill(leader.pid, signal.SIGKILL)
+        created = kbroker("topics", "--bootstrap-server", bootstrap, "--create", "--topic", "rf3zk",
+                          "--partitions", "2", "--replication-factor", "3")
+        assert created.returncode == 0, created.stdout + created.stderr
+        p = ck.Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+        for i in range(20):
+            p.produce("rf3zk", b"%d" % i)
+        assert p.flush(30) == 0
+
+        status = kbroker("cluster", "status", "--dir", str(root))
+        zk_lines = [line for line in status.stdout.splitlines() if line.startswith("zookeeper")]
+        assert status.returncode == 1 and sum(line.endswith("stopped") for line in zk_lines) == 1, status.stdout
+        again = kbroker("cluster", "up", "--dir", str(root))
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "ZooKeeper ensemble started" in again.stdout
+        status = kbroker("cluster", "status", "--dir", str(root))
+        assert status.returncode == 0, status.stdout
+        assert sum("running" in line for line in status.stdout.splitlines() if line.startswith("zookeeper")) == 3
+    finally:
+        if (root / "cluster.json").exists():
+            down = kbroker("cluster", "down", "--dir", str(root))
+            assert down.returncode == 0, down.stdout + down.stderr

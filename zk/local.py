@@ -9,6 +9,10 @@ process started.
 
 Readiness is ``srvr`` answering ``Mode: standalone``: ``ruok`` answers before
 the database is loaded, and clients connecting then are dropped.
+
+``start_ensemble`` runs an odd-sized quorum instead (``QuorumPeerMain``, one data dir per node with
+its ``myid``); a node is ready when ``srvr`` says ``Mode: leader`` or ``Mode: follower``, i.e. a
+quorum has formed. ``start_node`` restarts one node of it (fault tests kill and restart nodes).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
 ZOOKEEPER_CONF_DIR = "/etc/zookeeper/conf"
 SLF4J_SIMPLE_JAR = "/usr/share/java/slf4j-simple.jar"
 MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
+QUORUM_MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+MYID_FILE = "myid"
 
 CONFIG_FILE = "zoo.cfg"
 LOG_FILE = "zookeeper.log"
@@ -280,7 +286,7 @@ def _pid_is_our_server(pid: int, data_dir: Path) -> bool:
     if cmdline is None:
         return False
     cfg = str(Path(data_dir).resolve() / CONFIG_FILE).encode()
-    return MAIN_CLASS.encode() in cmdline and cfg in cmdline
+    return (MAIN_CLASS.encode() in cmdline or QUORUM_MAIN_CLASS.encode() in cmdline) and cfg in cmdline
 
 
 def _read_cfg(path: Path) -> dict[str, str]:
@@ -300,3 +306,117 @@ def _tail(path: Path, start: int, lines: int = 40) -> str:
     except OSError:
         return "(no log)"
     return "\n".join(text.splitlines()[-lines:])
+
+
+# --- ensembles ---------------------------------------------------------------------------------
+
+def ensemble_connect_string(nodes) -> str:
+    return ",".join(n.connect_string for n in nodes)
+
+
+def start_ensemble(root: str | os.PathLike, size: int = 3, tick_time_ms: int = 2000, *,
+                   ports: list[tuple[int, int, int]] | None = None, ready_timeout: float = 60.0,
+                   java: str | None = None, zookeeper_jar: str = ZOOKEEPER_JAR,
+                   die_with_parent: bool = False) -> list[ZkProcess]:
+    """Start a ``size``-node quorum on 127.0.0.1 (data dirs ``root/node-<i>``, myid i, 1-based) and
+    return its nodes once every one serves as leader or follower. ``ports``: per node (client,
+    peer, election); default: free ports."""
+    if size < 1 or size % 2 == 0:
+        raise ValueError(f"an ensemble needs an odd number of nodes, not {size}")
+    java = java or _find_java()
+    if not os.path.isfile(zookeeper_jar):
+        raise ZooKeeperNotInstalled(f"{zookeeper_jar} not found: {_INSTALL_HINT}")
+    root = Path(root).resolve()
+    ports = ports or [(_free_port(), _free_port(), _free_port()) for _ in range(size)]
+    servers = "".join(f"server.{i + 1}={LOOPBACK}:{peer}:{election}\n"
+                      for i, (_, peer, election) in enumerate(ports))
+    nodes = []
+    try:
+        for i, (client, _, _) in enumerate(ports):
+            data_dir = root / f"node-{i + 1}"
+            data_dir.mkdir(parents=True, exist_ok=True)
+            running = find_running(data_dir)
+            if running is not None:
+                raise ZooKeeperStartError(f"a ZooKeeper (pid {running.pid}) already runs on {data_dir}")
+            (data_dir / MYID_FILE).write_text(f"{i + 1}\n")
+            (data_dir / CONFIG_FILE).write_text(
+                f"tickTime={tick_time_ms}\ninitLimit=10\nsyncLimit=5\n"
+                f"dataDir={data_dir}\nclientPort={client}\nclientPortAddress={LOOPBACK}\n"
+                "maxClientCnxns=0\nadmin.enableServer=false\n"
+                "4lw.commands.whitelist=ruok,srvr,stat,mntr,conf\n" + servers)
+            nodes.append(_spawn(java, zookeeper_jar, data_dir, client, tick_time_ms, QUORUM_MAIN_CLASS,
+                                die_with_parent))
+        for node in nodes:
+            _wait_quorum_ready(node, ready_timeout)
+    except BaseException:
+        for node in nodes:
+            node.stop()
+        raise
+    return nodes
+
+
+def start_nodes(data_dirs, *, ready_timeout: float = 60.0, java: str | None = None,
+                zookeeper_jar: str = ZOOKEEPER_JAR, die_with_parent: bool = False) -> list[ZkProcess]:
+    """(Re)start ensemble nodes from their existing zoo.cfg (all at once: a quorum may need several)
+    and return once each serves in a quorum."""
+    java = java or _find_java()
+    nodes = []
+    try:
+        for d in data_dirs:
+            d = Path(d).resolve()
+            cfg = _read_cfg(d / CONFIG_FILE)
+            nodes.append(_spawn(java, zookeeper_jar, d, int(cfg["clientPort"]), int(cfg.get("tickTime", 2000)),
+                                QUORUM_MAIN_CLASS, die_with_parent))
+        for node in nodes:
+            _wait_quorum_ready(node, ready_timeout)
+    except BaseException:
+        for node in nodes:
+            node.stop()
+        raise
+    return nodes
+
+
+def start_node(data_dir: str | os.PathLike, **kw) -> ZkProcess:
+    """Restart one ensemble node (fault tests); returns once it has rejoined a quorum."""
+    return start_nodes([data_dir], **kw)[0]
+
+
+def _spawn(java, jar, data_dir: Path, port: int, tick_time_ms: int, main_class: str,
+           die_with_parent: bool) -> ZkProcess:
+    classpath = [ZOOKEEPER_CONF_DIR, jar]
+    if os.path.isfile(SLF4J_SIMPLE_JAR):
+        classpath.append(SLF4J_SIMPLE_JAR)
+    cmd = [java, "-Xms64m", "-Xmx256m", "-XX:+UseSerialGC", "-cp", ":".join(classpath), main_class,
+           str(data_dir / CONFIG_FILE)]
+    with open(data_dir / LOG_FILE, "ab") as log:
+        popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                 cwd=data_dir, start_new_session=True,
+                                 preexec_fn=procutil.die_with_parent() if die_with_parent else None)
+    (data_dir / PID_FILE).write_text(f"{popen.pid}\n")
+    return ZkProcess(popen.pid, port, data_dir, tick_time_ms, popen)
+
+
+def quorum_mode(port: int) -> str | None:
+    """``leader`` / ``follower`` / ``standalone`` from ``srvr``; None when not serving."""
+    try:
+        for line in four_letter_word(port, "srvr").splitlines():
+            if line.startswith("Mode: "):
+                return line[6:].strip()
+    except OSError:
+        pass
+    return None
+
+
+def _wait_quorum_ready(node: ZkProcess, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if not node.is_running():
+            node.stop()
+            raise ZooKeeperStartError(f"ZooKeeper node {node.data_dir} exited during start-up; "
+                                      f"{node.data_dir / LOG_FILE} ends with:\n{node.log_tail()}")
+        if quorum_mode(node.port) in ("leader", "follower"):
+            return
+        if time.monotonic() > deadline:
+            raise ZooKeeperStartError(f"ZooKeeper node {node.data_dir} not in a quorum after {timeout:.0f}s; "
+                                      f"{node.data_dir / LOG_FILE} ends with:\n{node.log_tail()}")
+        time.sleep(0.05)  # poll interval of the readiness check

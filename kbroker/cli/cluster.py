@@ -3,7 +3,8 @@
 Layout of DIR::
 
     cluster.json                  ids, ports, ZooKeeper port: a second `up` reuses them
-    zookeeper/                    kbroker.zk.local's data dir (zoo.cfg, zookeeper.pid, zookeeper.log)
+    zookeeper/                    kbroker.zk.local's data dir (zoo.cfg, zookeeper.pid, zookeeper.log);
+                                  with --zookeepers N: zookeeper/node-<i>/ per ensemble node (myid i)
     broker-<id>/server.properties generated once; later `up`s keep (and validate) an edited file
     broker-<id>/broker.pid        pid of `python -m kbroker serve --config .../server.properties`
     broker-<id>/broker.log        its stdout and stderr
@@ -32,7 +33,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kbroker.config import BrokerConfig, ConfigError
@@ -70,6 +71,8 @@ class Layout:
     zk_port: int
     brokers: list[BrokerSlot]
     num_partitions: int = 1
+    # (client, peer, election) port per node of a ZooKeeper ensemble; empty = one standalone server
+    zk_ensemble: list[tuple[int, int, int]] = field(default_factory=list)
 
     @classmethod
     def load(cls, root: Path) -> Layout | None:
@@ -82,10 +85,14 @@ class Layout:
             raise ClusterError(f"cannot read {path}: {e}") from None
         return cls(root, int(data["zookeeper"]["port"]),
                    [BrokerSlot(int(b["id"]), int(b["port"])) for b in data["brokers"]],
-                   int(data.get("num_partitions", 1)))
+                   int(data.get("num_partitions", 1)),
+                   [tuple(int(x) for x in n) for n in data["zookeeper"].get("ensemble", [])])
 
     def save(self) -> None:
-        data = {"version": 1, "zookeeper": {"port": self.zk_port},
+        zk = {"port": self.zk_port}
+        if self.zk_ensemble:
+            zk["ensemble"] = [list(n) for n in self.zk_ensemble]
+        data = {"version": 1, "zookeeper": zk,
                 "brokers": [{"id": b.id, "port": b.port} for b in self.brokers],
                 "num_partitions": self.num_partitions}
         tmp = self.root / (LAYOUT_FILE + ".tmp")
@@ -95,6 +102,16 @@ class Layout:
     @property
     def zk_dir(self) -> Path:
         return self.root / "zookeeper"
+
+    @property
+    def zk_node_dirs(self) -> list[Path]:
+        return [self.zk_dir / f"node-{i + 1}" for i in range(len(self.zk_ensemble))]
+
+    @property
+    def zk_connect(self) -> str:
+        if self.zk_ensemble:
+            return ",".join(f"{LOOPBACK}:{client}" for client, _, _ in self.zk_ensemble)
+        return f"{LOOPBACK}:{self.zk_port}"
 
     def broker_dir(self, broker_id: int) -> Path:
         return self.root / f"broker-{broker_id}"
@@ -122,7 +139,7 @@ def broker_properties(layout: Layout, slot: BrokerSlot) -> str:
         f"listeners={endpoint}",
         f"advertised.listeners={endpoint}",
         f"log.dirs={layout.broker_dir(slot.id) / 'data'}",
-        f"zookeeper.connect={LOOPBACK}:{layout.zk_port}",
+        f"zookeeper.connect={layout.zk_connect}",
         f"zookeeper.session.timeout.ms={LOCAL_SESSION_TIMEOUT_MS}",
         f"num.partitions={layout.num_partitions}",
         # Internal topics cannot have more replicas than there are brokers.
@@ -393,6 +410,31 @@ def ensure_zookeeper(zk_dir: Path, port: int):
         raise ClusterError(f"cannot start ZooKeeper: {e}") from None
 
 
+def ensure_ensemble(layout: Layout) -> tuple[str, bool]:
+    """Re-attach to the layout's ZooKeeper ensemble, starting the nodes that are not running;
+    returns (connect string, whether any node was started)."""
+    from kbroker.zk import local
+
+    dirs = layout.zk_node_dirs
+    missing = [d for d in dirs if local.find_running(d) is None]
+    try:
+        if len(missing) == len(dirs) and not all((d / local.CONFIG_FILE).exists() for d in dirs):
+            local.start_ensemble(layout.zk_dir, len(dirs), ports=layout.zk_ensemble)
+        elif missing:
+            local.start_nodes(missing)
+    except (local.ZooKeeperStartError, local.ZooKeeperNotInstalled) as e:
+        raise ClusterError(f"cannot start the ZooKeeper ensemble: {e}") from None
+    return layout.zk_connect, bool(missing)
+
+
+def _ensemble_ports(n: int, zk_port: int | None) -> list[tuple[int, int, int]]:
+    if zk_port == 0:
+        ports = _free_ports(3 * n)
+        return [tuple(ports[3 * i:3 * i + 3]) for i in range(n)]
+    base = DEFAULT_ZK_PORT if zk_port is None else zk_port
+    return [(base + i, 2888 + i, 3888 + i) for i in range(n)]
+
+
 def _kazoo(connect: str, timeout: float = 10.0):
     from kazoo.client import KazooClient
     from kazoo.handlers.threading import KazooTimeoutError
@@ -410,9 +452,20 @@ def _kazoo(connect: str, timeout: float = 10.0):
 # Commands
 
 def cluster_up(root: Path, brokers: int | None, zk_port: int | None, base_port: int | None,
-               partitions: int | None, timeout: float = READY_TIMEOUT_S, out=sys.stdout) -> Layout:
+               partitions: int | None, timeout: float = READY_TIMEOUT_S, out=sys.stdout,
+               zookeepers: int | None = None) -> Layout:
     root = root.resolve()
     layout = Layout.load(root)
+    if layout is None and zookeepers is not None and zookeepers > 1:
+        return _cluster_up_ensemble(root, brokers, zk_port, base_port, partitions, timeout, out, zookeepers)
+    if layout is not None and layout.zk_ensemble:
+        _check_same(layout, brokers, None, base_port, partitions)
+        connect, started = ensure_ensemble(layout)
+        print(f"ZooKeeper ensemble {'started' if started else 'already running'}: {connect}", file=out, flush=True)
+        return _start_brokers(layout, connect, timeout, out)
+    if zookeepers is not None and zookeepers != 1:
+        raise ClusterError("--zookeepers must be an odd number (1, 3, 5...)" if zookeepers < 1 or zookeepers % 2 == 0
+                           else f"{root / LAYOUT_FILE} holds a standalone ZooKeeper; use another --dir")
     if layout is None:
         n = 1 if brokers is None else brokers
         if n < 1:
@@ -439,7 +492,39 @@ def cluster_up(root: Path, brokers: int | None, zk_port: int | None, base_port: 
             layout.save()
         print(f"ZooKeeper {'started' if started else 'already running'}: pid {zk.pid}, {zk.connect_string}",
               file=out, flush=True)
+    return _start_brokers(layout, zk.connect_string, timeout, out)
 
+
+def _cluster_up_ensemble(root, brokers, zk_port, base_port, partitions, timeout, out, zookeepers) -> Layout:
+    from kbroker.zk import local
+
+    n = 1 if brokers is None else brokers
+    if n < 1:
+        raise ClusterError("--brokers must be at least 1")
+    if zookeepers % 2 == 0:
+        raise ClusterError("--zookeepers must be an odd number (1, 3, 5...)")
+    root.mkdir(parents=True, exist_ok=True)
+    ensemble = _ensemble_ports(zookeepers, zk_port)
+    try:
+        nodes = local.start_ensemble(root / "zookeeper", zookeepers, ports=ensemble)
+    except (local.ZooKeeperStartError, local.ZooKeeperNotInstalled, ValueError) as e:
+        raise ClusterError(f"cannot start the ZooKeeper ensemble: {e}") from None
+    try:
+        base = DEFAULT_BASE_PORT if base_port is None else base_port
+        ports = _free_ports(n) if base == 0 else list(range(base, base + n))
+        layout = Layout(root, ensemble[0][0], [BrokerSlot(i, p) for i, p in enumerate(ports)],
+                        1 if partitions is None else partitions, ensemble)
+        layout.save()
+    except BaseException:
+        for node in nodes:
+            node.stop()
+        raise
+    print(f"ZooKeeper ensemble started: {layout.zk_connect} (pids {', '.join(str(x.pid) for x in nodes)})",
+          file=out, flush=True)
+    return _start_brokers(layout, layout.zk_connect, timeout, out)
+
+
+def _start_brokers(layout: Layout, zk_connect: str, timeout: float, out) -> Layout:
     for slot in layout.brokers:
         layout.broker_dir(slot.id).mkdir(exist_ok=True)
         cfg = layout.config_path(slot.id)
@@ -450,7 +535,7 @@ def cluster_up(root: Path, brokers: int | None, zk_port: int | None, base_port: 
         except ConfigError as e:
             raise ClusterError(f"{cfg}: {e}") from None
 
-    client = _kazoo(zk.connect_string)
+    client = _kazoo(zk_connect)
     try:
         started: list[Started] = []
         for slot in layout.brokers:
@@ -515,12 +600,14 @@ def cluster_down(root: Path, timeout: float = STOP_TIMEOUT_S, out=sys.stdout) ->
         print(f"broker {broker_id} {how} (pid {pid})", file=out, flush=True)
     for slot in layout.brokers:
         layout.pid_path(slot.id).unlink(missing_ok=True)
-    zk = local.find_running(layout.zk_dir)
-    if zk is not None:
-        zk.stop()
-        print(f"ZooKeeper stopped (pid {zk.pid})", file=out, flush=True)
-    else:
-        print("ZooKeeper not running", file=out, flush=True)
+    for i, d in enumerate(layout.zk_node_dirs or [layout.zk_dir]):
+        name = f"ZooKeeper node {i + 1}" if layout.zk_ensemble else "ZooKeeper"
+        zk = local.find_running(d)
+        if zk is not None:
+            zk.stop()
+            print(f"{name} stopped (pid {zk.pid})", file=out, flush=True)
+        else:
+            print(f"{name} not running", file=out, flush=True)
 
 
 def cluster_status(root: Path, out=sys.stdout) -> bool:
@@ -531,10 +618,11 @@ def cluster_status(root: Path, out=sys.stdout) -> bool:
     layout = Layout.load(root)
     if layout is None:
         raise ClusterError(f"no cluster in {root} ({LAYOUT_FILE} not found)")
-    zk = local.find_running(layout.zk_dir)
+    nodes = [local.find_running(d) for d in layout.zk_node_dirs or [layout.zk_dir]]
+    zk = None if not all(nodes) else nodes[0]   # "running" = every node of the ensemble runs
     registered: set[str] | None = None
     if zk is not None:
-        client = _kazoo(zk.connect_string, timeout=5.0)
+        client = _kazoo(layout.zk_connect, timeout=5.0)
         try:
             registered = set(client.get_children("/brokers/ids")) if client.exists("/brokers/ids") else set()
         finally:
@@ -555,7 +643,11 @@ def cluster_status(root: Path, out=sys.stdout) -> bool:
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip(), file=out)
-    if zk is not None:
+    if layout.zk_ensemble:
+        for (client_port, _, _), node in zip(layout.zk_ensemble, nodes):
+            print(f"zookeeper {LOOPBACK}:{client_port} " + (f"pid {node.pid} running" if node else "stopped"),
+                  file=out)
+    elif zk is not None:
         print(f"zookeeper {zk.connect_string} pid {zk.pid} running", file=out)
     else:
         print(f"zookeeper {LOOPBACK}:{layout.zk_port} stopped", file=out)
@@ -585,6 +677,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--port", type=_port,
                     help=f"first broker port, then +1 per broker (default {DEFAULT_BASE_PORT}; 0 = free ports)")
     up.add_argument("--partitions", type=int, help="num.partitions for the brokers (default 1)")
+    up.add_argument("--zookeepers", type=int,
+                    help="ZooKeeper nodes: 1 = standalone (default), 3 or 5 = an ensemble (client ports from "
+                         "--zk-port on, peer/election ports 2888+/3888+; --zk-port 0 = free ports)")
     up.add_argument("--timeout", type=float, default=READY_TIMEOUT_S,
                     help=f"seconds each broker may take to become ready (default {READY_TIMEOUT_S:.0f})")
     up.set_defaults(func=_run_up)
@@ -607,7 +702,8 @@ def _fail(e: Exception) -> int:
 
 def _run_up(args: argparse.Namespace) -> int:
     try:
-        cluster_up(args.dir, args.brokers, args.zk_port, args.port, args.partitions, args.timeout)
+        cluster_up(args.dir, args.brokers, args.zk_port, args.port, args.partitions, args.timeout,
+                   zookeepers=args.zookeepers)
     except ClusterError as e:
         return _fail(e)
     return 0
