@@ -270,3 +270,39 @@ def test_accept_backs_off_before_the_descriptor_limit():
         if flood is not None and flood.poll() is None:
             flood.kill()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_connection_paused_for_memory_wakes_when_its_own_chunk_frees():
+    """A's receive chunk is pinned by its own slow request and nearly full, so A needs a fresh chunk;
+    B's partial frame and chunk leave the pool without one. Nobody else will free memory: only the
+    completion of A's own request can (its chunk becomes reusable). A must wake then and answer its
+    next request (before the fix it waited for a pool release that never came)."""
+    async def slow_if_long(conn, header, body):
+        if len(header.client_id or "") > 1000:
+            await asyncio.sleep(1.0)
+        return _api_versions(conn, header, body)
+
+    with ServerThread({18: slow_if_long}, max_request_bytes=60 << 10, pool_bytes=80 << 10) as srv:
+        a = _conn(srv.port)
+        b = _conn(srv.port)
+        try:
+            time.sleep(0.2)
+            b.sendall(struct.pack(">i", 50 << 10) + b"\1" * 10_000)      # B: chunk + a frame it cannot reserve
+            time.sleep(0.2)
+            a.sendall(api.encode_request(18, 0, 1, "x" * 29_500, {}))    # pins A's chunk for 1 s, fills it
+            time.sleep(0.2)
+            assert srv.call(lambda: srv.server.pool.available) < 32 << 10, "the pool is not short here"
+            a.sendall(api.encode_request(18, 0, 2, "t", {}))
+            a.settimeout(5)
+            got = b""
+            t0 = time.monotonic()
+            while got.count(b"\0\0\0\2") == 0 and time.monotonic() - t0 < 5:
+                chunk = a.recv(65536)
+                if not chunk:
+                    break
+                got += chunk
+            assert b"\0\0\0\2" in got, "A never woke after its own request completed"
+            assert time.monotonic() - t0 < 3
+        finally:
+            a.close()
+            b.close()
