@@ -143,3 +143,28 @@ def test_leadership_change_fails_waiters_and_old_epochs_are_refused(node):
         assert r[TP].error_code == Errors.NOT_LEADER_OR_FOLLOWER
         await rm.stop()
     run(go())
+
+
+def test_log_of_an_earlier_topic_with_the_same_name_is_replaced(node):
+    """LeaderAndIsr names topic id B while the log on disk (partition.metadata) belongs to topic id
+    A: a topic deleted while this broker was away and recreated. The stale log goes; the replica
+    starts empty under B."""
+    async def go():
+        rm = ReplicaManager(node)
+        rm.loop = asyncio.get_running_loop()
+        st = LeaderAndIsrState(0, 0, [0], [0], 0, 1)
+        assert rm.apply_leader_and_isr(TP, st, {}, "AAAAAAAAAAAAAAAAAAAAAA") == Errors.NONE
+        rm.append_records({TP: batch(5)}, 1, 1000)
+        old = rm.partitions[TP].log
+        assert old.log_end_offset == 5 and old.read_topic_id() == "AAAAAAAAAAAAAAAAAAAAAA"
+        assert rm.apply_leader_and_isr(TP, LeaderAndIsrState(0, 0, [0], [0], 0, 2), {},
+                                       "BBBBBBBBBBBBBBBBBBBBBB") == Errors.NONE
+        new = rm.partitions[TP].log
+        assert new is not old and new.log_end_offset == 0
+        assert new.read_topic_id() == "BBBBBBBBBBBBBBBBBBBBBB"
+        # The same id again is no change.
+        rm.append_records({TP: batch(2)}, 1, 1000)
+        rm.apply_leader_and_isr(TP, LeaderAndIsrState(0, 1, [0], [0], 0, 2), {}, "BBBBBBBBBBBBBBBBBBBBBB")
+        assert rm.partitions[TP].log is new and new.log_end_offset == 2
+        await rm.stop()
+    run(go())

@@ -211,8 +211,7 @@ class ReplicaManager:
             lg = self.logs.get_or_create(tp[0], tp[1], overrides)
         elif overrides is not None:
             self.logs.set_topic_config(tp[0], overrides)
-        p = Partition(tp[0], tp[1], lg, self.broker_id)
-        p.topic_id = topic_id
+        p = Partition(tp[0], tp[1], lg, self.broker_id)   # topic_id: set once partition.metadata is checked
         self.partitions[tp] = p
         return p
 

@@ -48,16 +48,19 @@ def fetch(broker, header, body):
     responses, size, errors = _read(broker, body)
     if size >= body["min_bytes"] or body["max_wait_ms"] <= 0 or errors:
         return _answer(responses)
-    return _long_poll(broker, body)
+    # Register for wake-ups now: the coroutine below starts only on a later loop turn, and an
+    # append (or HW move) in between must not leave this fetch asleep for max_wait_ms.
+    tps = [(t["topic"], p["partition"]) for t in body["topics"] for p in t["partitions"]]
+    return _long_poll(broker, body, tps, broker.notifier.waiter(tps))
 
 
-async def _long_poll(broker, body):
+async def _long_poll(broker, body, tps, fut):
     loop = asyncio.get_running_loop()
     deadline = loop.time() + body["max_wait_ms"] / 1000
-    tps = [(t["topic"], p["partition"]) for t in body["topics"] for p in t["partitions"]]
     while True:
         remaining = deadline - loop.time()
-        fut = broker.notifier.waiter(tps)
+        if fut is None:
+            fut = broker.notifier.waiter(tps)
         try:
             if remaining > 0:
                 await asyncio.wait_for(asyncio.shield(fut), remaining)
@@ -65,6 +68,7 @@ async def _long_poll(broker, body):
             pass
         finally:
             broker.notifier.forget(tps, fut)
+            fut = None
         responses, size, errors = _read(broker, body)
         if size >= body["min_bytes"] or errors or loop.time() >= deadline:
             return _answer(responses)
