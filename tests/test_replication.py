@@ -321,6 +321,12 @@ def test_t15_acks1_leader_kill_with_lagging_followers_is_seen_as_loss(cluster):
     report = hist.check()
     print(report.line())
     assert report.acked_lost == 200, report.line()
+    # KIP-101: the old leader's divergent tail is gone; all three logs hold the same batches.
+    new_leader = state(c)[0]
+
+    def stored(b):
+        return [(s.base_offset, s.last_offset, s.crc) for _p, s in all_batches(c.brokers[b].data_dir, TOPIC, 0)]
+    wait_until(lambda: all(stored(b) == stored(new_leader) for b in c.brokers), 20, "identical logs")
 
 
 # ---- leader-made ISR changes: a lagging follower leaves the ISR and rejoins ---------------------------
