@@ -123,6 +123,7 @@ log.cleaner.min.cleanable.ratio=0.25
         "unclean.leader.election.enable": True,
         "delete.retention.ms": 1000, "min.compaction.lag.ms": 5,
         "max.compaction.lag.ms": 60000, "min.cleanable.dirty.ratio": 0.25,
+        "file.delete.delay.ms": 60000,
     }
     assert not config.warnings
 
