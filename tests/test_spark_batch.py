@@ -241,3 +241,25 @@ def test_split_ranges_matches_sparks_rule():
         (0, 0, 20), (0, 20, 40), (0, 40, 60), (0, 60, 80), (0, 80, 100), (2, 50, 60)]
     assert split_ranges(ranges, 2) == [ranges[0], ranges[2]]
     assert split_ranges(ranges, None) == [ranges[0], ranges[2]]
+
+
+def test_stream_read_to_kbroker_stream_sink_available_now(spark, bootstrap, tmp_path):
+    """readStream -> writeStream, both kbroker: Trigger.AvailableNow with maxOffsetsPerTrigger=400
+    runs several micro-batches (ReadMaxRows) and copies every record once."""
+    src, dst = _topic("sstr-src"), _topic("sstr-dst")
+    create_topic(bootstrap, src, 3)
+    create_topic(bootstrap, dst, 3)
+    n = produce(bootstrap, src, ((i % 3, b"k%d" % i, b"v%d" % i, None) for i in range(1500)))
+    q = (spark.readStream.format("kbroker").option("kafka.bootstrap.servers", bootstrap).option("subscribe", src)
+         .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "400").load()
+         .selectExpr("key", "value")
+         .writeStream.format("kbroker").option("kafka.bootstrap.servers", bootstrap).option("topic", dst)
+         .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
+    q.awaitTermination(240)
+    assert not q.isActive and q.exception() is None
+    batches = [p for p in q.recentProgress if p["numInputRows"] > 0]
+    assert len(batches) == 4 and all(p["numInputRows"] <= 400 for p in batches), \
+        [p["numInputRows"] for p in q.recentProgress]
+    got = _rows(_read(spark, bootstrap, subscribe=dst))
+    assert sorted(r["value"] for r in got) == sorted(b"v%d" % i for i in range(n))
+    assert all(r["partition"] == murmur2_partition(r["key"], 3) for r in got)
