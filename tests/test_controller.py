@@ -292,3 +292,29 @@ def test_config_change_reaches_every_broker(cluster):
     # through /config/changes (not only the broker that served the AlterConfigs).
     for b in cluster.brokers.values():
         wait_until(lambda: value_on(b.port) == "3600000", 15, f"broker {b.broker_id} to apply retention.ms")
+
+
+def test_topic_replaced_in_one_zookeeper_transaction_is_taken_in(cluster, zk):
+    """Another tool deletes a topic and writes a new one of the same name (new id, more
+    partitions) in one multi-op: the children of /brokers/topics look unchanged, yet every broker
+    ends up with the new topic and leaders for all its partitions."""
+    name = _name("replaced")
+    _create(cluster, name, 1, 3)
+    for b in cluster.brokers.values():
+        _view_with(b.port, name)
+    new_id = L.new_uuid_base64()
+    assignment = {0: [0, 1, 2], 1: [1, 2, 0], 2: [2, 0, 1]}
+    tx = zk.transaction()
+    tx.delete(L.partition_state_path(name, 0))
+    tx.delete(L.partition_path(name, 0))
+    tx.delete(L.topic_partitions_path(name))
+    tx.delete(L.topic_path(name))
+    tx.create(L.topic_path(name), L.encode_topic(assignment, new_id))
+    assert not any(isinstance(r, Exception) for r in tx.commit())
+    for b in cluster.brokers.values():
+        wait_until(lambda: len((v := _view(b.port))[2].get(name, {})) == 3
+                   and all(lead >= 0 for lead, _, _ in v[2][name].values()), 15,
+                   f"broker {b.broker_id} to serve the new {name}")
+    for p in range(3):
+        st = L.decode_partition_state(zk.get(L.partition_state_path(name, p))[0])
+        assert st.leader == assignment[p][0] and st.leader_epoch == 0

@@ -50,7 +50,7 @@ class Controller:
         self._events: asyncio.Queue | None = None
         self._task: asyncio.Task | None = None
         self.elections = 0                    # leader elections made (LeaderElectionRate)
-        self.ready = asyncio.Event()          # set once the start-up state has been sent
+        self._watched_topics: set[str] = set()   # topic znodes with a data watch in this term
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def start(self, epoch: int) -> None:
@@ -59,7 +59,7 @@ class Controller:
         self.stop()
         self._generation += 1
         self.active = True
-        self.ready = asyncio.Event()
+        self._watched_topics = set()
         self.ctx = ControllerContext(epoch=epoch)
         self._events = asyncio.Queue()
         self._task = asyncio.get_running_loop().create_task(self._run(self._generation),
@@ -173,7 +173,6 @@ class Controller:
             self._send_leader_and_isr(ctx.partitions_with_replica(bid), only=bid)
         self._send_update_metadata(list(ctx.states))
         self._start_rebalance_timer(generation)
-        self.ready.set()
         log.info("controller %d: %d brokers, %d topics, %d partitions (%d elected at start-up)", self.broker_id,
                  len(ctx.brokers), len(ctx.assignments), len(ctx.states), len(changed))
 
@@ -189,7 +188,9 @@ class Controller:
         ctx.assignments[name] = assignment
         for p, sv in states.items():
             ctx.states[(name, p)] = sv
-        self._watch(generation, "topic_data", L.topic_path(name), data=True, arg=name)
+        if name not in self._watched_topics:    # a watch outlives its znode: one per name is enough
+            self._watched_topics.add(name)
+            self._watch(generation, "topic_data", L.topic_path(name), data=True, arg=name)
         return True
 
     def _add_broker(self, reg: L.BrokerRegistration, czxid: int) -> None:
@@ -398,7 +399,14 @@ class Controller:
         except TopicNotFoundError:
             return     # the children watch handles a deletion
         if topic_id != ctx.topic_ids.get(name):
-            return     # deleted and recreated: the children watch sees it
+            # Deleted and recreated behind our back (the children watch may have seen no change):
+            # brokers drop the old topic, then it is taken in as a new one.
+            old = ctx.assignments[name]
+            deleted = {(name, p): (r, ctx.topic_ids.get(name)) for p, r in old.items()}
+            ctx.remove_topic(name)
+            self._send_update_metadata([], deleted=deleted)
+            await self._on_topics(generation)
+            return
         added = {p: r for p, r in assignment.items() if p not in ctx.assignments[name]}
         if added:
             ctx.assignments[name] = {**ctx.assignments[name], **added}
