@@ -6,6 +6,7 @@ its leaderships over (controlled shutdown) while it is still registered.
 Bound (stated): leadership is visible in Metadata at most the session timeout + 6 s after kill -9
 (session expiry, then one controller event: a ZooKeeper read, one fenced multi-op, the requests)."""
 import json
+import os
 import signal
 import time
 import uuid
@@ -299,3 +300,39 @@ def test_reassign_partitions_moves_replicas_and_keeps_the_data(cluster, zk, tmp_
     for q in (0, 2):
         wait_until(lambda: not (cluster.brokers[0].data_dir / f"{name}-{q}").exists(), 15,
                    f"broker 0's copy of {name}-{q} to be deleted")
+
+
+@pytest.mark.slow
+def test_frozen_controller_is_replaced_and_fenced_when_it_wakes(cluster, zk):
+    """SIGSTOP the controller past its session timeout: another broker takes over with the next
+    epoch and moves its leaderships. Woken up, the old controller finds its session gone, writes
+    nothing (every state keeps the new epoch) and follows the new controller as a plain broker."""
+    import confluent_kafka as ck
+
+    name = f"frozen-{uuid.uuid4().hex[:6]}"
+    _create(cluster, name, 6)
+    old, epoch = _controller(zk)
+    os_pid = cluster.brokers[old].proc.pid
+    os.kill(os_pid, signal.SIGSTOP)
+    try:
+        new, new_epoch = wait_until(lambda: zk.exists(L.CONTROLLER) and _controller(zk)[0] != old and _controller(zk),
+                                    BOUND_S + 30, "a new controller")
+        assert new_epoch == epoch + 1
+        wait_until(lambda: all(st.leader != old and old not in st.isr for st in _states(zk, name, 6).values()),
+                   BOUND_S + 30, f"leadership and ISRs without the frozen broker {old}")
+    finally:
+        os.kill(os_pid, signal.SIGCONT)
+    frozen_port = cluster.brokers[old].port
+    # It re-registers under a new session and learns of the new controller from it.
+    wait_until(lambda: zk.exists(L.broker_path(old)) is not None and _leaders(frozen_port, name)[1] == new,
+               BOUND_S + 30, f"broker {old} to follow controller {new}")
+    assert _controller(zk) == (new, new_epoch)
+    for st in _states(zk, name, 6).values():
+        assert st.controller_epoch in (epoch, new_epoch) and st.leader >= 0
+    wait_until(lambda: len({str(_leaders(b.port, name)) for b in cluster.brokers.values()}) == 1, 15,
+               "every broker to answer the same metadata")
+    p = ck.Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    for i in range(30):
+        p.produce(name, b"%d" % i, partition=i % 6)
+    assert p.flush(30) == 0
+    assert "is no longer controller" in cluster.brokers[old].log_path.read_text()
