@@ -247,7 +247,9 @@ def test_accept_backs_off_before_the_descriptor_limit():
     try:
         with ServerThread({18: _api_versions}) as srv:
             flood = subprocess.Popen([sys.executable, "-c", (
-                "import socket, sys\n"
+                "import resource, socket, sys\n"
+                "h = resource.getrlimit(resource.RLIMIT_NOFILE)[1]\n"
+                "resource.setrlimit(resource.RLIMIT_NOFILE, (h, h))\n"       # not our lowered limit
                 f"s = [socket.create_connection(('127.0.0.1', {srv.port})) for _ in range(140)]\n"
                 "print('connected', flush=True)\n"
                 "sys.stdin.read()\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

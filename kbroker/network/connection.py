@@ -27,12 +27,39 @@ import logging
 import mmap
 import os
 import struct
+import time
 from collections import deque
 
 from ..protocol import api
 from ..protocol.types import FileRegions, ProtocolError
 
 log = logging.getLogger(__name__)
+
+
+class _LimitedLog:
+    """What hostile input makes us say (malformed frames, failed handlers) goes through here: at most
+    ``per_window`` lines per ``window_s``, then one line counting the rest, so an attacker or a fuzzer
+    cannot turn the broker log into a disk-filling storm."""
+
+    def __init__(self, per_window: int = 20, window_s: float = 10.0):
+        self.per_window, self.window_s = per_window, window_s
+        self.start, self.count, self.suppressed = -1e9, 0, 0
+
+    def __call__(self, level, msg, *args, exc_info=False):
+        now = time.monotonic()
+        if now - self.start >= self.window_s:
+            if self.suppressed:
+                log.warning("%d more network warnings/errors like the above suppressed in %.0f s",
+                            self.suppressed, self.window_s)
+            self.start, self.count, self.suppressed = now, 0, 0
+        if self.count < self.per_window:
+            self.count += 1
+            log.log(level, msg, *args, exc_info=exc_info)
+        else:
+            self.suppressed += 1
+
+
+hostile_log = _LimitedLog()
 
 CHUNK_SIZE = 32 * 1024
 OFFLOAD_BYTES = 256 * 1024  # non-Produce requests this large are decoded and answered off the loop
@@ -198,7 +225,8 @@ class Connection(asyncio.BufferedProtocol):
             size = _SIZE.unpack_from(buf, self._start)[0]
             if size <= 0 or size > self.max_frame:
                 self.server.metrics.invalid_frames += 1
-                log.warning("closing %s: request size %d outside (0, %d]", self.peer, size, self.max_frame)
+                hostile_log(logging.WARNING, "closing %s: request size %d outside (0, %d]", self.peer, size,
+                            self.max_frame)
                 self.close()
                 return
             begin = self._start + 4
@@ -301,7 +329,7 @@ class Connection(asyncio.BufferedProtocol):
         except ProtocolError as e:
             release()
             server.metrics.invalid_frames += 1
-            log.warning("closing %s: %s", self.peer, e)
+            hostile_log(logging.WARNING, "closing %s: %s", self.peer, e)
             self.close()
             return
         slot = _Slot(header, self.last_active)
@@ -314,7 +342,8 @@ class Connection(asyncio.BufferedProtocol):
                 self._finish(slot, [api.encode_api_versions_fallback(header.correlation_id)])
             else:
                 server.metrics.invalid_frames += 1
-                log.warning("closing %s: unsupported %s v%d", self.peer, api.API_NAMES.get(key, key), version)
+                hostile_log(logging.WARNING, "closing %s: unsupported %s v%d", self.peer,
+                            api.API_NAMES.get(key, key), version)
                 self.close()
             return
         if len(frame) >= OFFLOAD_BYTES and key != 0:      # Produce: records stay views, decoding is cheap
@@ -328,7 +357,7 @@ class Connection(asyncio.BufferedProtocol):
         except ProtocolError as e:
             release()
             server.metrics.invalid_frames += 1
-            log.warning("closing %s: malformed %s v%d: %s", self.peer, api.API_NAMES[key], version, e)
+            hostile_log(logging.WARNING, "closing %s: malformed %s v%d: %s", self.peer, api.API_NAMES[key], version, e)
             self.close()
             return
         server.metrics.count_request(key, version)
@@ -336,7 +365,8 @@ class Connection(asyncio.BufferedProtocol):
             result = server.handlers[key](self, header, body)
         except Exception:
             release()
-            log.exception("error handling %s v%d from %s", api.API_NAMES[key], version, self.peer)
+            hostile_log(logging.ERROR, "error handling %s v%d from %s", api.API_NAMES[key], version, self.peer,
+                        exc_info=True)
             self.close()
             return
         if inspect.isawaitable(result):
@@ -355,7 +385,7 @@ class Connection(asyncio.BufferedProtocol):
                                                        key, version, frame, pos)
             except ProtocolError as e:
                 server.metrics.invalid_frames += 1
-                log.warning("closing %s: malformed %s v%d: %s", self.peer, name, version, e)
+                hostile_log(logging.WARNING, "closing %s: malformed %s v%d: %s", self.peer, name, version, e)
                 self.close()
                 return
             server.metrics.count_request(key, version)
@@ -366,7 +396,8 @@ class Connection(asyncio.BufferedProtocol):
                 result = await self.loop.run_in_executor(server.heavy_executor, api.encode_response,
                                                          key, version, header.correlation_id, result)
         except Exception:
-            log.exception("error handling %s v%d from %s; closing", name, version, self.peer)
+            hostile_log(logging.ERROR, "error handling %s v%d from %s; closing", name, version, self.peer,
+                        exc_info=True)
             result = CLOSE
         finally:
             release()
@@ -377,8 +408,8 @@ class Connection(asyncio.BufferedProtocol):
         try:
             result = await awaitable
         except Exception:
-            log.exception("error handling %s v%d from %s",
-                          api.API_NAMES[slot.header.api_key], slot.header.api_version, self.peer)
+            hostile_log(logging.ERROR, "error handling %s v%d from %s",
+                        api.API_NAMES[slot.header.api_key], slot.header.api_version, self.peer, exc_info=True)
             result = CLOSE
         finally:
             release()
@@ -394,8 +425,8 @@ class Connection(asyncio.BufferedProtocol):
         except Exception:
             # e.g. a response over 2^31-1 bytes: no answer is possible, so the client must see a close
             # (not a hang); logged once per failure.
-            log.exception("cannot encode %s v%d response for %s; closing",
-                          api.API_NAMES.get(h.api_key, h.api_key), h.api_version, self.peer)
+            hostile_log(logging.ERROR, "cannot encode %s v%d response for %s; closing",
+                        api.API_NAMES.get(h.api_key, h.api_key), h.api_version, self.peer, exc_info=True)
             chunks = CLOSE
         self._finish(slot, chunks)
 
@@ -442,7 +473,7 @@ class Connection(asyncio.BufferedProtocol):
             else:
                 await self._write_via_transport(chunks)
         except (OSError, ConnectionError, RuntimeError) as e:
-            log.warning("closing %s: fetch send failed: %s", self.peer, e)
+            hostile_log(logging.WARNING, "closing %s: fetch send failed: %s", self.peer, e)
             self.close()
             return
         finally:

@@ -19,13 +19,14 @@ import asyncio
 import concurrent.futures
 import ctypes
 import ctypes.util
+import errno
 import logging
 import os
 import resource
 import select
 import socket
 
-from .connection import Connection
+from .connection import Connection, hostile_log
 from .pool import MemoryPool
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,8 @@ class KafkaServer:
         self.fd_reserve = min(FD_RESERVE, soft // 4)
         self.fd_limit = soft - self.fd_reserve if soft != resource.RLIM_INFINITY else 2**31
         self._fd_paused = False
+        self._accept_failing = False     # in an EMFILE episode (reported once)
+        self._listen = []
         self.idle_ms = idle_ms
         self.sendfile_min_bytes = sendfile_min_bytes
         self.send_buffer_bytes = send_buffer_bytes
@@ -106,6 +109,13 @@ class KafkaServer:
             # backlog also bounds how many accepts asyncio tries per readiness event
             self._new_connection, self.host or None, self.port, reuse_address=True, backlog=128)
         self.port = self._server.sockets[0].getsockname()[1]
+        # Our own accept loop instead of asyncio's: that one accepts up to the backlog (128) per wake-up
+        # before any limit can be checked, and logs every EMFILE; ours checks max.connections and the
+        # descriptor reserve after each accept and reports descriptor exhaustion once per episode.
+        self._listen = [getattr(sk, "_sock", sk) for sk in self._server.sockets]
+        for sock in self._listen:
+            self.loop._remove_reader(sock.fileno())
+            self.loop._add_reader(sock.fileno(), self._accept_ready, sock)
         self._sweeper = self.loop.create_task(self._sweep())
         self._hangup_watch = self.loop.create_task(self._watch_hangups())
         log.info("listening on %s:%d", self.host or "*", self.port)
@@ -116,17 +126,6 @@ class KafkaServer:
     # ---- connection accounting and accept control ------------------------------------------------
     def connection_opened(self, conn) -> None:
         ip = conn.peer[0] if conn.peer else None
-        sock = conn.transport.get_extra_info("socket")
-        fd = sock.fileno() if sock is not None else -1
-        # fds are allocated lowest-first, so a new socket's number tracks how many are open. Near the
-        # limit this one is still served, but accepting stops (new clients wait in the backlog) until
-        # descriptors are free again: the reserve stays for ZooKeeper, segment rolls and checkpoints.
-        if fd >= self.fd_limit and self._accepting:
-            log.warning("descriptors nearly exhausted (fd %d of %d): not accepting until some close",
-                        fd, self.fd_limit + self.fd_reserve)
-            self._pause_accepting()
-            self._fd_paused = True
-            self.loop.call_later(0.5, self._recheck_fds)
         if len(self.connections) >= self.max_connections:
             self._reject(conn, "max.connections=%d reached" % self.max_connections)
             self._pause_accepting()
@@ -161,11 +160,43 @@ class KafkaServer:
                         self.metrics.connections_rejected)
         conn.close()
 
+    ACCEPT_BURST = 16    # accepts per wake-up of the listening socket (then other work gets a turn)
+
+    def _accept_ready(self, sock) -> None:
+        for i in range(self.ACCEPT_BURST):
+            # connection_made (which counts a connection) runs after this burst: count the burst too
+            if not self._accepting or len(self.connections) + i >= self.max_connections:
+                return
+            try:
+                conn, addr = sock.accept()
+                conn.setblocking(False)
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as e:
+                if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    raise
+                if not self._accept_failing:
+                    self._accept_failing = True
+                    log.warning("cannot accept connections: %s; retrying every second until it works", e)
+                self._pause_accepting(retry_s=1.0)
+                return
+            self._accept_failing = False
+            self.loop._make_socket_transport(conn, self._new_connection(), extra={"peername": addr},
+                                             server=self._server)
+            if conn.fileno() >= self.fd_limit:
+                # this one is served; nothing more is accepted until descriptors are free again
+                log.warning("descriptors nearly exhausted (fd %d of %d): not accepting until some close",
+                            conn.fileno(), self.fd_limit + self.fd_reserve)
+                self._fd_paused = True
+                self._pause_accepting()
+                self.loop.call_later(0.5, self._recheck_fds)
+                return
+
     def _pause_accepting(self, retry_s: float | None = None) -> None:
         if self._accepting and self._server is not None:
             self._accepting = False
             self.metrics.accept_pauses += 1
-            for sock in self._server.sockets:
+            for sock in self._listen:
                 self.loop._remove_reader(sock.fileno())
         if retry_s is not None:
             self.loop.call_later(retry_s, self._resume_accepting)
@@ -188,9 +219,8 @@ class KafkaServer:
         if len(self.connections) >= self.max_connections or self._fd_paused:
             return   # connection_closed resumes us
         self._accepting = True
-        for sock in self._server.sockets:
-            # Server.sockets are TransportSocket wrappers; the accept loop needs the socket itself
-            self.loop._start_serving(self._new_connection, getattr(sock, "_sock", sock), None, self._server, 128)
+        for sock in self._listen:
+            self.loop._add_reader(sock.fileno(), self._accept_ready, sock)
 
     async def _sweep(self):
         """connections.max.idle.ms: a connection with no request for that long is closed, and so is one
@@ -219,7 +249,8 @@ class KafkaServer:
                 if frame_deadline is not None and conn.partial_since is not None \
                         and conn.partial_since < frame_deadline:
                     self.metrics.frame_timeouts += 1
-                    log.info("closing %s: request frame incomplete after %d ms", conn.peer, self.frame_timeout_ms)
+                    hostile_log(logging.INFO, "closing %s: request frame incomplete after %d ms", conn.peer,
+                                self.frame_timeout_ms)
                     conn.transport.abort()
                     continue
                 if idle_deadline is None:
