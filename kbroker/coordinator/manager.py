@@ -413,13 +413,13 @@ class GroupCoordinator:
 
     def _add_member_and_rebalance(self, g: Group, m: Member) -> asyncio.Future:
         fut = m.join_future = self.loop.create_future()
+        if not g.members:
+            g.protocol_type = m.protocol_type   # the first member of an empty group sets the type
         g.members[m.member_id] = m
         if m.group_instance_id is not None:
             g.static_members[m.group_instance_id] = m.member_id
         if g.leader_id is None:
             g.leader_id = m.member_id
-        if g.protocol_type is None:
-            g.protocol_type = m.protocol_type
         g.new_member_added = True
         self._schedule_heartbeat(g, m)
         self._update_and_rebalance(g, f"adding member {m.member_id}")
