@@ -10,7 +10,7 @@ Phase "off" sets log.cleaner.enable=false, phase "on" true; the load is otherwis
 prints p50/p99/max per phase, p99(on) / p99(off), and, for "on", the cleaner's progress from the
 broker's cleaner-offset-checkpoint and the compacted partition's size on disk.
 
-    python -m kbroker.perf.cleaner_bench [--seconds 20] [--rounds 3] [--churn-rate 40000] [--json out.json]
+    python -m kbroker.perf.cleaner_bench [--seconds 10] [--rounds 8] [--churn-rate 40000] [--json out.json]
 """
 from __future__ import annotations
 
@@ -131,8 +131,8 @@ def _phase(root, overrides, cleaner, seconds, rate) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=20.0)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--churn-rate", type=int, default=40000, help="records/s to the compacted topic")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
