@@ -230,7 +230,6 @@ class ReplicaFetcher:
                             s.truncating = True
                             continue
                     lg.high_watermark = min(r["high_watermark"], lg.log_end_offset)
-                    rm.broker.notifier.appended(tp)
                 elif code == Errors.OFFSET_OUT_OF_RANGE:
                     start = r["log_start_offset"]
                     if 0 <= offset < start:

@@ -140,7 +140,10 @@ class ReplicaManager:
                 continue
             if not internal:
                 metrics.produced(tp[0], r.last_offset - r.base_offset + 1, len(records))
-            notifier.appended(tp)
+            # Followers' long polls wake on appends, consumers' on HW moves (_complete): a
+            # consumer has nothing new to read until the HW moves.
+            if len(p.replicas) > 1:
+                notifier.appended(p.follower_key)
             if len(p.isr) == 1 and p.maybe_increment_hw():
                 self._complete(p)
             if acks == -1 and r.last_offset >= lg.high_watermark:

@@ -33,11 +33,16 @@ class FollowerState:
         self.fetch_epoch = -1               # current_leader_epoch its last fetch carried
 
 
+def follower_key(topic: str, index: int) -> tuple:
+    return (topic, index, "follower")
+
+
 class Partition:
     def __init__(self, topic: str, index: int, log, local_id: int):
         self.topic = topic
         self.index = index
         self.tp = (topic, index)
+        self.follower_key = follower_key(topic, index)   # AppendNotifier key of follower long polls
         self.log = log
         self.local_id = local_id
         self.leader_id = -1

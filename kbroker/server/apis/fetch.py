@@ -13,6 +13,7 @@ from ...log.errors import OffsetOutOfRange
 from ...protocol import api
 from ...protocol.errors import Errors
 from ...protocol.types import FileRegions
+from ...replica.partition import follower_key
 
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
 
@@ -50,7 +51,10 @@ def fetch(broker, header, body):
         return _answer(responses)
     # Register for wake-ups now: the coroutine below starts only on a later loop turn, and an
     # append (or HW move) in between must not leave this fetch asleep for max_wait_ms.
-    tps = [(t["topic"], p["partition"]) for t in body["topics"] for p in t["partitions"]]
+    if replica_id >= 0:     # a follower waits for appends, a consumer for the high watermark
+        tps = [follower_key(t["topic"], p["partition"]) for t in body["topics"] for p in t["partitions"]]
+    else:
+        tps = [(t["topic"], p["partition"]) for t in body["topics"] for p in t["partitions"]]
     return _long_poll(broker, body, tps, broker.notifier.waiter(tps))
 
 
