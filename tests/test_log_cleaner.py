@@ -304,7 +304,7 @@ def test_dirty_ratio_and_checkpoint_file(tmp_path):
     for i in range(40):
         append(lg, [(b"k%d" % (i % 4), b"%d" % i)])
     cleaner = m.cleaner
-    assert cleaner._dirty_ratio(lg, NOW) == pytest.approx(1.0 + 1.0)   # unknown horizons: once
+    assert cleaner._dirty_ratio(lg, NOW) == pytest.approx(1.0)          # all dirty
     assert cleaner._clean_one()
     assert cleaner._dirty_ratio(lg, NOW) is None
     m.checkpoint()
@@ -550,3 +550,25 @@ def test_shutdown_mid_pass_on_the_event_loop(tmp_path):
     lg = Log(str(part), "t", 0, LogConfig({"cleanup.policy": "compact"}), now=NOW)
     assert latest(file_records(lg)) == before
     lg.close()
+
+
+def test_restart_finds_stamped_horizons_without_a_pass(tmp_path):
+    """After a restart the cleaner reads the delete horizons stamped in the batches: nothing is
+    rewritten before the earliest one, and the tombstone goes once it has passed."""
+    lg = make_log(tmp_path / "t-0", **{"min.cleanable.dirty.ratio": 0.9})
+    for i in range(20):
+        append(lg, [(b"k%d" % (i % 4), None if i == 17 else b"%d" % i)])
+    lg.roll(NOW)
+    assert LogCleaner().clean_log(lg, NOW) is not None
+    lg.close()
+    lg2 = make_log(tmp_path / "t-0", **{"min.cleanable.dirty.ratio": 0.9})
+    lg2.cleaner_checkpoint = lg.cleaner_checkpoint        # as LogManager loads it from its file
+    fresh = LogCleaner(logs=lambda: [lg2])
+    assert fresh._discover_horizon(lg2, NOW) == NOW + DAY
+    fresh._horizons[id(lg2)] = NOW + DAY
+    assert fresh._dirty_ratio(lg2, NOW + 1000) is None      # clean, horizon ahead: nothing to do
+    assert fresh._dirty_ratio(lg2, NOW + DAY) is not None
+    assert (17, b"k1", None) in file_records(lg2)
+    assert fresh.clean_log(lg2, NOW + DAY) is not None
+    assert b"k1" not in {k for _o, k, _v in file_records(lg2)}
+    lg2.close()

@@ -395,6 +395,8 @@ class LogCleaner:
             with self._lock:
                 if id(lg) in self._busy or lg in self.uncleanable:
                     continue
+            if id(lg) not in self._horizons:
+                self._horizons[id(lg)] = self._discover_horizon(lg, now)
             ratio = self.runner(lambda lg=lg: self._dirty_ratio(lg, now))
             if ratio is not None and ratio > best_ratio:
                 best, best_ratio = lg, ratio
@@ -440,7 +442,7 @@ class LogCleaner:
                     oldest_dirty_ts = seg.first_batch_ms
         if total == 0:
             return None
-        horizon = self._horizons.get(id(lg), 0)     # unknown after a restart: check once
+        horizon = self._horizons.get(id(lg))
         if horizon is not None and horizon <= now:
             return 1.0 + dirty / total
         ratio = dirty / total
@@ -450,6 +452,22 @@ class LogCleaner:
         if dirty and oldest_dirty_ts is not None and oldest_dirty_ts >= 0 and now - oldest_dirty_ts > max_lag:
             return ratio
         return None
+
+    def _discover_horizon(self, lg, now: int):
+        """Earliest delete horizon stamped in ``lg``'s cleanable batches (None if none): after
+        a restart this says when tombstones fall due without rewriting the log to find out."""
+        snap = self.runner(lambda: _Snapshot(lg, now))
+        try:
+            horizon = None
+            for s in snap.segments:
+                _e, headers, _r = _segment.scan_batches(s.fd, 0, s.size, s.base, s.base, False)
+                for h in headers:
+                    if h[10] & ATTR_DELETE_HORIZON:
+                        ts = int.from_bytes(os.pread(s.fd, 8, h[0] + 27), "big", signed=True)
+                        horizon = ts if horizon is None else min(horizon, ts)
+            return horizon
+        finally:
+            snap.close()
 
     # -- one pass ---------------------------------------------------------------------------
 
