@@ -6,7 +6,9 @@ calls the data source from plain threads.
 from __future__ import annotations
 
 import asyncio
+import queue
 import re
+import threading
 import time
 
 from .options import EARLIEST, LATEST, ClientConfig, OffsetRange, OptionError, ReadConfig
@@ -179,26 +181,30 @@ def starting_offsets(cfg: ReadConfig) -> dict:
 # ---------------------------------------------------------------- executor side: read
 
 
-def read_range(client: ClientConfig, topic: str, partition: int, start: int, end: int,
-               include_headers: bool, fail_on_data_loss: bool, max_rows: int, max_bytes: int):
-    """Yield pyarrow.RecordBatches (Spark's Kafka schema) of offsets [start, end) of one
-    partition, fetched from its leader (the client retries across leader moves) and decoded
-    natively. Offsets missing because of compaction are skipped; offsets below the log start
-    (retention) fail when ``fail_on_data_loss``, else are skipped."""
-    from kbroker._native.arrow import RecordDecoder
+def _fetch_ranges(client: ClientConfig, topic: str, partition: int, start: int, end: int,
+                  fail_on_data_loss: bool, out, stop):
+    """Fetch thread of read_range: puts (fetch_position, [BatchInfo], buffer) for every fetch of
+    [start, end) on the bounded queue ``out``, then None; an exception is put instead of None.
+    Runs ahead of the decoder by the queue's size, so the network overlaps the decoding."""
     from kbroker.client import KafkaError
-    from kbroker.record import DEFAULT_MAX_DECOMPRESSED, iter_batches
-    from kbroker.record.compression import decompress
+    from kbroker.record import iter_batches
 
-    if start >= end:
-        return
     loop = asyncio.new_event_loop()
     cluster = _cluster(client)
     consumer = _consumer(client, cluster)
-    decoder = RecordDecoder(include_headers, max_rows, max_bytes)
-    pos = start
+
+    def put(item):
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     try:
-        while pos < end:
+        pos = start
+        while pos < end and not stop.is_set():
             try:
                 r = loop.run_until_complete(consumer.fetch(
                     topic, partition, pos, max_bytes=client.max_partition_fetch_bytes,
@@ -220,32 +226,14 @@ def read_range(client: ClientConfig, topic: str, partition: int, start: int, end
                                         f"(the range ended at {end}); set failOnDataLoss=false to "
                                         "stop there") from e
                 break
-            data = r.raw
+            data = r.raw if r.raw is not None else b""
+            infos = iter_batches(data, 0, client.check_crcs) if len(data) else []
             nxt = pos
-            if data is not None and len(data):
-                mv = memoryview(data)
-                for info in iter_batches(mv, 0, client.check_crcs):
-                    if info.base_offset >= end:
-                        nxt = end
-                        break
-                    last_next = info.next_offset
-                    if last_next > nxt:
-                        nxt = last_next
-                    if info.is_control or last_next <= pos:
-                        continue
-                    section = mv[info.position + HEADER_SIZE:info.position + info.size]
-                    if info.codec:
-                        section = decompress(info.codec, section, DEFAULT_MAX_DECOMPRESSED)
-                    ts_type = info.timestamp_type
-                    lat = info.max_timestamp if ts_type else -1
-                    spos, sidx = 0, 0
-                    while True:
-                        spos, sidx, full = decoder.append(section, info.record_count, info.base_offset,
-                                                          info.first_timestamp, lat, ts_type, pos, end,
-                                                          spos, sidx)
-                        if not full:
-                            break
-                        yield decoder.flush(topic, partition)
+            for info in infos:
+                if info.base_offset >= end:
+                    nxt = end
+                    break
+                nxt = max(nxt, info.next_offset)
             if nxt <= pos:
                 # Nothing at pos: past the high watermark the range promised data that is gone
                 # (truncation); below it, a gap (compaction, aborted data) ends at the HW.
@@ -256,12 +244,67 @@ def read_range(client: ClientConfig, topic: str, partition: int, start: int, end
                                             "stop there")
                     break
                 nxt = min(r.high_watermark, end)
+            if infos and not put((pos, infos, data)):
+                return
             pos = nxt
-        if decoder.rows:
-            yield decoder.flush(topic, partition)
+        put(None)
+    except BaseException as e:   # handed to the decoding side, which raises it in the task
+        put(e)
     finally:
         loop.run_until_complete(cluster.close())
         loop.close()
+
+
+def read_range(client: ClientConfig, topic: str, partition: int, start: int, end: int,
+               include_headers: bool, fail_on_data_loss: bool, max_rows: int, max_bytes: int):
+    """Yield pyarrow.RecordBatches (Spark's Kafka schema) of offsets [start, end) of one
+    partition, fetched from its leader (the client retries across leader moves) and decoded
+    natively. Offsets missing because of compaction are skipped; offsets below the log start
+    (retention) fail when ``fail_on_data_loss``, else are skipped. A fetch thread keeps up to
+    two fetches ahead (bounded memory: 2 x kafka.max.partition.fetch.bytes)."""
+    from kbroker._native.arrow import RecordDecoder
+    from kbroker.record import DEFAULT_MAX_DECOMPRESSED
+    from kbroker.record.compression import decompress
+
+    if start >= end:
+        return
+    fetched: queue.Queue = queue.Queue(maxsize=2)
+    stop = threading.Event()
+    fetcher = threading.Thread(target=_fetch_ranges, name=f"kbroker-fetch-{topic}-{partition}", daemon=True,
+                               args=(client, topic, partition, start, end, fail_on_data_loss, fetched, stop))
+    fetcher.start()
+    decoder = RecordDecoder(include_headers, max_rows, max_bytes)
+    try:
+        while True:
+            item = fetched.get()
+            if item is None:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            pos, infos, data = item
+            mv = memoryview(data)
+            for info in infos:
+                if info.base_offset >= end:
+                    break
+                if info.is_control or info.next_offset <= pos:
+                    continue
+                section = mv[info.position + HEADER_SIZE:info.position + info.size]
+                if info.codec:
+                    section = decompress(info.codec, section, DEFAULT_MAX_DECOMPRESSED)
+                ts_type = info.timestamp_type
+                lat = info.max_timestamp if ts_type else -1
+                spos, sidx = 0, 0
+                while True:
+                    spos, sidx, full = decoder.append(section, info.record_count, info.base_offset,
+                                                      info.first_timestamp, lat, ts_type, pos, end, spos, sidx)
+                    if not full:
+                        break
+                    yield decoder.flush(topic, partition)
+        if decoder.rows:
+            yield decoder.flush(topic, partition)
+    finally:
+        stop.set()
+        fetcher.join()
 
 
 # ---------------------------------------------------------------- executor side: write
