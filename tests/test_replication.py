@@ -16,13 +16,14 @@ import time
 import pytest
 from confluent_kafka import Producer
 
-from checkers import METADATA, PRODUCE, History, RawConn, all_batches, read_all_confluent
+from checkers import FETCH, METADATA, PRODUCE, History, RawConn, all_batches, read_all_confluent
 from kbroker._native.batch import BatchBuilder
 from kbroker.testing import LocalCluster, wait_until
 
 LAG_MS = 3000
 TOPIC = "rep"
 NOT_ENOUGH_REPLICAS = 19
+NOT_LEADER_OR_FOLLOWER = 6
 
 
 @pytest.fixture
@@ -154,6 +155,15 @@ def test_acks_all_replicated_to_every_log_and_consumers_stop_at_hw(cluster):
     leader_batches = stored(leader)
     assert leader_batches and leader_batches[-1][1] == 2999
     wait_until(lambda: all(stored(b) == leader_batches for b in c.brokers), 20, "followers to hold the leader's batches")
+    # Reading past the HW is for assigned replicas only: a Fetch with another broker id is refused.
+    body = {"replica_id": 7, "max_wait_ms": 0, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0,
+            "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "",
+            "topics": [{"topic": TOPIC, "partitions": [{"partition": 0, "current_leader_epoch": -1,
+                                                        "fetch_offset": 0, "log_start_offset": -1,
+                                                        "partition_max_bytes": 1 << 20}]}]}
+    with RawConn(f"127.0.0.1:{c.brokers[leader].port}") as conn:
+        resp = conn.request(FETCH, 11, body)
+    assert resp["responses"][0]["partitions"][0]["error_code"] == NOT_LEADER_OR_FOLLOWER
 
     # Followers stopped: acks=1 writes land on the leader only, and no consumer sees them.
     followers = [b for b in c.brokers if b != leader]

@@ -95,7 +95,8 @@ def _answer(responses):
 def _read(broker, body):
     """Read every requested partition -> (responses, total bytes, any error)."""
     budget = body.get("max_bytes", 0x7FFFFFFF)
-    follower = body.get("replica_id", -1) >= 0
+    replica_id = body.get("replica_id", -1)
+    follower = replica_id >= 0
     first = True
     total = 0
     errors = False
@@ -109,7 +110,9 @@ def _read(broker, body):
                    "log_start_offset": -1, "aborted_transactions": None, "preferred_read_replica": -1,
                    "records": b""}   # never null: librdkafka rejects MessageSetSize -1
             parts.append(res)
-            lg, _pinfo, err = _leader_log(broker, name, index, p.get("current_leader_epoch", -1))
+            lg, part, err = _leader_log(broker, name, index, p.get("current_leader_epoch", -1))
+            if not err and follower and replica_id not in part.replicas:
+                err = Errors.NOT_LEADER_OR_FOLLOWER      # only assigned replicas read past the HW
             if err:
                 res["error_code"] = int(err)
                 errors = True
