@@ -12,6 +12,13 @@ import time
 import uuid
 
 import pytest
+# Imported here, once: the consumer threads importing them concurrently can deadlock on the import lock.
+import aiokafka  # noqa: F401
+import confluent_kafka  # noqa: F401
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor as _AioRR  # noqa: F401
+from kafka import KafkaConsumer as _KC  # noqa: F401
+from kafka.coordinator.assignors.range import RangePartitionAssignor as _KR  # noqa: F401
+from kafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor as _KRR  # noqa: F401
 
 from kbroker.client.connection import BrokerConnection
 from kbroker.client.group import decode_assignment, encode_subscription
