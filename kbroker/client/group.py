@@ -439,7 +439,14 @@ class GroupConsumer:
         wait = max(10, max_wait_ms // len(tps))
         for i in range(len(tps)):
             tp = tps[(self._cursor + i) % len(tps)]
-            r = await self.consumer.fetch(tp[0], tp[1], self.positions[tp], max_wait_ms=wait)
+            try:
+                r = await self.consumer.fetch(tp[0], tp[1], self.positions[tp], max_wait_ms=wait)
+            except KafkaError as e:
+                if e.error != Errors.OFFSET_OUT_OF_RANGE:
+                    raise
+                # the committed position fell out of the log (retention): auto.offset.reset
+                self.positions[tp] = await self.consumer.list_offsets(tp[0], tp[1], self.auto_offset_reset)
+                continue
             if tp in self.positions:
                 self.positions[tp] = max(self.positions[tp], r.next_offset)
             if r.records:
