@@ -96,3 +96,53 @@ def test_console_producer_backs_off_while_the_topic_is_missing(bs):
     assert cpu < 1.0, f"{cpu:.2f} s CPU in {elapsed:.1f} s"
     md = request(bs, 3, {"topics": [{"name": topic}], "allow_auto_topic_creation": False}, 4)
     assert md["topics"][0]["error_code"] == 3     # and it really was not created
+
+
+@pytest.mark.parametrize("first", ["kbroker", "kafka_python"])
+def test_group_consumer_shares_a_group_with_kafka_python(bs, first):
+    """kbroker's GroupConsumer and a kafka-python consumer in one range group: whoever joins first
+    leads and assigns for both (each side parses the other's subscription and assignment); every
+    record is read exactly once."""
+    import asyncio
+    import threading
+
+    from kbroker.client.group import GroupConsumer
+    from test_groups import Runner
+    topic, group, n = f"mix-{uuid.uuid4().hex[:8]}", f"mixg-{uuid.uuid4().hex[:8]}", 300
+    create_topic(bs, topic, 4)
+    wait_until(lambda: coordinator_ready(bs, group), 30, "coordinator")
+    seen, stop, errors = [], threading.Event(), []
+
+    def ours():
+        async def go():
+            async with GroupConsumer(bs, group, [topic], session_timeout_ms=6000, heartbeat_interval_ms=500,
+                                     auto_offset_reset="earliest", assignor="range") as c:
+                while not stop.is_set():
+                    seen.extend((r.partition, r.offset, r.value) for r in await c.poll(200))
+        try:
+            asyncio.run(go())
+        except Exception as e:
+            errors.append(e)
+    t = threading.Thread(target=ours, daemon=True)
+    runner = None
+    try:
+        if first == "kbroker":
+            t.start()
+            wait_until(lambda: split_ok(bs, group, 1, 4), 30, "kbroker consumer alone")
+            runner = Runner("kafka_python", bs, group, topic, assignor="range")
+        else:
+            runner = Runner("kafka_python", bs, group, topic, assignor="range")
+            wait_until(lambda: split_ok(bs, group, 1, 4), 30, "kafka-python consumer alone")
+            t.start()
+        wait_until(lambda: split_ok(bs, group, 2, 4), 60, "both members assigned two partitions")
+        produce(bs, topic, n)
+        wait_until(lambda: len({v for *_, v in seen + runner.seen}) >= n, 60, "all read")
+        time.sleep(0.5)
+        check_exactly_once(seen + runner.seen, n)
+        assert seen and runner.seen
+    finally:
+        stop.set()
+        t.join(30)
+        if runner is not None:
+            runner.close()
+    assert errors == []
