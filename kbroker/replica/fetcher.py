@@ -127,8 +127,9 @@ class ReplicaFetcher:
     async def _truncate(self) -> None:
         rm = self.rm
         queries = {}     # tp -> epoch to ask about
+        now = time.monotonic()
         for tp, s in self.partitions.items():
-            if not s.truncating:
+            if not s.truncating or s.parked_until > now:
                 continue
             p = rm.partitions.get(tp)
             if p is None:
