@@ -114,6 +114,7 @@ class Broker:
             self.metrics_server = MetricsServer(self, listener.host, cfg.metrics_port)
             await self.metrics_server.start()
         self._start_periodic()
+        self.group_coordinator.start()   # loads the __consumer_offsets partitions we lead, runs offset expiry
 
     def _pool_bytes(self) -> int:
         # Kafka's default -1 means unbounded; we always bound it (four maximum-size requests).
@@ -152,6 +153,7 @@ class Broker:
             self.controller.stop()
         for t in self._tasks:
             t.cancel()
+        self.group_coordinator.stop()    # waiting JoinGroup/SyncGroup requests get NOT_COORDINATOR
         if self.metrics_server is not None:
             await self.metrics_server.stop()
         if self.server is not None:
