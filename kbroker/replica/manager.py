@@ -75,7 +75,6 @@ class ReplicaManager:
         self.partitions: dict[tuple[str, int], Partition] = {}
         self.fetchers: dict[int, ReplicaFetcher] = {}
         self.controller_epoch = -1          # highest controller epoch seen (replica_control)
-        self.controller_managed = False     # a LeaderAndIsr arrived: leadership comes from it only
         self.isr_shrinks = 0
         self.isr_expands = 0
         self._tasks: set = set()

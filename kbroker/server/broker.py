@@ -16,7 +16,7 @@ from ..log.manager import LogManager
 from ..metrics import BrokerMetrics, MetricsServer
 from ..network.server import KafkaServer
 from ..protocol import api
-from ..replica import LeaderAndIsrState, ReplicaManager
+from ..replica import ReplicaManager
 from ..controller.controller import Controller
 from ..zk.client import BrokerZk
 from ..zk.layout import CONFIG_CHANGES
@@ -260,20 +260,10 @@ class Broker:
         return eff
 
     def open_logs(self, topic: TopicInfo, config_changed: bool = True) -> None:
-        """Re-apply the topic's config to its open logs when the overrides changed. Until a
-        controller has sent LeaderAndIsr, also lead what the cached state names this broker the
-        leader of, through the same ReplicaManager entry point LeaderAndIsr uses."""
-        overrides = self.topic_overrides(topic)
+        """Re-apply the topic's config to its open logs when the overrides changed. Logs open and
+        leadership changes only through LeaderAndIsr (ReplicaManager), as in Kafka's ZooKeeper mode."""
         if config_changed:
-            self.logs.set_topic_config(topic.name, overrides)
-        rm = self.replica_manager
-        if rm is None or rm.controller_managed:
-            return
-        for p, info in topic.partitions.items():
-            if info.leader == self.broker_id:
-                st = LeaderAndIsrState(info.leader, info.leader_epoch, list(info.isr) or [self.broker_id],
-                                       list(info.replicas), info.zk_version)
-                rm.become_leader((topic.name, p), st, overrides)
+            self.logs.set_topic_config(topic.name, self.topic_overrides(topic))
 
     def now_ms(self) -> int:
         return time.time_ns() // 1_000_000

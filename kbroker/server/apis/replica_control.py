@@ -66,7 +66,6 @@ async def leader_and_isr(broker, body):
         read = await asyncio.to_thread(lambda: {n: broker.zk.get_topic_config(n) for n in missing})
         known.update(read)
     async with rm.state_lock:
-        rm.controller_managed = True
         topics = []
         for ts in body["topic_states"]:
             name = ts["topic_name"]
