@@ -6,6 +6,7 @@ calls the data source from plain threads.
 from __future__ import annotations
 
 import asyncio
+import collections
 import queue
 import re
 import threading
@@ -311,15 +312,20 @@ def read_range(client: ClientConfig, topic: str, partition: int, start: int, end
 
 
 class ArrowProducer:
-    """Builds RecordBatches from Arrow columns natively and produces them with kbroker's client:
-    one batch in flight per partition when idempotent (so sequences stay ordered), up to
-    max.in.flight otherwise. Used by one Spark task; ``close`` waits for every ack."""
+    """Builds RecordBatches from Arrow columns natively and produces them with kbroker's client
+    from a sender thread (its own event loop), so the network overlaps the task's next Arrow
+    batch. One batch in flight per partition when idempotent (sequences stay ordered), up to
+    max.in.flight otherwise; at most ``max_pending_bytes`` are unacknowledged before the task
+    waits. ``linger.ms`` > 0 gathers Arrow batches for up to that long (or 1 MiB) before routing,
+    so small Arrow batches still make large record batches. ``close`` waits for every ack."""
 
     def __init__(self, client: ClientConfig, topic_option: str | None):
         from kbroker.client import Producer
         self.cfg = client.producer
         self.topic_option = topic_option
         self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="kbroker-sink", daemon=True)
+        self.thread.start()
         self.cluster = _cluster(client)
         self.producer = Producer(cluster=self.cluster, client_id=client.client_id, acks=self.cfg["acks"],
                                  enable_idempotence=self.cfg["idempotence"],
@@ -327,20 +333,25 @@ class ArrowProducer:
                                  retry_backoff_ms=client.retry_backoff_ms,
                                  delivery_timeout_ms=self.cfg["delivery_timeout_ms"])
         self.sequences: dict[tuple[str, int], int] = {}
-        self.pending: dict[tuple[str, int], list] = {}
         self.sticky: dict[str, int] = {}
-        self.records = 0
-        self.batches = 0
-        self.bytes = 0
-        self.max_pending_bytes = max(4 * 1024 * 1024, 4 * self.cfg["batch_size"])
+        self.records = self.batches = self.bytes = 0
+        self.max_pending_bytes = max(16 * 1024 * 1024, 4 * self.cfg["batch_size"])
+        self.inflight: collections.deque = collections.deque()    # (future, size)
+        self.inflight_bytes = 0
+        self.gates: dict[tuple[str, int], asyncio.Semaphore] = {}
+        self.held: list = []            # Arrow batches gathered for linger.ms
+        self.held_bytes = 0
+        self.held_since = 0.0
         if self.cfg["idempotence"]:
-            self.loop.run_until_complete(self.producer._init_producer_id())
-        self.first_queued: float | None = None
+            self._call(self.producer._init_producer_id())
+
+    def _call(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     def _partitions(self, topic: str) -> int:
         parts = self.cluster.partitions_for(topic)
         if parts is None:
-            resp = self.loop.run_until_complete(self.cluster.fetch_metadata([topic], allow_auto_topic_creation=False))
+            resp = self._call(self.cluster.fetch_metadata([topic], allow_auto_topic_creation=False))
             errs = {t["name"]: t["error_code"] for t in resp["topics"]}
             parts = self.cluster.partitions_for(topic)
             if parts is None or errs.get(topic):
@@ -348,7 +359,27 @@ class ArrowProducer:
         return len(parts)
 
     def write(self, rb) -> None:
-        """Route and send one pyarrow.RecordBatch (columns value [key, topic, partition, headers])."""
+        """Take one pyarrow.RecordBatch (columns value [key, topic, partition, headers])."""
+        if rb.num_rows == 0:
+            return
+        linger = self.cfg["linger_ms"] / 1000
+        if linger <= 0:
+            self._route(rb)
+            return
+        if not self.held:
+            self.held_since = time.monotonic()
+        self.held.append(rb)
+        self.held_bytes += rb.nbytes
+        if self.held_bytes >= (1 << 20) or time.monotonic() - self.held_since >= linger:
+            self._release()
+
+    def _release(self) -> None:
+        import pyarrow as pa
+        if self.held:
+            held, self.held, self.held_bytes = self.held, [], 0
+            self._route(held[0] if len(held) == 1 else pa.concat_batches(held))
+
+    def _route(self, rb) -> None:
         import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
@@ -356,14 +387,12 @@ class ArrowProducer:
         from kbroker._native.arrow import build_batches, partition_for_keys
 
         n = rb.num_rows
-        if n == 0:
-            return
         names = rb.schema.names
         value = rb.column(names.index("value"))
         key = rb.column(names.index("key")) if "key" in names else None
         headers = rb.column(names.index("headers")) if "headers" in names else None
         if self.topic_option:
-            groups = [(self.topic_option, np.arange(n, dtype=np.int64))]
+            groups = [(self.topic_option, None)]
         else:
             tcol = rb.column(names.index("topic"))
             if tcol.null_count:
@@ -374,21 +403,24 @@ class ArrowProducer:
                       for i in range(len(enc.dictionary))]
         explicit = None
         if "partition" in names:
-            pcol = rb.column(names.index("partition"))
-            explicit = pc.fill_null(pcol.cast(pa.int32()), -1).to_numpy(zero_copy_only=False)
+            explicit = pc.fill_null(rb.column(names.index("partition")).cast(pa.int32()), -1) \
+                .to_numpy(zero_copy_only=False)
         for topic, rows in groups:
             nparts = self._partitions(topic)
             if key is not None:
-                part = partition_for_keys(key, nparts)[rows] if len(rows) != n else partition_for_keys(key, nparts)
+                part = partition_for_keys(key, nparts)
             else:
-                part = np.full(len(rows), -1, dtype=np.int32)
+                part = np.full(n, -1, dtype=np.int32)
             if explicit is not None:
-                ex = explicit[rows]
-                bad = ex[(ex >= nparts) | (ex < -1)]
+                bad = explicit[(explicit >= nparts) | (explicit < -1)]
                 if len(bad):
                     raise ValueError(f"'partition' {int(bad[0])} is out of range for topic {topic!r} "
                                      f"({nparts} partitions)")
-                part = np.where(ex >= 0, ex, part)
+                part = np.where(explicit >= 0, explicit, part).astype(np.int32)
+            if rows is None:
+                rows = np.arange(n, dtype=np.int64)
+            else:
+                part = part[rows]
             nulls = part < 0
             if nulls.any():
                 # Null keys: sticky per Arrow batch (Kafka's KIP-480 idea: fill one partition's
@@ -398,20 +430,12 @@ class ArrowProducer:
                 self.sticky[topic] = s
                 part = np.where(nulls, s, part).astype(np.int32)
             order = np.argsort(part, kind="stable")
-            sorted_parts = part[order]
-            bounds = np.flatnonzero(np.diff(sorted_parts)) + 1
+            bounds = np.flatnonzero(np.diff(part[order])) + 1
             for chunk in np.split(order, bounds):
                 p = int(part[chunk[0]])
-                built = build_batches(key, value, headers, rows[chunk], self.cfg["batch_size"], self.cfg["codec"])
-                for data, count in built:
+                for data, count in build_batches(key, value, headers, rows[chunk], self.cfg["batch_size"],
+                                                 self.cfg["codec"]):
                     self._send(topic, p, data, count)
-        if self.first_queued is None:
-            self.first_queued = time.monotonic()
-        # linger.ms: how long queued batches may wait for more rows before they are sent
-        if time.monotonic() - self.first_queued >= self.cfg["linger_ms"] / 1000:
-            self._drain(0)
-        else:
-            self._drain(self.max_pending_bytes)
 
     def _send(self, topic, partition, data, count):
         from kbroker._native.arrow import set_producer_fields
@@ -420,50 +444,46 @@ class ArrowProducer:
             seq = self.sequences.get(tp, 0)
             data = set_producer_fields(data, self.producer.producer_id, self.producer.producer_epoch, seq)
             self.sequences[tp] = (seq + count) & 0x7FFFFFFF
-        self.pending.setdefault(tp, []).append((data, count))
+        fut = asyncio.run_coroutine_threadsafe(self._produce(tp, data, count), self.loop)
+        self.inflight.append((fut, len(data)))
+        self.inflight_bytes += len(data)
         self.bytes += len(data)
+        while self.inflight_bytes > self.max_pending_bytes:
+            self._settle_oldest()
 
-    def _drain(self, keep_bytes: int) -> None:
-        """Send queued batches until at most ``keep_bytes`` remain queued (0 = all, then wait)."""
-        queued = sum(len(d) for q in self.pending.values() for d, _ in q)
-        if queued <= keep_bytes and keep_bytes:
-            return
-        self.loop.run_until_complete(self._send_all())
-        self.first_queued = None
+    def _settle_oldest(self):
+        fut, size = self.inflight.popleft()
+        self.inflight_bytes -= size
+        fut.result()        # raises the delivery error in the task
 
-    async def _send_all(self):
-        limit = 1 if self.cfg["idempotence"] else self.cfg["max_in_flight"]
-
-        async def partition_chain(tp, items):
-            sem = asyncio.Semaphore(limit)
-
-            async def one(data, count):
-                async with sem:
-                    await self.producer.produce_batch(tp[0], tp[1], data)
-                self.records += count
-                self.batches += 1
-            if limit == 1:
-                for data, count in items:
-                    await one(data, count)
-            else:
-                await asyncio.gather(*(one(d, c) for d, c in items))
-
-        work = self.pending
-        self.pending = {}
-        await asyncio.gather(*(partition_chain(tp, items) for tp, items in work.items()))
+    async def _produce(self, tp, data, count):
+        gate = self.gates.get(tp)
+        if gate is None:
+            # FIFO gate: with idempotence one request per partition at a time, in sequence order
+            gate = self.gates[tp] = asyncio.Semaphore(1 if self.cfg["idempotence"] else self.cfg["max_in_flight"])
+        async with gate:
+            await self.producer.produce_batch(tp[0], tp[1], data)
+        self.records += count
+        self.batches += 1
 
     def close(self) -> dict:
         try:
-            self._drain(0)
+            self._release()
+            while self.inflight:
+                self._settle_oldest()
             return {"records": self.records, "batches": self.batches, "bytes": self.bytes}
         finally:
-            self.loop.run_until_complete(self.cluster.close())
-            self.loop.close()
+            self.abort()
 
     def abort(self) -> None:
+        for fut, _ in self.inflight:
+            fut.cancel()
+        self.inflight.clear()
         try:
-            self.loop.run_until_complete(self.cluster.close())
+            self._call(self.cluster.close())
         finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join()
             self.loop.close()
 
 
