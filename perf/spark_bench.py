@@ -252,15 +252,54 @@ def run(a) -> dict:
     return results
 
 
+def run_disk(a) -> dict:
+    """One disk-bound run: the kbroker sink writes ``disk_gb`` GB of 1 KiB records to a broker whose
+    log dir is on disk (``disk_dir``), beside perf.baselines.disk (os.write without and with
+    fdatasync of 1 MiB buffers into the same filesystem)."""
+    from pyspark.sql import functions as F
+
+    from kbroker.perf.baselines import disk  # noqa: I001
+    from kbroker.spark.progress import session
+    from kbroker.spark.throughput import create_topic
+    from kbroker.testing import LocalCluster
+
+    root = Path(tempfile.mkdtemp(dir=a.disk_dir, prefix="spark-bench-disk-"))
+    size, parts = 1024, 2
+    rows = int(a.disk_gb * 1e9 // size)
+    out = {"directory": str(root), "gb": a.disk_gb}
+    with LocalCluster(root, brokers=1) as cluster:
+        bs = cluster.bootstrap
+        spark = session("kbroker-spark-bench-disk", "local[2]", {"spark.ui.enabled": "false"})
+        create_topic(bs, "disk", parts, 1)
+        gen = spark.range(rows, numPartitions=parts).select(
+            F.expr(f"CAST(repeat('x', {size}) AS BINARY)").alias("value"),
+            (F.col("id") % parts).cast("int").alias("partition"))
+        t0 = time.perf_counter()
+        (gen.write.format("kbroker").option("kafka.bootstrap.servers", bs).option("topic", "disk")
+         .option("kafka.batch.size", "1048576").mode("append").save())
+        out["write_s"] = time.perf_counter() - t0
+        out["write_MBps"] = rows * size / 1e6 / out["write_s"]
+        spark.stop()
+    out["baseline"] = disk(a.disk_dir, 1 << 20, max_bytes=1 << 30, max_seconds=10.0)
+    out["write_vs_os_write"] = out["write_MBps"] / out["baseline"]["write"]["mb_per_s"]
+    out["write_vs_fdatasync"] = out["write_MBps"] / out["baseline"]["write_fdatasync"]["mb_per_s"]
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="kbroker.perf.spark_bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--mb", type=float, default=200, help="MB of values per record size (default 200)")
     p.add_argument("--sizes", default="100,1024", help="record sizes in bytes (default 100,1024)")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds per read, best kept (default 3)")
     p.add_argument("--out", default="spark_bench.json")
+    p.add_argument("--disk-gb", type=float, default=0, help="also a disk-bound write of this many GB (0 = skip)")
+    p.add_argument("--disk-dir", default="/var/tmp", help="filesystem of the disk-bound run (default /var/tmp)")
     a = p.parse_args(argv)
     a.sizes = [int(s) for s in a.sizes.split(",")]
     res = run(a)
+    if a.disk_gb:
+        res["disk"] = run_disk(a)
+        print(json.dumps({"disk": res["disk"]}, default=str), flush=True)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=2)
     print(f"report: {a.out}")
