@@ -92,3 +92,39 @@ def test_follower_state_and_same_epoch_replica_change(tmp_path):
     assert not p.make_follower(LeaderAndIsrState(1, 4, [1, 2], [0, 1, 2], 9))
     assert p.make_leader(LeaderAndIsrState(0, 5, [0, 1], [0, 1, 3], 10), 2000)
     assert set(p.followers) == {1, 3}
+
+
+# ---- epoch truncation decisions (replica/fetcher.py truncation_step) on real logs ------------------
+
+def epochs_log(tmp_path, name, history, leo):
+    """A follower log whose batches carry the leader epochs of ``history`` [(epoch, start)]."""
+    from kbroker.log import Log, LogConfig
+
+    lg = Log(str(tmp_path / name / "t-0"), "t", 0, LogConfig(), hw_follows_leo=False)
+    bounds = [s for _e, s in history[1:]] + [leo]
+    for (epoch, start), end in zip(history, bounds):
+        while lg.log_end_offset < end:
+            lg.append_as_leader(batch(1), epoch, T0)
+    assert lg.epoch_cache.entries == history
+    return lg
+
+
+
+def test_truncation_steps_agree_on_the_divergence_point(tmp_path):
+    from kbroker.replica.fetcher import truncation_step
+
+    # KIP-101: same epoch, the leader's log ends earlier -> truncate to the leader's end.
+    f = epochs_log(tmp_path, "a", [(0, 0)], 10)
+    assert truncation_step(f, 0, 0, 6) == (6, None)
+    # KIP-279: the leader never had our epoch 1; it answers epoch 0 ending at 10, where we left
+    # epoch 0 at 8 -> the logs agree up to 8.
+    f = epochs_log(tmp_path, "b", [(0, 0), (1, 8)], 12)
+    assert truncation_step(f, 1, 0, 10) == (8, None)
+    # Several rounds: we hold epochs 0 and 3, the leader 0, 1 and 2. Asked about 3 it answers 2;
+    # we do not hold 2, so we ask about our epoch below it (0); its answer (0 ends at 4) decides.
+    f = epochs_log(tmp_path, "c", [(0, 0), (3, 5)], 9)
+    assert truncation_step(f, 3, 2, 7) == (None, 0)
+    assert truncation_step(f, 0, 0, 4) == (4, None)
+    # No usable answer: fall back to the high watermark.
+    f.high_watermark = 3
+    assert truncation_step(f, 3, -1, -1) == (3, None)

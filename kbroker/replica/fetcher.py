@@ -44,6 +44,19 @@ class _State:
         self.parked_until = 0.0
 
 
+def truncation_step(lg, asked_epoch: int, leader_epoch: int, leader_end: int):
+    """One OffsetForLeaderEpoch answer (KIP-101/279) -> (truncation offset, None) when decided, or
+    (None, epoch to ask about next). The leader answered with its largest epoch <= ``asked_epoch``
+    and that epoch's end. If we hold that epoch too, the logs agree up to the smaller of the two
+    ends; if not, we ask about our own largest epoch below it. No answer -> the high watermark."""
+    if leader_epoch < 0 or leader_end < 0:
+        return lg.high_watermark, None
+    mine, my_end = lg.end_offset_for_epoch(leader_epoch)
+    if mine != leader_epoch and 0 <= mine < asked_epoch:
+        return None, mine
+    return min(leader_end, my_end if my_end >= 0 else leader_end, lg.log_end_offset), None
+
+
 class ReplicaFetcher:
     EMPTY = None      # set below: a fetcher-shaped object with no partitions
 
@@ -162,15 +175,10 @@ class ReplicaFetcher:
                         self._park(tp)
                         continue
                     leader_epoch, end = r["leader_epoch"], r["end_offset"]
-                    lg = p.log
-                    if leader_epoch < 0 or end < 0:
-                        target = lg.high_watermark
-                    else:
-                        mine, my_end = lg.end_offset_for_epoch(leader_epoch)
-                        if mine != leader_epoch and mine >= 0 and mine < asked_epoch:
-                            queries[tp] = mine          # ask again about our epoch below theirs
-                            continue
-                        target = min(end, my_end if my_end >= 0 else end, lg.log_end_offset)
+                    target, again = truncation_step(p.log, asked_epoch, leader_epoch, end)
+                    if again is not None:
+                        queries[tp] = again             # ask again about our epoch below theirs
+                        continue
                     self._truncate_to(p, target, f"leader {self.source_id} epoch {leader_epoch} ends at {end}")
                     self.partitions[tp].truncating = False
 
