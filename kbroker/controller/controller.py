@@ -29,6 +29,7 @@ from .context import ControllerContext, LiveBroker
 log = logging.getLogger(__name__)
 
 STOP_REPLICA_WAIT_S = 30.0
+CONTROLLED_SHUTDOWN_WAIT_S = 10.0
 
 
 def _bool(v) -> bool:
@@ -205,8 +206,9 @@ class Controller:
         self.channels[b.broker_id] = BrokerChannel(b, self.broker_id)
 
     # ---- sending ----------------------------------------------------------------------------------
-    def _send_leader_and_isr(self, parts, only: int | None = None, is_new=frozenset()) -> None:
-        """LeaderAndIsr for ``parts`` to each of their live replicas (or only to broker ``only``)."""
+    def _send_leader_and_isr(self, parts, only: int | None = None, is_new=frozenset()) -> list:
+        """LeaderAndIsr for ``parts`` to each of their live replicas (or only to broker ``only``);
+        returns the answers' futures."""
         ctx = self.ctx
         per_broker: dict[int, list] = {}
         for tp in parts:
@@ -215,9 +217,11 @@ class Controller:
             for r in ctx.replicas(tp):
                 if r in ctx.brokers and (only is None or r == only):
                     per_broker.setdefault(r, []).append(tp)
+        futs = []
         for bid, tps in per_broker.items():
             body = R.leader_and_isr(ctx, self.broker_id, ctx.brokers[bid].epoch, tps, is_new)
-            self.channels[bid].send(R.LEADER_AND_ISR, body)
+            futs.append(self.channels[bid].send(R.LEADER_AND_ISR, body))
+        return futs
 
     def _send_update_metadata(self, parts, to=None, deleted=None) -> list:
         ctx = self.ctx
@@ -714,12 +718,16 @@ class Controller:
             return None
 
         changed = await self._apply(mine, plan)
-        self._send_leader_and_isr(changed)
+        futs = self._send_leader_and_isr(changed)
         followers = [tp for tp in mine if ctx.states[tp][0].leader != broker_id]
         if followers:
             body = R.stop_replica(ctx, self.broker_id, b.epoch, followers, delete=False)
             self.channels[broker_id].send(R.STOP_REPLICA, body)
-        self._send_update_metadata(changed)
+        futs += self._send_update_metadata(changed)
+        # Answer once the new leaders lead (bounded): the stopping broker closes its listener next,
+        # and, when it is this controller's broker, its channels go with it.
+        if futs:
+            await asyncio.wait(futs, timeout=CONTROLLED_SHUTDOWN_WAIT_S)
         remaining = sorted(tp for tp in ctx.partitions_led_by(broker_id) if len(ctx.replicas(tp)) > 1)
         log.info("controller %d: controlled shutdown of broker %d moved %d partitions, %d remain",
                  self.broker_id, broker_id, len(changed), len(remaining))
