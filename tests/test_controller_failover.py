@@ -335,3 +335,64 @@ def test_frozen_controller_is_replaced_and_fenced_when_it_wakes(cluster, zk):
         p.produce(name, b"%d" % i, partition=i % 6)
     assert p.flush(30) == 0
     assert "is no longer controller" in cluster.brokers[old].log_path.read_text()
+
+
+@pytest.mark.slow
+def test_rolling_restart_fails_no_acks_all_write(cluster, zk):
+    """SIGTERM and restart each broker in turn (controlled shutdown moves leadership first) under
+    a steady idempotent acks=all load on an RF=3, min.insync.replicas=2 topic. Invariant, counted by
+    the shared history checker: failed writes 0, acked-but-lost 0, duplicates 0, inconsistent 0."""
+    import threading
+
+    import confluent_kafka as ck
+
+    from checkers import History, read_all_confluent
+
+    name = f"rolling-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(name, 3, 3, config={"min.insync.replicas": "2"})])[name].result(30)
+    hist = History()
+    p = ck.Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "enable.idempotence": True,
+                     "linger.ms": 5, "message.timeout.ms": 120000})
+    stop = threading.Event()
+
+    def on_delivery(err, msg):
+        if err is None:
+            hist.ack(msg.value(), msg.partition(), msg.offset())
+        else:
+            hist.fail(msg.value(), err)
+
+    def load():                       # ~300 records/s, round-robin over the partitions
+        n = 0
+        while not stop.is_set():
+            for _ in range(3):
+                v = b"r%08d" % n
+                hist.send(v)
+                p.produce(name, value=v, partition=n % 3, on_delivery=on_delivery)
+                n += 1
+            p.poll(0.01)
+
+    def in_sync():
+        return all(sorted(st.isr) == [0, 1, 2] for st in _states(zk, name, 3).values())
+
+    wait_until(in_sync, 30, "full ISRs")
+    t = threading.Thread(target=load, daemon=True)
+    t.start()
+    try:
+        for b in (0, 1, 2):
+            before = len(hist.acked)
+            cluster.kill(b, signal.SIGTERM)
+            assert cluster.brokers[b].proc.returncode == 0
+            cluster.start_broker(b)
+            wait_until(in_sync, 60, f"broker {b} back in every ISR")
+            wait_until(lambda: len(hist.acked) > before + 300, 30, "acknowledgements to continue")
+    finally:
+        stop.set()
+        t.join()
+    assert p.flush(60) == 0
+    read_all_confluent(cluster.bootstrap, name, 3, hist)
+    r = hist.check()
+    print("rolling restart:", r.line(), f"failed {len(hist.failed)}")
+    assert not hist.failed, f"failed acks=all writes: {list(hist.failed.items())[:5]}"
+    assert (r.acked_lost, r.duplicates, r.inconsistent_offsets) == (0, 0, 0), r.line()
+    assert r.acked == r.sent
