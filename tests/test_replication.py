@@ -202,9 +202,9 @@ def raw_produce(port, value, acks=-1):
 
 def test_min_insync_refuses_acks_all_with_one_replica_left(cluster):
     c = cluster
-    make_topic(c)
-    assert raw_produce(c.brokers[0].port if state(c)[0] == 0 else c.brokers[state(c)[0]].port, b"first")["error_code"] == 0
-    leader = state(c)[0]
+    leader = make_topic(c)[0]
+    # A client retries until the leader has applied its LeaderAndIsr; so does this one.
+    wait_until(lambda: raw_produce(c.brokers[leader].port, b"first")["error_code"] == 0, 10, "the first write")
     # Stop the two other brokers; the survivor leads with ISR [itself] < min.insync.replicas=2.
     survivor = leader
     for b in c.brokers:

@@ -34,6 +34,7 @@ def produce(broker, header, body):
     else:
         code = None
     md = broker.metadata
+    partitions = broker.replica_manager.partitions
     failed = False
     responses = []
     entries = {}
@@ -48,16 +49,16 @@ def produce(broker, header, body):
                    "log_start_offset": -1}
             parts.append(res)
             err = code
+            tp = (name, index)
             if err is None:
-                if tinfo is None:
-                    err = (Errors.INVALID_TOPIC_EXCEPTION if topic_name_error(name)
+                # The replica manager first (as Kafka): LeaderAndIsr may be applied before the
+                # UpdateMetadata that tells the cache about a new topic.
+                if tp not in partitions and (tinfo is None or index not in tinfo.partitions):
+                    err = (Errors.INVALID_TOPIC_EXCEPTION if tinfo is None and topic_name_error(name)
                            else Errors.UNKNOWN_TOPIC_OR_PARTITION)
-                elif index not in tinfo.partitions:
-                    err = Errors.UNKNOWN_TOPIC_OR_PARTITION
                 elif p["records"] is None or len(p["records"]) == 0:
                     err = Errors.CORRUPT_MESSAGE
             if err is None:
-                tp = (name, index)
                 if tp in entries:
                     err = Errors.INVALID_RECORD      # the same partition twice in one request
                 else:
