@@ -347,11 +347,16 @@ def test_t15_acks1_leader_kill_with_lagging_followers_is_seen_as_loss(cluster):
 # ---- leader-made ISR changes: a lagging follower leaves the ISR and rejoins ---------------------------
 
 @pytest.mark.slow
-def test_leader_shrinks_isr_for_a_lagging_follower_and_expands_it_back(cluster):
+def test_leader_shrinks_isr_for_a_lagging_follower_and_expands_it_back(tmp_path):
     """A follower held (SIGSTOP) past replica.lag.time.max.ms but inside its ZooKeeper session is
     removed by the leader itself (same leader epoch: leader-made ISR changes do not bump it), and
-    rejoins once it has caught up in the current epoch. acks=all keeps going with ISR 2."""
-    c = cluster
+    rejoins once it has caught up in the current epoch. acks=all keeps going with ISR 2.
+    replica.lag.time.max.ms 1500 here, well inside the 6 s session the stopped follower keeps."""
+    with LocalCluster(tmp_path, brokers=3, overrides={"replica.lag.time.max.ms": 1500}) as c:
+        _lagging_follower(c, 1500)
+
+
+def _lagging_follower(c, lag_ms):
     leader, epoch, isr = make_topic(c)
     hist = History()
     load = LoadProducer(c.bootstrap, hist, rate=500, **{"enable.idempotence": True, "acks": "all"}).start()
@@ -361,7 +366,7 @@ def test_leader_shrinks_isr_for_a_lagging_follower_and_expands_it_back(cluster):
         os.kill(c.brokers[follower].pid, signal.SIGSTOP)
         try:
             shrunk = wait_until(lambda: (lambda s: s if follower not in s[2] else None)(state(c)),
-                                LAG_MS / 1000 + 10, "the leader to drop the lagging follower")
+                                lag_ms / 1000 + 10, "the leader to drop the lagging follower")
         finally:
             os.kill(c.brokers[follower].pid, signal.SIGCONT)
         assert shrunk[0] == leader and shrunk[1] == epoch, f"not a leader-made change: {shrunk}"
