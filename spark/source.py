@@ -52,6 +52,10 @@ class KafkaRangePartition(InputPartition):
 
 
 def _read(cfg, part: KafkaRangePartition):
+    if not isinstance(part, KafkaRangePartition):
+        # partitions() planned nothing (every range empty): Spark still runs one task with a
+        # plain InputPartition, which has nothing to read.
+        return
     from .kafka import read_range
     yield from read_range(cfg.client, part.topic, part.partition, part.start, part.end,
                           cfg.include_headers, cfg.fail_on_data_loss,

@@ -44,6 +44,7 @@ def parse_args(argv=None):
     p.add_argument("--master", default=None, help="Spark master when run with plain python (default local[*])")
     p.add_argument("--report", default="throughput-report.json", help="JSON report path")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
+    p.add_argument("--no-warmup", action="store_true", help="do not start Spark's Python workers before timing")
     a = p.parse_args(argv)
     if a.record_size < 16:
         p.error("--record-size must be >= 16")
@@ -124,16 +125,25 @@ def run(args) -> dict:
     try:
         gen = spark.range(records, numPartitions=tasks).mapInArrow(
             make_generator(args.record_size, args.partitions), "partition int, value binary")
+        reader = (spark.read.format("kbroker").option("kafka.bootstrap.servers", args.bootstrap_servers)
+                  .option("subscribe", topic))
+        if args.min_partitions:
+            reader = reader.option("minPartitions", str(args.min_partitions))
+        if not args.no_warmup:
+            # Start Spark's Python workers and planners outside the timed phases (their start-up is
+            # a fixed cost of seconds, not part of the per-GB rate): generate a few rows, read the
+            # still-empty topic.
+            t0 = time.monotonic()
+            spark.range(tasks * 10, numPartitions=tasks).mapInArrow(
+                make_generator(args.record_size, args.partitions), "partition int, value binary").count()
+            reader.load().count()
+            report["warmup_seconds"] = round(time.monotonic() - t0, 3)
         with Progress(spark, "write", nbytes, force=args.progress) as pw:
             (gen.write.format("kbroker").option("kafka.bootstrap.servers", args.bootstrap_servers)
              .option("topic", topic).option("kafka.acks", args.acks)
              .option("kafka.compression.type", args.compression)
              .option("kafka.batch.size", str(args.batch_size)).mode("append").save())
         report["phases"]["write"] = _phase(pw.seconds, nbytes, records)
-        reader = (spark.read.format("kbroker").option("kafka.bootstrap.servers", args.bootstrap_servers)
-                  .option("subscribe", topic))
-        if args.min_partitions:
-            reader = reader.option("minPartitions", str(args.min_partitions))
         with Progress(spark, "read", nbytes, force=args.progress) as pr:
             got = per_partition(reader.load())
         report["phases"]["read"] = _phase(pr.seconds, nbytes, records)

@@ -98,6 +98,16 @@ def test_ranges_min_partitions_and_offsets_json(spark, bootstrap):
     assert got == 3000
 
 
+def test_empty_topic_and_empty_ranges_read_nothing(spark, bootstrap):
+    topic = _topic("sempty")
+    create_topic(bootstrap, topic, 2)
+    assert _read(spark, bootstrap, subscribe=topic).count() == 0
+    produce(bootstrap, topic, ((0, None, b"x", None) for _ in range(3)))
+    ending = json.dumps({topic: {"0": 0, "1": 0}})
+    assert _read(spark, bootstrap, subscribe=topic, endingOffsets=ending).count() == 0
+    assert _read(spark, bootstrap, subscribe=topic).count() == 3
+
+
 def test_starting_by_timestamp(spark, bootstrap):
     topic = _topic("sts")
     create_topic(bootstrap, topic, 1)
