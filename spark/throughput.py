@@ -132,11 +132,15 @@ def run(args) -> dict:
         if not args.no_warmup:
             # Start Spark's Python workers and planners outside the timed phases (their start-up is
             # a fixed cost of seconds, not part of the per-GB rate): generate a few rows, read the
-            # still-empty topic.
+            # still-empty topic, write zero rows to it.
             t0 = time.monotonic()
             spark.range(tasks * 10, numPartitions=tasks).mapInArrow(
                 make_generator(args.record_size, args.partitions), "partition int, value binary").count()
             reader.load().count()
+            (spark.range(0, 0, 1, numPartitions=tasks).mapInArrow(
+                make_generator(args.record_size, args.partitions), "partition int, value binary")
+             .write.format("kbroker").option("kafka.bootstrap.servers", args.bootstrap_servers)
+             .option("topic", topic).mode("append").save())          # zero rows: the sink path
             report["warmup_seconds"] = round(time.monotonic() - t0, 3)
         with Progress(spark, "write", nbytes, force=args.progress) as pw:
             (gen.write.format("kbroker").option("kafka.bootstrap.servers", args.bootstrap_servers)
