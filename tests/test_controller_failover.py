@@ -8,15 +8,21 @@ Bound (stated): leadership is visible in Metadata at most the session timeout + 
 import json
 import os
 import signal
+import subprocess
+import sys
+import threading
 import time
 import uuid
 
+import confluent_kafka as ck
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from kazoo.client import KazooClient
 
 from kbroker.testing import LocalCluster, wait_until
 from kbroker.zk import layout as L
+
+from checkers import History, read_all_confluent
 
 SESSION_MS = 6000
 BOUND_S = SESSION_MS / 1000 + 6.0
@@ -194,9 +200,6 @@ def test_leadership_returns_to_the_preferred_replica(tmp_path, how):
     """After a SIGTERM bounce the broker is back in every ISR but leads nothing; `kbroker
     leader-election --election-type PREFERRED` (or auto.leader.rebalance.enable with a 1 s check)
     gives its preferred partitions back to it."""
-    import subprocess
-    import sys
-
     overrides = ({"auto.leader.rebalance.enable": "false"} if how == "cli" else
                  {"auto.leader.rebalance.enable": "true", "leader.imbalance.check.interval.seconds": 1})
     with LocalCluster(tmp_path, brokers=3, session_timeout_ms=SESSION_MS, overrides=overrides) as cluster:
@@ -240,11 +243,6 @@ def test_reassign_partitions_moves_replicas_and_keeps_the_data(cluster, zk, tmp_
     """kafka-reassign-partitions.sh's flow with `kbroker reassign-partitions`: move a partition,
     raise another's replication factor, drain broker 0 from a third; the records written before
     stay readable (all N of N) and the removed replicas' logs are deleted."""
-    import subprocess
-    import sys
-
-    import confluent_kafka as ck
-
     def tool(*args):
         return subprocess.run([sys.executable, "-m", "kbroker", "reassign-partitions", "--zookeeper",
                                cluster.zk.connect_string, *args], capture_output=True, text=True, timeout=60)
@@ -306,8 +304,6 @@ def test_frozen_controller_is_replaced_and_fenced_when_it_wakes(cluster, zk):
     """SIGSTOP the controller past its session timeout: another broker takes over with the next
     epoch and moves its leaderships. Woken up, the old controller finds its session gone, writes
     nothing (every state keeps the new epoch) and follows the new controller as a plain broker."""
-    import confluent_kafka as ck
-
     name = f"frozen-{uuid.uuid4().hex[:6]}"
     _create(cluster, name, 6)
     old, epoch = _controller(zk)
@@ -342,12 +338,6 @@ def test_rolling_restart_fails_no_acks_all_write(cluster, zk):
     """SIGTERM and restart each broker in turn (controlled shutdown moves leadership first) under
     a steady idempotent acks=all load on an RF=3, min.insync.replicas=2 topic. Invariant, counted by
     the shared history checker: failed writes 0, acked-but-lost 0, duplicates 0, inconsistent 0."""
-    import threading
-
-    import confluent_kafka as ck
-
-    from checkers import History, read_all_confluent
-
     name = f"rolling-{uuid.uuid4().hex[:6]}"
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
     admin.create_topics([NewTopic(name, 3, 3, config={"min.insync.replicas": "2"})])[name].result(30)
@@ -396,3 +386,27 @@ def test_rolling_restart_fails_no_acks_all_write(cluster, zk):
     assert not hist.failed, f"failed acks=all writes: {list(hist.failed.items())[:5]}"
     assert (r.acked_lost, r.duplicates, r.inconsistent_offsets) == (0, 0, 0), r.line()
     assert r.acked == r.sent
+
+
+@pytest.mark.slow
+def test_replicas_of_a_topic_deleted_while_their_broker_was_down_are_deleted_on_its_return(cluster, zk):
+    controller, _ = _controller(zk)
+    away = next(b for b in (0, 1, 2) if b != controller)
+    name = f"stray-{uuid.uuid4().hex[:6]}"
+    _create(cluster, name, 2)
+    p = ck.Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    for i in range(10):
+        p.produce(name, b"%d" % i, partition=i % 2)
+    assert p.flush(30) == 0
+    data = cluster.brokers[away].data_dir
+    wait_until(lambda: all((data / f"{name}-{q}").is_dir() for q in range(2)), 15, "the follower's logs")
+
+    cluster.kill(away, signal.SIGTERM)
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.delete_topics([name])[name].result(30)
+    assert zk.exists(L.topic_path(name)) is None
+    assert all((data / f"{name}-{q}").is_dir() for q in range(2))       # nobody could tell it yet
+
+    cluster.start_broker(away)
+    wait_until(lambda: not any((data / f"{name}-{q}").exists() for q in range(2)), 30,
+               f"broker {away}'s replicas of the deleted {name} to be deleted")

@@ -25,6 +25,9 @@ class ControllerContext:
     assignments: dict[str, dict[int, list[int]]] = field(default_factory=dict)
     states: dict[tuple[str, int], tuple[L.PartitionState, int]] = field(default_factory=dict)
     reassigning: dict[tuple[str, int], list[int]] = field(default_factory=dict)   # target replicas
+    # replicas of deleted topics that were on a broker down at the time: deleted when it returns
+    # (this term only; a new controller does not know them)
+    stray: dict[int, set[tuple[str, int]]] = field(default_factory=dict)
 
     def live(self) -> set[int]:
         return set(self.brokers)

@@ -367,6 +367,14 @@ class Controller:
         self._send_update_metadata(list(ctx.states), to=new)      # everything, to the newcomers
         for b in new:
             self._send_leader_and_isr(ctx.partitions_with_replica(b), only=b)
+            # Replicas of topics deleted while it was down (unless the name was taken again:
+            # then the new topic's id tells its replica manager the old log is stale).
+            stray = sorted(tp for tp in ctx.stray.pop(b, ()) if tp[0] not in ctx.assignments)
+            if stray:
+                body = R.stop_replica(ctx, self.broker_id, ctx.brokers[b].epoch, stray, delete=True)
+                self.channels[b].send(R.STOP_REPLICA, body)
+                log.info("controller %d: deleting %d replicas of deleted topics on returning broker %d",
+                         self.broker_id, len(stray), b)
         for name in list(ctx.assignments):
             await self._init_new_partitions(name)
         changed = await self._elect_offline(ctx.offline_partitions())
@@ -478,6 +486,10 @@ class Controller:
                 futs.append(self.channels[bid].send(R.STOP_REPLICA, body))
         if futs:
             await asyncio.wait(futs, timeout=STOP_REPLICA_WAIT_S)
+        for p, replicas in assignment.items():
+            for r in replicas:
+                if r not in ctx.brokers:
+                    ctx.stray.setdefault(r, set()).add((name, p))
         # 2. The znodes go (fenced), so the name is free the moment brokers hear of the deletion.
         try:
             await self._zk(self.zk.delete_topic, name)
