@@ -99,13 +99,16 @@ class LeaderErrorRelay:
 @pytest.fixture
 def relayed(tmp_path):
     relay_port = free_port()
-    with LocalCluster(tmp_path, overrides={"advertised.listeners": f"PLAINTEXT://127.0.0.1:{relay_port}"}) as c:
-        relay = LeaderErrorRelay(c.brokers[0].port)
-        relay.start(relay_port)
-        try:
+    c = LocalCluster(tmp_path, overrides={"advertised.listeners": f"PLAINTEXT://127.0.0.1:{relay_port}"})
+    # The relay runs before the broker starts: the controller reaches its broker at the advertised
+    # (relay) address too, so the broker is not ready until the relay forwards.
+    relay = LeaderErrorRelay(c.brokers[0].port)
+    relay.start(relay_port)
+    try:
+        with c:
             yield c, relay, f"127.0.0.1:{relay_port}"
-        finally:
-            relay.stop()
+    finally:
+        relay.stop()
 
 
 def _read_all(bootstrap, topic, n):
