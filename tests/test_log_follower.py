@@ -55,15 +55,13 @@ def test_append_as_follower_copies_bytes_epochs_and_producer_state(tmp_path):
     assert f.log_end_offset == 10
 
 
-def test_append_as_follower_refuses_gaps_overlaps_and_corruption(tmp_path):
+def test_append_as_follower_refuses_overlaps_and_corruption(tmp_path):
     _leader, raw = leader_bytes(tmp_path, [(0, 3, -1, -1), (0, 3, -1, -1)])
     f = follower_log(tmp_path)
-    with pytest.raises(LogAppendError) as e:
-        f.append_as_follower(raw[1])                   # starts at 3, log end is 0
-    assert e.value.error_code == errors.INVALID_RECORD
     f.append_as_follower(raw[0])
-    with pytest.raises(LogAppendError):
+    with pytest.raises(LogAppendError) as e:
         f.append_as_follower(raw[0])                   # overlaps
+    assert e.value.error_code == errors.INVALID_RECORD
     bad = bytearray(raw[1])
     bad[-1] ^= 0xFF
     with pytest.raises(LogAppendError) as e:
@@ -71,6 +69,18 @@ def test_append_as_follower_refuses_gaps_overlaps_and_corruption(tmp_path):
     assert e.value.error_code == errors.CORRUPT_MESSAGE
     assert f.log_end_offset == 3
     assert f.append_as_follower(b"") is None
+
+
+def test_append_as_follower_takes_offset_gaps_of_a_compacted_leader(tmp_path):
+    """A compacted leader serves batches with offset gaps (cleaned-away records): the follower keeps
+    the leader's offsets, as Kafka's follower does, instead of refusing to replicate."""
+    _leader, raw = leader_bytes(tmp_path, [(0, 3, -1, -1), (0, 3, -1, -1), (1, 2, -1, -1)])
+    f = follower_log(tmp_path)
+    assert f.append_as_follower(raw[1]) == (3, 5)      # offsets 0..2 were cleaned away on the leader
+    assert f.append_as_follower(raw[2]) == (6, 7)
+    assert f.log_end_offset == 8
+    assert all_offsets(f, 8) == [3, 4, 5, 6, 7]
+    assert f.epoch_cache.entries == [(0, 3), (1, 6)]
 
 
 def test_follower_append_rolls_segments(tmp_path):

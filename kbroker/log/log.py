@@ -341,14 +341,15 @@ class Log:
     def append_as_follower(self, buf, now: int | None = None):
         """Append batches exactly as the leader stamped them (a fetch response's records).
 
-        Every complete batch is CRC-checked; the first must start at the log end offset and
-        each next one right after the previous (a trailing partial batch is ignored, as the
-        leader may cut one at the fetch size). The leader epoch cache follows the batches'
+        Every complete batch is CRC-checked; offsets must only grow: each batch starts at or past
+        the log end offset (a compacted leader serves batches with offset gaps, as in Kafka) and
+        never overlaps what is already here (a trailing partial batch is ignored, as the leader
+        may cut one at the fetch size). The leader epoch cache follows the batches'
         partitionLeaderEpoch and producer state is rebuilt from their headers, so a producer
         retrying on this replica once it leads gets its original offsets. Returns
         (first offset, last offset) or None when ``buf`` holds no complete batch; raises
-        LogAppendError (CORRUPT_MESSAGE for bad bytes, INVALID_RECORD for offsets that do not
-        continue the log)."""
+        LogAppendError (CORRUPT_MESSAGE for bad bytes, INVALID_RECORD for offsets that go
+        backwards)."""
         if self.offline:
             raise LogAppendError(KAFKA_STORAGE_ERROR, f"log {self.name} is offline")
         try:
@@ -359,10 +360,10 @@ class Log:
             return None
         expected = self.log_end_offset
         for info in infos:
-            if info.base_offset != expected or info.last_offset_delta < 0:
+            if info.base_offset < expected or info.last_offset_delta < 0:
                 raise LogAppendError(INVALID_RECORD,
-                                     f"{self.name}: batch at offset {info.base_offset} does not "
-                                     f"continue the log (expected {expected})")
+                                     f"{self.name}: batch at offset {info.base_offset} overlaps the "
+                                     f"log (log end {expected})")
             expected = info.last_offset + 1
         now = now_ms() if now is None else now
         end = infos[-1].position + infos[-1].size
