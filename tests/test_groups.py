@@ -467,3 +467,32 @@ def test_static_member_rejoin_fences_the_old_member_id(bs):
     assert d["group_state"] == "Stable" and [m["group_instance_id"] for m in d["members"]] == ["inst-1"]
     lv = request(bs, 13, {"group_id": group, "members": [{"member_id": "", "group_instance_id": "inst-1"}]}, 3)
     assert lv["members"][0]["error_code"] == 0 and describe(bs, group)["group_state"] == "Empty"
+
+
+def test_clients_may_not_produce_to_or_delete_the_offsets_topic(bs):
+    """Invariant: __consumer_offsets is written only by the coordinator. A client's produce gets
+    INVALID_TOPIC_EXCEPTION (Kafka's "Cannot append to internal topic") and its DeleteTopics the same;
+    the committed offsets stay readable afterwards."""
+    import confluent_kafka as ck
+    from confluent_kafka.admin import AdminClient
+
+    group = f"internal-{uuid.uuid4().hex[:6]}"
+    wait_until(lambda: coordinator_ready(bs, group), 30, "the group coordinator")
+    c = ck.Consumer({"bootstrap.servers": bs, "group.id": group, "enable.auto.commit": False})
+    create_topic(bs, t := f"it-{uuid.uuid4().hex[:6]}", 1)
+    c.commit(offsets=[ck.TopicPartition(t, 0, 7)], asynchronous=False)
+
+    errors = []
+    p = ck.Producer({"bootstrap.servers": bs, "message.timeout.ms": 10000, "retries": 0})
+    p.produce("__consumer_offsets", b"forged", key=b"k", partition=0,
+              on_delivery=lambda err, msg: errors.append(err))
+    p.flush(15)
+    assert [e.code() for e in errors] == [ck.KafkaError.TOPIC_EXCEPTION], errors
+
+    admin = AdminClient({"bootstrap.servers": bs})
+    fut = admin.delete_topics(["__consumer_offsets"], operation_timeout=10)["__consumer_offsets"]
+    with pytest.raises(ck.KafkaException) as e:
+        fut.result(timeout=30)
+    assert e.value.args[0].code() == ck.KafkaError.TOPIC_EXCEPTION
+    assert c.committed([ck.TopicPartition(t, 0)], timeout=10)[0].offset == 7
+    c.close()

@@ -19,10 +19,10 @@ from kbroker.record import decode_records, iter_batches
 
 from ..log.errors import LogAppendError
 from ..protocol.errors import Errors
+from ..topics import GROUP_METADATA_TOPIC as OFFSETS_TOPIC
 
 log = logging.getLogger(__name__)
 
-OFFSETS_TOPIC = "__consumer_offsets"
 
 # Kafka's mapping of append errors for offset commits (GroupMetadataManager.storeOffsets) ...
 _COMMIT_ERRORS = {

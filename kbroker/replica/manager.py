@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 from ..log.errors import LogAppendError
 from ..protocol.errors import Errors
+from ..topics import INTERNAL_TOPICS
 from .delayed import DelayedProduce
 from .fetcher import ReplicaFetcher
 from .partition import Partition
@@ -118,6 +119,11 @@ class ReplicaManager:
             p = self.partitions.get(tp)
             if p is None or not p.is_leader:
                 results[tp] = PartitionResult(Errors.NOT_LEADER_OR_FOLLOWER)
+                continue
+            if not internal and tp[0] in INTERNAL_TOPICS:
+                # Only the broker's own coordinators write these (Kafka's InvalidTopicException).
+                results[tp] = PartitionResult(Errors.INVALID_TOPIC_EXCEPTION,
+                                              error_message=f"Cannot append to internal topic {tp[0]}")
                 continue
             if acks == -1:
                 if p.stale:

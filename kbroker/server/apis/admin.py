@@ -20,11 +20,9 @@ from ...protocol import api
 from ...protocol.errors import Errors
 from ...zk.client import StaleVersionError, TopicExistsError, TopicNotFoundError
 from ..metadata import topic_name_error
+from ...topics import GROUP_METADATA_TOPIC, INTERNAL_TOPICS, TRANSACTION_STATE_TOPIC
 
 log = logging.getLogger(__name__)
-
-GROUP_METADATA_TOPIC = "__consumer_offsets"
-TRANSACTION_STATE_TOPIC = "__transaction_state"
 
 
 def register(broker, handlers):
@@ -291,6 +289,9 @@ async def delete_topics(broker, header, body):
             res["error_code"] = Errors.INVALID_REQUEST
         elif name not in broker.metadata.topics:
             res["error_code"] = Errors.UNKNOWN_TOPIC_OR_PARTITION
+        elif name in INTERNAL_TOPICS:
+            # Deleting __consumer_offsets would drop every group's committed offsets.
+            res["error_code"] = Errors.INVALID_TOPIC_EXCEPTION
         elif not _is_controller(broker):
             res["error_code"] = Errors.NOT_CONTROLLER
         else:

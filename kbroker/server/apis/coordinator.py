@@ -14,8 +14,8 @@ from ...coordinator.manager import java_string_hash, partition_for  # noqa: F401
 from ...protocol import api
 from ...protocol.errors import Errors
 from . import groups
+from ...topics import GROUP_METADATA_TOPIC as OFFSETS_TOPIC
 
-OFFSETS_TOPIC = "__consumer_offsets"
 GROUP, TRANSACTION = 0, 1
 
 

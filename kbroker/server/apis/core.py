@@ -7,10 +7,10 @@ import logging
 from ...protocol import api
 from ...protocol.errors import Errors
 from ..metadata import topic_name_error
+from ...topics import INTERNAL_TOPICS
 
 log = logging.getLogger(__name__)
 
-INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 # A Metadata answer is built this many topics per event-loop turn: a request naming 100,000 topics
 # must not hold the loop (and every other client) for the whole answer.
 TOPICS_PER_TURN = 2000
