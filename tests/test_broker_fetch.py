@@ -466,3 +466,19 @@ def test_read_committed_latest_consumer_starts_at_end_and_reaches_eof(bootstrap)
             assert (lo, hi) == (0, end + 1)
         finally:
             c.close()
+
+
+def test_list_offsets_names_a_partition_twice(bootstrap):
+    """Invariant (Kafka's handleListOffsetRequest): a partition named twice in one ListOffsets request
+    gets INVALID_REQUEST for each mention, even across two entries of the same topic; the other
+    partitions are answered normally."""
+    topic = create_topic(bootstrap, unique("dup-lo"), partitions=2)
+    def part(i, ts):
+        return {"partition_index": i, "current_leader_epoch": -1, "timestamp": ts}
+    body = {"replica_id": -1, "isolation_level": 0,
+            "topics": [{"name": topic, "partitions": [part(0, LATEST), part(1, LATEST)]},
+                       {"name": topic, "partitions": [part(0, EARLIEST)]}]}
+    with Raw(bootstrap) as raw:
+        resp = raw.call(LIST_OFFSETS, LIST_OFFSETS_V, body)
+    got = [(p["partition_index"], p["error_code"], p["offset"]) for t in resp["topics"] for p in t["partitions"]]
+    assert got == [(0, 42, -1), (1, NONE, 0), (0, 42, -1)]

@@ -144,6 +144,12 @@ def _read(broker, body):
 
 
 def list_offsets(broker, header, body):
+    # A partition named twice is ambiguous: Kafka answers INVALID_REQUEST for each mention.
+    seen, duplicates = set(), set()
+    for t in body["topics"]:
+        for p in t["partitions"]:
+            tp = (t["name"], p["partition_index"])
+            (duplicates if tp in seen else seen).add(tp)
     topics = []
     for t in body["topics"]:
         parts = []
@@ -151,6 +157,9 @@ def list_offsets(broker, header, body):
             index = p["partition_index"]
             res = {"partition_index": index, "error_code": 0, "timestamp": -1, "offset": -1, "leader_epoch": -1}
             parts.append(res)
+            if duplicates and (t["name"], index) in duplicates:
+                res["error_code"] = int(Errors.INVALID_REQUEST)
+                continue
             lg, pinfo, err = _leader_log(broker, t["name"], index, p.get("current_leader_epoch", -1))
             if err:
                 res["error_code"] = int(err)
