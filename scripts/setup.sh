@@ -29,6 +29,6 @@ echo "== installing pinned Python dependencies"
 .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements/spark.txt
 echo "== building kbroker (Cython extensions)"
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
-.venv/bin/python -c "import kbroker._native.crc, kbroker._native.batch, kbroker._native.segment" \
+.venv/bin/python -c "import kbroker._native.crc, kbroker._native.batch, kbroker._native.segment, kbroker._native.cleaner, kbroker._native.arrow" \
   || { echo "native build missing: see the pip output above" >&2; exit 1; }
 echo "== setup complete: $ROOT/.venv/bin/kbroker"
