@@ -139,6 +139,7 @@ def test_cluster_up_status_restart_and_down(tmp_path):
         config = (root / "broker-1" / "server.properties").read_text()
         assert "broker.id=1\n" in config and f"listeners=PLAINTEXT://127.0.0.1:{ports[1]}\n" in config
         assert "offsets.topic.replication.factor=2\n" in config
+        assert "default.replication.factor=2\n" in config and "min.insync.replicas=1\n" in config
 
         status = kbroker("cluster", "status", "--dir", str(root))
         assert status.returncode == 0, status.stdout

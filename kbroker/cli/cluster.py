@@ -142,7 +142,10 @@ def broker_properties(layout: Layout, slot: BrokerSlot) -> str:
         f"zookeeper.connect={layout.zk_connect}",
         f"zookeeper.session.timeout.ms={LOCAL_SESSION_TIMEOUT_MS}",
         f"num.partitions={layout.num_partitions}",
-        # Internal topics cannot have more replicas than there are brokers.
+        # Topics are replicated as on a production cluster (RF 3, acks=all needs 2 in sync), capped at
+        # the broker count (no more replicas than brokers; one broker may stop without failing acks=all).
+        f"default.replication.factor={min(3, n)}",
+        f"min.insync.replicas={max(1, min(2, n - 1))}",
         f"offsets.topic.replication.factor={min(3, n)}",
         f"transaction.state.log.replication.factor={min(3, n)}",
         f"transaction.state.log.min.isr={min(2, n)}",
