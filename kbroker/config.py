@@ -241,6 +241,8 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     # kbroker's own keys.
     _impl("log.segment.delete.delay.ms", "long", 60000, at_least(0),
           doc="deleted segments and partitions keep their files this long (own timer, 200 ms resolution)"),
+    _impl("fetch.max.bytes", "int", 55 * 1024 * 1024, at_least(1024),
+          doc="caps a consumer Fetch answer's record data whatever its max_bytes (the first batch may exceed)"),
     _impl("max.connections", "int", INT_MAX, at_least(0),
           doc="at the limit new connections wait in the listen backlog until one closes"),
     _impl("max.connections.per.ip", "int", INT_MAX, at_least(0),
@@ -331,7 +333,6 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _known("transaction.partition.verification.enable", "boolean", True),
     _known("producer.id.expiration.check.interval.ms", "int", 600000, at_least(1)),
     _known("max.incremental.fetch.session.cache.slots", "int", 1000, at_least(0)),
-    _known("fetch.max.bytes", "int", 55 * 1024 * 1024, at_least(1024)),
     _known("quota.window.num", "int", 11, at_least(1)),
     _known("quota.window.size.seconds", "int", 1, at_least(1)),
     _known("replication.quota.window.num", "int", 11, at_least(1)),

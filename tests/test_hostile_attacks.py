@@ -30,8 +30,10 @@ MAX_REQUEST = 8 << 20          # socket.request.max.bytes
 POOL = 32 << 20                # queued.max.request.bytes
 FRAME_TIMEOUT_MS = 3000        # kbroker.socket.request.frame.timeout.ms
 RSS_SLACK_MIB = 48             # interpreter heap growth, per-connection objects and receive chunks (~250 x 32 KiB)
+RSS_KEPT_MIB = 12              # RSS above the pre-attack level 2 s after the attackers left
 NEWCOMER_TIMEOUT = 5.0         # a new client not answered within this counts as unanswered
 CORRUPT_MESSAGE, INVALID_RECORD = 2, 87
+FETCH_MAX_BYTES = 4 << 20      # fetch.max.bytes here (Kafka's default 57671680 would need > 55 MB of data)
 
 
 def gap_bound(baseline: float) -> float:
@@ -141,7 +143,8 @@ def attacked():
     with tempfile.TemporaryDirectory(prefix="hostile-attacks-") as root:
         with LocalCluster(root, num_partitions=1, session_timeout_ms=6000, overrides={
                 "socket.request.max.bytes": MAX_REQUEST, "queued.max.request.bytes": POOL,
-                "kbroker.socket.request.frame.timeout.ms": FRAME_TIMEOUT_MS}) as c:
+                "kbroker.socket.request.frame.timeout.ms": FRAME_TIMEOUT_MS,
+                "fetch.max.bytes": FETCH_MAX_BYTES}) as c:
             topic = f"steady-{uuid.uuid4().hex[:8]}"
             wait_for_topic(c.bootstrap, topic, 1)
             steady = Steady(c.bootstrap, topic).start()
@@ -199,12 +202,19 @@ def test_stalled_frames_do_not_stall_others(attacked, attack):
     finally:
         for s in socks:
             s.close()
+    time.sleep(2.0)
+    after = rss_kib(pid)
     grown = (peak - rss0) / 1024
+    kept = (after - rss0) / 1024
     print(f"{attack}: attackers={n} still_open_after_deadline={still_open} rss_before={rss0 / 1024:.0f}MiB "
-          f"peak={peak / 1024:.0f}MiB grown={grown:.1f}MiB bound={(POOL >> 20) + RSS_SLACK_MIB}MiB")
+          f"peak={peak / 1024:.0f}MiB grown={grown:.1f}MiB bound={(POOL >> 20) + RSS_SLACK_MIB}MiB "
+          f"rss_2s_after={after / 1024:.0f}MiB kept={kept:.1f}MiB")
     steady.check(attack, t0, t1, baseline)
     assert still_open == 0, f"{still_open} of {n} stalled attackers not closed by the frame deadline"
     assert grown <= (POOL >> 20) + RSS_SLACK_MIB
+    # partial frames live in anonymous mmaps, unmapped when their connection goes: the memory goes
+    # back to the OS (what stays is interpreter heap: chunks and per-connection objects)
+    assert kept <= RSS_KEPT_MIB, f"{kept:.1f} MiB of the attack's memory still held"
 
 
 @pytest.mark.slow
@@ -224,6 +234,49 @@ def test_huge_metadata_request_does_not_hold_the_loop(attacked):
             assert {x["error_code"] for x in resp["topics"]} == {3}
             print(f"metadata-100k answered in {time.monotonic() - t:.2f}s")
     steady.check("metadata-100k-topics", t0, time.monotonic(), baseline)
+
+
+@pytest.mark.slow
+def test_fetch_max_bytes_over_1000_partitions(attacked):
+    """A Fetch asking for max_bytes = partition_max_bytes = 2^31-1 over 1,000 partitions holding ~10 MB
+    is answered, and its answer stays within the broker's fetch.max.bytes (plus per-partition headers);
+    every partition is listed (sessionless clients need that)."""
+    import confluent_kafka as ck
+
+    c, steady = attacked
+    topic = f"wide-{uuid.uuid4().hex[:6]}"
+    create_topic(c.bootstrap, topic, 1000, timeout=120)
+    p = ck.Producer({"bootstrap.servers": c.bootstrap, "linger.ms": 50, "acks": 1})
+    for i in range(10_000):
+        while True:
+            try:
+                p.produce(topic, b"v" * 1000, partition=i % 1000)
+                break
+            except BufferError:
+                p.poll(0.1)
+    assert p.flush(60) == 0
+    baseline = steady.quiet_baseline(2.0)
+    big = 0x7FFFFFFF
+    body = {"replica_id": -1, "max_wait_ms": 0, "min_bytes": 1, "max_bytes": big, "isolation_level": 0,
+            "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "",
+            "topics": [{"topic": topic, "partitions": [
+                {"partition": i, "current_leader_epoch": -1, "fetch_offset": 0, "log_start_offset": -1,
+                 "partition_max_bytes": big} for i in range(1000)]}]}
+    t0 = time.monotonic()
+    with RawConn(c.bootstrap, timeout=60) as conn:
+        for _ in range(3):
+            conn.correlation += 1
+            conn.send(api.encode_request(1, 11, conn.correlation, "hostile", body))
+            frame = conn.recv_frame(60)
+            _cid, resp = api.decode_response(1, 11, frame)
+            parts = resp["responses"][0]["partitions"]
+            data = sum(len(x["records"] or b"") for x in parts)
+            print(f"fetch-2^31-1: response {len(frame)} bytes, record data {data} bytes, "
+                  f"partitions {len(parts)}, fetch.max.bytes {FETCH_MAX_BYTES}")
+            assert len(parts) == 1000 and all(x["error_code"] == 0 for x in parts)
+            assert 0 < data <= FETCH_MAX_BYTES + 65536    # + at most part of one batch (~10 KB each here)
+            assert len(frame) <= data + 1000 * 100
+    steady.check("fetch-2^31-1", t0, time.monotonic(), baseline)
 
 
 # ---- compressed batches: lies and bombs ---------------------------------------------------------------

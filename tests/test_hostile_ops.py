@@ -140,3 +140,36 @@ def test_delete_topic_with_longest_name(tmp_path):
         wait_until(lambda: not any(p.name.startswith("LLLL") and not p.name.endswith("-delete")
                                    for p in c.brokers[0].data_dir.iterdir()), 15, "the partition dir to go")
         assert "File name too long" not in c.brokers[0].log_tail(100000)
+
+
+@pytest.mark.slow
+def test_list_offsets_by_timestamp_over_a_stored_bomb_answers_an_error(tmp_path):
+    """A zstd bomb already on disk (written before produce validated compressed batches, here appended
+    to the segment while the broker was down): ListOffsets by timestamp reaching it answers
+    CORRUPT_MESSAGE for that partition and the connection stays usable (it used to close)."""
+    import struct as _struct
+
+    from checkers import LIST_OFFSETS
+    from kbroker._native.crc import crc32c
+    from kbroker.record.compression import compress
+
+    with LocalCluster(tmp_path / "cluster", num_partitions=1) as c:
+        topic = f"bombed-{uuid.uuid4().hex[:6]}"
+        create_topic(c.bootstrap, topic, 1)
+        with RawConn(c.bootstrap) as conn:
+            assert _produce(conn, topic, _batch(0, [_record(0, b"k", b"v")]))["error_code"] == 0
+        c.stop_broker(0)
+        seg = c.brokers[0].data_dir / f"{topic}-0" / f"{0:020d}.log"
+        now = int(time.time() * 1000) + 60_000
+        section = compress(4, _record(0, b"k", b"\0" * (80 << 20)))
+        after = _struct.pack(">hiqqqhii", 4, 0, now, now, -1, -1, -1, 1) + section
+        bomb = _struct.pack(">qiibI", 1, 9 + len(after), 0, 2, crc32c(after)) + after
+        with open(seg, "ab") as f:
+            f.write(bomb)
+        c.start_broker(0)
+        with RawConn(c.bootstrap) as conn:
+            resp = conn.request(LIST_OFFSETS, 1, {"replica_id": -1, "topics": [
+                {"name": topic, "partitions": [{"partition_index": 0, "timestamp": now}]}]})
+            code = resp["topics"][0]["partitions"][0]["error_code"]
+            assert code == 2, resp
+            assert conn.request(18, 0, {})["error_code"] == 0       # still open

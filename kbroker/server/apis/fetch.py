@@ -13,6 +13,7 @@ from ...log.errors import OffsetOutOfRange
 from ...protocol import api
 from ...protocol.errors import Errors
 from ...protocol.types import FileRegions
+from ...record import BatchError
 from ...replica.partition import follower_key
 
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
@@ -92,11 +93,19 @@ def _answer(responses):
     return {"throttle_time_ms": 0, "error_code": 0, "session_id": 0, "responses": responses}
 
 
+# Room kept below 2^31-1 for the response's own fields (about 100 bytes a partition): record data
+# never brings an answer near the int32 size limit, whatever max_bytes and the broker keys allow.
+_RESPONSE_DATA_CEILING = 0x7FFFFFFF - (64 << 20)
+
+
 def _read(broker, body):
     """Read every requested partition -> (responses, total bytes, any error)."""
-    budget = body.get("max_bytes", 0x7FFFFFFF)
     replica_id = body.get("replica_id", -1)
     follower = replica_id >= 0
+    # As Kafka: the request's max_bytes, capped by fetch.max.bytes for consumers and by
+    # replica.fetch.response.max.bytes for followers (a broker key the request cannot raise).
+    broker_max = broker.config.get("replica.fetch.response.max.bytes" if follower else "fetch.max.bytes")
+    budget = min(body.get("max_bytes", 0x7FFFFFFF), broker_max, _RESPONSE_DATA_CEILING)
     first = True
     total = 0
     errors = False
@@ -176,7 +185,13 @@ def list_offsets(broker, header, body):
                 res["offset"] = lg.log_start_offset
                 res["leader_epoch"] = pinfo.leader_epoch
             else:
-                found = lg.offset_for_timestamp(ts)
+                try:
+                    found = lg.offset_for_timestamp(ts)
+                except BatchError as e:
+                    # e.g. a stored batch that inflates past the decompression cap: an error code for
+                    # this partition, not an exception that closes the connection
+                    res["error_code"] = int(e.error_code)
+                    continue
                 if found is not None and found[0] < lg.high_watermark:
                     res["offset"], res["timestamp"] = found[0], found[1]
                     res["leader_epoch"] = pinfo.leader_epoch
