@@ -51,9 +51,11 @@ INTERESTING64 = INTERESTING32 + [0x7FFFFFFFFFFFFFFF, -0x8000000000000000, 1 << 4
 WAIT_FIELDS = ("max_wait_ms", "timeout_ms", "session_timeout_ms", "rebalance_timeout_ms", "transaction_timeout_ms")
 MAX_WAIT_MS = 5000
 # Controller-to-broker requests (LeaderAndIsr, StopReplica, UpdateMetadata, ControlledShutdown). Without
-# an authorizer any client may send them, in Kafka too: a fuzzed UpdateMetadata with controller epoch
-# 32767 fences the real controller for good (new topics never get a leader). They are fuzzed only with
-# --include-control, where the probe's verdict says whether the broker survived, not the cluster state.
+# an authorizer any client may send them, in Kafka too. Brokers take a controller epoch only once
+# ZooKeeper confirms it (a forged epoch 32767 no longer fences the real controller), but a fuzzed request
+# that guesses the current epoch and controller id (small numbers) is obeyed, as Kafka would obey it, and
+# rearranges leadership. They are fuzzed only with --include-control, where the probe's verdict says
+# whether the broker survived, not the cluster state.
 CONTROL_APIS = frozenset({4, 5, 6, 7})
 
 

@@ -207,6 +207,30 @@ def test_brokers_refuse_stale_controller_and_broker_epochs(cluster, zk):
         assert set(brokers) == {0, 1, 2} and controller == cid     # the cache is intact
 
 
+def test_forged_controller_requests_from_the_future_are_refused(cluster, zk):
+    """Invariant: any client can send controller APIs, but an epoch ZooKeeper has not seen (or the
+    current epoch from a broker that does not hold /controller) is refused and not remembered, so a
+    forged request cannot fence the real controller out of a broker. Afterwards the real controller
+    still drives every broker: a new topic gets leaders everywhere."""
+    cid, epoch = _controller(zk)
+    for b in cluster.brokers.values():
+        with RawConn(f"127.0.0.1:{b.port}") as raw:
+            for forged_id, forged_epoch in ((cid, 32767), (cid, epoch + 1), ((cid + 1) % 3, epoch)):
+                resp = raw.request(UPDATE_METADATA, 7, _update_metadata(forged_id, forged_epoch, -1))
+                assert resp["error_code"] == Errors.STALE_CONTROLLER_EPOCH, (forged_id, forged_epoch)
+            resp = raw.request(LEADER_AND_ISR, 5, {
+                "controller_id": cid, "controller_epoch": 32767, "broker_epoch": -1,
+                "type": 0, "topic_states": [], "live_leaders": []})
+            assert resp["error_code"] == Errors.STALE_CONTROLLER_EPOCH
+        brokers, controller, _ = _view(b.port)
+        assert set(brokers) == {0, 1, 2} and controller == cid     # the cache is intact
+    name = _name("after-forgery")
+    _create(cluster, name, 3, 3)
+    for b in cluster.brokers.values():
+        parts = _view_with(b.port, name)[2][name]
+        assert sorted(parts) == [0, 1, 2] and all(leader >= 0 for leader, _, _ in parts.values())
+
+
 def test_deposed_controller_writes_nothing(cluster, zk):
     """A controller whose epoch was bumped by someone else: every kind of controller write fails
     and lands nothing (on a chroot of the same ZooKeeper, so the cluster is not disturbed)."""

@@ -289,6 +289,18 @@ class BrokerZk:
             return None
         return L.decode_controller(data).broker_id
 
+    def current_controller(self) -> tuple[int | None, int]:
+        """(broker id holding ``/controller`` or None, ``/controller_epoch``), read after a sync so a
+        lagging ensemble member cannot answer with an older controller than one that already spoke."""
+        zk = self.kazoo
+        zk.retry(zk.sync, L.CONTROLLER_EPOCH)
+        try:
+            data, _ = zk.retry(zk.get, L.CONTROLLER_EPOCH)
+            epoch = L.decode_controller_epoch(data)
+        except NoNodeError:
+            epoch = 0
+        return self.controller_id(), epoch
+
     def elect_controller(self) -> bool:
         """Try to become controller; True if this broker is (now) the controller.
 

@@ -71,6 +71,7 @@ class MetadataCache:
         self.brokers: dict[int, BrokerInfo] = {}
         self.controller_id: int = -1
         self.controller_epoch: int = -1     # highest controller epoch seen (older requests are stale)
+        self.controller_epoch_holder: int = -1   # the broker ZooKeeper named for that epoch
         self.topic_ids: dict[bytes, str] = {}
         self.updates = 0                    # UpdateMetadata requests applied
         self._waiters: list[asyncio.Future] = []

@@ -21,25 +21,45 @@ def register(broker, handlers):
     handlers[6] = lambda conn, header, body: update_metadata(broker, body)
 
 
-def check_controller_request(broker, body) -> int:
+async def check_controller_request(broker, body) -> int:
     """STALE_CONTROLLER_EPOCH when an older controller speaks, STALE_BROKER_EPOCH when the request
-    was meant for an earlier incarnation of this broker; 0 otherwise (and the epoch is recorded)."""
+    was meant for an earlier incarnation of this broker; 0 otherwise (and the epoch is recorded).
+
+    Any client can send these APIs. A newer epoch than we have seen is taken only once ZooKeeper
+    confirms it (a rare read: once per controller election), so a forged request with a huge epoch
+    cannot fence the real controller out of this broker for good."""
     md = broker.metadata
-    if body["controller_epoch"] < md.controller_epoch:
-        log.warning("rejecting a request of controller %d: epoch %d < %d", body["controller_id"],
-                    body["controller_epoch"], md.controller_epoch)
+    epoch, sender = body["controller_epoch"], body["controller_id"]
+    if epoch < md.controller_epoch:
+        log.warning("rejecting a request of controller %d: epoch %d < %d", sender, epoch, md.controller_epoch)
         return Errors.STALE_CONTROLLER_EPOCH
+    if epoch == md.controller_epoch and sender != md.controller_epoch_holder:
+        log.warning("rejecting a request claiming controller %d epoch %d: that epoch is controller %d's",
+                    sender, epoch, md.controller_epoch_holder)
+        return Errors.STALE_CONTROLLER_EPOCH
+    if epoch > md.controller_epoch and broker.zk is not None:
+        try:
+            holder, zk_epoch = await asyncio.to_thread(broker.zk.current_controller)
+        except Exception as e:
+            log.warning("cannot check controller epoch %d in ZooKeeper (%r); rejecting", epoch, e)
+            return Errors.STALE_CONTROLLER_EPOCH
+        if epoch > zk_epoch or (epoch == zk_epoch and sender != holder):
+            log.warning("rejecting a request claiming controller %d epoch %d: ZooKeeper has controller %s "
+                        "epoch %d", sender, epoch, holder, zk_epoch)
+            return Errors.STALE_CONTROLLER_EPOCH
+        if epoch < md.controller_epoch:   # a confirmed newer epoch arrived while we read
+            return Errors.STALE_CONTROLLER_EPOCH
     own = broker.zk.broker_epoch if broker.zk is not None else None
     if body["broker_epoch"] != -1 and body["broker_epoch"] != own:
         log.warning("rejecting a request of controller %d for broker epoch %d (ours is %s)",
                     body["controller_id"], body["broker_epoch"], own)
         return Errors.STALE_BROKER_EPOCH
-    md.controller_epoch = body["controller_epoch"]
+    md.controller_epoch, md.controller_epoch_holder = epoch, sender
     return 0
 
 
 async def update_metadata(broker, body):
-    code = check_controller_request(broker, body)
+    code = await check_controller_request(broker, body)
     if code:
         return {"error_code": code}
     await broker.apply_update_metadata(body)
@@ -53,7 +73,7 @@ async def leader_and_isr(broker, body):
     from ...replica import LeaderAndIsrState
     from ..metadata import topic_id_text
 
-    code = check_controller_request(broker, body)
+    code = await check_controller_request(broker, body)
     if code:
         return {"error_code": code, "topics": []}
     rm = broker.replica_manager
@@ -94,7 +114,7 @@ async def leader_and_isr(broker, body):
 async def stop_replica(broker, body):
     """StopReplica v3: stop fetching; delete_partition removes the log. An older leader epoch than
     ours is FENCED_LEADER_EPOCH (-1 = no epoch, -2 = the topic is being deleted: always apply)."""
-    code = check_controller_request(broker, body)
+    code = await check_controller_request(broker, body)
     if code:
         return {"error_code": code, "partition_errors": []}
     rm = broker.replica_manager
