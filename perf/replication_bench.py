@@ -6,19 +6,38 @@
    pushes --gb of data at full speed (acks=1), on an RF=3 and on an RF=1 topic led by the same
    broker; plus the whole cluster's CPU per GB for RF=3.
 
-    .venv/bin/python perf/replication_bench.py [--rate 2000] [--seconds 10] [--mb 256]
+3. Follower catch-up: a follower stopped (SIGTERM), --catchup-mb produced to an RF=3 topic with
+   acks=all (ISR 2 still meets min.insync.replicas=2), the follower restarted; its copy rate (bytes
+   on its disk over time from its first new byte to equality with the leader's log) and the time
+   until it is back in the ISR.
+4. Failover split (--failovers rounds, kill -9 of the leader under a retrying idempotent acks=all
+   producer at --probe-rate records/s): kill -> /brokers/ids/<id> gone (session expiry), expiry ->
+   another leader in Metadata, new leader -> first acknowledged acks=all write after the expiry.
+   Then a SIGTERM bounce of the leader (controlled shutdown, restart, back in the ISR): the longest
+   gap between two acknowledgements of that producer (unavailability) and its failed records.
+
+--rate 0 (default) runs the latency pair at half of RF=1's peak rate, measured first in the same run
+(acks=1, RF=1, --peak-records records of 100 B at full speed).
+
+    .venv/bin/python perf/replication_bench.py [--rate 0] [--seconds 10] [--mb 256] [--catchup-mb 200]
+        [--failovers 3] [--probe-rate 200] [--skip-cpu]
 """
 from __future__ import annotations
 
 import argparse
 import os
+import signal
+import socket
 import sys
 import tempfile
+import threading
 import time
+from pathlib import Path
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from kbroker.protocol import api
 from kbroker.testing import LocalCluster, wait_until
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -101,32 +120,268 @@ def cpu_run(c, bootstrap, topic, leader, mb, size=1000):
     return used[leader] / gb, sum(used.values()) / gb, wall
 
 
+def metadata_state(c, topic, partition=0):
+    """(leader, leader_epoch, isr) from the first live broker answering Metadata v8; None if none does."""
+    for b in c.brokers.values():
+        if not b.running():
+            continue
+        try:
+            with socket.create_connection(("127.0.0.1", b.port), timeout=2) as s:
+                s.sendall(api.encode_request(3, 8, 1, "replbench", {
+                    "topics": [{"name": topic}], "allow_auto_topic_creation": False,
+                    "include_cluster_authorized_operations": False, "include_topic_authorized_operations": False}))
+                size = int.from_bytes(s.recv(4, socket.MSG_WAITALL), "big")
+                frame = s.recv(size, socket.MSG_WAITALL)
+            _, body = api.decode_response(3, 8, memoryview(frame))
+        except (OSError, ValueError):
+            continue
+        for t in body["topics"]:
+            for p in t["partitions"]:
+                if t["error_code"] == 0 and p["partition_index"] == partition:
+                    return p["leader_id"], p["leader_epoch"], sorted(p["isr_nodes"])
+    return None
+
+
+def wait_isr(c, topic, size, timeout=90.0):
+    return wait_until(lambda: (lambda s: s if s and s[0] >= 0 and len(s[2]) == size else None)(
+        metadata_state(c, topic)), timeout, f"{topic}: ISR of {size}")
+
+
+def peak_rate(bootstrap, topic, records, size=100):
+    """Records/s acknowledged by an acks=1 producer at full speed (same callback path as latency_run)."""
+    # Same client settings as latency_run, so half of this is a rate that client can keep.
+    p = Producer({"bootstrap.servers": bootstrap, "acks": 1, "linger.ms": 0})
+    payload = b"p" * size
+    done = [0]
+
+    def cb(err, msg):
+        if err is None:
+            done[0] += 1
+    p.produce(topic, payload, partition=0)
+    p.flush(10)
+    t0 = time.perf_counter()
+    for _ in range(records):
+        while True:
+            try:
+                p.produce(topic, payload, partition=0, on_delivery=cb)
+                break
+            except BufferError:
+                p.poll(0.001)
+        p.poll(0)
+    p.flush(120)
+    return done[0] / (time.perf_counter() - t0)
+
+
+def log_bytes(data_dir, topic, partition=0):
+    d = Path(data_dir) / f"{topic}-{partition}"
+    try:
+        return sum(f.stat().st_size for f in d.glob("*.log"))
+    except OSError:         # a segment rolled or removed between glob and stat
+        return -1
+
+
+def produce_mb(bootstrap, topic, mb, size=1000):
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 5,
+                  "batch.size": 262144, "queue.buffering.max.kbytes": 262144})
+    payload = b"c" * size
+    failed = [0]
+
+    def cb(err, msg):
+        if err is not None:
+            failed[0] += 1
+    for _ in range(mb * 1024 * 1024 // size):
+        while True:
+            try:
+                p.produce(topic, payload, partition=0, on_delivery=cb)
+                break
+            except BufferError:
+                p.poll(0.01)
+        p.poll(0)
+    assert p.flush(300) == 0 and failed[0] == 0, f"{failed[0]} failed writes while building the lag"
+
+
+def catch_up(c, admin, mb):
+    topic = "catchup"
+    leader = create(admin, topic, 3, leader=0)
+    follower = 2
+    c.stop_broker(follower)
+    wait_until(lambda: follower not in (metadata_state(c, topic) or (0, 0, [follower]))[2], 60, "ISR without follower")
+    t0 = time.monotonic()
+    produce_mb(c.bootstrap, topic, mb)
+    print(f"catch-up: produced {mb} MB (acks=all, ISR 2) in {time.monotonic() - t0:.1f} s")
+    lead_dir, fol_dir = c.brokers[leader].data_dir, c.brokers[follower].data_dir
+    target = log_bytes(lead_dir, topic)
+    base = log_bytes(fol_dir, topic)
+    samples = []                                   # (time, follower bytes)
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            samples.append((time.monotonic(), log_bytes(fol_dir, topic)))
+            time.sleep(0.02)
+    th = threading.Thread(target=sample, daemon=True)
+    t_start = time.monotonic()
+    th.start()
+    c.start_broker(follower)
+    t_ready = time.monotonic()
+    try:
+        wait_until(lambda: samples and samples[-1][1] >= target, 600, "follower log to equal the leader's", 0.02)
+        t_equal = samples[-1][0]
+        wait_until(lambda: follower in metadata_state(c, topic)[2], 120, "follower back in the ISR", 0.02)
+        t_isr = time.monotonic()
+    finally:
+        stop.set()
+        th.join()
+    first = next(t for t, n in samples if n > base)
+    copied = (target - base) / 1e6
+    print(f"catch-up: {copied:.0f} MB behind; process start -> ready {t_ready - t_start:.1f} s; "
+          f"first new byte -> log equal {t_equal - first:.2f} s = {copied / max(t_equal - first, 1e-9):.1f} MB/s; "
+          f"process start -> back in ISR {t_isr - t_start:.1f} s "
+          f"(= {copied / (t_isr - t_start):.1f} MB/s including the restart)")
+
+
+class Probe:
+    """Idempotent acks=all producer at a fixed rate in a thread; the monotonic time of every
+    acknowledgement (delivery callbacks served promptly by poll) and every failure."""
+
+    def __init__(self, bootstrap, topic, rate):
+        self.p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                           "linger.ms": 0, "message.timeout.ms": 120000, "retry.backoff.ms": 50,
+                           "reconnect.backoff.max.ms": 200, "topic.metadata.refresh.interval.ms": 1000})
+        self.topic, self.rate = topic, rate
+        self.acks, self.failed = [], []
+        self.stop_flag = threading.Event()
+        self.th = threading.Thread(target=self._run, daemon=True)
+        self.th.start()
+
+    def _cb(self, err, msg):
+        (self.acks if err is None else self.failed).append(time.monotonic())
+
+    def _run(self):
+        step = 1.0 / self.rate
+        nxt = time.monotonic()
+        while not self.stop_flag.is_set():
+            self.p.produce(self.topic, b"probe", partition=0, on_delivery=self._cb)
+            nxt += step
+            while (left := nxt - time.monotonic()) > 0:
+                self.p.poll(left)
+            self.p.poll(0)
+
+    def close(self):
+        self.stop_flag.set()
+        self.th.join()
+        self.p.flush(120)
+
+    def first_ack_after(self, t):
+        return next((a for a in list(self.acks) if a > t), None)
+
+    def max_gap(self, t0, t1):
+        acks = [a for a in list(self.acks) if t0 <= a <= t1]
+        return max((b - a for a, b in zip(acks, acks[1:])), default=float("nan")), len(acks)
+
+
+def failovers(c, admin, rounds, rate):
+    from kazoo.client import KazooClient
+
+    topic = "failover"
+    create(admin, topic, 3)
+    zk = KazooClient(hosts=c.zk.connect_string, timeout=10)
+    zk.start(timeout=10)
+    probe = Probe(c.bootstrap, topic, rate)
+    rows = []
+    try:
+        wait_until(lambda: len(probe.acks) >= rate, 30, "the probe producer running")
+        for _ in range(rounds):
+            leader, _epoch, _isr = wait_isr(c, topic, 3)
+            before = len(probe.acks)
+            wait_until(lambda: len(probe.acks) >= before + rate // 2, 30, "probe acks before the kill")
+            t_kill = time.monotonic()
+            os.kill(c.brokers[leader].pid, signal.SIGKILL)
+            wait_until(lambda: zk.exists(f"/brokers/ids/{leader}") is None, 60, "session expiry", 0.01)
+            t_exp = time.monotonic()
+            wait_until(lambda: (lambda s: s and s[0] >= 0 and s[0] != leader)(metadata_state(c, topic)), 60,
+                       "a new leader in Metadata", 0.01)
+            t_lead = time.monotonic()
+            wait_until(lambda: probe.first_ack_after(t_exp), 60, "an acks=all write acknowledged", 0.01)
+            t_ack = probe.first_ack_after(t_exp)
+            rows.append((t_exp - t_kill, t_lead - t_exp, t_ack - t_lead, t_ack - t_kill))
+            print(f"failover: kill->expiry {rows[-1][0]:.2f} s, expiry->new leader {rows[-1][1]:.2f} s, "
+                  f"new leader->first ack {rows[-1][2]:+.2f} s (kill->first ack {rows[-1][3]:.2f} s)")
+            c.brokers[leader].proc.wait(30)
+            c.start_broker(leader)
+        if rows:
+            n = len(rows)
+            print("failover mean of %d: kill->expiry %.2f s, expiry->new leader %.2f s, new leader->first ack "
+                  "%+.2f s, kill->first ack %.2f s" % ((n,) + tuple(sum(r[i] for r in rows) / n for i in range(4))))
+        # SIGTERM bounce: controlled shutdown moves leadership before the process exits.
+        leader, _epoch, _isr = wait_isr(c, topic, 3)
+        t_quiet = time.monotonic()
+        wait_until(lambda: len([a for a in probe.acks if a > t_quiet]) >= rate * 2, 30, "2 s of steady acks")
+        base_gap, _n = probe.max_gap(t_quiet, time.monotonic())
+        failed_before = len(probe.failed)
+        t0 = time.monotonic()
+        c.stop_broker(leader)
+        t_down = time.monotonic()
+        c.start_broker(leader)
+        wait_isr(c, topic, 3)
+        t_back = time.monotonic()
+        wait_until(lambda: probe.first_ack_after(t_back + 2), 30, "2 s of acks after the bounce")
+        gap, n = probe.max_gap(t0, t_back + 2)
+        print(f"SIGTERM bounce of leader {leader}: shutdown took {t_down - t0:.2f} s, back in ISR after "
+              f"{t_back - t0:.1f} s; longest ack gap {gap * 1000:.0f} ms over {n} acks "
+              f"(steady-state longest gap {base_gap * 1000:.0f} ms at {rate}/s); "
+              f"failed writes {len(probe.failed) - failed_before}")
+    finally:
+        probe.close()
+        zk.stop()
+        zk.close()
+    print(f"probe totals: {len(probe.acks)} acknowledged, {len(probe.failed)} failed")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rate", type=int, default=2000, help="records/s for the latency runs")
-    ap.add_argument("--seconds", type=float, default=10)
-    ap.add_argument("--mb", type=int, default=256, help="MB produced per CPU run")
+    ap.add_argument("--rate", type=int, default=0,
+                    help="records/s for the latency runs; 0 (default): half of RF=1's peak, measured first")
+    ap.add_argument("--peak-records", type=int, default=200000, help="records (100 B) for the RF=1 peak (200000)")
+    ap.add_argument("--seconds", type=float, default=10, help="seconds per latency run (10)")
+    ap.add_argument("--mb", type=int, default=256, help="MB produced per CPU run (256)")
+    ap.add_argument("--skip-cpu", action="store_true", help="skip the CPU-per-GB runs")
+    ap.add_argument("--catchup-mb", type=int, default=200, help="MB of follower lag to catch up (200; 0 skips)")
+    ap.add_argument("--failovers", type=int, default=3, help="kill -9 failover rounds (3; 0 skips, and the bounce)")
+    ap.add_argument("--probe-rate", type=int, default=200, help="records/s of the failover probe producer (200)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="replbench-") as root, \
             LocalCluster(root, brokers=3, overrides={"log.segment.bytes": 256 << 20}) as c:
         admin = AdminClient({"bootstrap.servers": c.bootstrap})
+        rate = args.rate
+        if rate <= 0:
+            create(admin, "peak1", 1, leader=0)
+            peak = peak_rate(c.bootstrap, "peak1", args.peak_records)
+            rate = int(peak / 2)
+            print(f"RF=1 peak (acks=1, 100 B, one producer): {peak:.0f} records/s; latency runs at half: {rate}/s")
         create(admin, "lat", 3)
         res = {}
         for acks in ("1", "all"):
-            lat = latency_run(c.bootstrap, "lat", acks, args.rate, args.seconds)
+            lat = latency_run(c.bootstrap, "lat", acks, rate, args.seconds)
             res[acks] = (pct(lat, 0.5), pct(lat, 0.99), len(lat))
-            print(f"acks={acks:>3}: {res[acks][2]} records at {args.rate}/s: p50 {res[acks][0]:.2f} ms, "
+            print(f"acks={acks:>3} RF=3: {res[acks][2]} records at {rate}/s "
+                  f"(achieved {res[acks][2] / args.seconds:.0f}/s): p50 {res[acks][0]:.2f} ms, "
                   f"p90 {pct(lat, 0.9):.2f} ms, p99 {res[acks][1]:.2f} ms, max {lat[-1] * 1000:.1f} ms")
         print(f"acks=all minus acks=1: p50 {res['all'][0] - res['1'][0]:+.2f} ms, "
               f"p99 {res['all'][1] - res['1'][1]:+.2f} ms")
-        leader = 0
-        create(admin, "cpu3", 3, leader=leader)
-        create(admin, "cpu1", 1, leader=leader)
-        l3, total3, wall3 = cpu_run(c, c.bootstrap, "cpu3", leader, args.mb)
-        l1, total1, wall1 = cpu_run(c, c.bootstrap, "cpu1", leader, args.mb)
-        print(f"leader CPU per GB: RF=3 {l3:.2f} s, RF=1 {l1:.2f} s, ratio {l3 / l1:.2f} "
-              f"({args.mb} MB each, {wall3:.1f} s / {wall1:.1f} s)")
-        print(f"cluster CPU per GB: RF=3 {total3:.2f} s, RF=1 {total1:.2f} s")
+        if not args.skip_cpu:
+            leader = 0
+            create(admin, "cpu3", 3, leader=leader)
+            create(admin, "cpu1", 1, leader=leader)
+            l3, total3, wall3 = cpu_run(c, c.bootstrap, "cpu3", leader, args.mb)
+            l1, total1, wall1 = cpu_run(c, c.bootstrap, "cpu1", leader, args.mb)
+            print(f"leader CPU per GB: RF=3 {l3:.2f} s, RF=1 {l1:.2f} s, ratio {l3 / l1:.2f} "
+                  f"({args.mb} MB each, {wall3:.1f} s / {wall1:.1f} s)")
+            print(f"cluster CPU per GB: RF=3 {total3:.2f} s, RF=1 {total1:.2f} s")
+        if args.catchup_mb > 0:
+            catch_up(c, admin, args.catchup_mb)
+        if args.failovers > 0:
+            failovers(c, admin, args.failovers, args.probe_rate)
     return 0
 
 
