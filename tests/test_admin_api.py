@@ -457,6 +457,28 @@ def test_create_partitions(broker, admin, kp_admin):
         kp_admin.create_partitions({unique("cp-none"): KpNewPartitions(5)})
 
 
+def test_partition_counts_that_cannot_fit_in_zookeeper_are_refused_at_once(broker, admin):
+    """Invariant: the assignment lives in one znode (jute.maxbuffer, 1 MiB), so a count that cannot fit
+    gets INVALID_PARTITIONS before anything is planned (a fuzzed 134,217,729 once cost 4.5 GiB), for
+    CreateTopics and CreatePartitions alike; a large count that fits still works."""
+    name = unique("huge")
+    started = time.monotonic()
+    # Raw requests: librdkafka itself refuses counts above 100,000 before sending.
+    resp = raw_request(broker, 19, 4, {"topics": [{"name": name, "num_partitions": 134_217_729,
+                                                   "replication_factor": 1, "assignments": [], "configs": []}],
+                                       "timeout_ms": 30000, "validate_only": False})
+    res = resp["topics"][0]
+    assert res["error_code"] == KafkaError.INVALID_PARTITIONS and "ZooKeeper znode" in res["error_message"]
+    admin.create_topics([NewTopic(name, 1, 1)])[name].result(timeout=30)
+    resp = raw_request(broker, 37, 1, {"topics": [{"name": name, "count": 134_217_729, "assignments": None}],
+                                       "timeout_ms": 30000, "validate_only": False})
+    res = resp["results"][0]
+    assert res["error_code"] == KafkaError.INVALID_PARTITIONS and "ZooKeeper znode" in res["error_message"]
+    assert time.monotonic() - started < 20
+    assert sorted(topic_partitions(broker, name)) == [0]
+    assert admin.create_partitions([NewPartitions(name, 200)])[name].result(timeout=60) is None
+
+
 # ---- DeleteTopics --------------------------------------------------------------------------------
 
 def test_delete_topics(broker, admin, kp_admin):

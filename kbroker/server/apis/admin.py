@@ -233,6 +233,21 @@ def _fail(res: dict, code: int, message: str) -> None:
     res["error_code"], res["error_message"] = int(code), message
 
 
+# ZooKeeper refuses a znode larger than jute.maxbuffer (1 MiB by default), and the whole assignment
+# lives in /brokers/topics/<t>: a partition count that cannot fit is refused before anything is built
+# (a fuzzed count of 134,217,729 once took 4.5 GiB planning it).
+ZNODE_LIMIT_BYTES = 0xFFFFF
+
+
+def _check_fits_znode(n_partitions: int, rf: int, live) -> None:
+    widest_id = max((len(str(b)) for b in live), default=1)
+    estimate = n_partitions * (len(str(max(n_partitions, 1))) + 5 + max(rf, 1) * (widest_id + 1))
+    if estimate > ZNODE_LIMIT_BYTES:
+        raise AdminError(Errors.INVALID_PARTITIONS,
+                         f"{n_partitions} partitions with replication factor {rf} do not fit in the topic's "
+                         f"ZooKeeper znode (about {estimate} bytes, limit {ZNODE_LIMIT_BYTES}).")
+
+
 def _plan_topic(broker, md, t, live: dict[int, str | None]) -> tuple[dict[int, list[int]], dict[str, str]]:
     """Validate one CreatableTopic; return (assignment, config overrides) or raise AdminError."""
     name = t["name"]
@@ -265,6 +280,7 @@ def _plan_topic(broker, md, t, live: dict[int, str | None]) -> tuple[dict[int, l
         n_parts = broker.config.get("num.partitions")
     if rf == -1:
         rf = broker.config.get("default.replication.factor")
+    _check_fits_znode(n_parts, rf, live)
     return assign_replicas(live, n_parts, rf, racks=live), configs
 
 
@@ -387,6 +403,7 @@ def _plan_partitions(md, t, live: dict[int, str | None]) -> dict[int, list[int]]
                          f"has {current} partitions, {count} would not be an increase.")
     p0 = info.partitions.get(0)
     rf = len(p0.replicas) if p0 is not None and p0.replicas else 1
+    _check_fits_znode(count, rf, live)
     adding = count - current
     manual = t.get("assignments")
     if manual is not None:
