@@ -23,6 +23,7 @@ from libc.string cimport memcpy, memset
 
 from ccrc32c cimport crc32c_update
 from hton cimport load_be32, store_be16, store_be32, store_be64
+from varint cimport read_varint, read_varlong, varlong_size, write_varlong
 
 import time
 
@@ -146,61 +147,6 @@ cdef inline int put_bit(_Mem m, Py_ssize_t row, bint valid) noexcept nogil:
 
 
 # ---------------------------------------------------------------- varints
-
-cdef inline Py_ssize_t read_varint(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end,
-                                   int32_t *out) noexcept nogil:
-    cdef uint32_t raw = 0
-    cdef int shift = 0
-    cdef unsigned char b
-    while True:
-        if pos >= end or shift > 28:
-            return -1
-        b = p[pos]
-        pos += 1
-        raw |= <uint32_t>(b & 0x7F) << shift
-        if not (b & 0x80):
-            break
-        shift += 7
-    out[0] = <int32_t>((raw >> 1) ^ (~(raw & 1) + 1))
-    return pos
-
-
-cdef inline Py_ssize_t read_varlong(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end,
-                                    int64_t *out) noexcept nogil:
-    cdef uint64_t raw = 0
-    cdef int shift = 0
-    cdef unsigned char b
-    while True:
-        if pos >= end or shift > 63:
-            return -1
-        b = p[pos]
-        pos += 1
-        raw |= <uint64_t>(b & 0x7F) << shift
-        if not (b & 0x80):
-            break
-        shift += 7
-    out[0] = <int64_t>((raw >> 1) ^ (~(raw & 1) + 1))
-    return pos
-
-
-cdef inline int varint_size(int64_t v) noexcept nogil:
-    cdef uint64_t z = (<uint64_t>v << 1) ^ <uint64_t>(v >> 63)
-    cdef int n = 1
-    while z >= 0x80:
-        z >>= 7
-        n += 1
-    return n
-
-
-cdef inline Py_ssize_t write_varint(char *p, Py_ssize_t pos, int64_t v) noexcept nogil:
-    cdef uint64_t z = (<uint64_t>v << 1) ^ <uint64_t>(v >> 63)
-    while z >= 0x80:
-        p[pos] = <char>((z & 0x7F) | 0x80)
-        z >>= 7
-        pos += 1
-    p[pos] = <char>z
-    return pos + 1
-
 
 # A length-prefixed field at p[pos]: its start and length (-1 = null); -1 when malformed.
 cdef inline Py_ssize_t field_at(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end,
@@ -552,15 +498,15 @@ cdef inline int64_t record_body_size(const BinCol *k, const BinCol *v, const Hdr
                                      int64_t row, int32_t index) noexcept nogil:
     cdef int32_t kl = col_len(k, row), vl = col_len(v, row), hl
     cdef int64_t nh = hdr_count(hd, row), h, j, size
-    size = 1 + varint_size(0) + varint_size(index) + varint_size(kl) + (kl if kl > 0 else 0) \
-        + varint_size(vl) + (vl if vl > 0 else 0) + varint_size(nh)
+    size = 1 + varlong_size(0) + varlong_size(index) + varlong_size(kl) + (kl if kl > 0 else 0) \
+        + varlong_size(vl) + (vl if vl > 0 else 0) + varlong_size(nh)
     if nh:
         j = hdr_first(hd, row)
         for h in range(j, j + nh):
             hl = col_len(&hd.hkey, h)
-            size += varint_size(hl) + hl
+            size += varlong_size(hl) + hl
             hl = col_len(&hd.hval, h)
-            size += varint_size(hl) + (hl if hl > 0 else 0)
+            size += varlong_size(hl) + (hl if hl > 0 else 0)
     return size
 
 
@@ -568,29 +514,29 @@ cdef Py_ssize_t write_record(char *out, Py_ssize_t pos, const BinCol *k, const B
                              const HdrCol *hd, int64_t row, int32_t index, int64_t body) noexcept nogil:
     cdef int32_t kl = col_len(k, row), vl = col_len(v, row), hl
     cdef int64_t nh = hdr_count(hd, row), h, j
-    pos = write_varint(out, pos, body)
+    pos = write_varlong(out, pos, body)
     out[pos] = 0                              # record attributes
     pos += 1
-    pos = write_varint(out, pos, 0)           # timestampDelta: one timestamp per batch
-    pos = write_varint(out, pos, index)       # offsetDelta
-    pos = write_varint(out, pos, kl)
+    pos = write_varlong(out, pos, 0)           # timestampDelta: one timestamp per batch
+    pos = write_varlong(out, pos, index)       # offsetDelta
+    pos = write_varlong(out, pos, kl)
     if kl > 0:
         memcpy(out + pos, col_ptr(k, row), <size_t>kl)
         pos += kl
-    pos = write_varint(out, pos, vl)
+    pos = write_varlong(out, pos, vl)
     if vl > 0:
         memcpy(out + pos, col_ptr(v, row), <size_t>vl)
         pos += vl
-    pos = write_varint(out, pos, nh)
+    pos = write_varlong(out, pos, nh)
     if nh:
         j = hdr_first(hd, row)
         for h in range(j, j + nh):
             hl = col_len(&hd.hkey, h)
-            pos = write_varint(out, pos, hl)
+            pos = write_varlong(out, pos, hl)
             memcpy(out + pos, col_ptr(&hd.hkey, h), <size_t>hl)
             pos += hl
             hl = col_len(&hd.hval, h)
-            pos = write_varint(out, pos, hl)
+            pos = write_varlong(out, pos, hl)
             if hl > 0:
                 memcpy(out + pos, col_ptr(&hd.hval, h), <size_t>hl)
                 pos += hl
@@ -680,7 +626,7 @@ def build_batches(keys, values, headers, rows, int64_t batch_size, int codec=0,
             while end < n and end - start < max_records:
                 r = idx[end]
                 body = record_body_size(&kc.col, &vc.col, &hc.col, r, <int32_t>(end - start))
-                body += varint_size(body)
+                body += varlong_size(body)
                 if end > start and HEADER_SIZE + total + body > batch_size:
                     break
                 total += body

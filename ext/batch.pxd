@@ -9,12 +9,7 @@
 from libc.stdint cimport int32_t, int64_t, uint32_t
 
 
-# Zigzag varint (sint32) / varlong (sint64) at p[pos]; return the position
-# after it, or -1 if it is truncated at `end` or too long.
-cdef Py_ssize_t read_varint(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end,
-                            int32_t *out) noexcept nogil
-cdef Py_ssize_t read_varlong(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end,
-                             int64_t *out) noexcept nogil
+# The zigzag varint helpers live in varint.pxd (inline, cimported by every record walker).
 
 # 0 when p[pos:end] holds exactly `count` well-formed records with
 # offsetDeltas 0..count-1, else -1.

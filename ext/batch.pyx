@@ -28,6 +28,7 @@ from libc.string cimport memcpy
 
 from ccrc32c cimport crc32c_update
 from hton cimport load_be16, load_be32, load_be64, store_be16, store_be32, store_be64
+from varint cimport read_varint, read_varlong, varlong_size, write_varlong
 
 import time
 
@@ -86,61 +87,6 @@ class BatchError(Exception):
 
 
 # ---------------------------------------------------------------- varints
-
-cdef Py_ssize_t read_varint(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end,
-                            int32_t *out) noexcept nogil:
-    cdef uint32_t raw = 0
-    cdef int shift = 0
-    cdef unsigned char b
-    while True:
-        if pos >= end or shift > 28:
-            return -1
-        b = p[pos]
-        pos += 1
-        raw |= <uint32_t>(b & 0x7F) << shift
-        if not (b & 0x80):
-            break
-        shift += 7
-    out[0] = <int32_t>((raw >> 1) ^ (~(raw & 1) + 1))
-    return pos
-
-
-cdef Py_ssize_t read_varlong(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end,
-                             int64_t *out) noexcept nogil:
-    cdef uint64_t raw = 0
-    cdef int shift = 0
-    cdef unsigned char b
-    while True:
-        if pos >= end or shift > 63:
-            return -1
-        b = p[pos]
-        pos += 1
-        raw |= <uint64_t>(b & 0x7F) << shift
-        if not (b & 0x80):
-            break
-        shift += 7
-    out[0] = <int64_t>((raw >> 1) ^ (~(raw & 1) + 1))
-    return pos
-
-
-cdef inline int varlong_size(int64_t v) noexcept nogil:
-    cdef uint64_t z = (<uint64_t>v << 1) ^ <uint64_t>(v >> 63)
-    cdef int n = 1
-    while z >= 0x80:
-        z >>= 7
-        n += 1
-    return n
-
-
-cdef inline Py_ssize_t write_varlong(char *p, Py_ssize_t pos, int64_t v) noexcept nogil:
-    cdef uint64_t z = (<uint64_t>v << 1) ^ <uint64_t>(v >> 63)
-    while z >= 0x80:
-        p[pos] = <char>((z & 0x7F) | 0x80)
-        z >>= 7
-        pos += 1
-    p[pos] = <char>z
-    return pos + 1
-
 
 # Skip a length-prefixed field; a -1 length (null) is allowed when nullable.
 cdef inline Py_ssize_t skip_field(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end,
