@@ -85,6 +85,7 @@ class BrokerProc:
         self.log_path = self.dir / "broker.log"
         self.proc: subprocess.Popen | None = None
         self.czxid = None   # czxid of our last registration: a restart must produce a new one
+        self.extra: dict = {}   # this broker's own settings (e.g. advertised.listeners on a test proxy)
 
     @property
     def pid(self):
@@ -147,6 +148,7 @@ class LocalCluster:
             "offsets.topic.replication.factor": 1,
         }
         props.update(self.overrides)
+        props.update(b.extra)
         props.update(extra or {})
         b.dir.mkdir(parents=True, exist_ok=True)
         b.config_path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))

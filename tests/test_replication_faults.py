@@ -199,3 +199,120 @@ def test_t5_paused_leader_replaced_acks_nothing_and_truncates_on_return(tmp_path
         wait_until(lambda: logs_identical(c), 30, "identical logs on all three brokers")
         log_text = c.brokers[leader].log_path.read_text(errors="replace")
         assert "truncating from" in log_text, "the returning leader did not truncate by epoch"
+
+
+# ---- T6: leader cut off from its followers, not from ZooKeeper -----------------------------------
+
+def zk_state(c, topic=TOPIC, partition=0):
+    """(leader, leader_epoch, isr) from the partition's state znode (the source of truth)."""
+    import json
+
+    from kazoo.client import KazooClient
+
+    zk = KazooClient(hosts=c.zk_connect, timeout=5)
+    zk.start(timeout=5)
+    try:
+        data, _ = zk.get(f"/brokers/topics/{topic}/partitions/{partition}/state")
+    finally:
+        zk.stop()
+        zk.close()
+    s = json.loads(data)
+    return s["leader"], s["leader_epoch"], sorted(s["isr"])
+
+
+class StateWatcher:
+    """Samples the state znode every 100 ms in a thread; counts samples whose leader is not in the ISR."""
+
+    def __init__(self, c):
+        self.c = c
+        self.samples: list = []
+        self.stop_flag = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self.stop_flag.is_set():
+            try:
+                self.samples.append(zk_state(self.c))
+            except Exception:          # noqa: BLE001 — a missed sample is not a violation
+                pass
+            self.stop_flag.wait(0.1)
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def stop(self):
+        self.stop_flag.set()
+        self.thread.join(10)
+
+    def out_of_isr_leaders(self):
+        return [s for s in self.samples if s[0] >= 0 and s[0] not in s[2]]
+
+
+@pytest.mark.slow
+def test_t6_leader_cut_from_followers_acks_nothing_below_min_insync(tmp_path):
+    """Followers fetch from the leader at its advertised address: each broker advertises a TcpProxy,
+    and cutting the leader's proxy cuts both followers' fetches (and the controller's requests to it)
+    while the leader keeps its ZooKeeper session and clients still reach its listener directly.
+    Invariant: no acks=all acknowledged for a record the followers do not hold (count 0), the ISR
+    shrinks to the leader alone and acks=all is then refused (NOT_ENOUGH_REPLICAS[_AFTER_APPEND] or
+    a timeout), no state with a leader outside its ISR, acked-but-lost 0 of N after healing."""
+    c = LocalCluster(tmp_path, brokers=3, overrides={"replica.lag.time.max.ms": LAG_MS})
+    proxies = {i: TcpProxy(b.port).start() for i, b in c.brokers.items()}
+    try:
+        for i, b in c.brokers.items():
+            b.extra = {"advertised.listeners": f"PLAINTEXT://127.0.0.1:{proxies[i].port}"}
+        with c:
+            _t6(c, proxies)
+    finally:
+        for px in proxies.values():
+            px.close()
+
+
+def _t6(c, proxies):
+    leader, epoch, _isr = make_topic(c)
+    followers = [b for b in c.brokers if b != leader]
+    hist = History()
+    watcher = StateWatcher(c).start()
+    raw = RawAcksAllSender(c.brokers[leader].port, hist, b"cut-", interval=0.004, max_requests=6000,
+                           timeout_ms=3000).start()
+    try:
+        wait_until(lambda: sum(1 for a in raw.answers if a[2] == 0) >= 300, 30, "300 acks from the leader")
+        proxies[leader].cut()
+        cut_at = time.monotonic()
+        shrunk = wait_until(lambda: (lambda s: s if s[2] == [leader] else None)(zk_state(c)),
+                            LAG_MS / 1000 + 15, "the leader to shrink the ISR to itself")
+        shrunk_at = time.monotonic()
+        assert shrunk[0] == leader and shrunk[1] == epoch, f"leader changed though it kept its session: {shrunk}"
+        # Keep writing for a while below min.insync.replicas, then read what the followers hold.
+        wait_until(lambda: sum(1 for a in raw.answers if a[0] > shrunk_at + 3) >= 50, 20,
+                   "answers after the shrink")
+        follower_end = max((stored(c, b)[-1][1] + 1) if stored(c, b) else 0 for b in followers)
+        single_copy_acks = [(v, off) for _t, v, err, off in raw.answers if err == 0 and off >= follower_end]
+        after_shrink = [a for a in raw.answers if a[0] > shrunk_at]
+        acked_after_shrink = [a for a in after_shrink if a[2] == 0]
+        errors = sorted({a[2] for a in after_shrink})
+        proxies[leader].heal()
+        wait_until(lambda: zk_state(c)[2] == [0, 1, 2], 60, "the followers to rejoin after healing")
+        raw.finish()
+    finally:
+        proxies[leader].heal()
+        watcher.stop()
+        if not raw.closed.is_set():
+            raw.finish()
+    read_all_confluent(f"127.0.0.1:{c.brokers[leader].port}", TOPIC, 1, hist)
+    report = hist.check()
+    bad_leaders = watcher.out_of_isr_leaders()
+    print(report.line())
+    print(f"T6: ISR shrank to [{leader}] {shrunk_at - cut_at:.1f}s after the cut; followers held offsets < "
+          f"{follower_end}; acks for records only the leader held: {len(single_copy_acks)}; answers after the "
+          f"shrink {len(after_shrink)} (acked {len(acked_after_shrink)}, error codes {errors}); "
+          f"state samples {len(watcher.samples)}, leader outside ISR {len(bad_leaders)}")
+    assert single_copy_acks == [], single_copy_acks[:5]
+    assert acked_after_shrink == [], acked_after_shrink[:5]
+    assert set(errors) <= {NOT_ENOUGH_REPLICAS, NOT_ENOUGH_REPLICAS_AFTER_APPEND, 7}, errors
+    assert bad_leaders == [], bad_leaders[:5]
+    assert report.acked >= 300
+    assert report.acked_lost == 0, report.line()
+    assert report.inconsistent_offsets == 0, report.line()
+    wait_until(lambda: logs_identical(c), 30, "identical logs on all three brokers")
