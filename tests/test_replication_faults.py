@@ -316,3 +316,82 @@ def _t6(c, proxies):
     assert report.acked_lost == 0, report.line()
     assert report.inconsistent_offsets == 0, report.line()
     wait_until(lambda: logs_identical(c), 30, "identical logs on all three brokers")
+
+
+# ---- ZooKeeper ensemble: one node lost, then the quorum lost and restored -------------------------
+
+@pytest.mark.slow
+def test_zookeeper_node_loss_unnoticed_then_quorum_loss_and_return_loses_nothing(tmp_path):
+    """Three ZooKeeper nodes (zk/local.py start_ensemble), three brokers, idempotent acks=all load.
+    (1) kill -9 the ZooKeeper quorum leader: invariant — nothing noticed: no broker session expires
+    (registrations keep their czxid), no leader change (same leader and epoch), no failed send, acks
+    go on. (2) kill -9 a second node (no quorum) for longer than the session timeout, then bring both
+    back: what needs no ZooKeeper write (fetching, HW, acks=all with an unchanged ISR) is expected to
+    go on; the test records what the brokers did and asserts acked-but-lost 0, inconsistent offsets 0,
+    duplicates 0, no leader outside its ISR, and a full ISR again once the quorum is back."""
+    from zk.local import ensemble_connect_string, quorum_mode, start_ensemble, start_node
+
+    nodes = start_ensemble(tmp_path / "zk", 3, tick_time_ms=1000, die_with_parent=True)
+    restarted = []
+    try:
+        with LocalCluster(tmp_path / "cluster", brokers=3, zookeeper_connect=ensemble_connect_string(nodes),
+                          overrides={"replica.lag.time.max.ms": LAG_MS}) as c:
+            _zk_faults(c, nodes, restarted, quorum_mode, start_node)
+    finally:
+        for n in nodes + restarted:
+            n.stop()
+
+
+def _zk_faults(c, nodes, restarted, quorum_mode, start_node):
+    leader, epoch, _isr = make_topic(c)
+    czxids = {b: c.registration_czxid(b) for b in c.brokers}
+    hist = History()
+    load = LoadProducer(c.bootstrap, hist, rate=1000, **{"enable.idempotence": True, "acks": "all"}).start()
+    try:
+        wait_acks_grow(load, 500)
+        # (1) one node of three: the quorum leader (forces a ZooKeeper leader election too).
+        first = next(n for n in nodes if quorum_mode(n.port) == "leader")
+        os.kill(first.pid, signal.SIGKILL)
+        first.stop()
+        wait_acks_grow(load, 3000, timeout=30)     # > 3 s of load at 1,000/s across the election
+        after_one = zk_state(c)
+        same_sessions = {b: c.registration_czxid(b) for b in c.brokers} == czxids
+        failed_phase1 = len(hist.failed)
+        print(f"ZK node lost: state {after_one} (before: leader {leader} epoch {epoch}), "
+              f"sessions kept {same_sessions}, failed sends {failed_phase1}")
+        assert after_one == (leader, epoch, [0, 1, 2]), after_one
+        assert same_sessions, "a broker's ZooKeeper session expired after losing one node of three"
+        assert failed_phase1 == 0, list(hist.failed.items())[:3]
+
+        # (2) a second node: no quorum, for longer than the session timeout.
+        second = next(n for n in nodes if n is not first)
+        os.kill(second.pid, signal.SIGKILL)
+        second.stop()
+        lost_at = time.monotonic()
+        acked_at_loss = load.acked_count()
+        wait_until(lambda: time.monotonic() - lost_at > c.session_timeout_ms / 1000 + 2, 30,
+                   "the quorum to stay lost past the session timeout", interval=0.2)
+        acked_during = load.acked_count() - acked_at_loss
+        failed_during = len(hist.failed) - failed_phase1
+        restarted.append(start_node(second.data_dir, die_with_parent=True))
+        back_at = time.monotonic()
+        restarted.append(start_node(first.data_dir, die_with_parent=True))
+        wait_until(lambda: all(c.registration_czxid(b) is not None for b in c.brokers), 60,
+                   "every broker registered after the quorum returned")
+        final = wait_until(lambda: (lambda s: s if s[2] == [0, 1, 2] else None)(zk_state(c)), 60,
+                           "a full ISR after the quorum returned")
+        wait_acks_grow(load, 1000, timeout=60)
+        recovered = time.monotonic() - back_at
+        expired = [b for b in c.brokers if c.registration_czxid(b) != czxids[b]]
+    finally:
+        load.finish()
+    read_all_confluent(c.bootstrap, TOPIC, 1, hist)
+    report = hist.check()
+    print(report.line())
+    print(f"ZK quorum lost {c.session_timeout_ms / 1000 + 2:.0f}s: acks during the loss {acked_during}, "
+          f"failed sends during it {failed_during}; after return: state {final}, brokers re-registered "
+          f"(sessions expired) {expired}, load back to 1,000 acks {recovered:.1f}s after the quorum")
+    assert final[0] in final[2]
+    assert report.acked_lost == 0, report.line()
+    assert report.inconsistent_offsets == 0, report.line()
+    assert report.duplicates == 0, report.line()
