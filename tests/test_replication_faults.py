@@ -395,3 +395,54 @@ def _zk_faults(c, nodes, restarted, quorum_mode, start_node):
     assert report.acked_lost == 0, report.line()
     assert report.inconsistent_offsets == 0, report.line()
     assert report.duplicates == 0, report.line()
+
+
+# ---- the tools these tests rely on can see what they look for -------------------------------------
+
+def test_offsets_in_log_counts_an_ack_the_final_log_lacks():
+    h = History()
+    for v in (b"a", b"b", b"c"):
+        h.send(v)
+    h.ack(b"a", 0, 0)
+    h.ack(b"b", 0, 1)                    # acknowledged, then truncated away: offset 1 holds c
+    h.ack(b"c", 0, 5)                    # acknowledged at an offset that does not exist at all
+    h.poll(0, 0, b"a")
+    h.poll(0, 1, b"c")
+    assert offsets_in_log(h, [b"a"]) == 0
+    assert offsets_in_log(h, [b"a", b"b", b"c"]) == 2
+    assert h.check().acked_lost == 1 and h.check().inconsistent_offsets == 1
+
+
+def test_proxy_forwards_cuts_open_connections_and_heals():
+    srv = socket.create_server(("127.0.0.1", 0))
+    srv.settimeout(5)
+
+    def echo_once():
+        conn, _ = srv.accept()
+        with conn:
+            while data := conn.recv(4096):
+                conn.sendall(data)
+
+    with TcpProxy(srv.getsockname()[1]) as px:
+        for _round in range(2):
+            t = threading.Thread(target=echo_once, daemon=True)
+            t.start()
+            s = socket.create_connection(("127.0.0.1", px.port), timeout=5)
+            s.sendall(b"ping")
+            assert s.recv(4) == b"ping"
+            px.cut()
+            # The open connection is dropped (EOF or reset), and a new one is closed at once.
+            try:
+                assert s.recv(4) == b""
+            except ConnectionResetError:
+                pass
+            s.close()
+            s2 = socket.create_connection(("127.0.0.1", px.port), timeout=5)
+            try:
+                assert s2.recv(4) == b""
+            except ConnectionResetError:
+                pass
+            s2.close()
+            t.join(5)
+            px.heal()
+    srv.close()
