@@ -149,9 +149,13 @@ def test_t5_paused_leader_replaced_acks_nothing_and_truncates_on_return(tmp_path
     with LocalCluster(tmp_path, brokers=3, overrides={"replica.lag.time.max.ms": LAG_MS}) as c:
         leader, epoch, _isr = make_topic(c)
         hist = History()
-        # Raw pipelined senders, not librdkafka: a paused broker sends no reset, and librdkafka kept
-        # waiting on it well past the replacement (request.timeout.ms 5 s and a 1 s metadata refresh
-        # did not help within 45 s), so it would not show acks=all going on at the new leader.
+        # Raw pipelined senders keep writing to the paused leader itself; an idempotent confluent-kafka
+        # producer writes through the bootstrap. A paused broker sends no reset and librdkafka asks
+        # its connected brokers for metadata, so it would keep asking the paused one until
+        # socket.timeout.ms (60 s): 5 s here lets it find the new leader within the test.
+        load = LoadProducer(c.bootstrap, hist, rate=1000, **{
+            "enable.idempotence": True, "acks": "all", "request.timeout.ms": 5000,
+            "socket.timeout.ms": 5000}).start()
         raw = RawAcksAllSender(c.brokers[leader].port, hist, b"old-", interval=0.004, max_requests=6000).start()
         after = None
         stopped = False
@@ -169,6 +173,7 @@ def test_t5_paused_leader_replaced_acks_nothing_and_truncates_on_return(tmp_path
             after = RawAcksAllSender(c.brokers[new[0]].port, hist, b"new-", interval=0.002,
                                      max_requests=2000).start()
             wait_until(lambda: sum(1 for a in after.answers if a[2] == 0) >= 300, 30, "300 acks from the new leader")
+            wait_acks_grow(load, 1000, timeout=45)
             os.kill(c.brokers[leader].pid, signal.SIGCONT)
             stopped = False
             raw.finish()
@@ -182,6 +187,7 @@ def test_t5_paused_leader_replaced_acks_nothing_and_truncates_on_return(tmp_path
             for s in (raw, after):
                 if s is not None and not s.closed.is_set():
                     s.finish()
+            load.finish()
         late = raw.acked_after(replaced_at)
         raw_values = [v for _t, v, _e, _o in raw.answers]
         read_all_confluent(c.bootstrap, TOPIC, 1, hist)
@@ -194,7 +200,8 @@ def test_t5_paused_leader_replaced_acks_nothing_and_truncates_on_return(tmp_path
               f"{wrong_late}), error codes {errors}")
         assert wrong_late == 0, late[:5]
         assert offsets_in_log(hist, raw_values) == 0
-        assert report.acked > 500
+        assert report.acked > 1500
+        assert report.duplicates == 0, report.line()
         assert report.acked_lost == 0, report.line()
         assert report.inconsistent_offsets == 0, report.line()
         wait_until(lambda: logs_identical(c), 30, "identical logs on all three brokers")
