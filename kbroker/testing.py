@@ -129,7 +129,9 @@ class LocalCluster:
 
     def start(self):
         if self.external_zk is None:
-            self.zk = start_zookeeper(self.root / "zookeeper", port=0, tick_time_ms=1000, die_with_parent=True)
+            # The brokers' ports were picked (not bound) at construction: ZooKeeper must not take one.
+            self.zk = start_zookeeper(self.root / "zookeeper", port=0, tick_time_ms=1000, die_with_parent=True,
+                                      avoid_ports={b.port for b in self.brokers.values()})
         try:
             for b in self.brokers:
                 self.start_broker(b)

@@ -31,6 +31,7 @@ from kafka.admin import NewTopic as KpNewTopic
 import kafka.errors as kerr
 from kazoo.client import KazooClient
 
+from kbroker.procutil import die_with_parent
 from kbroker.protocol import api
 from kbroker.testing import wait_until
 
@@ -69,9 +70,10 @@ def start_broker(zk_server, root, extra: dict[str, str]) -> RunningBroker:
     cfg.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
     log_path = root / "broker.log"
     with open(log_path, "ab") as out:
+        # Dies with the test thread (PR_SET_PDEATHSIG): a killed test run leaves no broker behind.
         popen = subprocess.Popen([sys.executable, "-m", "kbroker", "serve", "--config", str(cfg)],
                                  stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+                                 start_new_session=True, preexec_fn=die_with_parent())
     try:
         port = _wait_registered(zk_server.connect_string + chroot, popen, log_path)
     except BaseException:

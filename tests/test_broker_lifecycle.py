@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from kbroker.procutil import die_with_parent
 from kbroker.testing import LocalCluster, api_versions_ok, free_port
 from kbroker.zk.local import start_zookeeper
 from test_broker_fetch import (LATEST, NONE, Raw, create_topic, list_offset, produce, read_all, unique,
@@ -224,7 +225,7 @@ def test_kafka_sample_server_properties_starts_and_serves(tmp_path, zk_server):
              "--override", f"zookeeper.connect={zk_server.connect_string}{chroot}",
              "--override", f"log.dirs={tmp_path / 'logs'}",
              "--override", f"listeners=PLAINTEXT://127.0.0.1:{port}"],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent())
     try:
         def up():
             if proc.poll() is not None:

@@ -236,7 +236,7 @@ def test_t1_kill_leader_repeatedly_loses_no_acked_record(cluster):
     hist = History()
     load = LoadProducer(c.bootstrap, hist, rate=1000, **{"enable.idempotence": True, "acks": "all"}).start()
     try:
-        for _round in range(3):
+        for _round in range(5):            # the five leader kills
             wait_acks_grow(load, 300)
             leader, epoch, isr = wait_isr(c, 3, timeout=60)
             assert epoch >= epochs[-1]
@@ -273,7 +273,7 @@ def test_t2_kill_follower_produce_continues_isr_shrinks_then_expands(cluster):
     hist = History()
     load = LoadProducer(c.bootstrap, hist, rate=1000, **{"enable.idempotence": True, "acks": "all"}).start()
     try:
-        for _round in range(2):
+        for _round in range(5):            # the five follower kills
             wait_acks_grow(load, 300)
             leader, _epoch, isr = wait_isr(c, 3, timeout=60)
             follower = next(b for b in isr if b != leader)

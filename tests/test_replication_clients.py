@@ -272,8 +272,9 @@ def test_kcat_kafka_python_aiokafka_consumers_follow_a_leader_move(cluster):
     finally:
         load.finish()
     try:
-        wait_isr(c, 3, timeout=60)
-        end = log_end_offset(c.bootstrap, TOPIC, 0)
+        leader, _epoch, _isr = wait_isr(c, 3, timeout=60)
+        # ListOffsets is answered by the partition's leader only (the first bootstrap broker may not be it).
+        end = log_end_offset(f"127.0.0.1:{c.brokers[leader].port}", TOPIC, 0)
         for r in runs:
             r.end = end
         wait_until(lambda: all(r.done() or r.error for r in runs), 60, f"every consumer to reach offset {end}")

@@ -153,15 +153,17 @@ def find_running(data_dir: str | os.PathLike) -> ZkProcess | None:
 
 def start_zookeeper(data_dir: str | os.PathLike, port: int = 0, tick_time_ms: int = 2000, *,
                     ready_timeout: float = 30.0, java: str | None = None,
-                    zookeeper_jar: str = ZOOKEEPER_JAR, die_with_parent: bool = False) -> ZkProcess:
+                    zookeeper_jar: str = ZOOKEEPER_JAR, die_with_parent: bool = False,
+                    avoid_ports: frozenset | set = frozenset()) -> ZkProcess:
     """Start a standalone server on 127.0.0.1 and return once it serves clients.
 
     ``die_with_parent`` (tests, benchmarks): the server gets SIGTERM if the starting thread exits, so a
     killed test run leaves no server behind. ``kbroker cluster up`` leaves it off: its server must
     outlive the command.
 
-    ``port=0`` picks a free port; as the pick can race with another process
-    binding it, a start that dies on a taken port is retried with a new one.
+    ``port=0`` picks a free port, never one of ``avoid_ports`` (ports a caller picked for its brokers
+    but has not bound yet); as the pick can race with another process binding it, a start that dies
+    on a taken port is retried with a new one.
     """
     java = java or _find_java()
     if not os.path.isfile(zookeeper_jar):
@@ -177,6 +179,8 @@ def start_zookeeper(data_dir: str | os.PathLike, port: int = 0, tick_time_ms: in
     attempts = 5 if port == 0 else 1
     for attempt in range(attempts):
         chosen = port or _free_port()
+        while not port and chosen in avoid_ports:
+            chosen = _free_port()
         if port and _port_in_use(port):
             raise ZooKeeperStartError(f"port {port} on {LOOPBACK} is already in use")
         try:
