@@ -1,0 +1,211 @@
+"""Kafka's RequestMetrics per request type and the network thread's idle ratio, counted cheaply on the
+loop thread and read by the metrics collector (kbroker.metrics) at scrape time.
+
+``REQUEST_STATS.get(api_key).observe(queue_s, local_s, send_s, total_s)`` is called by the network
+layer once per answered request (Python and native paths): a count, five float additions and five
+bucket indexes (bisect over fixed bounds, in C). No locks: only the loop thread writes; a scrape from
+another thread may see one request half counted, which the next scrape corrects.
+
+Times are seconds here and exported in milliseconds, as Kafka's ``*TimeMs`` histograms are:
+- RequestQueueTimeMs: frame complete -> handler starts (``queue_s``),
+- LocalTimeMs: handler running on the loop (``local_s``),
+- RemoteTimeMs: waiting for others (acks=all, long polls, rebalances) = total - queue - local - send,
+- ResponseSendTimeMs: response handed to the socket -> last byte written (``send_s``),
+- TotalTimeMs: frame complete -> response sent (``total_s``).
+
+The idle meter gives NetworkProcessorAvgIdlePercent: the fraction of wall time the event loop spent
+waiting in its selector's ``select()`` (timed by wrapping the selector of asyncio's selector loop;
+loops without a Python selector, such as uvloop, are measured as wall time minus the loop thread's CPU
+time).
+"""
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+
+# Bucket upper bounds in seconds: 2^(k/2) * 10 µs, 10 µs .. ~84 s (47 bounds, ratio 1.41): fine enough
+# for quantiles within ~20% and cheap to index. Values above the last bound go to the overflow bucket.
+BOUNDS_S: tuple[float, ...] = tuple(1e-5 * 2 ** (k / 2) for k in range(47))
+N_BUCKETS = len(BOUNDS_S) + 1
+
+# Kafka's request names (RequestMetrics' ``request`` tag) for keys whose ApiKeys name differs from
+# our schema name; Fetch is split by who asks, as Kafka splits it.
+FETCH = 1
+FETCH_CONSUMER = "FetchConsumer"
+FETCH_FOLLOWER = "FetchFollower"
+
+
+class TimeHistogram:
+    """Fixed-bound histogram of durations in seconds: per-bucket counts (not cumulative) and a sum."""
+
+    __slots__ = ("counts", "sum_s")
+
+    def __init__(self):
+        self.counts = [0] * N_BUCKETS
+        self.sum_s = 0.0
+
+    def snapshot(self) -> tuple[list[int], float]:
+        return list(self.counts), self.sum_s
+
+
+class RequestStats:
+    """RequestMetrics of one request type."""
+
+    __slots__ = ("name", "count", "queue", "local", "remote", "send", "total")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.count = 0
+        self.queue = TimeHistogram()
+        self.local = TimeHistogram()
+        self.remote = TimeHistogram()
+        self.send = TimeHistogram()
+        self.total = TimeHistogram()
+
+    def observe(self, queue_s: float, local_s: float, send_s: float, total_s: float) -> None:
+        self.count += 1
+        remote_s = total_s - queue_s - local_s - send_s
+        if remote_s < 0.0:          # clock granularity: the parts may exceed the whole by a tick
+            remote_s = 0.0
+        b = BOUNDS_S
+        h = self.queue
+        h.counts[bisect.bisect_left(b, queue_s)] += 1
+        h.sum_s += queue_s
+        h = self.local
+        h.counts[bisect.bisect_left(b, local_s)] += 1
+        h.sum_s += local_s
+        h = self.remote
+        h.counts[bisect.bisect_left(b, remote_s)] += 1
+        h.sum_s += remote_s
+        h = self.send
+        h.counts[bisect.bisect_left(b, send_s)] += 1
+        h.sum_s += send_s
+        h = self.total
+        h.counts[bisect.bisect_left(b, total_s)] += 1
+        h.sum_s += total_s
+
+    def histograms(self) -> dict[str, TimeHistogram]:
+        """Kafka's metric names -> histogram."""
+        return {"RequestQueueTimeMs": self.queue, "LocalTimeMs": self.local, "RemoteTimeMs": self.remote,
+                "ResponseSendTimeMs": self.send, "TotalTimeMs": self.total}
+
+
+class RequestStatsRegistry:
+    """api key -> RequestStats, created on first use (only the loop thread creates)."""
+
+    def __init__(self):
+        self._by_key: dict[int, RequestStats] = {}
+        self._fetch_follower: RequestStats | None = None
+
+    def get(self, api_key: int, follower: bool = False) -> RequestStats:
+        """Stats of ``api_key``; for Fetch, ``follower=True`` (replica_id >= 0) selects FetchFollower."""
+        if follower and api_key == FETCH:
+            s = self._fetch_follower
+            if s is None:
+                s = self._fetch_follower = RequestStats(FETCH_FOLLOWER)
+            return s
+        s = self._by_key.get(api_key)
+        if s is None:
+            s = self._by_key[api_key] = RequestStats(_request_name(api_key))
+        return s
+
+    def all(self) -> list[RequestStats]:
+        out = list(self._by_key.values())
+        if self._fetch_follower is not None:
+            out.append(self._fetch_follower)
+        return out
+
+    def clear(self) -> None:
+        self._by_key.clear()
+        self._fetch_follower = None
+
+
+def _request_name(api_key: int) -> str:
+    if api_key == FETCH:
+        return FETCH_CONSUMER
+    from .protocol.messages import API_NAMES
+    return API_NAMES.get(api_key, str(api_key))
+
+
+REQUEST_STATS = RequestStatsRegistry()
+
+
+def quantile(counts, q: float) -> float:
+    """The q-quantile (seconds) of per-bucket counts, interpolated linearly inside its bucket (as
+    PromQL's histogram_quantile does); 0.0 when empty. The overflow bucket reports the last bound."""
+    n = sum(counts)
+    if n == 0:
+        return 0.0
+    rank = q * n
+    seen = 0
+    for i, c in enumerate(counts):
+        if c and seen + c >= rank:
+            if i >= len(BOUNDS_S):
+                return BOUNDS_S[-1]
+            lo = BOUNDS_S[i - 1] if i > 0 else 0.0
+            return lo + (BOUNDS_S[i] - lo) * ((rank - seen) / c)
+        seen += c
+    return BOUNDS_S[-1]
+
+
+class LoopIdleMeter:
+    """Seconds the event loop spent waiting for I/O (NetworkProcessorAvgIdlePercent)."""
+
+    def __init__(self):
+        self.idle_s = 0.0
+        self.installed_at: float | None = None
+        self.method: str | None = None       # "select" or "cpu"
+        self._cpu_clock: int | None = None
+        self._cpu0 = 0.0
+        self._last: tuple[float, float] | None = None   # (wall, idle) of the previous ratio() window
+        self._last_ratio = 1.0
+
+    def install(self, loop) -> None:
+        """Start measuring ``loop`` (call from its thread, once)."""
+        self.installed_at = time.perf_counter()
+        selector = getattr(loop, "_selector", None)
+        select = getattr(selector, "select", None)
+        if select is not None:
+            perf = time.perf_counter
+
+            def timed_select(timeout=None):
+                t0 = perf()
+                try:
+                    return select(timeout)
+                finally:
+                    self.idle_s += perf() - t0
+
+            selector.select = timed_select      # instance attribute shadows the class's method
+            self.method = "select"
+        else:
+            self._cpu_clock = time.pthread_getcpuclockid(threading.get_ident())
+            self._cpu0 = time.clock_gettime(self._cpu_clock)
+            self.method = "cpu"
+
+    def idle_seconds(self) -> float:
+        """Idle seconds since install (any thread may call)."""
+        if self.installed_at is None:
+            return 0.0
+        if self.method == "cpu":
+            busy = time.clock_gettime(self._cpu_clock) - self._cpu0
+            return max(0.0, (time.perf_counter() - self.installed_at) - busy)
+        return self.idle_s
+
+    def ratio(self, min_window_s: float = 1.0) -> float:
+        """Idle fraction of wall time since the previous call at least ``min_window_s`` ago (since
+        install for the first); a call inside the window repeats the previous value."""
+        if self.installed_at is None:
+            return 1.0
+        now, idle = time.perf_counter(), self.idle_seconds()
+        prev = self._last or (self.installed_at, 0.0)
+        wall = now - prev[0]
+        if wall < min_window_s and self._last is not None:
+            return self._last_ratio
+        if wall > 0:
+            self._last_ratio = min(1.0, max(0.0, (idle - prev[1]) / wall))
+        self._last = (now, idle)
+        return self._last_ratio
+
+
+LOOP_IDLE = LoopIdleMeter()
