@@ -1,4 +1,4 @@
-"""Framing of whole requests and responses: headers, the API registry and the advertised versions.
+"""Framing of whole requests and responses: headers, API keys and the advertised versions.
 
 Header rules (KIP-482/511): request header v2 (client_id still an int16 string, then a TAG_BUFFER) is
 used exactly when the *request* version is flexible; response header v1 (a TAG_BUFFER after the
@@ -7,6 +7,7 @@ header is always v0 so a client that guessed a version too new can still read th
 """
 from __future__ import annotations
 
+import enum
 import struct
 from dataclasses import dataclass
 
@@ -14,23 +15,72 @@ from . import types as T
 from .messages import REQUESTS, RESPONSES, API_NAMES
 from .types import FileRegions, ProtocolError
 
-API_VERSIONS = 18
 
-# What ApiVersions advertises (facts §1.2 "rec." ranges): every client we support negotiates
-# inside these without any flexible version except ApiVersions v3. Produce is advertised from v0
-# because librdkafka < 2.x fix disables compression when Produce's min version is > 0; v0-2 are
-# refused at request time (they cannot carry magic-2 batches).
+class ApiKey(enum.IntEnum):
+    """Kafka's API keys (the names of ``org.apache.kafka.common.protocol.ApiKeys``) for every API we
+    have a schema for; ALTER/LIST_PARTITION_REASSIGNMENTS are named ahead of their schemas."""
+    PRODUCE = 0
+    FETCH = 1
+    LIST_OFFSETS = 2
+    METADATA = 3
+    LEADER_AND_ISR = 4
+    STOP_REPLICA = 5
+    UPDATE_METADATA = 6
+    CONTROLLED_SHUTDOWN = 7
+    OFFSET_COMMIT = 8
+    OFFSET_FETCH = 9
+    FIND_COORDINATOR = 10
+    JOIN_GROUP = 11
+    HEARTBEAT = 12
+    LEAVE_GROUP = 13
+    SYNC_GROUP = 14
+    DESCRIBE_GROUPS = 15
+    LIST_GROUPS = 16
+    SASL_HANDSHAKE = 17
+    API_VERSIONS = 18
+    CREATE_TOPICS = 19
+    DELETE_TOPICS = 20
+    DELETE_RECORDS = 21
+    INIT_PRODUCER_ID = 22
+    OFFSET_FOR_LEADER_EPOCH = 23
+    DESCRIBE_CONFIGS = 32
+    ALTER_CONFIGS = 33
+    SASL_AUTHENTICATE = 36
+    CREATE_PARTITIONS = 37
+    DELETE_GROUPS = 42
+    ELECT_LEADERS = 43
+    INCREMENTAL_ALTER_CONFIGS = 44
+    ALTER_PARTITION_REASSIGNMENTS = 45
+    LIST_PARTITION_REASSIGNMENTS = 46
+    OFFSET_DELETE = 47
+    DESCRIBE_CLUSTER = 60
+
+
+API_VERSIONS = ApiKey.API_VERSIONS
+
+# What ApiVersions advertises, api_key -> (min, max). Filled once, at import of kbroker.server.apis,
+# from its handler table (the only place an API's versions are declared); connections check request
+# versions against it.
 SUPPORTED: dict[int, tuple[int, int]] = {}
 
 # Produce versions we actually serve; lower advertised versions get UNSUPPORTED_VERSION.
 PRODUCE_MIN_SERVED = 3
 
 
-def advertise(api_key: int, lo: int, hi: int) -> None:
-    """Register an API as implemented; called by the broker for each handler it wires up."""
-    valid = REQUESTS[api_key].valid
-    if lo < valid[0] or hi > valid[1]:
+def check_range(api_key: int, lo: int, hi: int) -> None:
+    """Refuse a declared version range outside the API's schema (or an API without a schema)."""
+    schema = REQUESTS.get(api_key)
+    if schema is None:
+        raise ValueError(f"api key {api_key} has no schema")
+    valid = schema.valid
+    if lo > hi or lo < valid[0] or hi > valid[1]:
         raise ValueError(f"{API_NAMES[api_key]} {lo}-{hi} outside its schema range {valid}")
+
+
+def advertise(api_key: int, lo: int, hi: int) -> None:
+    """Advertise one API outside the broker's table: for a KafkaServer wired with handlers of its
+    own (network tests). The broker's APIs are declared only in kbroker.server.apis.TABLE."""
+    check_range(api_key, lo, hi)
     SUPPORTED[api_key] = (lo, hi)
 
 

@@ -16,6 +16,7 @@ from ..log.manager import LogManager
 from ..metrics import BrokerMetrics, MetricsServer
 from ..network.server import KafkaServer
 from ..protocol import api
+from ..request_metrics import LOOP_IDLE
 from ..replica import ReplicaManager
 from ..controller.controller import Controller
 from ..zk.client import BrokerZk
@@ -24,12 +25,10 @@ from .metadata import BrokerInfo, MetadataCache, TopicInfo
 
 log = logging.getLogger(__name__)
 
-# Produce, Fetch, ListOffsets, Metadata... each module registers its handlers and advertised versions.
-from .apis import admin, configs, coordinator, core, fetch, produce, producer_ids  # noqa: E402
-from .apis import controlled_shutdown, replica_control  # noqa: E402
-
-_API_MODULES = (core, produce, fetch, producer_ids, admin, configs, coordinator, replica_control,
-                controlled_shutdown)
+# The API table: advertised versions (api.SUPPORTED) and handlers, declared once.
+from . import apis  # noqa: E402
+from .apis.producer_ids import ProducerIdAllocator  # noqa: E402
+from ..coordinator.manager import GroupCoordinator  # noqa: E402
 
 
 class Broker:
@@ -38,7 +37,6 @@ class Broker:
         self.broker_id = config.broker_id
         self.cluster_id: str | None = None
         self.metadata = MetadataCache()
-        self.handlers: dict = {}
         self.logs: LogManager | None = None
         self.replica_manager: ReplicaManager | None = None
         self.zk: BrokerZk | None = None
@@ -52,14 +50,16 @@ class Broker:
         self.metrics = BrokerMetrics()
         self.metrics_server: MetricsServer | None = None
         self._metadata_lock = asyncio.Lock()
-        for module in _API_MODULES:
-            module.register(self, self.handlers)
+        self.group_coordinator = GroupCoordinator(self)
+        self.producer_ids = ProducerIdAllocator(self)
+        self.handlers: dict = apis.dispatch(self)    # api key -> handler(conn, header, body)
 
     # ---- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
         from .notify import AppendNotifier
 
         self.loop = asyncio.get_running_loop()
+        LOOP_IDLE.install(self.loop)     # NetworkProcessorAvgIdlePercent
         self.notifier = AppendNotifier()
         cfg = self.config
         if self.broker_id < 0:
@@ -201,7 +201,7 @@ class Broker:
     def _forget_topic(self, name) -> None:
         """A topic left the cache. Its logs belong to StopReplica (the replica manager deletes them);
         a broker without that handler deletes them here, as a lone broker always did."""
-        if 5 in self.handlers:
+        if api.ApiKey.STOP_REPLICA in self.handlers:
             return
         for tp in [tp for tp in self.logs.logs if tp[0] == name]:
             if self.replica_manager is not None:

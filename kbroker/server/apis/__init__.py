@@ -1,3 +1,122 @@
-"""Request handlers, one module per API family. Each module's ``register(broker, handlers)`` adds its
-handlers (``handler(conn, header, body) -> response dict | awaitable | NO_RESPONSE | CLOSE``) and
-declares the versions ApiVersions advertises for them."""
+"""The one table of the APIs this broker serves: key, advertised versions, handler.
+
+ApiVersions' answer (``api.SUPPORTED``) and the broker's dispatch dict are both built from ``TABLE``;
+no API is declared anywhere else. A handler is ``handle(broker, conn, header, body)`` and returns a
+response dict, an awaitable of one, ``NO_RESPONSE`` or ``CLOSE`` (kbroker.network.connection).
+One module per API family holds the handlers.
+
+Advertised ranges are the non-flexible ones every client we test negotiates (kafka-protocol-facts
+§1.2); a row outside its schema's valid range, or a key declared twice, fails at import.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable, NamedTuple
+
+from ...protocol import api
+from ...protocol.api import ApiKey
+from . import (admin, configs, controlled_shutdown, coordinator, core, fetch, groups, produce, producer_ids,
+               replica_control)
+
+
+class Api(NamedTuple):
+    key: ApiKey
+    min_version: int
+    max_version: int
+    handle: Callable
+
+
+# Rows for modules whose handlers do not yet take (broker, conn, header, body) themselves.
+def _produce(broker, conn, header, body):
+    return produce.produce(broker, header, body)
+
+
+def _fetch(broker, conn, header, body):
+    return fetch.fetch(broker, header, body)
+
+
+def _list_offsets(broker, conn, header, body):
+    return fetch.list_offsets(broker, header, body)
+
+
+def _offset_for_leader_epoch(broker, conn, header, body):
+    return fetch.offset_for_leader_epoch(broker, header, body)
+
+
+def _leader_and_isr(broker, conn, header, body):
+    return replica_control.leader_and_isr(broker, body)
+
+
+def _stop_replica(broker, conn, header, body):
+    return replica_control.stop_replica(broker, body)
+
+
+def _update_metadata(broker, conn, header, body):
+    return replica_control.update_metadata(broker, body)
+
+
+def _controlled_shutdown(broker, conn, header, body):
+    return controlled_shutdown.controlled_shutdown(broker, body)
+
+
+K = ApiKey
+TABLE: tuple[Api, ...] = (
+    # Advertised from v0 (librdkafka 2.0 disables compression when Produce min > 0); requests below
+    # api.PRODUCE_MIN_SERVED (v3, the first to carry magic-2 batches) get UNSUPPORTED_VERSION.
+    Api(K.PRODUCE, 0, 8, _produce),
+    Api(K.FETCH, 4, 11, _fetch),
+    Api(K.LIST_OFFSETS, 1, 5, _list_offsets),
+    Api(K.METADATA, 0, 8, core.metadata),
+    # Controller -> broker (ZooKeeper mode): the versions our controller sends.
+    Api(K.LEADER_AND_ISR, 5, 5, _leader_and_isr),
+    Api(K.STOP_REPLICA, 3, 3, _stop_replica),
+    Api(K.UPDATE_METADATA, 7, 7, _update_metadata),
+    Api(K.CONTROLLED_SHUTDOWN, 3, 3, _controlled_shutdown),
+    Api(K.OFFSET_COMMIT, 2, 7, groups.offset_commit),
+    Api(K.OFFSET_FETCH, 1, 5, groups.offset_fetch),
+    Api(K.FIND_COORDINATOR, 0, 2, coordinator.find_coordinator),
+    Api(K.JOIN_GROUP, 0, 5, groups.join_group),
+    Api(K.HEARTBEAT, 0, 3, groups.heartbeat),
+    Api(K.LEAVE_GROUP, 0, 3, groups.leave_group),
+    Api(K.SYNC_GROUP, 0, 3, groups.sync_group),
+    Api(K.DESCRIBE_GROUPS, 0, 4, groups.describe_groups),
+    Api(K.LIST_GROUPS, 0, 2, groups.list_groups),
+    # v4 requests get the KIP-511 answer (v0 body, UNSUPPORTED_VERSION, our range).
+    Api(K.API_VERSIONS, 0, 3, core.api_versions),
+    Api(K.CREATE_TOPICS, 0, 4, admin.create_topics),
+    Api(K.DELETE_TOPICS, 0, 3, admin.delete_topics),
+    Api(K.INIT_PRODUCER_ID, 0, 4, producer_ids.init_producer_id),
+    Api(K.OFFSET_FOR_LEADER_EPOCH, 2, 3, _offset_for_leader_epoch),
+    Api(K.DESCRIBE_CONFIGS, 0, 3, configs.describe_configs),
+    Api(K.ALTER_CONFIGS, 0, 1, configs.alter_configs),
+    Api(K.CREATE_PARTITIONS, 0, 1, admin.create_partitions),
+    Api(K.DELETE_GROUPS, 0, 1, groups.delete_groups),
+    Api(K.ELECT_LEADERS, 0, 2, admin.elect_leaders),
+    Api(K.INCREMENTAL_ALTER_CONFIGS, 0, 1, configs.incremental_alter_configs),
+    Api(K.OFFSET_DELETE, 0, 0, groups.offset_delete),
+)
+del K
+
+
+def index(rows) -> dict[ApiKey, Api]:
+    """key -> row, refusing a key declared twice and ranges outside the schema (at import)."""
+    by_key: dict[ApiKey, Api] = {}
+    for row in rows:
+        key = ApiKey(row.key)
+        if key in by_key:
+            raise ValueError(f"{key.name} declared twice in the API table")
+        api.check_range(key, row.min_version, row.max_version)
+        if not callable(row.handle):
+            raise ValueError(f"{key.name}: handler {row.handle!r} is not callable")
+        by_key[key] = row
+    return by_key
+
+
+APIS: dict[ApiKey, Api] = index(TABLE)
+api.SUPPORTED.clear()
+api.SUPPORTED.update({row.key: (row.min_version, row.max_version) for row in TABLE})
+
+
+def dispatch(broker) -> dict[int, Callable]:
+    """The network server's dispatch dict for one broker: api_key -> handler(conn, header, body)."""
+    return {int(row.key): functools.partial(row.handle, broker) for row in TABLE}

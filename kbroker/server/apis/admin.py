@@ -16,24 +16,12 @@ import logging
 from ...config import ConfigError, TOPIC_CONFIGS, parse_topic_config
 from ...controller.assignment import AssignmentError as AdminError
 from ...controller.assignment import assign_replicas, check_manual_assignment
-from ...protocol import api
 from ...protocol.errors import Errors
 from ...zk.client import StaleVersionError, TopicExistsError, TopicNotFoundError
 from ..metadata import topic_name_error
 from ...topics import GROUP_METADATA_TOPIC, INTERNAL_TOPICS, TRANSACTION_STATE_TOPIC
 
 log = logging.getLogger(__name__)
-
-
-def register(broker, handlers):
-    api.advertise(19, 0, 4)
-    api.advertise(20, 0, 3)
-    api.advertise(37, 0, 1)
-    handlers[19] = lambda conn, header, body: create_topics(broker, header, body)
-    handlers[20] = lambda conn, header, body: delete_topics(broker, header, body)
-    handlers[37] = lambda conn, header, body: create_partitions(broker, header, body)
-    api.advertise(43, 0, 2)
-    handlers[43] = lambda conn, header, body: elect_leaders(broker, header, body)
 
 
 # ---- shared helpers ------------------------------------------------------------------------------
@@ -168,7 +156,7 @@ async def auto_create_topics(broker, names) -> list[str]:
 
 # ---- CreateTopics (19) ---------------------------------------------------------------------------
 
-async def create_topics(broker, header, body):
+async def create_topics(broker, conn, header, body):
     validate_only = bool(body.get("validate_only", False))
     md = broker.metadata
     results: dict[str, dict] = {}
@@ -286,7 +274,7 @@ def _plan_topic(broker, md, t, live: dict[int, str | None]) -> tuple[dict[int, l
 
 # ---- DeleteTopics (20) ---------------------------------------------------------------------------
 
-async def delete_topics(broker, header, body):
+async def delete_topics(broker, conn, header, body):
     version = header.api_version
     names = list(body.get("topic_names") or [])
     responses = {}
@@ -338,7 +326,7 @@ async def delete_topics(broker, header, body):
 
 # ---- CreatePartitions (37) -----------------------------------------------------------------------
 
-async def create_partitions(broker, header, body):
+async def create_partitions(broker, conn, header, body):
     validate_only = bool(body.get("validate_only", False))
     md = broker.metadata
     names = [t["name"] for t in body["topics"]]
@@ -423,7 +411,7 @@ def _plan_partitions(md, t, live: dict[int, str | None]) -> dict[int, list[int]]
 
 # ---- ElectLeaders (43) -----------------------------------------------------------------------------
 
-async def elect_leaders(broker, header, body):
+async def elect_leaders(broker, conn, header, body):
     """Preferred (type 0) or unclean (type 1) leader election, served by the controller."""
     unclean = body.get("election_type", 0) == 1
     requested = body.get("topic_partitions")

@@ -11,7 +11,6 @@ import asyncio
 import logging
 
 from ...config import BROKER_CONFIGS, TOPIC_CONFIGS, ConfigError, format_value, parse_topic_config
-from ...protocol import api
 from ...protocol.errors import Errors
 from ...zk.client import TopicNotFoundError
 from ..metadata import topic_name_error
@@ -32,18 +31,9 @@ SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 _UNIT_MS = {".hours": 3_600_000, ".minutes": 60_000}
 
 
-def register(broker, handlers):
-    api.advertise(32, 0, 3)
-    api.advertise(33, 0, 1)
-    api.advertise(44, 0, 1)
-    handlers[32] = lambda conn, header, body: describe_configs(broker, header, body)
-    handlers[33] = lambda conn, header, body: alter_configs(broker, header, body)
-    handlers[44] = lambda conn, header, body: incremental_alter_configs(broker, header, body)
-
-
 # ---- DescribeConfigs (32) ------------------------------------------------------------------------
 
-def describe_configs(broker, header, body):
+def describe_configs(broker, conn, header, body):
     version = header.api_version
     synonyms = bool(body.get("include_synonyms", False))
     docs = bool(body.get("include_documentation", False))
@@ -172,7 +162,7 @@ def _broker_entries(broker, name) -> list[dict]:
 
 # ---- AlterConfigs (33) and IncrementalAlterConfigs (44) ------------------------------------------
 
-async def alter_configs(broker, header, body):
+async def alter_configs(broker, conn, header, body):
     def plan(current: dict[str, str], entries: list[dict]) -> dict[str, str]:
         # Non-incremental: the request is the complete new override set (null values are dropped).
         new = {}
@@ -183,7 +173,7 @@ async def alter_configs(broker, header, body):
     return await _alter(broker, body, plan)
 
 
-async def incremental_alter_configs(broker, header, body):
+async def incremental_alter_configs(broker, conn, header, body):
     def plan(current: dict[str, str], entries: list[dict]) -> dict[str, str]:
         names = [c["name"] for c in entries]
         dup = sorted({n for n in names if names.count(n) > 1})

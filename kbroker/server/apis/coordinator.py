@@ -4,25 +4,16 @@ As in Kafka, the coordinator of group G is the leader of partition ``abs(javaHas
 internal topic ``__consumer_offsets`` (partition count ``offsets.topic.num.partitions``), created on
 first use; until it has a leader the answer is COORDINATOR_NOT_AVAILABLE and clients retry.
 
-The group APIs themselves (JoinGroup, OffsetCommit, ...) live in ``groups.py`` (registered from
-here) on top of ``kbroker.coordinator``. (FindCoordinator must be advertised in any case:
+The group APIs themselves (JoinGroup, OffsetCommit, ...) live in ``groups.py`` on top of ``kbroker.coordinator``. (FindCoordinator must be advertised in any case:
 librdkafka < 2.1, Debian's kcat, only turns LZ4 on when a broker advertises it.)
 """
 from __future__ import annotations
 
 from ...coordinator.manager import java_string_hash, partition_for  # noqa: F401  (re-exported)
-from ...protocol import api
 from ...protocol.errors import Errors
-from . import groups
 from ...topics import GROUP_METADATA_TOPIC as OFFSETS_TOPIC
 
 GROUP, TRANSACTION = 0, 1
-
-
-def register(broker, handlers):
-    api.advertise(10, 0, 2)
-    handlers[10] = lambda conn, header, body: find_coordinator(broker, body)
-    groups.register(broker, handlers)
 
 
 def _answer(code, node=None, message=None):
@@ -31,7 +22,7 @@ def _answer(code, node=None, message=None):
             "port": node.port if node else -1}
 
 
-async def find_coordinator(broker, body):
+async def find_coordinator(broker, conn, header, body):
     if body.get("key_type", GROUP) != GROUP:
         return _answer(Errors.COORDINATOR_NOT_AVAILABLE, message="transactions are not implemented")
     md = broker.metadata

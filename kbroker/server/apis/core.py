@@ -22,14 +22,7 @@ def _log_failed_creation(task):
         log.error("auto-creating topics failed: %r", task.exception())
 
 
-def register(broker, handlers):
-    api.advertise(18, 0, 3)   # v4 requests get the KIP-511 answer (v0 body, error 35, our range)
-    api.advertise(3, 0, 8)
-    handlers[18] = lambda conn, header, body: api_versions(header)
-    handlers[3] = lambda conn, header, body: metadata(broker, header, body)
-
-
-def api_versions(header):
+def api_versions(broker, conn, header, body):
     return {
         "error_code": 0,
         "api_keys": [{"api_key": k, "min_version": lo, "max_version": hi}
@@ -38,7 +31,7 @@ def api_versions(header):
     }
 
 
-def metadata(broker, header, body):
+def metadata(broker, conn, header, body):
     requested = body["topics"]
     version = header.api_version
     md = broker.metadata

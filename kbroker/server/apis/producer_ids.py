@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from ...protocol import api
 from ...protocol.errors import Errors
 
 log = logging.getLogger(__name__)
@@ -34,20 +33,14 @@ class ProducerIdAllocator:
             return pid
 
 
-def register(broker, handlers):
-    api.advertise(22, 0, 4)
-    allocator = ProducerIdAllocator(broker)
-    handlers[22] = lambda conn, header, body: init_producer_id(allocator, body)
-
-
-async def init_producer_id(allocator, body):
+async def init_producer_id(broker, conn, header, body):
     if body.get("transactional_id") is not None:
         log.info("refusing InitProducerId for transactional id %r: transactions are not implemented",
                  body["transactional_id"])
         return {"throttle_time_ms": 0, "error_code": Errors.UNSUPPORTED_VERSION, "producer_id": -1,
                 "producer_epoch": -1}
     try:
-        pid = await allocator.allocate()
+        pid = await broker.producer_ids.allocate()
     except Exception:
         log.exception("producer id block allocation failed")
         return {"throttle_time_ms": 0, "error_code": Errors.COORDINATOR_NOT_AVAILABLE, "producer_id": -1,
