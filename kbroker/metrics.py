@@ -1,14 +1,30 @@
 """Prometheus metrics under the names Kafka's JMX exporter produces (dashboards work unchanged), plus a
-few of our own under ``kbroker_``. Served as text exposition format from a small asyncio HTTP server
-on ``kbroker.metrics.port`` (``GET /metrics``).
+few of our own under ``kbroker_``, served by prometheus-client's HTTP server on
+``kbroker.metrics.port`` (bound to the listener's host).
 
-Counters are plain integers bumped on the loop thread by the handlers; the endpoint renders them on
-request, so collecting costs nothing on the data path beyond an addition per batch.
+The counters are plain numbers bumped on the loop thread (BrokerMetrics here, NetworkMetrics in the
+network server, the replica manager's, kbroker.request_metrics); nothing is registered per event.
+``BrokerCollector`` reads them when scraped: the reading runs on the loop thread (one callback, so a
+scrape never sees a dict the loop is resizing), the formatting on the scrape thread.
+
+Kafka's RequestMetrics histograms (``*TimeMs``) are summaries as the JMX exporter writes them:
+``quantile`` samples (0.50 ... 0.999) over roughly the last five minutes, like the decaying reservoir
+behind Kafka's percentiles, with ``_count`` and ``_sum`` since start.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
+import concurrent.futures
 import logging
+import threading
+import time
+
+from prometheus_client import PlatformCollector, ProcessCollector, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from .request_metrics import LOOP_IDLE, N_BUCKETS, REQUEST_STATS, quantile
 
 log = logging.getLogger(__name__)
 
@@ -31,124 +47,230 @@ class BrokerMetrics:
         self.failed_produce[topic] = self.failed_produce.get(topic, 0) + 1
 
 
-def _esc(v) -> str:
-    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+# Kafka's percentiles (Yammer histograms) and the quantile labels the JMX exporter gives them.
+QUANTILES = (("0.50", 0.50), ("0.75", 0.75), ("0.95", 0.95), ("0.98", 0.98), ("0.99", 0.99), ("0.999", 0.999))
+# Quantiles cover the requests since a snapshot at least WINDOW_S old (at most WINDOW_S + STEP_S).
+WINDOW_S = 300.0
+STEP_S = 30.0
+# A scrape waits this long for the loop to hand over its counters.
+SNAPSHOT_TIMEOUT_S = 10.0
+
+_TIMES = ("RequestQueueTimeMs", "LocalTimeMs", "RemoteTimeMs", "ResponseSendTimeMs", "TotalTimeMs")
 
 
-def render(broker) -> str:
-    """The exposition text for one broker."""
+def _counter(name, doc, samples, labels=()):
+    """``samples``: [(label values, value)]; an empty label tuple is the family's unlabelled total."""
+    m = CounterMetricFamily(name, doc, labels=list(labels))
+    for values, v in samples:
+        m.add_sample(name + "_total", dict(zip(labels, values)), v)
+    return m
+
+
+def _gauge(name, doc, samples, labels=()):
+    m = GaugeMetricFamily(name, doc, labels=list(labels))
+    for values, v in samples:
+        m.add_sample(name, dict(zip(labels, values)), v)
+    return m
+
+
+def broker_families(broker) -> list[Metric]:
+    """Everything except the request histograms; runs on the loop thread."""
     from .protocol.api import API_NAMES
 
-    out: list[str] = []
-
-    def metric(name, kind, helptext, samples):
-        out.append(f"# HELP {name} {helptext}")
-        out.append(f"# TYPE {name} {kind}")
-        for labels, value in samples:
-            lab = ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items())
-            out.append(f"{name}{{{lab}}} {value}" if lab else f"{name} {value}")
+    out: list[Metric] = []
 
     def per_topic(counts):
-        return [({}, sum(counts.values()))] + [({"topic": t}, n) for t, n in sorted(counts.items())]
+        return [((), sum(counts.values()))] + [((t,), n) for t, n in sorted(counts.items())]
 
     m = broker.metrics
-    metric("kafka_server_brokertopicmetrics_messagesin_total", "counter",
-           "Records appended (MessagesInPerSec)", per_topic(m.messages_in))
-    metric("kafka_server_brokertopicmetrics_bytesin_total", "counter",
-           "Record bytes appended (BytesInPerSec)", per_topic(m.bytes_in))
-    metric("kafka_server_brokertopicmetrics_bytesout_total", "counter",
-           "Record bytes returned by fetches (BytesOutPerSec)", per_topic(m.bytes_out))
-    metric("kafka_server_brokertopicmetrics_failedproducerequests_total", "counter",
-           "Partition appends that failed", per_topic(m.failed_produce))
-    net = broker.server.metrics if broker.server else None
-    if net is not None:
-        metric("kafka_network_requestmetrics_requests_total", "counter", "Requests by API and version",
-               [({"request": API_NAMES.get(k, str(k)), "version": v}, n) for (k, v), n in sorted(net.requests.items())])
-        metric("kbroker_network_invalid_frames_total", "counter",
-               "Connections closed for malformed or oversized frames", [({}, net.invalid_frames)])
-        metric("kbroker_network_idle_closed_total", "counter",
-               "Connections closed after connections.max.idle.ms", [({}, net.idle_closed)])
-        metric("kbroker_network_fetch_sendfile_calls_total", "counter", "sendfile calls serving fetches",
-               [({}, net.fetch_sendfile_calls)])
-        metric("kbroker_network_fetch_sendfile_bytes_total", "counter", "Fetch bytes sent with sendfile",
-               [({}, net.fetch_sendfile_bytes)])
-        metric("kbroker_network_fetch_copy_bytes_total", "counter",
-               "Fetch bytes sent through the copying path (tiny ranges)", [({}, net.fetch_copy_bytes)])
-        metric("kafka_network_socketserver_connections", "gauge", "Open client connections",
-               [({}, len(broker.server.connections))])
-        metric("kbroker_network_request_pool_used_bytes", "gauge",
-               "Request memory reserved from queued.max.request.bytes", [({}, broker.server.pool.used)])
+    out.append(_counter("kafka_server_brokertopicmetrics_messagesin", "Records appended (MessagesInPerSec)",
+                        per_topic(m.messages_in), ("topic",)))
+    out.append(_counter("kafka_server_brokertopicmetrics_bytesin", "Record bytes appended (BytesInPerSec)",
+                        per_topic(m.bytes_in), ("topic",)))
+    out.append(_counter("kafka_server_brokertopicmetrics_bytesout",
+                        "Record bytes returned by fetches (BytesOutPerSec)", per_topic(m.bytes_out), ("topic",)))
+    out.append(_counter("kafka_server_brokertopicmetrics_failedproducerequests", "Partition appends that failed",
+                        per_topic(m.failed_produce), ("topic",)))
+    server = broker.server
+    if server is not None:
+        net = server.metrics
+        out.append(_counter("kafka_network_requestmetrics_requests", "Requests by API and version",
+                            [((API_NAMES.get(k, str(k)), str(v)), n) for (k, v), n in sorted(net.requests.items())],
+                            ("request", "version")))
+        out.append(_counter("kbroker_network_invalid_frames", "Connections closed for malformed or oversized frames",
+                            [((), net.invalid_frames)]))
+        out.append(_counter("kbroker_network_idle_closed", "Connections closed after connections.max.idle.ms",
+                            [((), net.idle_closed)]))
+        out.append(_counter("kbroker_network_fetch_sendfile_calls", "sendfile calls serving fetches",
+                            [((), net.fetch_sendfile_calls)]))
+        out.append(_counter("kbroker_network_fetch_sendfile_bytes", "Fetch bytes sent with sendfile",
+                            [((), net.fetch_sendfile_bytes)]))
+        out.append(_counter("kbroker_network_fetch_copy_bytes", "Fetch bytes sent through the copying path (tiny ranges)",
+                            [((), net.fetch_copy_bytes)]))
+        out.append(_gauge("kafka_network_socketserver_connections", "Open client connections",
+                          [((), len(server.connections))]))
+        out.append(_gauge("kbroker_network_request_pool_used_bytes",
+                          "Request memory reserved from queued.max.request.bytes", [((), server.pool.used)]))
     md = broker.metadata
-    led = [(t, p) for t in md.topics.values() for p, i in t.partitions.items() if i.leader == broker.broker_id]
-    metric("kafka_server_replicamanager_leadercount", "gauge", "Partitions this broker leads", [({}, len(led))])
-    metric("kafka_server_replicamanager_partitioncount", "gauge", "Partitions with a replica here",
-           [({}, sum(1 for t in md.topics.values() for i in t.partitions.values() if broker.broker_id in i.replicas))])
+    me = broker.broker_id
+    led = [(t, p) for t in md.topics.values() for p, i in t.partitions.items() if i.leader == me]
+    out.append(_gauge("kafka_server_replicamanager_leadercount", "Partitions this broker leads", [((), len(led))]))
+    out.append(_gauge("kafka_server_replicamanager_partitioncount", "Partitions with a replica here",
+                      [((), sum(1 for t in md.topics.values() for i in t.partitions.values() if me in i.replicas))]))
     rm = getattr(broker, "replica_manager", None)
     if rm is not None:
         # The replica manager's own view of the partitions it leads (its ISR is the one it acts on).
-        metric("kafka_server_replicamanager_underreplicatedpartitions", "gauge",
-               "Led partitions with ISR < replicas", [({}, rm.under_replicated())])
-        metric("kafka_server_replicamanager_underminisrpartitioncount", "gauge",
-               "Led partitions with ISR < min.insync.replicas", [({}, rm.under_min_isr())])
-        metric("kafka_server_replicamanager_isrshrinks_total", "counter", "ISR shrinks by this leader (IsrShrinksPerSec)",
-               [({}, rm.isr_shrinks)])
-        metric("kafka_server_replicamanager_isrexpands_total", "counter", "ISR expansions by this leader (IsrExpandsPerSec)",
-               [({}, rm.isr_expands)])
+        out.append(_gauge("kafka_server_replicamanager_underreplicatedpartitions", "Led partitions with ISR < replicas",
+                          [((), rm.under_replicated())]))
+        out.append(_gauge("kafka_server_replicamanager_underminisrpartitioncount",
+                          "Led partitions with ISR < min.insync.replicas", [((), rm.under_min_isr())]))
+        out.append(_counter("kafka_server_replicamanager_isrshrinks", "ISR shrinks by this leader (IsrShrinksPerSec)",
+                            [((), rm.isr_shrinks)]))
+        out.append(_counter("kafka_server_replicamanager_isrexpands", "ISR expansions by this leader (IsrExpandsPerSec)",
+                            [((), rm.isr_expands)]))
     else:
-        metric("kafka_server_replicamanager_underreplicatedpartitions", "gauge", "Led partitions with ISR < replicas",
-               [({}, sum(1 for t, p in led if len(t.partitions[p].isr) < len(t.partitions[p].replicas)))])
+        out.append(_gauge("kafka_server_replicamanager_underreplicatedpartitions", "Led partitions with ISR < replicas",
+                          [((), sum(1 for t, p in led if len(t.partitions[p].isr) < len(t.partitions[p].replicas)))]))
     controller = getattr(broker, "controller", None)
     active = controller is not None and controller.active
-    metric("kafka_controller_kafkacontroller_activecontrollercount", "gauge", "1 on the active controller",
-           [({}, 1 if active else 0)])
+    out.append(_gauge("kafka_controller_kafkacontroller_activecontrollercount", "1 on the active controller",
+                      [((), 1 if active else 0)]))
     # Reported by the active controller only (0 elsewhere), as Kafka's controller metrics are.
-    metric("kafka_controller_kafkacontroller_offlinepartitionscount", "gauge",
-           "Partitions without a live leader", [({}, controller.offline_partition_count() if active else 0)])
-    metric("kafka_controller_controllerstats_leaderelectionrateandtimems_count", "counter",
-           "Leader elections made by this broker's controller terms (LeaderElectionRateAndTimeMs)",
-           [({}, controller.elections if controller is not None else 0)])
+    out.append(_gauge("kafka_controller_kafkacontroller_offlinepartitionscount", "Partitions without a live leader",
+                      [((), controller.offline_partition_count() if active else 0)]))
+    # A Kafka timer: the JMX exporter writes its Count as a summary's ``_count``.
+    elections = Metric("kafka_controller_controllerstats_leaderelectionrateandtimems",
+                       "Leader elections made by this broker's controller terms (LeaderElectionRateAndTimeMs)",
+                       "summary")
+    elections.add_sample("kafka_controller_controllerstats_leaderelectionrateandtimems_count", {},
+                         controller.elections if controller is not None else 0)
+    out.append(elections)
     if broker.logs is not None:
-        metric("kafka_log_log_size", "gauge", "Partition size on disk in bytes",
-               [({"topic": lg.topic, "partition": lg.partition}, lg.size_bytes) for lg in broker.logs.all_logs()])
-        metric("kafka_log_log_logendoffset", "gauge", "Log end offset",
-               [({"topic": lg.topic, "partition": lg.partition}, lg.log_end_offset) for lg in broker.logs.all_logs()])
-    return "\n".join(out) + "\n"
+        logs = list(broker.logs.all_logs())
+        out.append(_gauge("kafka_log_log_size", "Partition size on disk in bytes",
+                          [((lg.topic, str(lg.partition)), lg.size_bytes) for lg in logs], ("topic", "partition")))
+        out.append(_gauge("kafka_log_log_logendoffset", "Log end offset",
+                          [((lg.topic, str(lg.partition)), lg.log_end_offset) for lg in logs], ("topic", "partition")))
+    return out
+
+
+def request_snapshot() -> list[tuple[str, int, dict[str, tuple[list[int], float]]]]:
+    """(request name, count, {Kafka time name: (bucket counts, sum seconds)}) per request type seen;
+    runs on the loop thread (copies only)."""
+    return [(s.name, s.count, {name: h.snapshot() for name, h in s.histograms().items()})
+            for s in REQUEST_STATS.all()]
+
+
+class _Windows:
+    """Bucket-count snapshots over time, so quantiles describe recent requests only."""
+
+    def __init__(self):
+        self._lock = threading.Lock()      # concurrent scrapes
+        self._history: collections.deque = collections.deque()   # (time, {(request, metric): counts})
+
+    def base(self, now: float, current: dict) -> dict:
+        """Counts at the start of the window (absent keys: zero) and record ``current`` if due."""
+        with self._lock:
+            h = self._history
+            while len(h) >= 2 and h[1][0] <= now - WINDOW_S:
+                h.popleft()
+            base = h[0][1] if h and h[0][0] <= now - WINDOW_S else {}
+            if not h or now - h[-1][0] >= STEP_S:
+                h.append((now, current))
+            return base
+
+
+class BrokerCollector(Collector):
+    """Reads one broker's counters at scrape time."""
+
+    def __init__(self, broker):
+        self.broker = broker
+        self._windows = _Windows()
+
+    def _on_loop(self, fn):
+        loop = self.broker.loop
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if loop is None or running is loop:
+            return fn()
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+
+        def run():
+            try:
+                fut.set_result(fn())
+            except BaseException as e:    # the scrape reports it
+                fut.set_exception(e)
+
+        loop.call_soon_threadsafe(run)
+        return fut.result(SNAPSHOT_TIMEOUT_S)
+
+    def collect(self):
+        families, requests = self._on_loop(lambda: (broker_families(self.broker), request_snapshot()))
+        yield from families
+        yield from self._request_families(requests, time.monotonic())
+        yield _gauge("kafka_network_socketserver_networkprocessoravgidlepercent",
+                     "Fraction of time the network (event loop) thread waited for I/O, since the previous "
+                     "scrape at least a second ago", [((), LOOP_IDLE.ratio())])
+        yield _counter("kbroker_network_loop_idle_seconds",
+                       "Seconds the event loop waited for I/O (rate() of this is the idle fraction)",
+                       [((), LOOP_IDLE.idle_seconds())])
+
+    def _request_families(self, requests, now: float):
+        current = {(name, metric): counts for name, _n, hists in requests for metric, (counts, _s) in hists.items()}
+        base = self._windows.base(now, current)
+        yield _counter("kafka_network_requestmetrics_requestspersec", "Requests answered (RequestsPerSec)",
+                       [((name,), n) for name, n, _h in sorted(requests)], ("request",))
+        zero = [0] * N_BUCKETS
+        for metric in _TIMES:
+            name = "kafka_network_requestmetrics_" + metric.lower()
+            fam = Metric(name, f"{metric}: milliseconds per request ({_DOCS[metric]})", "summary")
+            for request, _n, hists in sorted(requests):
+                counts, sum_s = hists[metric]
+                old = base.get((request, metric), zero)
+                recent = [c - o for c, o in zip(counts, old)]
+                for label, q in QUANTILES:
+                    fam.add_sample(name, {"request": request, "quantile": label}, quantile(recent, q) * 1000.0)
+                fam.add_sample(name + "_count", {"request": request}, sum(counts))
+                fam.add_sample(name + "_sum", {"request": request}, sum_s * 1000.0)
+            yield fam
+
+
+_DOCS = {
+    "RequestQueueTimeMs": "frame received until its handler starts",
+    "LocalTimeMs": "handler running on the network thread",
+    "RemoteTimeMs": "waiting for replicas, long polls or rebalances",
+    "ResponseSendTimeMs": "response queued until its last byte is written",
+    "TotalTimeMs": "frame received until the response is written",
+}
 
 
 class MetricsServer:
-    """GET /metrics → exposition text; anything else → 404. One request per connection."""
+    """prometheus-client's HTTP server (its own daemon thread) over a registry of this broker's
+    collector and the process's: ``GET /metrics`` (any path) -> exposition text."""
 
     def __init__(self, broker, host: str, port: int):
         self.broker = broker
         self.host = host
         self.port = port
-        self._server = None
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(BrokerCollector(broker))
+        # process_cpu_seconds_total, process_resident_memory_bytes, open fds, python_info.
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        self._httpd = None
+        self._thread = None
 
     async def start(self):
-        self._server = await asyncio.start_server(self._handle, self.host or None, self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
+        # An empty listener host means every interface, as for the Kafka listener.
+        self._httpd, self._thread = start_http_server(self.port, addr=self.host or "0.0.0.0", registry=self.registry)
+        self.port = self._httpd.server_address[1]
         log.info("metrics on http://%s:%d/metrics", self.host or "0.0.0.0", self.port)
 
-    async def _handle(self, reader, writer):
-        try:
-            line = await asyncio.wait_for(reader.readline(), 5)
-            while (await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):
-                pass
-            parts = line.split()
-            if len(parts) >= 2 and parts[0] == b"GET" and parts[1].split(b"?")[0] == b"/metrics":
-                body = render(self.broker).encode()
-                head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
-            else:
-                body = b"not found\n"
-                head = b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\n"
-            writer.write(head + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
-            await writer.drain()
-        except (asyncio.TimeoutError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
     async def stop(self):
-        if self._server:
-            self._server.close()
-            await self._server.wait_closed()
+        if self._httpd is not None:
+            httpd, self._httpd = self._httpd, None
+            # shutdown() waits for serve_forever's poll loop: off the loop, which a scrape may need.
+            await asyncio.to_thread(httpd.shutdown)
+            httpd.server_close()

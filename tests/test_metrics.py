@@ -1,22 +1,35 @@
-"""The /metrics endpoint serves Kafka's JMX-exporter names, and the counters follow real traffic."""
-import re
+"""The /metrics endpoint (prometheus-client's server over our collector) serves Kafka's JMX-exporter
+names, and the counters follow real traffic."""
+import socket
 import time
-import urllib.error
 import urllib.request
 
 import confluent_kafka as ck
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from kbroker.testing import LocalCluster, free_port
+from kbroker.testing import LocalCluster, free_port, wait_until
 
 
-def _samples(text):
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
+def _scrape(port):
+    """-> ({family name: type}, {(sample name, sorted label items): value}), parsed by prometheus-client."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    types, samples = {}, {}
+    for fam in text_string_to_metric_families(text):
+        types[fam.name] = fam.type
+        for smp in fam.samples:
+            samples[(smp.name, tuple(sorted(smp.labels.items())))] = smp.value
+    return types, samples
+
+
+def _get(samples, name, **labels):
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+def _sum(samples, name, **labels):
+    """Sum of ``name`` over the samples carrying at least ``labels``."""
+    want = set(labels.items())
+    return sum(v for (n, lab), v in samples.items() if n == name and want <= set(lab))
 
 
 @pytest.fixture(scope="module")
@@ -27,51 +40,98 @@ def metered(tmp_path_factory):
         yield c, port
 
 
-def test_metrics_follow_produce_and_fetch(metered):
-    cluster, port = metered
-    url = f"http://127.0.0.1:{port}/metrics"
-    p = ck.Producer({"bootstrap.servers": cluster.bootstrap, "linger.ms": 5})
-    for i in range(3000):
-        p.produce("metered", value=b"v" * 1000)
-    assert p.flush(30) == 0
-    # No auto-commit: consumer groups (and their coordinator) are a later issue; librdkafka would
-    # otherwise wait for a coordinator on close.
-    c = ck.Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "m", "enable.auto.commit": False})
-    c.assign([ck.TopicPartition("metered", i, ck.OFFSET_BEGINNING) for i in range(2)])
+def _consume_all(cluster, topic, n, partitions=2, **conf):
+    # No auto-commit: librdkafka would otherwise wait for the coordinator on close.
+    c = ck.Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "m", "enable.auto.commit": False, **conf})
+    c.assign([ck.TopicPartition(topic, i, ck.OFFSET_BEGINNING) for i in range(partitions)])
     got, errors = 0, []
     deadline = time.monotonic() + 60
-    while got < 3000 and time.monotonic() < deadline:
+    while got < n and time.monotonic() < deadline:
         for m in c.consume(1000, timeout=1):
             if m.error():
                 errors.append(str(m.error()))
             else:
                 got += 1
+    return c, got, errors
+
+
+def test_metrics_follow_produce_and_fetch(metered):
+    cluster, port = metered
+    p = ck.Producer({"bootstrap.servers": cluster.bootstrap, "linger.ms": 5})
+    for i in range(3000):
+        p.produce("metered", value=b"v" * 1000)
+    assert p.flush(30) == 0
+    c, got, errors = _consume_all(cluster, "metered", 3000)
     c.close()
     assert got == 3000, f"consumed {got} of 3000; errors: {errors[:5]}"
 
-    text = urllib.request.urlopen(url, timeout=10).read().decode()
-    for name in ("kafka_server_brokertopicmetrics_messagesin_total", "kafka_server_brokertopicmetrics_bytesin_total",
-                 "kafka_server_brokertopicmetrics_bytesout_total", "kafka_network_requestmetrics_requests_total",
-                 "kafka_controller_kafkacontroller_activecontrollercount"):
-        assert f"# TYPE {name} " in text
-    s = _samples(text)
-    assert s['kafka_server_brokertopicmetrics_messagesin_total{topic="metered"}'] == 3000
-    stored = s['kafka_server_brokertopicmetrics_bytesin_total{topic="metered"}']
+    types, s = _scrape(port)
+    for name, kind in (("kafka_server_brokertopicmetrics_messagesin", "counter"),
+                       ("kafka_server_brokertopicmetrics_bytesin", "counter"),
+                       ("kafka_server_brokertopicmetrics_bytesout", "counter"),
+                       ("kafka_network_requestmetrics_requests", "counter"),
+                       ("kafka_controller_kafkacontroller_activecontrollercount", "gauge"),
+                       ("kafka_network_socketserver_networkprocessoravgidlepercent", "gauge"),
+                       ("kafka_network_requestmetrics_totaltimems", "summary"),
+                       ("process_cpu_seconds", "counter")):
+        assert types.get(name) == kind, (name, types.get(name))
+    assert _get(s, "kafka_server_brokertopicmetrics_messagesin_total", topic="metered") == 3000
+    stored = _get(s, "kafka_server_brokertopicmetrics_bytesin_total", topic="metered")
     assert stored > 3000 * 1000
-    assert s['kafka_server_brokertopicmetrics_bytesout_total{topic="metered"}'] >= stored
-    assert s["kafka_controller_kafkacontroller_activecontrollercount"] == 1
-    assert any(re.match(r'kafka_network_requestmetrics_requests_total\{request="Produce",version="\d+"\}', k) for k in s)
+    assert _get(s, "kafka_server_brokertopicmetrics_bytesout_total", topic="metered") >= stored
+    assert _get(s, "kafka_controller_kafkacontroller_activecontrollercount") == 1
+    assert _sum(s, "kafka_network_requestmetrics_requests_total", request="Produce") > 0
+    assert all(dict(lab)["version"].isdigit() for (n, lab) in s if n == "kafka_network_requestmetrics_requests_total")
     # Every fetched byte left through sendfile or the counted copy path, and most through sendfile.
-    sent = s["kbroker_network_fetch_sendfile_bytes_total"] + s["kbroker_network_fetch_copy_bytes_total"]
-    assert sent == s["kafka_server_brokertopicmetrics_bytesout_total"]
-    assert s["kbroker_network_fetch_sendfile_bytes_total"] >= 0.9 * sent
+    sent = _get(s, "kbroker_network_fetch_sendfile_bytes_total") + _get(s, "kbroker_network_fetch_copy_bytes_total")
+    assert sent == _get(s, "kafka_server_brokertopicmetrics_bytesout_total")
+    assert _get(s, "kbroker_network_fetch_sendfile_bytes_total") >= 0.9 * sent
+    assert _get(s, "kafka_log_log_logendoffset", topic="metered", partition="0") \
+        + _get(s, "kafka_log_log_logendoffset", topic="metered", partition="1") == 3000
 
 
-def test_metrics_unknown_path_is_404(metered):
+def test_idle_percent_falls_under_load(metered):
+    """NetworkProcessorAvgIdlePercent: near 1 while nothing is asked of the broker, clearly lower
+    while one-record Produce requests arrive back to back (linger.ms=0, acks=1) for 2 s."""
+    cluster, port = metered
+    _scrape(port)                              # starts a window
+    t0 = time.monotonic()
+
+    def idle_window():
+        if time.monotonic() - t0 < 1.5:        # the gauge's window is at least a second long
+            return None
+        return _get(_scrape(port)[1], "kafka_network_socketserver_networkprocessoravgidlepercent")
+    idle = wait_until(idle_window, 20, "an idle window")
+    # One record per Produce request: the broker's work is per request.
+    p = ck.Producer({"bootstrap.servers": cluster.bootstrap, "linger.ms": 0, "acks": 1, "batch.num.messages": 1})
+    p.produce("metered-idle", value=b"x")
+    assert p.flush(30) == 0                    # topic created, metadata known
+    _scrape(port)
+    t1 = time.monotonic()
+    sent = 0
+    while time.monotonic() - t1 < 2.0 and sent < 2_000_000:
+        try:
+            p.produce("metered-idle", value=b"x" * 100)
+            sent += 1
+        except BufferError:
+            p.poll(0.01)
+        p.poll(0)
+    assert p.flush(30) == 0
+    types, s = _scrape(port)
+    busy = _get(s, "kafka_network_socketserver_networkprocessoravgidlepercent")
+    print(f"T-idle idle={idle:.3f} under_load={busy:.3f} records={sent}")
+    assert idle > 0.9, idle
+    assert busy < idle - 0.2, (idle, busy)
+    assert 0 < _get(s, "kbroker_network_loop_idle_seconds_total")
+
+
+def test_metrics_bound_to_the_listener_host(metered):
+    """The listener is 127.0.0.1: the metrics server takes that address only (not 127.0.0.2)."""
     _cluster, port = metered
-    with pytest.raises(urllib.error.HTTPError) as e:
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/nope", timeout=10)
-    assert e.value.code == 404
+    with socket.create_connection(("127.0.0.1", port), timeout=5):
+        pass
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.2", port), timeout=5)
 
 
 # ---- kbroker.request_metrics: the counters the collector reads ------------------------------------
@@ -152,3 +212,38 @@ def test_loop_idle_meter_tells_waiting_from_working(loop_kind):
     # The CPU method counts time this thread waited for a core (2 shared cores here) as idle.
     assert busy < (0.2 if meter.method == "select" else 0.5), busy
     assert meter.idle_seconds() > 0.3
+
+
+def test_request_quantiles_cover_the_last_five_minutes():
+    """Quantiles come from the requests since a snapshot 5-5.5 minutes old; _count/_sum since start."""
+    from kbroker.metrics import BrokerCollector
+    from kbroker.request_metrics import RequestStats
+
+    s = RequestStats("Produce")
+    collector = BrokerCollector(broker=None)
+
+    def scrape(now):
+        snap = [(s.name, s.count, {k: h.snapshot() for k, h in s.histograms().items()})]
+        fams = {f.name: f for f in collector._request_families(snap, now)}
+        total = fams["kafka_network_requestmetrics_totaltimems"]
+        return {(x.name, x.labels.get("quantile")): x.value for x in total.samples}
+
+    for _ in range(100):
+        s.observe(0.0, 0.0, 0.0, 2.0)          # slow requests first
+    q = scrape(1000.0)
+    # Buckets are 2^(1/2) wide: a quantile lands within the bucket holding its rank.
+    assert 1800 < q[("kafka_network_requestmetrics_totaltimems", "0.99")] <= 2000 * 2 ** 0.5
+    for _ in range(100):
+        s.observe(0.0, 0.0, 0.0, 0.001)
+    q = scrape(1200.0)                          # both inside the window: the median is slow-ish
+    assert q[("kafka_network_requestmetrics_totaltimems", "0.99")] > 1500
+    assert q[("kafka_network_requestmetrics_totaltimems", "0.50")] <= 1.0 * 2 ** 0.5
+    for _ in range(100):
+        s.observe(0.0, 0.0, 0.0, 0.001)
+    q = scrape(1320.0)                          # the 1000 s snapshot is now the base: slow ones out
+    assert q[("kafka_network_requestmetrics_totaltimems", "0.999")] <= 1.0 * 2 ** 0.5
+    assert q[("kafka_network_requestmetrics_totaltimems_count", None)] == 300
+    assert q[("kafka_network_requestmetrics_totaltimems_sum", None)] == pytest.approx(100 * 2000 + 200 * 1.0)
+    q = scrape(2000.0)                          # nothing new: empty window, quantiles 0
+    assert q[("kafka_network_requestmetrics_totaltimems", "0.99")] == 0.0
+    assert q[("kafka_network_requestmetrics_totaltimems_count", None)] == 300
