@@ -1,6 +1,6 @@
 """Prometheus metrics under the names Kafka's JMX exporter produces (dashboards work unchanged), plus a
-few of our own under ``kbroker_``, served by prometheus-client's HTTP server on
-``kbroker.metrics.port`` (bound to the listener's host).
+few of our own under ``kbroker_``, served by prometheus-client (its WSGI app and threading server) on
+``kbroker.metrics.port``, bound to the listener's host.
 
 The counters are plain numbers bumped on the loop thread (BrokerMetrics here, NetworkMetrics in the
 network server, the replica manager's, kbroker.request_metrics); nothing is registered per event.
@@ -17,11 +17,14 @@ import asyncio
 import collections
 import concurrent.futures
 import logging
+import socket
 import threading
 import time
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import PlatformCollector, ProcessCollector, start_http_server
+from prometheus_client import PlatformCollector, ProcessCollector, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from .request_metrics import LOOP_IDLE, N_BUCKETS, REQUEST_STATS, quantile
@@ -246,9 +249,25 @@ _DOCS = {
 }
 
 
+class _Handler(WSGIRequestHandler):
+    # A client that connects and stops sending frees its thread after this long (the server starts a
+    # thread per connection; without a timeout idle sockets would hold threads forever).
+    timeout = 5.0
+
+    def log_message(self, format, *args):
+        pass      # no line on stderr per scrape
+
+
+class _Server(ThreadingWSGIServer):
+    def handle_error(self, request, client_address):
+        # Timed-out or reset scrapes: not worth a traceback on stderr each.
+        log.debug("metrics request from %s failed", client_address, exc_info=True)
+
+
 class MetricsServer:
-    """prometheus-client's HTTP server (its own daemon thread) over a registry of this broker's
-    collector and the process's: ``GET /metrics`` (any path) -> exposition text."""
+    """prometheus-client's WSGI app over a registry of this broker's collector and the process's,
+    served by prometheus-client's threading WSGI server on its own thread: ``GET /metrics`` (any
+    path, as prometheus-client answers) -> exposition text."""
 
     def __init__(self, broker, host: str, port: int):
         self.broker = broker
@@ -264,9 +283,14 @@ class MetricsServer:
 
     async def start(self):
         # An empty listener host means every interface, as for the Kafka listener.
-        self._httpd, self._thread = start_http_server(self.port, addr=self.host or "0.0.0.0", registry=self.registry)
+        host = self.host or "0.0.0.0"
+        family = socket.getaddrinfo(host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        server_class = type("MetricsHTTPServer", (_Server,), {"address_family": family})
+        self._httpd = make_server(host, self.port, make_wsgi_app(self.registry), server_class, handler_class=_Handler)
         self.port = self._httpd.server_address[1]
-        log.info("metrics on http://%s:%d/metrics", self.host or "0.0.0.0", self.port)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="kbroker-metrics", daemon=True)
+        self._thread.start()
+        log.info("metrics on http://%s:%d/metrics", host, self.port)
 
     async def stop(self):
         if self._httpd is not None:

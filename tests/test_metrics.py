@@ -247,3 +247,19 @@ def test_request_quantiles_cover_the_last_five_minutes():
     q = scrape(2000.0)                          # nothing new: empty window, quantiles 0
     assert q[("kafka_network_requestmetrics_totaltimems", "0.99")] == 0.0
     assert q[("kafka_network_requestmetrics_totaltimems_count", None)] == 300
+
+
+def test_silent_scraper_is_dropped_and_others_served(metered):
+    """A connection that sends nothing is closed after the handler timeout (5 s) instead of holding
+    its thread; scrapes keep working meanwhile."""
+    _cluster, port = metered
+    silent = [socket.create_connection(("127.0.0.1", port), timeout=20) for _ in range(20)]
+    try:
+        assert _get(_scrape(port)[1], "kafka_controller_kafkacontroller_activecontrollercount") == 1
+        t0 = time.monotonic()
+        for s in silent:
+            assert s.recv(1) == b""             # closed by the server, no response
+        assert time.monotonic() - t0 < 15
+    finally:
+        for s in silent:
+            s.close()
