@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 
 from ...log.errors import OffsetOutOfRange
-from ...protocol import api
 from ...protocol.errors import Errors
 from ...protocol.types import FileRegions
 from ...record import BatchError
@@ -19,13 +18,17 @@ from ...replica.partition import follower_key
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
 
 
-def register(broker, handlers):
-    api.advertise(1, 4, 11)
-    api.advertise(2, 1, 5)
-    api.advertise(23, 2, 3)
-    handlers[1] = lambda conn, header, body: fetch(broker, header, body)
-    handlers[2] = lambda conn, header, body: list_offsets(broker, header, body)
-    handlers[23] = lambda conn, header, body: offset_for_leader_epoch(broker, header, body)
+# The API table's handlers (kbroker/server/apis/__init__.py).
+def handle(broker, conn, header, body):
+    return fetch(broker, header, body)
+
+
+def handle_list_offsets(broker, conn, header, body):
+    return list_offsets(broker, header, body)
+
+
+def handle_offset_for_leader_epoch(broker, conn, header, body):
+    return offset_for_leader_epoch(broker, header, body)
 
 
 def _leader_log(broker, topic, partition, current_leader_epoch=-1):

@@ -18,10 +18,9 @@ from ..metadata import topic_name_error
 log = logging.getLogger(__name__)
 
 
-def register(broker, handlers):
-    # Advertised from v0 (librdkafka 2.0 disables compression when Produce min > 0); served from v3.
-    api.advertise(0, 0, 8)
-    handlers[0] = lambda conn, header, body: produce(broker, header, body)
+def handle(broker, conn, header, body):
+    """The API table's handler (kbroker/server/apis/__init__.py)."""
+    return produce(broker, header, body)
 
 
 def produce(broker, header, body):
