@@ -3,14 +3,16 @@
 A message is a list of ``Field``s, mirroring the structure of Kafka's JSON message definitions:
 each field has a type, the versions it exists in, the versions in which it may be null, and an
 optional tag (tagged fields live in the trailing TAG_BUFFER of flexible versions). ``Schema.decoder(v)``
-and ``Schema.encoder(v)`` compile, once per version, a flat list of closures, so decoding a request
-is a loop over prepared functions rather than a walk of the definition.
+and ``Schema.encoder(v)`` compile, once per version, straight-line decoders (generated source, fixed-width runs unpacked at
+once) and a flat list of writer closures, with every absent/tagged default computed once, so decoding
+a request is a few prepared calls rather than a walk of the definition.
 
 Decoded messages are dicts keyed by snake_case field names; fields absent from a version are filled
 with their defaults so handlers need not branch on versions for reads.
 """
 from __future__ import annotations
 
+import functools
 import struct
 
 from . import types as T
@@ -194,28 +196,33 @@ def _compile_struct(fields, version, flexible):
         plain.append((f.name, r, w, f))
         min_size += m
     tag_order = sorted(tagged.items())
+    # Defaults are computed once per (struct, version) instead of per decode/encode (the Fetch request
+    # has eight absent or tagged fields at the versions clients send). Immutable ones are copied into each
+    # decoded dict with one update; lists and dicts are built per decode so no two dicts share them.
+    fixed = {}          # name -> immutable default of an absent or (flexible) tagged field
+    fresh = []          # (name, field) whose default is a list or dict
+    for f in absent + ([f for _tag, (_n, _r, _w, f) in tag_order] if flexible else []):
+        d = f.default_value(version)
+        if isinstance(d, (list, dict)):
+            fresh.append((f.name, _default_maker(f, version)))
+        else:
+            fixed[f.name] = d
+    write_plain = [(name, w, f.default_value(version)) for name, _r, w, f in plain]
+    write_tagged = [(tag, name, w, f.default_value(version)) for tag, (name, _r, w, f) in tag_order]
 
-    def read(buf, pos):
-        obj = {}
-        for name, r, _w, _f in plain:
-            obj[name], pos = r(buf, pos)
-        for f in absent:
-            obj[f.name] = f.default_value(version)
-        if flexible:
-            for _tag, (name, _r, _w, f) in tag_order:
-                obj[name] = f.default_value(version)
-            pos = _read_tags(buf, pos, obj, tagged)
-        return obj, pos
+    read = _generate_reader([(name, r, f.type) for name, r, _w, f in plain], fixed, fresh, version,
+                            tagged if flexible else None)
 
     def write(out, obj):
-        for name, _r, w, f in plain:
-            v = obj.get(name, _MISSING)
-            w(out, f.default_value(version) if v is _MISSING else v)
+        get = obj.get
+        for name, w, default in write_plain:
+            v = get(name, _MISSING)
+            w(out, default if v is _MISSING else v)
         if flexible:
             present = []
-            for tag, (name, _r, w, f) in tag_order:
-                v = obj.get(name, _MISSING)
-                if v is not _MISSING and v != f.default_value(version):
+            for tag, name, w, default in write_tagged:
+                v = get(name, _MISSING)
+                if v is not _MISSING and v != default:
                     present.append((tag, w, v))
             T.write_uvarint(out, len(present))
             for tag, w, v in present:
@@ -232,6 +239,65 @@ def _compile_struct(fields, version, flexible):
 
 
 _MISSING = object()
+
+
+# Struct codes of the fixed-width types: consecutive fixed-width fields are read by one unpack_from.
+_FIXED_CODE = {"int8": "b", "bool": "?", "int16": "h", "uint16": "H", "int32": "i", "uint32": "I",
+               "int64": "q", "float64": "d"}
+
+
+def _generate_reader(plain, fixed, fresh, version, tagged):
+    """The decoder of one struct at one version as straight-line Python rather than a loop over
+    (name, reader) pairs: each run of consecutive fixed-width fields is one ``unpack_from`` (a short
+    frame raises struct.error, which ``Schema.decode`` turns into ProtocolError), other fields one call
+    each, the dict built by one literal. ``plain``: (name, reader, type or None). Field names appear
+    only as repr'd dict keys; readers and defaults are passed in by name."""
+    env = {"_fixed": fixed, "_read_tags": _read_tags, "_tagged": tagged, "_version": version}
+    lines = ["def read(buf, pos):"]
+    run = []            # (index, code) of the current fixed-width run
+
+    def flush_run():
+        if not run:
+            return
+        fmt = ">" + "".join(code for _i, code in run)
+        k = run[0][0]            # the run's first field index names its Struct
+        env[f"_s{k}"] = st = struct.Struct(fmt)
+        names = "".join(f"v{i}, " for i, _c in run)
+        lines.append(f"    {names}= _s{k}.unpack_from(buf, pos)")
+        lines.append(f"    pos += {st.size}")
+        run.clear()
+
+    for i, (_name, r, t) in enumerate(plain):
+        code = _FIXED_CODE.get(t) if isinstance(t, str) else None
+        if code is not None:
+            run.append((i, code))
+            continue
+        flush_run()
+        env[f"_r{i}"] = r
+        lines.append(f"    v{i}, pos = _r{i}(buf, pos)")
+    flush_run()
+    items = ", ".join(f"{name!r}: v{i}" for i, (name, _r, _t) in enumerate(plain))
+    lines.append(f"    obj = {{{items}}}")
+    if fixed:
+        lines.append("    obj.update(_fixed)")
+    for j, (name, make) in enumerate(fresh):
+        env[f"_f{j}"] = make
+        lines.append(f"    obj[{name!r}] = _f{j}()")
+    if tagged is not None:
+        lines.append("    pos = _read_tags(buf, pos, obj, _tagged)")
+    lines.append("    return obj, pos")
+    exec("\n".join(lines), env)     # noqa: S102 - source built from our own schema definitions
+    return env["read"]
+
+
+def _default_maker(f, version):
+    """-> a function building a fresh list/dict default of ``f`` (never shared between decodes)."""
+    d = f.default_value(version)
+    if isinstance(d, list) and not d:
+        return list
+    if isinstance(d, dict) and not any(isinstance(v, (list, dict)) for v in d.values()):
+        return d.copy          # d is ours alone; copies of it are handed out
+    return functools.partial(f.default_value, version)
 
 
 def _read_tags(buf, pos, obj, tagged):
