@@ -32,6 +32,9 @@ from collections import deque
 
 from ..protocol import api
 from ..protocol.types import FileRegions, ProtocolError
+from ..request_metrics import REQUEST_STATS
+
+_now = time.monotonic
 
 log = logging.getLogger(__name__)
 
@@ -93,13 +96,26 @@ class _Chunk:
 
 
 class _Slot:
-    __slots__ = ("header", "chunks", "done", "since")
+    # Request metrics (kbroker.request_metrics), monotonic seconds: arrived (frame complete) -> started
+    # (handler called) -> local (handler returned; its awaitable's wait is "remote") -> queued (response
+    # handed to the send path) -> observed once the last byte was given to the socket/transport.
+    __slots__ = ("header", "chunks", "done", "since", "arrived", "started", "local", "queued", "follower")
 
-    def __init__(self, header, since):
+    def __init__(self, header, since, arrived):
         self.header = header
         self.chunks = None
         self.done = False
         self.since = since     # loop time the request arrived (the sweeper closes requests that never end)
+        self.arrived = arrived
+        self.started = arrived
+        self.local = 0.0
+        self.queued = arrived
+        self.follower = False  # a Fetch from a replica (FetchFollower in Kafka's RequestMetrics)
+
+    def observe(self, sent):
+        queue_s = self.started - self.arrived
+        REQUEST_STATS.get(self.header.api_key, self.follower).observe(
+            queue_s, self.local, sent - self.queued, sent - self.arrived)
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -131,6 +147,7 @@ class Connection(asyncio.BufferedProtocol):
         self._write_waiter = None # future of a direct send waiting for the socket to drain
         self._write_fd = -1       # fd we registered for writability (-1: none)
         self._in_read = False     # dispatching the frames of one read: defer writes to its end
+        self._read_at = 0.0       # monotonic time of the last read (when its frames became complete)
 
     # ---- asyncio callbacks ---------------------------------------------------------------------
     def connection_made(self, transport):
@@ -179,6 +196,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes):
         self.last_active = self.loop.time()
+        self._read_at = _now()
         self._in_read = True      # responses of the frames in this read are flushed together, below
         try:
             self._consume(nbytes)
@@ -332,7 +350,7 @@ class Connection(asyncio.BufferedProtocol):
             hostile_log(logging.WARNING, "closing %s: %s", self.peer, e)
             self.close()
             return
-        slot = _Slot(header, self.last_active)
+        slot = _Slot(header, self.last_active, self._read_at)
         self._pending.append(slot)
         key, version = header.api_key, header.api_version
         supported = api.SUPPORTED.get(key)
@@ -361,6 +379,9 @@ class Connection(asyncio.BufferedProtocol):
             self.close()
             return
         server.metrics.count_request(key, version)
+        if key == 1:
+            slot.follower = body.get("replica_id", -1) >= 0
+        slot.started = t0 = _now()
         try:
             result = server.handlers[key](self, header, body)
         except Exception:
@@ -369,6 +390,7 @@ class Connection(asyncio.BufferedProtocol):
                         exc_info=True)
             self.close()
             return
+        slot.local = _now() - t0
         if inspect.isawaitable(result):
             self.loop.create_task(self._await(slot, result, release))
         else:
@@ -389,7 +411,9 @@ class Connection(asyncio.BufferedProtocol):
                 self.close()
                 return
             server.metrics.count_request(key, version)
+            slot.started = t0 = _now()
             result = server.handlers[key](self, header, body)
+            slot.local = _now() - t0
             if inspect.isawaitable(result):
                 result = await result
             if result is not NO_RESPONSE and result is not CLOSE:
@@ -433,6 +457,7 @@ class Connection(asyncio.BufferedProtocol):
     def _finish(self, slot, chunks):
         slot.chunks = chunks
         slot.done = True
+        slot.queued = _now()
         self._flush()
 
     # ---- send path -------------------------------------------------------------------------------
@@ -444,29 +469,43 @@ class Connection(asyncio.BufferedProtocol):
             return
         pending = self._pending
         out = []
+        answered = []            # slots whose responses leave with ``out`` (metrics once written)
         while pending and pending[0].done:
             slot = pending.popleft()
             chunks = slot.chunks
             if chunks is NO_RESPONSE:
+                answered.append(slot)
                 continue
             if chunks is CLOSE:
                 if out:
                     self.transport.writelines(out)
+                    self._observe(answered)
                 self.close()
                 return
             if len(chunks) == 1:
                 out.append(chunks[0])
+                answered.append(slot)
                 continue
             if out:
                 self.transport.writelines(out)
                 out = []
+            self._observe(answered)
             self._writing = True
-            self.loop.create_task(self._write_regions(chunks))
+            self.loop.create_task(self._write_regions(slot, chunks))
             return
         if out:
             self.transport.writelines(out)
+        if answered:
+            self._observe(answered)
 
-    async def _write_regions(self, chunks):
+    @staticmethod
+    def _observe(slots):
+        if slots:
+            sent = _now()
+            for slot in slots:
+                slot.observe(sent)
+
+    async def _write_regions(self, slot, chunks):
         try:
             if self.transport.get_write_buffer_size() == 0 and hasattr(self.loop, "_add_writer"):
                 await self._write_direct(chunks)
@@ -478,6 +517,7 @@ class Connection(asyncio.BufferedProtocol):
             return
         finally:
             self._writing = False
+        slot.observe(_now())
         self._flush()
 
     async def _write_direct(self, chunks):
