@@ -1,11 +1,7 @@
 """RecordBatch v2 (magic 2): leader-side validate-and-stamp, reading, building.
 
-Wire == disk. Header (61 bytes, big-endian):
-  0 baseOffset i64 | 8 batchLength i32 (= size - 12) | 12 partitionLeaderEpoch i32
-  16 magic i8 | 17 crc u32 = CRC-32C of bytes [21, end) | 21 attributes i16
-  23 lastOffsetDelta i32 | 27 baseTimestamp i64 | 35 maxTimestamp i64
-  43 producerId i64 | 51 producerEpoch i16 | 53 baseSequence i32 | 57 recordsCount i32
-then the records (one compressed blob when attributes & 7 != 0). Record:
+Wire == disk. The 61-byte header is defined once, in layout.pxd; then come the
+records (one compressed blob when attributes & 7 != 0). Record:
   length varint | attributes i8 | timestampDelta varlong | offsetDelta varint |
   keyLen varint (-1 = null) key | valueLen varint (-1 = null) value |
   headerCount varint | [keyLen varint, key utf8, valueLen varint, value]*
@@ -28,6 +24,7 @@ from libc.string cimport memcpy
 
 from ccrc32c cimport crc32c_update
 from hton cimport load_be16, load_be32, load_be64, store_be16, store_be32, store_be64
+from layout cimport *
 from varint cimport read_varint, read_varlong, varlong_size, write_varlong
 
 import time
@@ -41,28 +38,6 @@ cdef enum:
     ERR_UNSUPPORTED_COMPRESSION_TYPE = 76
     ERR_INVALID_RECORD = 87
 
-    # Batch layout: byte offsets and sizes.
-    LOG_OVERHEAD = 12
-    HEADER_SIZE = 61
-    OFF_BASE_OFFSET = 0
-    OFF_LENGTH = 8
-    OFF_LEADER_EPOCH = 12
-    OFF_MAGIC = 16
-    OFF_CRC = 17
-    OFF_ATTRIBUTES = 21
-    OFF_LAST_OFFSET_DELTA = 23
-    OFF_BASE_TIMESTAMP = 27
-    OFF_MAX_TIMESTAMP = 35
-    OFF_PRODUCER_ID = 43
-    OFF_PRODUCER_EPOCH = 51
-    OFF_BASE_SEQUENCE = 53
-    OFF_RECORDS_COUNT = 57
-
-    ATTR_CODEC_MASK = 0x07
-    ATTR_LOG_APPEND_TIME = 0x08
-    ATTR_TRANSACTIONAL = 0x10
-    ATTR_CONTROL = 0x20
-
 
 # Below this many bytes the GIL round trip costs more than the byte work.
 cdef Py_ssize_t NOGIL_BYTES = 4096
@@ -72,6 +47,21 @@ cdef int MAX_VARINT = 5
 cdef int MAX_VARLONG = 10
 
 cdef object _compression = None
+
+# The header layout for Python code (kbroker.record, kbroker.log, tests): read these instead of
+# restating the numbers.
+LAYOUT = {
+    "LOG_OVERHEAD": LOG_OVERHEAD, "HEADER_SIZE": HEADER_SIZE, "CRC_START": CRC_START,
+    "OFF_BASE_OFFSET": OFF_BASE_OFFSET, "OFF_LENGTH": OFF_LENGTH,
+    "OFF_LEADER_EPOCH": OFF_LEADER_EPOCH, "OFF_MAGIC": OFF_MAGIC, "OFF_CRC": OFF_CRC,
+    "OFF_ATTRIBUTES": OFF_ATTRIBUTES, "OFF_LAST_OFFSET_DELTA": OFF_LAST_OFFSET_DELTA,
+    "OFF_BASE_TIMESTAMP": OFF_BASE_TIMESTAMP, "OFF_MAX_TIMESTAMP": OFF_MAX_TIMESTAMP,
+    "OFF_PRODUCER_ID": OFF_PRODUCER_ID, "OFF_PRODUCER_EPOCH": OFF_PRODUCER_EPOCH,
+    "OFF_BASE_SEQUENCE": OFF_BASE_SEQUENCE, "OFF_RECORDS_COUNT": OFF_RECORDS_COUNT,
+    "ATTR_CODEC_MASK": ATTR_CODEC_MASK, "ATTR_LOG_APPEND_TIME": ATTR_LOG_APPEND_TIME,
+    "ATTR_TRANSACTIONAL": ATTR_TRANSACTIONAL, "ATTR_CONTROL": ATTR_CONTROL,
+    "ATTR_DELETE_HORIZON": ATTR_DELETE_HORIZON,
+}
 
 
 class BatchError(Exception):
@@ -150,10 +140,6 @@ cdef int walk_records_keyed(const unsigned char *p, Py_ssize_t pos, Py_ssize_t e
         if pos != rec_end:
             return -1
     return 0 if pos == end else -1
-
-
-cdef uint32_t batch_crc(const char *batch, Py_ssize_t size) noexcept nogil:
-    return crc32c_update(0, batch + OFF_ATTRIBUTES, <size_t>(size - OFF_ATTRIBUTES))
 
 
 # ---------------------------------------------------------------- header

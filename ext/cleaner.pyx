@@ -23,62 +23,13 @@ from libc.stdint cimport INT64_MIN, int32_t, int64_t, uint16_t, uint32_t, uint64
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcmp, memcpy
 
-from ccrc32c cimport crc32c_update
 from hton cimport store_be16, store_be32, store_be64
-
-cdef enum:
-    HEADER_SIZE = 61
-    LOG_OVERHEAD = 12
-    OFF_LENGTH = 8
-    OFF_CRC = 17
-    OFF_ATTRIBUTES = 21
-    OFF_BASE_TIMESTAMP = 27
-    OFF_MAX_TIMESTAMP = 35
-    OFF_RECORDS_COUNT = 57
-    ATTR_DELETE_HORIZON = 0x40   # KIP-534: baseTimestamp holds the delete horizon
+from layout cimport *
+from varint cimport read_varint, read_varlong, varlong_size, write_varlong
 
 # Sentinel "keep the base timestamp" for filter_section.
 KEEP_BASE_TIMESTAMP = -(1 << 63)
 cdef int64_t NO_REBASE = INT64_MIN
-
-
-# ---------------------------------------------------------------- varints
-
-cdef inline Py_ssize_t rd_varint(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end,
-                                 int64_t *out, int max_shift) noexcept nogil:
-    cdef uint64_t raw = 0
-    cdef int shift = 0
-    cdef unsigned char b
-    while True:
-        if pos >= end or shift > max_shift:
-            return -1
-        b = p[pos]
-        pos += 1
-        raw |= <uint64_t>(b & 0x7F) << shift
-        if not (b & 0x80):
-            break
-        shift += 7
-    out[0] = <int64_t>((raw >> 1) ^ (~(raw & 1) + 1))
-    return pos
-
-
-cdef inline Py_ssize_t wr_varlong(unsigned char *p, Py_ssize_t pos, int64_t v) noexcept nogil:
-    cdef uint64_t z = (<uint64_t>v << 1) ^ <uint64_t>(v >> 63)
-    while z >= 0x80:
-        p[pos] = <unsigned char>((z & 0x7F) | 0x80)
-        z >>= 7
-        pos += 1
-    p[pos] = <unsigned char>z
-    return pos + 1
-
-
-cdef inline int varlong_len(int64_t v) noexcept nogil:
-    cdef uint64_t z = (<uint64_t>v << 1) ^ <uint64_t>(v >> 63)
-    cdef int n = 1
-    while z >= 0x80:
-        z >>= 7
-        n += 1
-    return n
 
 
 # ---------------------------------------------------------------- hashing
@@ -163,7 +114,7 @@ cdef struct Rec:
     Py_ssize_t after_ts       # first byte after timestampDelta
     Py_ssize_t end            # one past the record
     int64_t ts_delta
-    int64_t offset_delta
+    int32_t offset_delta
     Py_ssize_t key            # -1 = null key
     Py_ssize_t key_len
     bint tombstone
@@ -172,23 +123,23 @@ cdef struct Rec:
 cdef inline Py_ssize_t next_record(const unsigned char *p, Py_ssize_t pos, Py_ssize_t n,
                                    Rec *r) noexcept nogil:
     # Parse the record at pos; returns the position after it or -1 if malformed.
-    cdef int64_t length, klen, vlen, nh, hl
+    cdef int32_t length, klen, vlen, nh, hl
     cdef Py_ssize_t q, h
     r.start = pos
-    q = rd_varint(p, pos, n, &length, 28)
+    q = read_varint(p, pos, n, &length)
     if q < 0 or length < 1 or length > n - q:
         return -1
     r.body = q
     r.end = q + length
     q += 1                                            # attributes
-    q = rd_varint(p, q, r.end, &r.ts_delta, 63)
+    q = read_varlong(p, q, r.end, &r.ts_delta)
     if q < 0:
         return -1
     r.after_ts = q
-    q = rd_varint(p, q, r.end, &r.offset_delta, 28)
+    q = read_varint(p, q, r.end, &r.offset_delta)
     if q < 0:
         return -1
-    q = rd_varint(p, q, r.end, &klen, 28)
+    q = read_varint(p, q, r.end, &klen)
     if q < 0 or klen < -1 or klen > r.end - q:
         return -1
     if klen >= 0:
@@ -198,21 +149,21 @@ cdef inline Py_ssize_t next_record(const unsigned char *p, Py_ssize_t pos, Py_ss
     else:
         r.key = -1
         r.key_len = 0
-    q = rd_varint(p, q, r.end, &vlen, 28)
+    q = read_varint(p, q, r.end, &vlen)
     if q < 0 or vlen < -1 or vlen > r.end - q:
         return -1
     r.tombstone = vlen == -1
     if vlen > 0:
         q += vlen
-    q = rd_varint(p, q, r.end, &nh, 28)
+    q = read_varint(p, q, r.end, &nh)
     if q < 0 or nh < 0:
         return -1
     for h in range(nh):
-        q = rd_varint(p, q, r.end, &hl, 28)
+        q = read_varint(p, q, r.end, &hl)
         if q < 0 or hl < 0 or hl > r.end - q:
             return -1
         q += hl
-        q = rd_varint(p, q, r.end, &hl, 28)
+        q = read_varint(p, q, r.end, &hl)
         if q < 0 or hl < -1 or hl > r.end - q:
             return -1
         if hl > 0:
@@ -373,11 +324,11 @@ cdef int64_t filter_records(OffsetMap m, const unsigned char *p, Py_ssize_t n, i
             memcpy(out + w, p + r.start, <size_t>(r.end - r.start))
             w += r.end - r.start
         else:
-            body_len = 1 + varlong_len(ts - new_base_ts) + (r.end - r.after_ts)
-            w = wr_varlong(out, w, body_len)
+            body_len = 1 + varlong_size(ts - new_base_ts) + (r.end - r.after_ts)
+            w = write_varlong(<char *>out, w, body_len)
             out[w] = p[r.body]
             w += 1
-            w = wr_varlong(out, w, ts - new_base_ts)
+            w = write_varlong(<char *>out, w, ts - new_base_ts)
             memcpy(out + w, p + r.after_ts, <size_t>(r.end - r.after_ts))
             w += r.end - r.after_ts
     if pos != n:
@@ -443,8 +394,7 @@ def finish_batch(header, section, int32_t count, int attributes, int64_t base_ti
                 store_be64(out + OFF_BASE_TIMESTAMP, <uint64_t>base_timestamp)
                 store_be64(out + OFF_MAX_TIMESTAMP, <uint64_t>max_timestamp)
                 store_be32(out + OFF_RECORDS_COUNT, <uint32_t>count)
-                store_be32(out + OFF_CRC, crc32c_update(0, out + OFF_ATTRIBUTES,
-                                                        <size_t>(total - OFF_ATTRIBUTES)))
+                store_be32(out + OFF_CRC, batch_crc(out, total))
         finally:
             PyBuffer_Release(&sv)
     finally:

@@ -18,36 +18,8 @@ from libc.string cimport memcpy
 from posix.types cimport off_t
 from posix.unistd cimport pread, pwrite, write
 
-from ccrc32c cimport crc32c_update
 from hton cimport load_be16, load_be32, load_be64, store_be32, store_be64
-
-# RecordBatch v2 header offsets (kafka-protocol-facts §2).
-cdef enum:
-    HEADER = 61
-cdef enum:
-    LOG_OVERHEAD = 12          # baseOffset + batchLength precede the counted bytes
-cdef enum:
-    OFF_LENGTH = 8
-cdef enum:
-    OFF_EPOCH = 12
-cdef enum:
-    OFF_MAGIC = 16
-cdef enum:
-    OFF_CRC = 17
-cdef enum:
-    OFF_ATTR = 21
-cdef enum:
-    OFF_LAST_DELTA = 23
-cdef enum:
-    OFF_MAX_TS = 35
-cdef enum:
-    OFF_PID = 43
-cdef enum:
-    OFF_PEPOCH = 51
-cdef enum:
-    OFF_BASE_SEQ = 53
-cdef enum:
-    OFF_COUNT = 57
+from layout cimport *
 
 # Header walks read this much at a time: a fetch or index translation walks at most about
 # index.interval.bytes (4 KiB) of batches, so one read usually covers the whole walk.
@@ -323,8 +295,8 @@ def seek_batch(int fd, int64_t start, int64_t end, int64_t target_offset,
     cdef const char *h
     cdef int found = 0, err = 0
     with nogil:
-        while pos + HEADER <= end:
-            if pos < wstart or pos + HEADER > wstart + wlen:
+        while pos + HEADER_SIZE <= end:
+            if pos < wstart or pos + HEADER_SIZE > wstart + wlen:
                 n = pread(fd, chunk, WALK_CHUNK, <off_t>pos)
                 if n < 0:
                     if errno == EINTR:
@@ -333,15 +305,15 @@ def seek_batch(int fd, int64_t start, int64_t end, int64_t target_offset,
                     break
                 wstart = pos
                 wlen = n
-                if wlen < HEADER:
+                if wlen < HEADER_SIZE:
                     break
             h = chunk + (pos - wstart)
-            size = <int64_t><int32_t>load_be32(h + OFF_LENGTH) + LOG_OVERHEAD
-            if size < HEADER or pos + size > end:
+            size = batch_size(h)
+            if size < HEADER_SIZE or pos + size > end:
                 break
-            base_off = <int64_t>load_be64(h)
-            last_off = base_off + <int32_t>load_be32(h + OFF_LAST_DELTA)
-            max_ts = <int64_t>load_be64(h + OFF_MAX_TS)
+            base_off = batch_base_offset(h)
+            last_off = base_off + batch_last_offset_delta(h)
+            max_ts = batch_max_timestamp(h)
             if (last_off >= target_offset or pos + size > limit_position
                     or max_ts >= target_timestamp):
                 found = 1
@@ -412,7 +384,6 @@ def scan_batches(int fd, int64_t start, int64_t end, int64_t segment_base,
     cdef int reason = 0
     cdef char *nb
     cdef BatchRec r
-    cdef uint32_t want
     buf = <char *>malloc(<size_t>cap)
     recs = <BatchRec *>malloc(sizeof(BatchRec) * caprec)
     if buf == NULL or recs == NULL:
@@ -422,26 +393,26 @@ def scan_batches(int fd, int64_t start, int64_t end, int64_t segment_base,
     try:
         with nogil:
             while pos < end:
-                if end - pos < HEADER:
+                if end - pos < HEADER_SIZE:
                     reason = 1
                     break
                 # Make sure the header is in the window.
-                if pos + HEADER > wstart + wlen:
+                if pos + HEADER_SIZE > wstart + wlen:
                     got = _read_full(fd, buf, min(cap, end - pos), pos)
                     if got < 0:
                         reason = 6
                         break
                     wstart = pos
                     wlen = got
-                    if wlen < HEADER:
+                    if wlen < HEADER_SIZE:
                         reason = 1
                         break
                 h = buf + (pos - wstart)
-                size = <int64_t><int32_t>load_be32(h + OFF_LENGTH) + LOG_OVERHEAD
-                if size < HEADER or pos + size > end:
+                size = batch_size(h)
+                if size < HEADER_SIZE or pos + size > end:
                     reason = 2
                     break
-                if <unsigned char>h[OFF_MAGIC] != 2:
+                if batch_magic(h) != MAGIC_V2:
                     reason = 3
                     break
                 # Make sure the whole batch is in the window (grow for big batches).
@@ -461,26 +432,25 @@ def scan_batches(int fd, int64_t start, int64_t end, int64_t segment_base,
                     wlen = got
                     h = buf
                 if check_crc:
-                    want = load_be32(h + OFF_CRC)
-                    if crc32c_update(0, h + OFF_ATTR, <size_t>(size - OFF_ATTR)) != want:
+                    if batch_crc(h, size) != batch_stored_crc(h):
                         reason = 4
                         break
                 r.position = pos
                 r.size = size
-                r.base_offset = <int64_t>load_be64(h)
-                r.last_offset = r.base_offset + <int32_t>load_be32(h + OFF_LAST_DELTA)
+                r.base_offset = batch_base_offset(h)
+                r.last_offset = r.base_offset + batch_last_offset_delta(h)
                 if (r.base_offset < next_min or r.last_offset < r.base_offset
                         or r.base_offset - segment_base < 0
                         or r.last_offset - segment_base > MAX_RELATIVE):
                     reason = 5
                     break
-                r.max_timestamp = <int64_t>load_be64(h + OFF_MAX_TS)
-                r.leader_epoch = <int32_t>load_be32(h + OFF_EPOCH)
-                r.producer_id = <int64_t>load_be64(h + OFF_PID)
-                r.producer_epoch = <int16_t>load_be16(h + OFF_PEPOCH)
-                r.base_sequence = <int32_t>load_be32(h + OFF_BASE_SEQ)
-                r.record_count = <int32_t>load_be32(h + OFF_COUNT)
-                r.attributes = <int16_t>load_be16(h + OFF_ATTR)
+                r.max_timestamp = batch_max_timestamp(h)
+                r.leader_epoch = batch_leader_epoch(h)
+                r.producer_id = batch_producer_id(h)
+                r.producer_epoch = batch_producer_epoch(h)
+                r.base_sequence = batch_base_sequence(h)
+                r.record_count = batch_records_count(h)
+                r.attributes = <int16_t>batch_attributes(h)
                 if nrec == caprec:
                     grown = <BatchRec *>realloc(recs, sizeof(BatchRec) * caprec * 2)
                     if grown == NULL:

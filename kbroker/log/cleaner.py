@@ -46,6 +46,7 @@ import time
 import weakref
 
 from kbroker._native import cleaner as _native
+from kbroker._native.batch import LAYOUT
 from kbroker._native import segment as _segment
 from kbroker.record.compression import decompress, compress
 
@@ -55,11 +56,12 @@ from .segment import MAX_RELATIVE_OFFSET, file_name
 
 log = logging.getLogger(__name__)
 
-HEADER_SIZE = 61
-ATTR_CODEC_MASK = 0x07
-ATTR_LOG_APPEND_TIME = 0x08
-ATTR_CONTROL = 0x20
-ATTR_DELETE_HORIZON = 0x40
+# The header layout comes from the native definition (ext/layout.pxd).
+HEADER_SIZE = LAYOUT["HEADER_SIZE"]
+ATTR_CODEC_MASK = LAYOUT["ATTR_CODEC_MASK"]
+ATTR_LOG_APPEND_TIME = LAYOUT["ATTR_LOG_APPEND_TIME"]
+ATTR_CONTROL = LAYOUT["ATTR_CONTROL"]
+ATTR_DELETE_HORIZON = LAYOUT["ATTR_DELETE_HORIZON"]
 SLOT_BYTES = 24            # one OffsetMap slot: 16-byte hash + 8-byte offset
 
 # Broker keys (server.properties names) and Kafka's defaults.

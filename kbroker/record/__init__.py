@@ -1,4 +1,4 @@
-"""Kafka record batches (RecordBatch v2, magic 2; layout in ext/batch.pyx).
+"""Kafka record batches (RecordBatch v2, magic 2; layout in ext/layout.pxd).
 
 The byte work is native (kbroker._native.batch); this package adds what
 needs Python: decompression of compressed batches (kbroker.record.compression)
@@ -8,6 +8,7 @@ test oracle and is not imported here.
 from __future__ import annotations
 
 from kbroker._native.batch import (
+    LAYOUT,
     BatchBuilder,
     BatchError,
     BatchInfo,
@@ -19,12 +20,13 @@ from kbroker._native.batch import (
 from kbroker.record.compression import CompressionError, decompress
 
 __all__ = [
-    "BatchBuilder", "BatchError", "BatchInfo", "HEADER_SIZE", "LOG_OVERHEAD",
+    "BatchBuilder", "BatchError", "BatchInfo", "HEADER_SIZE", "LAYOUT", "LOG_OVERHEAD",
     "decode_records", "iter_batches", "read_batch", "validate_and_stamp",
 ]
 
-LOG_OVERHEAD = 12
-HEADER_SIZE = 61
+# The header layout is defined once, natively (ext/layout.pxd).
+LOG_OVERHEAD = LAYOUT["LOG_OVERHEAD"]
+HEADER_SIZE = LAYOUT["HEADER_SIZE"]
 CORRUPT_MESSAGE = 2
 
 # Default cap on a decompressed records section: far above any batch the
