@@ -1,8 +1,33 @@
-# C-level API of kbroker._native.batch (RecordBatch v2, magic 2): GIL-free record walk another
-# extension (e.g. the native request path) can reuse. The header layout and batch_crc are in
+# C-level API of kbroker._native.batch (RecordBatch v2, magic 2), cimported as
+# kbroker._native.batch by the segment scan (and any other extension that reads headers):
+# the typed header record and the GIL-free record walk. The header layout itself is in
 # layout.pxd. Declarations here must stay identical to the definitions in batch.pyx.
-from libc.stdint cimport int32_t
+cimport cython
+from libc.stdint cimport int16_t, int32_t, int64_t, uint32_t
 
+
+# Header fields of one batch; ``position`` is its byte offset in the buffer or file it was read
+# from. Python sees the fields read-only (plus derived properties defined in batch.pyx).
+@cython.final
+cdef class BatchInfo:
+    cdef readonly Py_ssize_t position
+    cdef readonly Py_ssize_t size
+    cdef readonly int64_t base_offset
+    cdef readonly int32_t partition_leader_epoch
+    cdef readonly int magic
+    cdef readonly uint32_t crc
+    cdef readonly int attributes
+    cdef readonly int32_t last_offset_delta
+    cdef readonly int64_t first_timestamp
+    cdef readonly int64_t max_timestamp
+    cdef readonly int64_t producer_id
+    cdef readonly int16_t producer_epoch
+    cdef readonly int32_t base_sequence
+    cdef readonly int32_t record_count
+
+
+# A BatchInfo from the HEADER_SIZE bytes at buf (the caller checked they are there).
+cdef BatchInfo parse_header(const char *buf, Py_ssize_t position)
 
 # 0 when p[pos:end] holds exactly `count` well-formed records with
 # offsetDeltas 0..count-1, else -1.

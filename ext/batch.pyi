@@ -54,6 +54,8 @@ class BatchInfo:
     def next_offset(self) -> int: ...
 
 DEFAULT_MAX_DECOMPRESSED: int
+# The RecordBatch v2 header layout (ext/layout.pxd): offsets, sizes, attribute bits by name.
+LAYOUT: dict[str, int]
 
 def validate_and_stamp(buf: Buffer, base_offset: int, leader_epoch: int,
                        max_message_bytes: int, log_append_time_ms: int,

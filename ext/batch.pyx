@@ -147,22 +147,8 @@ cdef int walk_records_keyed(const unsigned char *p, Py_ssize_t pos, Py_ssize_t e
 @cython.final
 @cython.freelist(64)
 cdef class BatchInfo:
-    """Header fields of one batch; ``position`` is its byte offset in the
-    buffer it was read from (0 for validate_and_stamp)."""
-    cdef readonly Py_ssize_t position
-    cdef readonly Py_ssize_t size
-    cdef readonly int64_t base_offset
-    cdef readonly int32_t partition_leader_epoch
-    cdef readonly int magic
-    cdef readonly uint32_t crc
-    cdef readonly int attributes
-    cdef readonly int32_t last_offset_delta
-    cdef readonly int64_t first_timestamp
-    cdef readonly int64_t max_timestamp
-    cdef readonly int64_t producer_id
-    cdef readonly int16_t producer_epoch
-    cdef readonly int32_t base_sequence
-    cdef readonly int32_t record_count
+    """Header fields of one batch (declared in batch.pxd); ``position`` is its byte offset in
+    the buffer or segment file it was read from (0 for validate_and_stamp)."""
 
     def __cinit__(self):
         pass
@@ -207,19 +193,19 @@ cdef class BatchInfo:
 cdef BatchInfo parse_header(const char *buf, Py_ssize_t position):
     cdef BatchInfo info = BatchInfo.__new__(BatchInfo)
     info.position = position
-    info.base_offset = <int64_t>load_be64(buf + OFF_BASE_OFFSET)
-    info.size = <int32_t>load_be32(buf + OFF_LENGTH) + <Py_ssize_t>LOG_OVERHEAD
-    info.partition_leader_epoch = <int32_t>load_be32(buf + OFF_LEADER_EPOCH)
-    info.magic = <signed char>buf[OFF_MAGIC]
-    info.crc = load_be32(buf + OFF_CRC)
-    info.attributes = <uint16_t>load_be16(buf + OFF_ATTRIBUTES)
-    info.last_offset_delta = <int32_t>load_be32(buf + OFF_LAST_OFFSET_DELTA)
-    info.first_timestamp = <int64_t>load_be64(buf + OFF_BASE_TIMESTAMP)
-    info.max_timestamp = <int64_t>load_be64(buf + OFF_MAX_TIMESTAMP)
-    info.producer_id = <int64_t>load_be64(buf + OFF_PRODUCER_ID)
-    info.producer_epoch = <int16_t>load_be16(buf + OFF_PRODUCER_EPOCH)
-    info.base_sequence = <int32_t>load_be32(buf + OFF_BASE_SEQUENCE)
-    info.record_count = <int32_t>load_be32(buf + OFF_RECORDS_COUNT)
+    info.base_offset = batch_base_offset(buf)
+    info.size = <Py_ssize_t>batch_size(buf)
+    info.partition_leader_epoch = batch_leader_epoch(buf)
+    info.magic = batch_magic(buf)
+    info.crc = batch_stored_crc(buf)
+    info.attributes = <uint16_t>batch_attributes(buf)
+    info.last_offset_delta = batch_last_offset_delta(buf)
+    info.first_timestamp = batch_base_timestamp(buf)
+    info.max_timestamp = batch_max_timestamp(buf)
+    info.producer_id = batch_producer_id(buf)
+    info.producer_epoch = batch_producer_epoch(buf)
+    info.base_sequence = batch_base_sequence(buf)
+    info.record_count = batch_records_count(buf)
     return info
 
 

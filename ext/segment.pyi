@@ -1,6 +1,8 @@
 """Segment byte work (append, sparse-index search, batch walks); see segment.pyx."""
 from typing_extensions import Buffer
 
+from kbroker._native.batch import BatchInfo
+
 INDEX_OFFSET: int
 INDEX_POSITION: int
 INDEX_TIME: int
@@ -11,8 +13,6 @@ SCAN_BAD_MAGIC: int
 SCAN_BAD_CRC: int
 SCAN_BAD_OFFSET: int
 SCAN_IO_ERROR: int
-
-BatchTuple = tuple[int, int, int, int, int, int, int, int, int, int, int]
 
 def write_all(fd: int, buf: Buffer) -> int: ...
 def index_lookup(buf: Buffer, entries: int, kind: int, target: int) -> int: ...
@@ -26,4 +26,4 @@ def write_time_entry(fd: int, slot: int, timestamp: int, relative_offset: int) -
 def seek_batch(fd: int, start: int, end: int, target_offset: int, limit_position: int,
                target_timestamp: int) -> tuple[int, int, int, int, int]: ...
 def scan_batches(fd: int, start: int, end: int, segment_base: int, min_offset: int,
-                 check_crc: bool = ...) -> tuple[int, list[BatchTuple], int]: ...
+                 check_crc: bool = ...) -> tuple[int, list[BatchInfo], int]: ...

@@ -21,6 +21,8 @@ from posix.unistd cimport pread, pwrite, write
 from hton cimport load_be16, load_be32, load_be64, store_be32, store_be64
 from layout cimport *
 
+from kbroker._native.batch cimport BatchInfo, parse_header
+
 # Header walks read this much at a time: a fetch or index translation walks at most about
 # index.interval.bytes (4 KiB) of batches, so one read usually covers the whole walk.
 cdef enum:
@@ -331,18 +333,10 @@ def seek_batch(int fd, int64_t start, int64_t end, int64_t target_offset,
 # Recovery scan
 
 
+# A scanned batch kept until the GIL is back: its position and a copy of its header.
 cdef struct BatchRec:
     int64_t position
-    int64_t size
-    int64_t base_offset
-    int64_t last_offset
-    int64_t max_timestamp
-    int64_t producer_id
-    int32_t leader_epoch
-    int32_t base_sequence
-    int32_t record_count
-    int16_t producer_epoch
-    int16_t attributes
+    char header[HEADER_SIZE]
 
 
 cdef int _read_full(int fd, char *buf, int64_t n, int64_t pos) noexcept nogil:
@@ -370,9 +364,8 @@ def scan_batches(int fd, int64_t start, int64_t end, int64_t segment_base,
     last offset, and both offsets within the segment's u32 relative range.
 
     Returns (valid_end, batches, reason): valid_end is the position just past the last good
-    batch, batches a list of (position, size, base_offset, last_offset, max_timestamp,
-    leader_epoch, producer_id, producer_epoch, base_sequence, record_count, attributes), and
-    reason a SCAN_* code (SCAN_OK when the scan reached ``end`` exactly)."""
+    batch, batches a list of kbroker._native.batch.BatchInfo (``position`` = file position),
+    and reason a SCAN_* code (SCAN_OK when the scan reached ``end`` exactly)."""
     cdef char *buf = NULL
     cdef int64_t cap = SCAN_CHUNK
     cdef int64_t wstart = start, wlen = 0, pos = start, size, got
@@ -383,7 +376,8 @@ def scan_batches(int fd, int64_t start, int64_t end, int64_t segment_base,
     cdef Py_ssize_t nrec = 0, caprec = 1024, i
     cdef int reason = 0
     cdef char *nb
-    cdef BatchRec r
+    cdef BatchRec *r
+    cdef int64_t base_offset, last_offset
     buf = <char *>malloc(<size_t>cap)
     recs = <BatchRec *>malloc(sizeof(BatchRec) * caprec)
     if buf == NULL or recs == NULL:
@@ -435,22 +429,13 @@ def scan_batches(int fd, int64_t start, int64_t end, int64_t segment_base,
                     if batch_crc(h, size) != batch_stored_crc(h):
                         reason = 4
                         break
-                r.position = pos
-                r.size = size
-                r.base_offset = batch_base_offset(h)
-                r.last_offset = r.base_offset + batch_last_offset_delta(h)
-                if (r.base_offset < next_min or r.last_offset < r.base_offset
-                        or r.base_offset - segment_base < 0
-                        or r.last_offset - segment_base > MAX_RELATIVE):
+                base_offset = batch_base_offset(h)
+                last_offset = base_offset + batch_last_offset_delta(h)
+                if (base_offset < next_min or last_offset < base_offset
+                        or base_offset - segment_base < 0
+                        or last_offset - segment_base > MAX_RELATIVE):
                     reason = 5
                     break
-                r.max_timestamp = batch_max_timestamp(h)
-                r.leader_epoch = batch_leader_epoch(h)
-                r.producer_id = batch_producer_id(h)
-                r.producer_epoch = batch_producer_epoch(h)
-                r.base_sequence = batch_base_sequence(h)
-                r.record_count = batch_records_count(h)
-                r.attributes = <int16_t>batch_attributes(h)
                 if nrec == caprec:
                     grown = <BatchRec *>realloc(recs, sizeof(BatchRec) * caprec * 2)
                     if grown == NULL:
@@ -458,16 +443,15 @@ def scan_batches(int fd, int64_t start, int64_t end, int64_t segment_base,
                         break
                     recs = grown
                     caprec *= 2
-                recs[nrec] = r
+                r = &recs[nrec]
+                r.position = pos
+                memcpy(r.header, h, HEADER_SIZE)
                 nrec += 1
-                next_min = r.last_offset + 1
+                next_min = last_offset + 1
                 pos += size
         out = []
         for i in range(nrec):
-            r = recs[i]
-            out.append((r.position, r.size, r.base_offset, r.last_offset, r.max_timestamp,
-                        r.leader_epoch, r.producer_id, r.producer_epoch, r.base_sequence,
-                        r.record_count, r.attributes))
+            out.append(parse_header(recs[i].header, <Py_ssize_t>recs[i].position))
         return (pos, out, reason)
     finally:
         free(buf)

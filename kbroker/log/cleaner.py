@@ -138,7 +138,7 @@ def recover_swaps(dir_path: str) -> None:
             _end, batches, _reason = _segment.scan_batches(fd, 0, size, base, base, False)
         finally:
             os.close(fd)
-        end = batches[-1][3] + 1 if batches else base + 1
+        end = batches[-1].last_offset + 1 if batches else base + 1
         # The old segments inside the swap's range are what it replaces.
         for other in os.listdir(dir_path):
             if other.endswith(".log") and len(other) == 24 and other[:20].isdigit():
@@ -464,8 +464,8 @@ class LogCleaner:
             for s in snap.segments:
                 _e, headers, _r = _segment.scan_batches(s.fd, 0, s.size, s.base, s.base, False)
                 for h in headers:
-                    if h[10] & ATTR_DELETE_HORIZON:
-                        ts = int.from_bytes(os.pread(s.fd, 8, h[0] + 27), "big", signed=True)
+                    if h.attributes & ATTR_DELETE_HORIZON:
+                        ts = h.first_timestamp      # KIP-534: the base timestamp is the horizon
                         horizon = ts if horizon is None else min(horizon, ts)
             return horizon
         finally:
@@ -523,22 +523,22 @@ class LogCleaner:
         return max(64 << 20, 16 * cfg.max_message_bytes)
 
     def _batches(self, info: _SegInfo, start_offset: int = -1):
-        """(header tuple, batch bytes) of a segment from the batch holding ``start_offset``,
+        """(header, batch bytes) of a segment from the batch holding ``start_offset``,
         read log.cleaner.io.buffer.size at a time."""
         _end, headers, _reason = _segment.scan_batches(info.fd, 0, info.size, info.base, info.base, False)
         chunk_size = max(self.config.io_buffer_size, 1)
         buf, buf_pos = b"", 0
         for h in headers:
-            if h[3] < start_offset:
+            if h.last_offset < start_offset:
                 continue
-            pos, size = h[0], h[1]
+            pos, size = h.position, h.size
             if pos < buf_pos or pos + size > buf_pos + len(buf):
                 buf = os.pread(info.fd, max(chunk_size, size), pos)
                 buf_pos = pos
             yield h, memoryview(buf)[pos - buf_pos:pos - buf_pos + size]
 
     def _section(self, batch, h, cfg):
-        codec = h[10] & ATTR_CODEC_MASK
+        codec = h.attributes & ATTR_CODEC_MASK
         body = batch[HEADER_SIZE:]
         return decompress(codec, body, self._cap(cfg)) if codec else body
 
@@ -556,25 +556,25 @@ class LogCleaner:
         for s in dirty:
             _e, hs, _r = _segment.scan_batches(s.fd, 0, s.size, s.base, s.base, False)
             headers_by_seg.append(hs)
-            needed += sum(h[9] for h in hs if h[3] >= snap.first_dirty)
+            needed += sum(h.record_count for h in hs if h.last_offset >= snap.first_dirty)
         slots = min(self.config.max_slots, max(16, int(needed / self.config.load_factor) + 1))
         m = _native.OffsetMap(slots, self.config.load_factor)
         cfg = snap.config
         for s in dirty:
             for h, batch in self._batches(s, snap.first_dirty):
                 self._check_stop()
-                self._throttle(h[1])
-                if h[10] & ATTR_CONTROL:
-                    m.mark(h[3])
+                self._throttle(h.size)
+                if h.attributes & ATTR_CONTROL:
+                    m.mark(h.last_offset)
                     continue
-                if m.room < h[9]:
+                if m.room < h.record_count:
                     if m.size == 0:
                         raise RuntimeError(
-                            f"log.cleaner.dedupe.buffer.size too small: a batch of {h[9]} records "
+                            f"log.cleaner.dedupe.buffer.size too small: a batch of {h.record_count} records "
                             f"does not fit in {m.max_entries} map entries")
-                    return m, h[2]              # the map is full: clean up to this batch
-                m.put_section(self._section(batch, h, cfg), h[9], h[2])
-                m.mark(h[3])
+                    return m, h.base_offset              # the map is full: clean up to this batch
+                m.put_section(self._section(batch, h, cfg), h.record_count, h.base_offset)
+                m.mark(h.last_offset)
         return m, snap.end
 
     def _groups(self, segments: list, cfg):
@@ -654,10 +654,10 @@ class LogCleaner:
                 for h, batch in self._batches(s):
                     self._check_stop()
                     new = self._clean_batch(h, batch, offset_map, snap, now, delete_retention, result)
-                    self._throttle(h[1] + (len(new) if new is not None else 0))
+                    self._throttle(h.size + (len(new) if new is not None else 0))
                     if new is None:
                         continue
-                    last_offset = h[3]
+                    last_offset = h.last_offset
                     batch_max_ts = _max_ts(new)
                     if batch_max_ts > max_ts:
                         max_ts, max_ts_offset = batch_max_ts, last_offset
@@ -703,35 +703,35 @@ class LogCleaner:
                      result: CleanResult):
         """The cleaned batch (bytes, or the original memoryview when unchanged), or None
         when it is dropped."""
-        attributes = h[10]
+        attributes = h.attributes
         if attributes & ATTR_CONTROL:
             return batch
-        count = h[9]
-        base_ts = int.from_bytes(batch[27:35], "big", signed=True)
+        count = h.record_count
+        base_ts = h.first_timestamp
         has_horizon = bool(attributes & ATTR_DELETE_HORIZON)
         retain_tombstones = not has_horizon or now < base_ts
         section = self._section(batch, h, snap.config)
         new_section, kept, tombstones, kept_max_ts = _native.filter_section(
-            offset_map, section, count, h[2], base_ts, retain_tombstones)
+            offset_map, section, count, h.base_offset, base_ts, retain_tombstones)
         result.records_read += count
         result.records_kept += kept
         if has_horizon and tombstones:
             result.min_horizon = base_ts if result.min_horizon is None else min(result.min_horizon, base_ts)
         if kept == count and (tombstones == 0 or has_horizon):
             return batch
-        pid = h[6]
+        pid = h.producer_id
         codec = attributes & ATTR_CODEC_MASK
-        max_ts = h[4] if attributes & ATTR_LOG_APPEND_TIME else kept_max_ts
+        max_ts = h.max_timestamp if attributes & ATTR_LOG_APPEND_TIME else kept_max_ts
         if kept == 0:
-            if pid >= 0 and snap.producer_last.get(pid) == h[3]:
+            if pid >= 0 and snap.producer_last.get(pid) == h.last_offset:
                 # A producer's last batch stays (empty) so its sequence state survives.
                 return _native.finish_batch(batch[:HEADER_SIZE], b"", 0, attributes & ~ATTR_CODEC_MASK,
-                                            base_ts, h[4])
+                                            base_ts, h.max_timestamp)
             return None
         if tombstones and not has_horizon:
             horizon = now + delete_retention
             new_section, kept, tombstones, kept_max_ts = _native.filter_section(
-                offset_map, section, count, h[2], base_ts, True, horizon)
+                offset_map, section, count, h.base_offset, base_ts, True, horizon)
             attributes |= ATTR_DELETE_HORIZON
             base_ts = horizon
             result.min_horizon = horizon if result.min_horizon is None else min(result.min_horizon, horizon)
@@ -740,8 +740,11 @@ class LogCleaner:
         return _native.finish_batch(batch[:HEADER_SIZE], new_section, kept, attributes, base_ts, max_ts)
 
 
+_OFF_MAX_TS = LAYOUT["OFF_MAX_TIMESTAMP"]
+
+
 def _max_ts(batch) -> int:
-    return int.from_bytes(bytes(batch[35:43]), "big", signed=True)
+    return int.from_bytes(bytes(batch[_OFF_MAX_TS:_OFF_MAX_TS + 8]), "big", signed=True)
 
 
 def _advance_checkpoint(lg, end_offset: int) -> None:

@@ -258,7 +258,7 @@ class Log:
         # Leader epochs from the recovered batches, then clamp to the surviving range.
         before = list(self.epoch_cache.entries)
         for b in recovered:
-            self.epoch_cache.assign(b.leader_epoch, b.base_offset, flush=False)
+            self.epoch_cache.assign(b.partition_leader_epoch, b.base_offset, flush=False)
         self.epoch_cache.truncate_from_end(leo, flush=False)
         self.epoch_cache.truncate_from_start(self.log_start_offset, flush=False)
         if self.epoch_cache.entries != before:

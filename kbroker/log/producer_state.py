@@ -128,10 +128,10 @@ class ProducerStateManager:
                                            first_offset, first_offset + last_offset_delta, timestamp))
 
     def replay(self, header) -> None:
-        """Rebuild from a scanned batch header (BatchHeader from segment.py)."""
+        """Rebuild from a scanned batch header (native BatchInfo from LogSegment.headers/recover)."""
         if header.producer_id >= 0 and not header.attributes & 0x20:   # control batches carry no sequence
             self.update(header.producer_id, header.producer_epoch, header.base_sequence,
-                        header.last_offset - header.base_offset, header.base_offset,
+                        header.last_offset_delta, header.base_offset,
                         header.max_timestamp)
 
     def clear(self) -> None:

@@ -39,22 +39,6 @@ def file_name(base_offset: int, suffix: str) -> str:
     return f"{base_offset:020d}{suffix}"
 
 
-class BatchHeader(tuple):
-    """One scanned batch: fields named after the native scan tuple."""
-    __slots__ = ()
-    position = property(lambda s: s[0])
-    size = property(lambda s: s[1])
-    base_offset = property(lambda s: s[2])
-    last_offset = property(lambda s: s[3])
-    max_timestamp = property(lambda s: s[4])
-    leader_epoch = property(lambda s: s[5])
-    producer_id = property(lambda s: s[6])
-    producer_epoch = property(lambda s: s[7])
-    base_sequence = property(lambda s: s[8])
-    record_count = property(lambda s: s[9])
-    attributes = property(lambda s: s[10])
-
-
 class LogSegment:
     def __init__(self, dir_path: str, base_offset: int, index_interval_bytes: int,
                  segment_index_bytes: int, active: bool, now_ms: int | None = None):
@@ -123,19 +107,19 @@ class LogSegment:
         # A missing index file loads as empty: rebuild it if Kafka's rule would have made
         # entries (a batch starting more than index.interval.bytes into the segment), or if
         # the time index is empty while the offset index is not.
-        if not self.index.entries and any(b[0] > self.index_interval_bytes for b in batches):
+        if not self.index.entries and any(b.position > self.index_interval_bytes for b in batches):
             return False
         if self.index.entries and not self.time_index.entries:
             return False
         ts, ts_off = self.time_index.last_entry()
         self.max_timestamp, self.offset_of_max_timestamp = ts, ts_off
         if batches:
-            self.next_offset = batches[-1][3] + 1
+            self.next_offset = batches[-1].last_offset + 1
         elif self.index.entries:
             self.next_offset = last_off + 1
         for b in batches:
-            if b[4] > self.max_timestamp:
-                self.max_timestamp, self.offset_of_max_timestamp = b[4], b[3]
+            if b.max_timestamp > self.max_timestamp:
+                self.max_timestamp, self.offset_of_max_timestamp = b.max_timestamp, b.last_offset
         # Bytes since the last index entry: the entry's batch and everything after it.
         self.bytes_since_index = self.size - pos if self.index.entries else self.size
         self._load_first_batch_ms()
@@ -149,7 +133,8 @@ class LogSegment:
 
     def recover(self, min_offset: int):
         """Unclean load: CRC-scan the whole file, truncate at the first invalid batch, rebuild
-        both indexes. Returns (batches, bytes_truncated) with batches as BatchHeader tuples."""
+        both indexes. Returns (batches, bytes_truncated), batches the scanned headers (native
+        BatchInfo, ``position`` = file position)."""
         STATS["recovery_scans"] += 1
         STATS["recovery_bytes_scanned"] += self.size
         valid_end, batches, reason = _native.scan_batches(
@@ -165,23 +150,23 @@ class LogSegment:
         self.offset_of_max_timestamp = self.base_offset
         self.bytes_since_index = 0
         for b in batches:
-            self._index_batch(b[0], b[1], b[3], b[4])
+            self._index_batch(b.position, b.size, b.last_offset, b.max_timestamp)
         if batches:
-            self.next_offset = batches[-1][3] + 1
+            self.next_offset = batches[-1].last_offset + 1
         if not self.active:
             # A closed segment keeps Kafka's roll-time shape: final time entry, trimmed files.
             self._final_time_entry()
             self.index.trim()
             self.time_index.trim()
         self._load_first_batch_ms()
-        return [BatchHeader(b) for b in batches], truncated
+        return batches, truncated
 
     def headers(self, start_position: int = 0):
         """Header-only walk (no CRC) of the batches from ``start_position``; used to rebuild
         producer state on a clean start."""
         _end, batches, _reason = _native.scan_batches(
             self.read_fd, start_position, self.size, self.base_offset, self.base_offset, False)
-        return [BatchHeader(b) for b in batches]
+        return batches
 
     # -- append ---------------------------------------------------------------------------
 
