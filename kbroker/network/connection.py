@@ -30,6 +30,7 @@ import struct
 import time
 from collections import deque
 
+from .._native.request import PRODUCE_MAX, PRODUCE_MIN, parse_produce
 from ..protocol import api
 from ..protocol.types import FileRegions, ProtocolError
 from ..request_metrics import REQUEST_STATS
@@ -69,6 +70,7 @@ OFFLOAD_BYTES = 256 * 1024  # non-Produce requests this large are decoded and an
 FRAME_STEP = 64 * 1024      # pool memory a large frame may hold beyond the bytes it has sent
 _MIN_TAIL = 4096            # below this much free tail space, rotate the chunk rather than read in dribbles
 _SIZE = struct.Struct(">i")
+_KEY_VERSION = struct.Struct(">hh")
 
 NO_RESPONSE = object()      # acks=0 produce: nothing is sent back
 CLOSE = object()            # handler asks to close the connection (e.g. acks=0 produce with an error)
@@ -342,6 +344,14 @@ class Connection(asyncio.BufferedProtocol):
     # ---- dispatch --------------------------------------------------------------------------------
     def _dispatch(self, frame, release):
         server = self.server
+        native = server.native_produce
+        if native is not None and len(frame) >= 4:
+            key, version = _KEY_VERSION.unpack_from(frame, 0)
+            if key == 0 and PRODUCE_MIN <= version <= PRODUCE_MAX:
+                supported = api.SUPPORTED.get(0)
+                if supported is not None and supported[0] <= version <= supported[1]:
+                    self._dispatch_produce(frame, release, native)
+                    return
         try:
             header, pos = api.parse_request_header(frame)
         except ProtocolError as e:
@@ -397,6 +407,37 @@ class Connection(asyncio.BufferedProtocol):
             release()
             self._complete(slot, result)
 
+    def _dispatch_produce(self, frame, release, handler):
+        """Produce v3-8: parsed natively (no dicts), answered as encoded bytes (no schema encode).
+        The same outcomes as ``_dispatch``: malformed -> closed, handler failure -> closed."""
+        server = self.server
+        try:
+            req = parse_produce(frame)
+        except ProtocolError as e:
+            release()
+            server.metrics.invalid_frames += 1
+            hostile_log(logging.WARNING, "closing %s: malformed Produce: %s", self.peer, e)
+            self.close()
+            return
+        slot = _Slot(req, self.last_active, self._read_at)
+        self._pending.append(slot)
+        server.metrics.count_request(0, req.api_version)
+        slot.started = t0 = _now()
+        try:
+            result = handler(self, req)
+        except Exception:
+            release()
+            hostile_log(logging.ERROR, "error handling Produce v%d from %s", req.api_version, self.peer,
+                        exc_info=True)
+            self.close()
+            return
+        slot.local = _now() - t0
+        if type(result) is list or result is NO_RESPONSE or result is CLOSE:
+            release()
+            self._finish(slot, result)
+        else:
+            self.loop.create_task(self._await(slot, result, release, encoded=True))
+
     async def _dispatch_large(self, slot, header, frame, pos, release):
         server = self.server
         key, version = header.api_key, header.api_version
@@ -428,7 +469,7 @@ class Connection(asyncio.BufferedProtocol):
         if not self.closed:
             self._finish(slot, result)
 
-    async def _await(self, slot, awaitable, release):
+    async def _await(self, slot, awaitable, release, encoded=False):
         try:
             result = await awaitable
         except Exception:
@@ -437,7 +478,10 @@ class Connection(asyncio.BufferedProtocol):
             result = CLOSE
         finally:
             release()
-        self._complete(slot, result)
+        if encoded:
+            self._finish(slot, result)
+        else:
+            self._complete(slot, result)
 
     def _complete(self, slot, result):
         if result is NO_RESPONSE or result is CLOSE:

@@ -66,12 +66,20 @@ class KafkaServer:
                  pool_bytes: int, idle_ms: int, sendfile_min_bytes: int = 4096,
                  send_buffer_bytes: int = -1, receive_buffer_bytes: int = -1,
                  max_connections: int = 2**31 - 1, max_connections_per_ip: int = 2**31 - 1,
-                 frame_timeout_ms: int = 30000):
+                 frame_timeout_ms: int = 30000, native_handlers: dict | None = None):
         if pool_bytes < max_request_bytes:
             raise ValueError("queued.max.request.bytes must be at least socket.request.max.bytes")
         self.host = host
         self.port = port
         self.handlers = handlers
+        # Produce v3-8 through the native request path (kbroker._native.request) when the broker
+        # passes its handler; KBROKER_NATIVE_REQUESTS=0 keeps every request on the generic codec (the
+        # reference path) for side-by-side measurement and differential tests.
+        native = dict(native_handlers or {})
+        if os.environ.get("KBROKER_NATIVE_REQUESTS", "1") == "0" and native:
+            native.clear()
+            log.info("native request path off (KBROKER_NATIVE_REQUESTS=0): every request uses the generic codec")
+        self.native_produce = native.get(0)
         self.max_request_bytes = max_request_bytes
         # A quarter of the pool (never so much that a maximum-size frame could not arrive) is kept
         # for complete requests and receive chunks: frames still arriving cannot take it.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+from ..._native.request import encode_produce_response
 from ...network.connection import CLOSE, NO_RESPONSE
 from ...protocol import api
 from ...protocol.errors import Errors
@@ -19,13 +20,61 @@ log = logging.getLogger(__name__)
 
 
 def handle(broker, conn, header, body):
-    """The API table's handler (kbroker/server/apis/__init__.py)."""
+    """The API table's handler (kbroker/server/apis/__init__.py): the reference path, from the
+    generic codec's dict to a response dict."""
     return produce(broker, header, body)
 
 
+def handle_native(broker, conn, req):
+    """Produce v3-8 parsed natively (kbroker._native.request.ProduceRequest) -> the encoded response
+    as [bytes], NO_RESPONSE, CLOSE, or an awaitable of one of them (acks=all). The same policy as
+    ``produce`` (``execute``); only parsing and encoding differ, and tests/test_native_differential.py
+    holds both to the same bytes."""
+    out = execute(broker, req.api_version, req.acks, req.timeout_ms, req.topics)
+    if out is NO_RESPONSE or out is CLOSE:
+        return out
+    if not isinstance(out, list):
+        return _encode_later(req, out)
+    return [encode_produce_response(req.api_version, req.correlation_id, out)]
+
+
+async def _encode_later(req, awaitable):
+    return [encode_produce_response(req.api_version, req.correlation_id, await awaitable)]
+
+
 def produce(broker, header, body):
-    acks = body["acks"]
-    version = header.api_version
+    topics = [(t["name"], [(p["index"], p["records"]) for p in t["partition_data"]]) for t in body["topic_data"]]
+    out = execute(broker, header.api_version, body["acks"], body["timeout_ms"], topics)
+    if out is NO_RESPONSE or out is CLOSE:
+        return out
+    if not isinstance(out, list):
+        return _as_dict_later(out)
+    return _as_dict(out)
+
+
+async def _as_dict_later(awaitable):
+    return _as_dict(await awaitable)
+
+
+def _as_dict(out):
+    responses = []
+    for name, parts in out:
+        prs = []
+        for index, code, base, append_time, start, message in parts:
+            res = {"index": index, "error_code": code, "base_offset": base, "log_append_time_ms": append_time,
+                   "log_start_offset": start}
+            if message is not None:
+                res["error_message"] = message
+            prs.append(res)
+        responses.append({"name": name, "partition_responses": prs})
+    return {"responses": responses, "throttle_time_ms": 0}
+
+
+def execute(broker, version, acks, timeout_ms, topics):
+    """Policy of one Produce request, whichever path parsed it. ``topics``: [(name, [(index, records
+    or None), ...]), ...]. -> NO_RESPONSE or CLOSE (acks=0), the answer [(name, [[index, error_code,
+    base_offset, log_append_time_ms, log_start_offset, error_message], ...]), ...] in request order, or
+    an awaitable of that answer (acks=all waiting for the high watermark)."""
     if version < api.PRODUCE_MIN_SERVED:
         code = Errors.UNSUPPORTED_VERSION   # v0-2 carry magic 0/1 message sets, which we never store
     elif acks not in (-1, 0, 1):
@@ -35,17 +84,14 @@ def produce(broker, header, body):
     md = broker.metadata
     partitions = broker.replica_manager.partitions
     failed = False
-    responses = []
+    out = []
     entries = {}
-    slots = []          # (tp, response dict) of the partitions handed to the ReplicaManager
-    for topic in body["topic_data"]:
-        name = topic["name"]
+    slots = []          # (tp, result row) of the partitions handed to the ReplicaManager
+    for name, pdata in topics:
         tinfo = md.topics.get(name)
         parts = []
-        for p in topic["partition_data"]:
-            index = p["index"]
-            res = {"index": index, "error_code": 0, "base_offset": -1, "log_append_time_ms": -1,
-                   "log_start_offset": -1}
+        for index, records in pdata:
+            res = [index, 0, -1, -1, -1, None]
             parts.append(res)
             err = code
             tp = (name, index)
@@ -55,27 +101,27 @@ def produce(broker, header, body):
                 if tp not in partitions and (tinfo is None or index not in tinfo.partitions):
                     err = (Errors.INVALID_TOPIC_EXCEPTION if tinfo is None and topic_name_error(name)
                            else Errors.UNKNOWN_TOPIC_OR_PARTITION)
-                elif p["records"] is None or len(p["records"]) == 0:
+                elif records is None or len(records) == 0:
                     err = Errors.CORRUPT_MESSAGE
             if err is None:
                 if tp in entries:
                     err = Errors.INVALID_RECORD      # the same partition twice in one request
                 else:
-                    entries[tp] = p["records"]
+                    entries[tp] = records
                     slots.append((tp, res))
                     continue
-            res["error_code"] = int(err)
+            res[1] = int(err)
             broker.metrics.produce_failed(name)
             failed = True
-        responses.append({"name": name, "partition_responses": parts})
+        out.append((name, parts))
     if entries:
-        results = broker.replica_manager.append_records(entries, acks, body["timeout_ms"])
+        results = broker.replica_manager.append_records(entries, acks, timeout_ms)
         if not isinstance(results, dict):
-            return _finish_later(broker, results, slots, responses)
+            return _finish_later(broker, results, slots, out)
         failed |= _fill(broker, results, slots)
     if acks == 0:
         return CLOSE if failed else NO_RESPONSE
-    return {"responses": responses, "throttle_time_ms": 0}
+    return out
 
 
 def _fill(broker, results, slots) -> bool:
@@ -83,19 +129,18 @@ def _fill(broker, results, slots) -> bool:
     for tp, res in slots:
         r = results[tp]
         if r.error_code:
-            res["error_code"] = int(r.error_code)
-            if r.error_message:
-                res["error_message"] = r.error_message
+            res[1] = int(r.error_code)
+            res[5] = r.error_message or None
             broker.metrics.produce_failed(tp[0])
             failed = True
         else:
-            res["base_offset"] = r.base_offset
-            res["log_append_time_ms"] = r.log_append_time_ms
-            res["log_start_offset"] = r.log_start_offset
+            res[2] = r.base_offset
+            res[3] = r.log_append_time_ms
+            res[4] = r.log_start_offset
     return failed
 
 
-async def _finish_later(broker, future, slots, responses):
+async def _finish_later(broker, future, slots, out):
     """acks=all: answer once the high watermark covers every batch (or it failed / timed out)."""
     _fill(broker, await future, slots)
-    return {"responses": responses, "throttle_time_ms": 0}
+    return out

@@ -1,0 +1,19 @@
+"""Native request path: Produce v3-8 parsed from the frame and answered in one call (request.pyx)."""
+from typing import Any
+
+PRODUCE_MIN: int
+PRODUCE_MAX: int
+
+class ProduceRequest:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    transactional_id: str | None
+    acks: int
+    timeout_ms: int
+    topics: list[tuple[str, list[tuple[int, memoryview | None]]]]
+
+def peek_key_version(frame: Any) -> tuple[int, int]: ...
+def parse_produce(frame: Any) -> ProduceRequest: ...
+def encode_produce_response(version: int, correlation_id: int, topics: list) -> bytes: ...
