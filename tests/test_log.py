@@ -228,7 +228,12 @@ def test_leader_epoch_cache(tmp_path):
     log.append_as_leader(batch(3), 1, T0)
     log.append_as_leader(batch(3), 4, T0)
     assert log.epoch_cache.entries == [(1, 0), (4, 6)]
+    # A new epoch costs no checkpoint write on the append path; the log flush writes it (before
+    # the recovery point passes those batches).
+    assert not (tmp_path / "t-0" / "leader-epoch-checkpoint").exists() and log.epoch_cache.dirty
+    log.flush()
     assert open(tmp_path / "t-0" / "leader-epoch-checkpoint").read() == "0\n2\n1 0\n4 6\n"
+    assert not log.epoch_cache.dirty
     assert log.end_offset_for_epoch(1) == (1, 6)
     assert log.end_offset_for_epoch(2) == (1, 6)       # unknown epoch: the floor's end
     assert log.end_offset_for_epoch(4) == (4, 9)

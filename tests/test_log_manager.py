@@ -124,6 +124,28 @@ def test_unclean_restart_recovers(tmp_path):
     m2.shutdown()
 
 
+def test_epoch_checkpoints_written_by_the_checkpoint_job(tmp_path, mgr):
+    """New epochs cost no fsync on the append; the periodic checkpoint writes them on its writer
+    thread, only the dirty ones, and a deleted partition's cache is never written again."""
+    d = tmp_path / "d1"
+    logs = [mgr.get_or_create("e", p, {}) for p in range(3)]
+    for lg in logs[:2]:
+        lg.append_as_leader(batch(), 4, T0)
+    assert not any((d / f"e-{p}" / "leader-epoch-checkpoint").exists() for p in range(3))
+    job = mgr.write_epoch_checkpoints()
+    assert job.result(timeout=30) == 2                 # the two dirty caches, not the clean one
+    for p in range(2):
+        assert (d / f"e-{p}" / "leader-epoch-checkpoint").read_text() == "0\n1\n4 0\n"
+    assert not (d / "e-2" / "leader-epoch-checkpoint").exists()
+    assert mgr.write_epoch_checkpoints() is None       # nothing dirty any more
+    logs[2].append_as_leader(batch(), 6, T0)
+    mgr.delete("e", 2, now=T0)
+    assert mgr.write_epoch_checkpoints() is None       # deleted: not taken
+    snap = logs[2].epoch_cache.snapshot()
+    logs[2].epoch_cache.write_snapshot(*snap)          # a writer holding an old snapshot: no-op
+    assert not (d / "e-2" / "leader-epoch-checkpoint").exists()
+
+
 def test_delete_partition(tmp_path, mgr):
     d = tmp_path / "d1"
     log = mgr.get_or_create("gone", 0, {})

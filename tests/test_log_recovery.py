@@ -1,6 +1,9 @@
 """Recovery: every corruption is cut back to the last valid batch, later segments go, indexes,
 leader epochs and the high watermark follow; a clean restart does no CRC scan."""
 import os
+import signal
+import subprocess
+import sys
 
 import pytest
 from kafka.record import MemoryRecords
@@ -181,6 +184,7 @@ def test_hw_clamped_and_epochs_rebuilt(tmp_path):
     log, ends = populate(tmp_path, batches=6, epochs={0: 1, 1: 1, 2: 3, 3: 3, 4: 5, 5: 5})
     assert log.epoch_cache.entries == [(1, 0), (3, 6), (5, 12)]
     hw = log.high_watermark
+    log.epoch_cache.flush()
     crash(log)
     os.unlink(tmp_path / "t-0" / "leader-epoch-checkpoint")   # lost: rebuilt from the batches
     with open(log_file(tmp_path), "r+b") as f:
@@ -227,4 +231,58 @@ def test_hw_checkpoint_kept_when_replication_owns_it(tmp_path):
     log.close()
     log = reopen(tmp_path, clean=True, high_watermark=6)       # single broker: HW = LEO
     assert log.high_watermark == 15
+    log.close()
+
+
+_KILLED_WRITER = r"""
+import os, signal, sys
+sys.path.insert(0, {root!r})
+from tests.test_log_recovery import batch, T0
+from kbroker.log import Log, LogConfig
+log = Log({dir!r}, "t", 0, LogConfig({{"segment.bytes": 2000}}))
+for i, epoch in enumerate([1, 1, 2, 2, 2, 3, 3, 5, 5, 8]):
+    log.append_as_leader(batch(3, ts=T0 + i), epoch, T0)
+    if i == 4:
+        log.flush()               # epochs 1, 2 written, recovery point 15
+print(log.recovery_point, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_epochs_written_lazily_survive_kill_9(tmp_path):
+    """Invariant: after kill -9, the epoch cache rebuilt at restart equals the one the leader held,
+    although new epochs are no longer written (fsync) on the append that starts them."""
+    d = str(tmp_path / "t-0")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", _KILLED_WRITER.format(root=root, dir=d)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    recovery_point = int(proc.stdout.split()[0])
+    assert recovery_point == 15
+    expected = [(1, 0), (2, 6), (3, 15), (5, 21), (8, 27)]
+    # The file is stale (what the flush wrote): epochs 3, 5 and 8 exist only in their batches.
+    on_disk = open(os.path.join(d, "leader-epoch-checkpoint")).read()
+    assert on_disk == "0\n2\n1 0\n2 6\n"
+    log = reopen(tmp_path, clean=False, recovery_point=recovery_point, cfg={"segment.bytes": 2000})
+    assert len(log.segments) > 1 and log.recovered_segments < len(log.segments)  # not a full scan
+    violations = [e for e in expected if e not in log.epoch_cache.entries] + \
+                 [e for e in log.epoch_cache.entries if e not in expected]
+    assert violations == [] and log.log_end_offset == 30
+    assert open(os.path.join(d, "leader-epoch-checkpoint")).read() == \
+        "0\n5\n1 0\n2 6\n3 15\n5 21\n8 27\n"
+    log.close()
+
+
+def test_stale_epoch_file_below_recovery_point_would_be_seen(tmp_path):
+    """The checker above can see a violation: when the flush did not write the epochs (as if the
+    recovery point had moved without them), the restart cannot know epoch 2 began at 6."""
+    cfg = {"segment.bytes": 500}       # one batch per segment
+    log, _ = populate(tmp_path, batches=5, cfg=cfg, epochs={0: 1, 1: 1, 2: 2, 3: 2, 4: 2})
+    for s in log.segments:
+        s.flush()
+    rp = log.log_end_offset            # recovery point moved, epoch file never written
+    crash(log)
+    log = reopen(tmp_path, clean=False, recovery_point=rp, cfg=cfg)
+    assert log.recovered_segments == 1
+    assert (2, 6) not in log.epoch_cache.entries
     log.close()

@@ -161,6 +161,7 @@ class Log:
         self.recovered_segments = 0        # segments CRC-scanned by the last load
         # Compaction: offsets below this were cleaned (cleaner-offset-checkpoint, LogManager).
         self.cleaner_checkpoint = 0
+        self._epoch_write_failing = False
         self._load(clean_shutdown, now_ms() if now is None else now)
 
     # -- properties -------------------------------------------------------------------------
@@ -248,21 +249,21 @@ class Log:
         self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
         self.active_segment.make_active()
         leo = self.log_end_offset
-        if self.recovered_segments:
-            # The scanned bytes are now the truth; make them durable before the recovery
-            # point moves past them (KAFKA-10101).
-            for s in self.segments:
-                s.flush()
-            self.recovery_point = leo
-        self.recovery_point = min(self.recovery_point, leo)
         # Leader epochs from the recovered batches, then clamp to the surviving range.
         before = list(self.epoch_cache.entries)
         for b in recovered:
             self.epoch_cache.assign(b.partition_leader_epoch, b.base_offset, flush=False)
         self.epoch_cache.truncate_from_end(leo, flush=False)
         self.epoch_cache.truncate_from_start(self.log_start_offset, flush=False)
-        if self.epoch_cache.entries != before:
-            self.epoch_cache.flush()
+        epochs_durable = self.epoch_cache.entries == before or self._write_epochs()
+        if self.recovered_segments and epochs_durable:
+            # The scanned bytes are now the truth; make them durable before the recovery
+            # point moves past them (KAFKA-10101). Not while the epochs derived from them
+            # are only in memory (full disk): the next restart must scan them again.
+            for s in self.segments:
+                s.flush()
+            self.recovery_point = leo
+        self.recovery_point = min(self.recovery_point, leo)
         self._rebuild_producer_state(clean and not self.recovered_segments)
         if self.hw_follows_leo:
             self._high_watermark = leo
@@ -513,8 +514,7 @@ class Log:
                                     active=True, now_ms=now)]
         self._bases = [offset]
         self.log_start_offset = offset
-        self.epoch_cache.entries = []
-        self.epoch_cache.flush()
+        self.epoch_cache.clear()
         self.producer_state.clear()
         self.producer_state.delete_snapshots(above=-1)
         self.recovery_point = offset
@@ -653,10 +653,27 @@ class Log:
         for s in self.segments:
             if s.next_offset > self.recovery_point or s.active:
                 s.flush()
-        self.recovery_point = leo
+        # Epochs assigned since the last write must be on disk before the recovery point passes
+        # their batches: recovery re-derives epochs only from the batches after it.
+        if self._write_epochs():
+            self.recovery_point = leo
         self.unflushed_messages = 0
         self.last_flush_ms = now
         self.dirty = False
+
+    def _write_epochs(self) -> bool:
+        """Write the leader-epoch checkpoint if it is behind; False (said once per failure
+        streak) when the disk refuses: the cache stays dirty and the recovery point stays put."""
+        try:
+            self.epoch_cache.flush()
+        except OSError as e:
+            if not self._epoch_write_failing:
+                _log.error("%s: cannot write the leader-epoch checkpoint (%s); the recovery point "
+                           "stays at %d until it can be written", self.name, e, self.recovery_point)
+            self._epoch_write_failing = True
+            return False
+        self._epoch_write_failing = False
+        return True
 
     def maybe_flush(self, now: int) -> bool:
         """flush.ms policy, called by LogManager.flush_dirty."""
@@ -672,9 +689,11 @@ class Log:
         self.remove_deleted_files(force=True)
         for s in self.segments:
             s.close()
+        self.epoch_cache.close()
 
     def close_for_delete(self) -> None:
         """Close every descriptor without flushing (the partition is being deleted)."""
+        self.epoch_cache.close()
         self.remove_deleted_files(force=True)
         for s in self.segments:
             s.close(trim=False)
