@@ -124,26 +124,30 @@ def test_unclean_restart_recovers(tmp_path):
     m2.shutdown()
 
 
-def test_epoch_checkpoints_written_by_the_checkpoint_job(tmp_path, mgr):
-    """New epochs cost no fsync on the append; the periodic checkpoint writes them on its writer
-    thread, only the dirty ones, and a deleted partition's cache is never written again."""
+def test_epoch_checkpoints_written_at_flush_and_shutdown_only(tmp_path):
+    """New epochs cost no fsync on the append nor in the periodic checkpoint; the log's flush
+    and the clean shutdown write them, and a clean restart (no scan) has them all."""
     d = tmp_path / "d1"
-    logs = [mgr.get_or_create("e", p, {}) for p in range(3)]
+    m = LogManager([str(d)], {})
+    m.startup(1, CLUSTER)
+    logs = [m.get_or_create("e", p, {}) for p in range(3)]
     for lg in logs[:2]:
         lg.append_as_leader(batch(), 4, T0)
+    m.checkpoint()
     assert not any((d / f"e-{p}" / "leader-epoch-checkpoint").exists() for p in range(3))
-    job = mgr.write_epoch_checkpoints()
-    assert job.result(timeout=30) == 2                 # the two dirty caches, not the clean one
-    for p in range(2):
-        assert (d / f"e-{p}" / "leader-epoch-checkpoint").read_text() == "0\n1\n4 0\n"
-    assert not (d / "e-2" / "leader-epoch-checkpoint").exists()
-    assert mgr.write_epoch_checkpoints() is None       # nothing dirty any more
+    logs[0].flush()
+    assert (d / "e-0" / "leader-epoch-checkpoint").read_text() == "0\n1\n4 0\n"
     logs[2].append_as_leader(batch(), 6, T0)
-    mgr.delete("e", 2, now=T0)
-    assert mgr.write_epoch_checkpoints() is None       # deleted: not taken
+    m.delete("e", 2, now=T0)
     snap = logs[2].epoch_cache.snapshot()
-    logs[2].epoch_cache.write_snapshot(*snap)          # a writer holding an old snapshot: no-op
+    logs[2].epoch_cache.write_snapshot(*snap)          # closed by the delete: no write
     assert not (d / "e-2" / "leader-epoch-checkpoint").exists()
+    m.shutdown()
+    assert (d / "e-1" / "leader-epoch-checkpoint").read_text() == "0\n1\n4 0\n"
+    m2 = LogManager([str(d)], {})
+    m2.startup(1, CLUSTER)
+    assert m2.clean_startup and m2.get(("e", 1)).epoch_cache.entries == [(4, 0)]
+    m2.shutdown()
 
 
 def test_delete_partition(tmp_path, mgr):

@@ -9,17 +9,17 @@ leader appends (a batch stamped with a newer epoch starts an entry) and, after a
 shutdown, from the partitionLeaderEpoch of the recovered batches.
 
 Durability: a new epoch (``assign``) only changes memory and marks the cache dirty; the file is
-written when the log flushes (before its recovery point moves), by LogManager's checkpoint job
-(on its writer thread) and at clean shutdown. So the first append of a partition, or a leadership
-change of a thousand partitions, costs no fsync on the request path (as Kafka since KAFKA-15046).
-After kill -9, entries the file lacks belong to batches at or after the recovery point, which
-recovery CRC-scans and re-assigns from their partitionLeaderEpoch. Truncations still write at once
-(rare, and a stale file must not claim offsets that are gone).
+written when the log flushes (before its recovery point moves) and at clean shutdown. So the
+first append of a partition, or a leadership change of a thousand partitions, costs no fsync on
+the request path (as Kafka since KAFKA-15046). After kill -9, entries the file lacks belong to
+batches at or after the recovery point, which recovery CRC-scans and re-assigns from their
+partitionLeaderEpoch. Truncations still write at once (rare, and a stale file must not claim
+offsets that are gone).
 
-Threads: the event-loop thread mutates; ``write_snapshot`` may run on a writer thread (serialised
-per cache by a lock; a snapshot older than what is on disk is dropped). Crash: the file is replaced
-atomically (checkpoint.py); recovery re-assigns epochs from the scanned batches and truncates
-entries past the log end.
+Threads: the event-loop thread mutates; ``write_snapshot`` is safe from any thread (serialised
+per cache by a lock; a snapshot older than what is on disk is dropped). Crash: the file is
+replaced atomically (checkpoint.py); recovery re-assigns epochs from the scanned batches and
+truncates entries past the log end.
 """
 import os
 import threading
