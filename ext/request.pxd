@@ -11,3 +11,20 @@ cdef class ProduceRequest:
     cdef readonly int timeout_ms
     # [(topic name, [(partition index, records memoryview into the frame or None), ...]), ...]
     cdef readonly list topics
+
+
+cdef class FetchRequest:
+    cdef readonly int api_key
+    cdef readonly int api_version
+    cdef readonly int correlation_id
+    cdef readonly object client_id          # str or None
+    cdef readonly int replica_id
+    cdef readonly int max_wait_ms
+    cdef readonly int min_bytes
+    cdef readonly int max_bytes
+    cdef readonly int isolation_level
+    cdef readonly int session_id
+    cdef readonly int session_epoch
+    # [(topic, [(partition, current_leader_epoch, fetch_offset, log_start_offset, partition_max_bytes)])]
+    cdef readonly list topics
+    cdef readonly str rack_id

@@ -17,3 +17,25 @@ class ProduceRequest:
 def peek_key_version(frame: Any) -> tuple[int, int]: ...
 def parse_produce(frame: Any) -> ProduceRequest: ...
 def encode_produce_response(version: int, correlation_id: int, topics: list) -> bytes: ...
+
+FETCH_MIN: int
+FETCH_MAX: int
+
+class FetchRequest:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    replica_id: int
+    max_wait_ms: int
+    min_bytes: int
+    max_bytes: int
+    isolation_level: int
+    session_id: int
+    session_epoch: int
+    topics: list[tuple[str, list[tuple[int, int, int, int, int]]]]
+    rack_id: str
+
+def parse_fetch(frame: Any) -> FetchRequest: ...
+def encode_fetch_response(version: int, correlation_id: int, error_code: int, topics: list,
+                          inline_max: int) -> tuple[list, int]: ...

@@ -1,6 +1,7 @@
-"""Native request path: Produce parsed straight from the request frame and its response encoded
-in one call each (kbroker.network.connection dispatches Produce v3-8 here; every other request and
-version goes through the generic schema codec, which stays the reference: tests/test_native_*).
+"""Native request path: Produce (v3-8) and Fetch (v4-11) parsed straight from the request frame and
+their responses encoded in one call each (kbroker.network.connection dispatches them here; every
+other request and version goes through the generic schema codec, which stays the reference:
+tests/test_native_*).
 
 Parsing walks the frame once with bounds checks on every read. The result holds no dicts: a
 ``ProduceRequest`` with the header fields and ``topics`` = [(name, [(index, records), ...]), ...]
@@ -14,19 +15,27 @@ int32-length arrays and records, request header v1 (client_id nullable string), 
 v0 (correlation id only).
 """
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from libc.errno cimport errno
+from posix.unistd cimport pread
 from cpython.unicode cimport PyUnicode_DecodeUTF8
-from libc.stdint cimport int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
 from kbroker._native.hton cimport load_be16, load_be32, load_be64, store_be16, store_be32, store_be64
 
-from kbroker.protocol.types import ProtocolError
+from kbroker.protocol.types import FileRegions, ProtocolError
 
 PRODUCE_MIN = 3
 PRODUCE_MAX = 8
+FETCH_MIN = 4
+FETCH_MAX = 11
 
 cdef enum:
     PRODUCE = 0
+    FETCH = 1
+    # Fetch: a topic (int16 name + int32 count); a partition (v4: int32 + int64 + int32, more later)
+    MIN_FETCH_TOPIC = 6
+    MIN_FORGOTTEN_TOPIC = 6
     # Smallest encodings of one array element: a topic (int16 name length + int32 partition count)
     # and a partition (int32 index + int32 records length).
     MIN_TOPIC = 6
@@ -40,6 +49,15 @@ cdef class ProduceRequest:
     def __repr__(self):
         return (f"ProduceRequest(v{self.api_version}, correlation_id={self.correlation_id}, "
                 f"acks={self.acks}, topics={[(t, [p[0] for p in ps]) for t, ps in self.topics]})")
+
+
+cdef class FetchRequest:
+    """A parsed Fetch request (v4-11); also the request header for the network layer. Fields are
+    declared in request.pxd."""
+
+    def __repr__(self):
+        return (f"FetchRequest(v{self.api_version}, correlation_id={self.correlation_id}, "
+                f"replica_id={self.replica_id}, topics={self.topics})")
 
 
 cdef class _Reader:
@@ -62,6 +80,18 @@ cdef class _Reader:
         self.need(4)
         cdef int32_t v = <int32_t>load_be32(<const char *>self.p + self.pos)
         self.pos += 4
+        return v
+
+    cdef inline int64_t i64(self) except? -1:
+        self.need(8)
+        cdef int64_t v = <int64_t>load_be64(<const char *>self.p + self.pos)
+        self.pos += 8
+        return v
+
+    cdef inline int8_t i8(self) except? -1:
+        self.need(1)
+        cdef int8_t v = <int8_t>self.p[self.pos]
+        self.pos += 1
         return v
 
     cdef object string(self, bint nullable):
@@ -138,6 +168,72 @@ def parse_produce(frame):
     if r.pos != r.end:
         raise ProtocolError(f"ProduceRequest v{req.api_version}: {r.end - r.pos} trailing bytes")
     req.topics = topics
+    return req
+
+
+def parse_fetch(frame):
+    """Parse a whole Fetch v4-11 request frame (size prefix removed). -> FetchRequest with
+    ``topics`` = [(name, [(partition, current_leader_epoch, fetch_offset, log_start_offset,
+    partition_max_bytes), ...]), ...] (-1 for fields a version lacks, as the codec's defaults).
+    forgotten_topics_data (v7+) is checked and dropped (we hand out no sessions); rack_id (v11) kept.
+    Raises ProtocolError on malformed input or another API/version."""
+    cdef const unsigned char[::1] v = frame
+    cdef _Reader r = _Reader.__new__(_Reader)
+    r.end = v.shape[0]
+    if r.end < 8:
+        raise ProtocolError("truncated request header")
+    r.p = &v[0]
+    r.pos = 0
+    cdef FetchRequest req = FetchRequest.__new__(FetchRequest)
+    req.api_key = r.i16()
+    req.api_version = r.i16()
+    req.correlation_id = r.i32()
+    cdef int version = req.api_version
+    if req.api_key != FETCH or not FETCH_MIN <= version <= FETCH_MAX:
+        raise ProtocolError(f"not a Fetch v{FETCH_MIN}-{FETCH_MAX} request")
+    req.client_id = r.string(True)
+    req.replica_id = r.i32()
+    req.max_wait_ms = r.i32()
+    req.min_bytes = r.i32()
+    req.max_bytes = r.i32()
+    req.isolation_level = r.i8()
+    if version >= 7:
+        req.session_id = r.i32()
+        req.session_epoch = r.i32()
+    else:
+        req.session_id = 0
+        req.session_epoch = -1
+    # partition: index, [current_leader_epoch v9+], fetch_offset, [log_start_offset v5+], max_bytes
+    cdef Py_ssize_t min_part = 4 + 8 + 4 + (4 if version >= 9 else 0) + (8 if version >= 5 else 0)
+    cdef int32_t n_topics = r.array_len(MIN_FETCH_TOPIC)
+    cdef int32_t n_parts, i, j, partition, leader_epoch, part_max
+    cdef int64_t fetch_offset, log_start
+    cdef list topics = []
+    cdef list parts
+    cdef object name
+    for i in range(n_topics):
+        name = r.string(False)
+        n_parts = r.array_len(min_part)
+        parts = []
+        for j in range(n_parts):
+            partition = r.i32()
+            leader_epoch = r.i32() if version >= 9 else -1
+            fetch_offset = r.i64()
+            log_start = r.i64() if version >= 5 else -1
+            part_max = r.i32()
+            parts.append((partition, leader_epoch, fetch_offset, log_start, part_max))
+        topics.append((name, parts))
+    req.topics = topics
+    if version >= 7:
+        n_topics = r.array_len(MIN_FORGOTTEN_TOPIC)
+        for i in range(n_topics):
+            r.string(False)
+            n_parts = r.array_len(4)
+            r.need(4 * <Py_ssize_t>n_parts)
+            r.pos += 4 * <Py_ssize_t>n_parts
+    req.rack_id = r.string(False) if version >= 11 else ""
+    if r.pos != r.end:
+        raise ProtocolError(f"FetchRequest v{version}: {r.end - r.pos} trailing bytes")
     return req
 
 
@@ -232,3 +328,108 @@ def encode_produce_response(int version, int32_t correlation_id, list topics):
     w.i32(0)                                     # throttle_time_ms
     store_be32(w.p, <uint32_t>(w.pos - 4))
     return PyBytes_FromStringAndSize(w.p, w.pos)
+
+
+cdef int _inline_region(_Writer w, object region) except -1:
+    """Copy one (fd, position, length) file range into the response (pread on the loop thread: only
+    ranges below the sendfile threshold come here, and they are in the page cache after an append)."""
+    fd, position, length = region
+    cdef int ifd = fd if isinstance(fd, int) else fd.fileno()
+    cdef int64_t pos = position
+    cdef Py_ssize_t n = length, got
+    w.reserve(n)
+    while n > 0:
+        got = pread(ifd, w.p + w.pos, n, pos)
+        if got < 0:
+            raise OSError(errno, "pread of a fetch range failed")
+        if got == 0:
+            # The promised size is already in the response: the connection must close.
+            raise ConnectionError(f"segment shrank under a fetch ({n} bytes missing)")
+        w.pos += got
+        pos += got
+        n -= got
+    return 0
+
+
+def encode_fetch_response(int version, int32_t correlation_id, int16_t error_code, list topics,
+                          Py_ssize_t inline_max):
+    """The whole Fetch v4-11 response (size prefix included) -> (chunks, bytes copied inline).
+
+    ``topics``: [(name, [[partition_index, error_code, high_watermark, last_stable_offset,
+    log_start_offset, records], ...]), ...]; ``records`` is bytes or a FileRegions. Regions smaller
+    than ``inline_max`` bytes in total are read into the response (one chunk, written with the
+    other responses of the read); larger ones stay FileRegions chunks for sendfile, splitting the
+    response into [bytes, FileRegions, bytes, ...] as the generic encoder does. throttle_time_ms 0,
+    session_id 0, aborted_transactions null (no transactions), preferred_read_replica -1 (v11)."""
+    if not FETCH_MIN <= version <= FETCH_MAX:
+        raise ValueError(f"Fetch v{version} is not encoded natively")
+    cdef _Writer w = _out
+    cdef list chunks = []
+    cdef Py_ssize_t size = 0, copied = 0, rsize
+    cdef list parts, res
+    cdef object name, records, region
+    cdef const unsigned char[::1] raw
+    w.pos = 0
+    w.reserve(4 + 4 + 4 + 2 + 4 + 4)
+    w.pos = 4
+    w.i32(correlation_id)
+    w.i32(0)                                         # throttle_time_ms
+    if version >= 7:
+        w.i16(error_code)
+        w.i32(0)                                     # session_id
+    w.i32(<int32_t>len(topics))
+    for name, parts in topics:
+        w.string(name, False)
+        w.reserve(4)
+        w.i32(<int32_t>len(parts))
+        for res in parts:
+            w.reserve(4 + 2 + 8 + 8 + 8 + 4 + 4 + 4)
+            w.i32(<int32_t>res[0])
+            w.i16(<int16_t>res[1])
+            w.i64(<int64_t>res[2])
+            w.i64(<int64_t>res[3])                   # last_stable_offset (v4+)
+            if version >= 5:
+                w.i64(<int64_t>res[4])               # log_start_offset
+            w.i32(-1)                                # aborted_transactions: null
+            if version >= 11:
+                w.i32(-1)                            # preferred_read_replica
+            records = res[5]
+            if isinstance(records, FileRegions):
+                rsize = records.size
+                w.i32(<int32_t>rsize)
+                if rsize < inline_max:
+                    for region in records.regions:
+                        _inline_region(w, region)
+                    copied += rsize
+                elif rsize:
+                    chunks.append(PyBytes_FromStringAndSize(w.p, w.pos))
+                    size += w.pos
+                    chunks.append(records)
+                    size += rsize
+                    w.pos = 0
+            elif records is None:
+                w.i32(-1)
+            else:
+                raw = records
+                rsize = raw.shape[0]
+                w.i32(<int32_t>rsize)
+                if rsize:
+                    w.reserve(rsize)
+                    memcpy(w.p + w.pos, &raw[0], rsize)
+                    w.pos += rsize
+    if not chunks:                                   # the common small answer: one chunk, no copy
+        if w.pos - 4 > 0x7FFFFFFF:
+            raise ValueError("Fetch response over 2^31-1 bytes")
+        store_be32(w.p, <uint32_t>(w.pos - 4))
+        return [PyBytes_FromStringAndSize(w.p, w.pos)], copied
+    if w.pos:
+        chunks.append(PyBytes_FromStringAndSize(w.p, w.pos))
+        size += w.pos
+    size -= 4
+    if size > 0x7FFFFFFF:
+        raise ValueError("Fetch response over 2^31-1 bytes")
+    # The size prefix lives in the first chunk (bytes are immutable: rebuild that one chunk).
+    first = bytearray(chunks[0])
+    store_be32(<char *>first, <uint32_t>size)
+    chunks[0] = first
+    return chunks, copied

@@ -1,11 +1,13 @@
 """The native request path against the pure-Python reference (issue 10 item 8).
 
-Three levels, the same seeded request generator for all (valid Produce requests of every natively
-served version 3-8 built with kbroker.protocol, plus truncated, byte-flipped and length-mutated ones):
-1. parse: ``_native.request.parse_produce`` and the generic codec (``parse_request_header`` +
-   ``decode_request``) agree on every frame — the same fields, or both refuse it (ProtocolError);
-2. encode: ``encode_produce_response`` and ``api.encode_response`` give the same bytes for random
-   answers (error codes, offsets, messages, unicode names);
+Three levels, the same seeded request generator for all (valid Produce v3-8 and Fetch v4-11 requests
+built with kbroker.protocol, plus truncated, byte-flipped and length-mutated ones):
+1. parse: ``_native.request.parse_produce`` / ``parse_fetch`` and the generic codec
+   (``parse_request_header`` + ``decode_request``) agree on every frame — the same fields, or both
+   refuse it (ProtocolError);
+2. encode: ``encode_produce_response`` / ``encode_fetch_response`` and ``api.encode_response`` give
+   the same bytes on the wire for random answers (error codes, offsets, messages, unicode names; Fetch
+   records as bytes or file regions of a real file, copied inline or left for sendfile);
 3. end to end: two real brokers, one with the native path and one with KBROKER_NATIVE_REQUESTS=0,
    get the same request sequence over raw sockets; every outcome (response bytes, connection closed,
    no response) must be identical. Log state (offsets, errors) is real: a real ReplicaManager and Log.
@@ -29,6 +31,8 @@ from kbroker.protocol.types import ProtocolError
 from kbroker.testing import LocalCluster
 
 VERSIONS = range(native.PRODUCE_MIN, native.PRODUCE_MAX + 1)
+FETCH_VERSIONS = range(native.FETCH_MIN, native.FETCH_MAX + 1)
+FETCH = 1
 TS = 1_700_000_000_000      # fixed record timestamps: both brokers store identical bytes
 
 
@@ -75,6 +79,28 @@ def produce_frame(rng, correlation, version=None) -> bytes:
     return api.encode_request(PRODUCE, version, correlation, client, produce_body(rng))
 
 
+def fetch_body(rng):
+    topics = []
+    for _ in range(rng.choice((0, 1, 1, 1, 2))):
+        parts = [{"partition": rng.choice((0, 0, 1, 2, -1)), "current_leader_epoch": rng.choice((-1, -1, 0, 5)),
+                  "fetch_offset": rng.choice((0, 0, 1, 3, 10, 40, 1 << 40, -1)),
+                  "log_start_offset": rng.choice((-1, 0)),
+                  "partition_max_bytes": rng.choice((0, 1, 100, 2000, 1 << 20))}
+                 for _ in range(rng.choice((1, 1, 2)))]
+        topics.append({"topic": rng.choice(TOPICS), "partitions": parts})
+    return {"replica_id": rng.choice((-1, -1, -1, -1, 0, 7)), "max_wait_ms": rng.choice((0, 0, 0, 10)),
+            "min_bytes": rng.choice((0, 1, 1)), "max_bytes": rng.choice((1, 500, 5000, 1 << 20, 0x7FFFFFFF)),
+            "isolation_level": rng.choice((0, 1)), "session_id": rng.choice((0, 0, 0, 0, 9)),
+            "session_epoch": rng.choice((-1, 0)), "topics": topics,
+            "forgotten_topics_data": [{"topic": "d0", "partitions": [0, 1]}] if rng.random() < 0.2 else [],
+            "rack_id": rng.choice(("", "r1"))}
+
+
+def fetch_frame(rng, correlation, version=None) -> bytes:
+    version = rng.choice(FETCH_VERSIONS) if version is None else version
+    return api.encode_request(FETCH, version, correlation, rng.choice(("diff", None)), fetch_body(rng))
+
+
 def mutate(rng, frame: bytes) -> bytes:
     """A malformed (or accidentally still valid) variant of a size-prefixed frame, with a size prefix
     that matches its new length."""
@@ -108,6 +134,39 @@ def _native_parse(frame):
     r = native.parse_produce(frame)
     return (r.api_key, r.api_version, r.correlation_id, r.client_id, r.transactional_id, r.acks, r.timeout_ms,
             [(name, [(i, None if rec is None else bytes(rec)) for i, rec in parts]) for name, parts in r.topics])
+
+
+def _reference_parse_fetch(frame):
+    header, pos = api.parse_request_header(frame)
+    b = api.decode_request(header.api_key, header.api_version, frame, pos)
+    return (header.api_key, header.api_version, header.correlation_id, header.client_id, b["replica_id"],
+            b["max_wait_ms"], b["min_bytes"], b["max_bytes"], b["isolation_level"], b["session_id"],
+            b["session_epoch"], b["rack_id"],
+            [(t["topic"], [(p["partition"], p["current_leader_epoch"], p["fetch_offset"], p["log_start_offset"],
+                            p["partition_max_bytes"]) for p in t["partitions"]]) for t in b["topics"]])
+
+
+def _native_parse_fetch(frame):
+    r = native.parse_fetch(frame)
+    return (r.api_key, r.api_version, r.correlation_id, r.client_id, r.replica_id, r.max_wait_ms, r.min_bytes,
+            r.max_bytes, r.isolation_level, r.session_id, r.session_epoch, r.rack_id, r.topics)
+
+
+def test_fetch_parse_agrees_with_reference():
+    rng = random.Random(10_002)
+    counts = {"ok": 0, "refused": 0}
+    for i in range(6000):
+        frame = fetch_frame(rng, i)
+        if i % 3:
+            frame = mutate(rng, frame)
+        view = memoryview(bytearray(frame))[4:]
+        key, version = native.peek_key_version(view)
+        if key != FETCH or version not in FETCH_VERSIONS:
+            continue
+        ref, nat = _outcome(_reference_parse_fetch, view), _outcome(_native_parse_fetch, view)
+        assert nat == ref, (i, frame.hex())
+        counts[ref[0]] += 1
+    assert counts["ok"] > 2500 and counts["refused"] > 1500, counts
 
 
 def _outcome(fn, frame):
@@ -170,6 +229,63 @@ def test_encode_agrees_with_reference():
         assert native.encode_produce_response(version, cid, topics) == _reference_encode(version, cid, topics), i
 
 
+def _wire(chunks) -> bytes:
+    """The bytes a response's chunks put on the wire (file regions read from their files)."""
+    import os
+
+    from kbroker.protocol.types import FileRegions
+    out = bytearray()
+    for c in chunks:
+        if isinstance(c, FileRegions):
+            for fd, pos, length in c.regions:
+                out += os.pread(fd if isinstance(fd, int) else fd.fileno(), length, pos)
+        else:
+            out += c
+    return bytes(out)
+
+
+def test_fetch_encode_agrees_with_reference(tmp_path):
+    import os
+
+    from kbroker.protocol.types import FileRegions
+    from kbroker.server.apis.fetch import _as_dict
+    rng = random.Random(78)
+    path = tmp_path / "segment"
+    path.write_bytes(bytes(rng.randrange(256) for _ in range(1 << 16)))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for i in range(3000):
+            version = rng.choice(FETCH_VERSIONS)
+            rows = []
+            for _ in range(rng.randint(0, 3)):
+                parts = []
+                for _ in range(rng.randint(0, 3)):
+                    r = rng.random()
+                    if r < 0.4:
+                        records = b""
+                    elif r < 0.5:
+                        records = bytes(rng.randrange(256) for _ in range(rng.randint(1, 50)))
+                    else:
+                        records = FileRegions([(fd, rng.randrange(1 << 15), rng.randint(1, 9000))
+                                               for _ in range(rng.randint(1, 2))])
+                    parts.append([rng.randint(-2**31, 2**31 - 1), rng.choice((0, 1, 3, 6, 74)),
+                                  rng.choice((-1, 0, rng.randint(0, 2**50))), rng.choice((-1, 7)),
+                                  rng.choice((-1, 0, 3)), records])
+                rows.append((rng.choice(TOPICS), parts))
+            code, cid = rng.choice((0, 0, 70)), rng.randint(-2**31, 2**31 - 1)
+            inline_max = rng.choice((0, 4096, 1 << 30))
+            chunks, copied = native.encode_fetch_response(version, cid, code, rows, inline_max)
+            ref = api.encode_response(FETCH, version, cid, _as_dict((code, rows)))
+            assert _wire(chunks) == _wire(ref), i
+            inlined = sum(r[5].size for _n, ps in rows for r in ps
+                          if isinstance(r[5], FileRegions) and r[5].size < inline_max)
+            assert copied == inlined
+            if inline_max == 1 << 30:
+                assert len(chunks) == 1        # everything inline: one write
+    finally:
+        os.close(fd)
+
+
 # ---- 3. end to end: two real brokers ----------------------------------------------------------------
 def compare(outcomes_a, outcomes_b) -> list:
     """Indexes and both sides of every request whose outcome differs."""
@@ -224,6 +340,12 @@ def _requests(seed, n):
     out = []
     for i in range(n):
         frame = produce_frame(rng, i + 1)
+        if i % 3 == 2:
+            frame = fetch_frame(rng, i + 1)
+            if rng.random() < 0.3:
+                frame = mutate(rng, frame)
+            out.append((frame, True))
+            continue
         if i % 10 == 9:      # a clean acks=0 request now and then (random ones mostly fail and close)
             body = {"transactional_id": None, "acks": 0, "timeout_ms": 5000, "topic_data": [
                 {"name": "d0", "partition_data": [{"index": i % 2, "records": _batch(rng)}]}]}
@@ -261,7 +383,7 @@ def two_brokers(tmp_path_factory):
 
 def test_brokers_answer_byte_for_byte(two_brokers):
     native_broker, python_broker = two_brokers
-    reqs = _requests(2024, 600)
+    reqs = _requests(2024, 900)
     outcomes = []
     for broker in (native_broker, python_broker):
         client = _Client(broker.bootstrap)
@@ -273,12 +395,20 @@ def test_brokers_answer_byte_for_byte(two_brokers):
     assert kinds["answer"] > 200 and kinds["closed"] > 50 and kinds["none"] > 20, kinds
     offsets = set()
     for (frame, _answered), o in zip(reqs, outcomes[0]):
-        if o[0] == "answer":
+        if o[0] == "answer" and frame[5] == PRODUCE:
             version = struct.unpack_from(">h", frame, 6)[0]
             _cid, body = api.decode_response(PRODUCE, version, o[1])
             for t in body["responses"]:
                 offsets.update(p["base_offset"] for p in t["partition_responses"])
     assert len(offsets) > 50
+    # Fetches returned records (not only errors and empty answers).
+    fetched = 0
+    for (frame, _answered), o in zip(reqs, outcomes[0]):
+        if o[0] == "answer" and frame[5] == FETCH:
+            version = struct.unpack_from(">h", frame, 6)[0]
+            _cid, body = api.decode_response(FETCH, version, o[1])
+            fetched += sum(len(p["records"] or b"") for t in body["responses"] for p in t["partitions"])
+    assert fetched > 10_000, fetched
 
 
 def test_python_path_is_really_off(two_brokers):

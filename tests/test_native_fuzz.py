@@ -1,12 +1,13 @@
-"""Fuzzing the native Produce parser (kbroker._native.request), bounded in count and time.
+"""Fuzzing the native Produce and Fetch parsers (kbroker._native.request), bounded in count and time.
 
 Invariants:
-- in process: any byte string handed to ``parse_produce`` either parses or raises ProtocolError —
+- in process: any byte string handed to ``parse_produce`` / ``parse_fetch`` either parses or raises
+  ProtocolError —
   no other exception, no crash, no read outside the frame (frames are exact-size copies, so an
   over-read would hit the following heap bytes, not the test's; the parsed records must lie inside the
   frame), and parsing is linear (a 1 MiB frame of garbage is refused quickly, counted not timed);
-- on the wire: a real broker with the native path closes every connection that sent a malformed Produce
-  frame (or answers it, if the mutation left it valid) within a deadline, keeps answering other
+- on the wire: a real broker with the native path closes every connection that sent a malformed
+  Produce or Fetch frame (or answers it, if the mutation left it valid) within a deadline, keeps answering other
   connections, and is still running at the end.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from kbroker._native import request as native
 from kbroker.protocol import api
 from kbroker.protocol.types import ProtocolError
 from kbroker.testing import LocalCluster
-from test_native_differential import mutate, produce_frame
+from test_native_differential import fetch_frame, mutate, produce_frame
 
 
 def _check(frame: bytes):
@@ -41,10 +42,34 @@ def _check(frame: bytes):
     return "ok"
 
 
+def _check_fetch(frame: bytes):
+    try:
+        req = native.parse_fetch(memoryview(bytearray(frame)))
+    except ProtocolError:
+        return "refused"
+    assert all(len(p) == 5 for _n, parts in req.topics for p in parts)
+    return "ok"
+
+
 @settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(min_size=0, max_size=512))
 def test_random_bytes_never_crash(data):
     _check(data)
+    _check_fetch(data)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.integers(min_value=4, max_value=11), st.binary(min_size=0, max_size=256))
+def test_fetch_valid_header_random_body(version, body):
+    _check_fetch(struct.pack(">hhih", 1, version, 1, 1) + b"c" + body)
+
+
+def test_mutated_fetch_seeded():
+    rng = random.Random(98)
+    seen = {"ok": 0, "refused": 0}
+    for i in range(20000):
+        seen[_check_fetch(mutate(rng, fetch_frame(rng, i))[4:])] += 1
+    assert seen["refused"] > 5000 and seen["ok"] > 1000, seen
 
 
 @settings(max_examples=1500, deadline=None)
@@ -82,7 +107,7 @@ def test_wire_malformed_produce_closes(broker):
     rng = random.Random(4242)
     hung, answered, closed = [], 0, 0
     for i in range(300):
-        frame = mutate(rng, produce_frame(rng, i))
+        frame = mutate(rng, fetch_frame(rng, i) if i % 3 == 2 else produce_frame(rng, i))
         with RawConn(broker.bootstrap, timeout=5) as c:
             c.send(frame)
             deadline = time.monotonic() + 5
@@ -94,17 +119,19 @@ def test_wire_malformed_produce_closes(broker):
             except (ConnectionError, OSError):
                 closed += 1
             assert time.monotonic() <= deadline + 1
-    assert hung == [] or all(_acks0(bytes.fromhex(h)) for h in hung), hung[:2]
+    assert hung == [] or all(_may_wait(bytes.fromhex(h)) for h in hung), hung[:2]
     assert closed > 100, (closed, answered)
     assert broker.brokers[0].running()
     with RawConn(broker.bootstrap) as c:
         assert c.request(API_VERSIONS, 3, {})["error_code"] == 0
 
 
-def _acks0(frame: bytes) -> bool:
-    """A mutated frame that still parses as acks=0 gets no answer by design (and no close)."""
+def _may_wait(frame: bytes) -> bool:
+    """A mutated frame that still parses as acks=0 Produce gets no answer by design (and no close); one
+    that parses as a Fetch with max_wait_ms above the 5 s deadline is a legitimate long poll."""
     try:
-        req = native.parse_produce(memoryview(frame)[4:])
+        if frame[5] == 1:
+            return native.parse_fetch(memoryview(frame)[4:]).max_wait_ms > 4000
+        return native.parse_produce(memoryview(frame)[4:]).acks == 0
     except ProtocolError:
         return False
-    return req.acks == 0

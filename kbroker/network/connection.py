@@ -30,7 +30,7 @@ import struct
 import time
 from collections import deque
 
-from .._native.request import PRODUCE_MAX, PRODUCE_MIN, parse_produce
+from .._native.request import FETCH_MAX, FETCH_MIN, PRODUCE_MAX, PRODUCE_MIN, parse_fetch, parse_produce
 from ..protocol import api
 from ..protocol.types import FileRegions, ProtocolError
 from ..request_metrics import REQUEST_STATS
@@ -344,14 +344,20 @@ class Connection(asyncio.BufferedProtocol):
     # ---- dispatch --------------------------------------------------------------------------------
     def _dispatch(self, frame, release):
         server = self.server
-        native = server.native_produce
-        if native is not None and len(frame) >= 4:
+        if server.native_on and len(frame) >= 4:
             key, version = _KEY_VERSION.unpack_from(frame, 0)
-            if key == 0 and PRODUCE_MIN <= version <= PRODUCE_MAX:
-                supported = api.SUPPORTED.get(0)
-                if supported is not None and supported[0] <= version <= supported[1]:
-                    self._dispatch_produce(frame, release, native)
-                    return
+            if key == 0:
+                if PRODUCE_MIN <= version <= PRODUCE_MAX and server.native_produce is not None:
+                    supported = api.SUPPORTED.get(0)
+                    if supported is not None and supported[0] <= version <= supported[1]:
+                        self._dispatch_native(frame, release, parse_produce, server.native_produce)
+                        return
+            elif key == 1:
+                if FETCH_MIN <= version <= FETCH_MAX and server.native_fetch is not None:
+                    supported = api.SUPPORTED.get(1)
+                    if supported is not None and supported[0] <= version <= supported[1]:
+                        self._dispatch_native(frame, release, parse_fetch, server.native_fetch)
+                        return
         try:
             header, pos = api.parse_request_header(frame)
         except ProtocolError as e:
@@ -407,28 +413,31 @@ class Connection(asyncio.BufferedProtocol):
             release()
             self._complete(slot, result)
 
-    def _dispatch_produce(self, frame, release, handler):
-        """Produce v3-8: parsed natively (no dicts), answered as encoded bytes (no schema encode).
-        The same outcomes as ``_dispatch``: malformed -> closed, handler failure -> closed."""
+    def _dispatch_native(self, frame, release, parse, handler):
+        """Produce v3-8 / Fetch v4-11: parsed natively (no dicts), answered as encoded chunks (no schema
+        encode). The same outcomes as ``_dispatch``: malformed -> closed, handler failure -> closed."""
         server = self.server
         try:
-            req = parse_produce(frame)
+            req = parse(frame)
         except ProtocolError as e:
             release()
             server.metrics.invalid_frames += 1
-            hostile_log(logging.WARNING, "closing %s: malformed Produce: %s", self.peer, e)
+            hostile_log(logging.WARNING, "closing %s: malformed request: %s", self.peer, e)
             self.close()
             return
         slot = _Slot(req, self.last_active, self._read_at)
         self._pending.append(slot)
-        server.metrics.count_request(0, req.api_version)
+        key = req.api_key
+        server.metrics.count_request(key, req.api_version)
+        if key == 1:
+            slot.follower = req.replica_id >= 0
         slot.started = t0 = _now()
         try:
             result = handler(self, req)
         except Exception:
             release()
-            hostile_log(logging.ERROR, "error handling Produce v%d from %s", req.api_version, self.peer,
-                        exc_info=True)
+            hostile_log(logging.ERROR, "error handling %s v%d from %s", api.API_NAMES[key], req.api_version,
+                        self.peer, exc_info=True)
             self.close()
             return
         slot.local = _now() - t0

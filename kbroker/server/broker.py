@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 # The API table: advertised versions (api.SUPPORTED) and handlers, declared once.
 from . import apis  # noqa: E402
+from .apis import fetch as fetch_api  # noqa: E402
 from .apis import produce as produce_api  # noqa: E402
 from .apis.producer_ids import ProducerIdAllocator  # noqa: E402
 from ..coordinator.manager import GroupCoordinator  # noqa: E402
@@ -95,8 +96,10 @@ class Broker:
             max_connections=cfg.get("max.connections"),
             max_connections_per_ip=cfg.get("max.connections.per.ip"),
             frame_timeout_ms=cfg.get("kbroker.socket.request.frame.timeout.ms"),
-            # Produce v3-8 parsed and answered natively (same policy, kbroker/server/apis/produce.py).
-            native_handlers={int(api.ApiKey.PRODUCE): functools.partial(produce_api.handle_native, self)},
+            # Produce v3-8 and Fetch v4-11 parsed and answered natively (same policy as the table's
+            # handlers: kbroker/server/apis/produce.py, fetch.py).
+            native_handlers={int(api.ApiKey.PRODUCE): functools.partial(produce_api.handle_native, self),
+                             int(api.ApiKey.FETCH): functools.partial(fetch_api.handle_native, self)},
         )
         await self.server.start()
         adv = cfg.advertised_listeners[0]

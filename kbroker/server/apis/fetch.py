@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
+from ..._native.request import encode_fetch_response
 from ...log.errors import OffsetOutOfRange
 from ...protocol.errors import Errors
 from ...protocol.types import FileRegions
@@ -42,29 +43,95 @@ def _leader_log(broker, topic, partition, current_leader_epoch=-1):
     return p.log, p, Errors.NONE
 
 
+class _Args:
+    """The fields of a Fetch request the policy reads, in the shape the native parser gives them
+    (kbroker._native.request.FetchRequest): topics = [(name, [(partition, current_leader_epoch,
+    fetch_offset, log_start_offset, partition_max_bytes), ...]), ...]."""
+
+    __slots__ = ("replica_id", "max_wait_ms", "min_bytes", "max_bytes", "session_id", "topics")
+
+    def __init__(self, body):
+        self.replica_id = body.get("replica_id", -1)   # v15+ would carry it in replica_state; we serve <= 11
+        self.max_wait_ms = body["max_wait_ms"]
+        self.min_bytes = body["min_bytes"]
+        self.max_bytes = body.get("max_bytes", 0x7FFFFFFF)
+        self.session_id = body["session_id"]
+        self.topics = [(t["topic"], [(p["partition"], p.get("current_leader_epoch", -1), p["fetch_offset"],
+                                      p.get("log_start_offset", -1), p["partition_max_bytes"])
+                                     for p in t["partitions"]]) for t in body["topics"]]
+
+
 def fetch(broker, header, body):
-    if body["session_id"] != 0:
+    """The reference path: the generic codec's dict in, a response dict out."""
+    out = execute(broker, _Args(body))
+    if isinstance(out, tuple):
+        return _as_dict(out)
+    return _as_dict_later(out)
+
+
+async def _as_dict_later(awaitable):
+    return _as_dict(await awaitable)
+
+
+def _as_dict(out):
+    code, rows = out
+    return {"throttle_time_ms": 0, "error_code": code, "session_id": 0, "responses": [
+        {"topic": name, "partitions": [
+            {"partition_index": index, "error_code": err, "high_watermark": hw, "last_stable_offset": lso,
+             "log_start_offset": start, "aborted_transactions": None, "preferred_read_replica": -1,
+             "records": records}
+            for index, err, hw, lso, start, records in parts]}
+        for name, parts in rows]}
+
+
+def handle_native(broker, conn, req):
+    """Fetch v4-11 parsed natively (kbroker._native.request.FetchRequest) -> the encoded response
+    chunks, or an awaitable of them (long poll). Same policy as ``fetch`` (``execute``); record
+    ranges below the server's sendfile threshold are copied into the response so that small fetches
+    leave in one write with the other responses of their read."""
+    out = execute(broker, req)
+    if isinstance(out, tuple):
+        return _encode(conn, req, out)
+    return _encode_later(conn, req, out)
+
+
+def _encode(conn, req, out):
+    chunks, copied = encode_fetch_response(req.api_version, req.correlation_id, out[0], out[1],
+                                           conn.server.sendfile_min_bytes)
+    if copied:
+        conn.server.metrics.fetch_copy_bytes += copied
+    return chunks
+
+
+async def _encode_later(conn, req, awaitable):
+    return _encode(conn, req, await awaitable)
+
+
+def execute(broker, req):
+    """Policy of one Fetch request, whichever path parsed it. -> (error_code, rows) with rows =
+    [(topic, [[partition_index, error_code, high_watermark, last_stable_offset, log_start_offset,
+    records], ...]), ...] (records: b"" or FileRegions), or an awaitable of that (long poll)."""
+    if req.session_id != 0:
         # We never hand out fetch sessions (KIP-227 lets a broker answer every fetch in full).
-        return {"throttle_time_ms": 0, "error_code": Errors.FETCH_SESSION_ID_NOT_FOUND, "session_id": 0,
-                "responses": []}
-    replica_id = body.get("replica_id", -1)    # v15+ would carry it in replica_state; we serve <= 11
+        return (int(Errors.FETCH_SESSION_ID_NOT_FOUND), [])
+    replica_id = req.replica_id
     if replica_id >= 0:
-        _record_follower(broker, body, replica_id)
-    responses, size, errors = _read(broker, body)
-    if size >= body["min_bytes"] or body["max_wait_ms"] <= 0 or errors:
-        return _answer(responses)
+        _record_follower(broker, req, replica_id)
+    rows, size, errors = _read(broker, req)
+    if size >= req.min_bytes or req.max_wait_ms <= 0 or errors:
+        return (0, rows)
     # Register for wake-ups now: the coroutine below starts only on a later loop turn, and an
     # append (or HW move) in between must not leave this fetch asleep for max_wait_ms.
     if replica_id >= 0:     # a follower waits for appends, a consumer for the high watermark
-        tps = [follower_key(t["topic"], p["partition"]) for t in body["topics"] for p in t["partitions"]]
+        tps = [follower_key(name, p[0]) for name, parts in req.topics for p in parts]
     else:
-        tps = [(t["topic"], p["partition"]) for t in body["topics"] for p in t["partitions"]]
-    return _long_poll(broker, body, tps, broker.notifier.waiter(tps))
+        tps = [(name, p[0]) for name, parts in req.topics for p in parts]
+    return _long_poll(broker, req, tps, broker.notifier.waiter(tps))
 
 
-async def _long_poll(broker, body, tps, fut):
+async def _long_poll(broker, req, tps, fut):
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + body["max_wait_ms"] / 1000
+    deadline = loop.time() + req.max_wait_ms / 1000
     while True:
         remaining = deadline - loop.time()
         if fut is None:
@@ -77,23 +144,19 @@ async def _long_poll(broker, body, tps, fut):
         finally:
             broker.notifier.forget(tps, fut)
             fut = None
-        responses, size, errors = _read(broker, body)
-        if size >= body["min_bytes"] or errors or loop.time() >= deadline:
-            return _answer(responses)
+        rows, size, errors = _read(broker, req)
+        if size >= req.min_bytes or errors or loop.time() >= deadline:
+            return (0, rows)
 
 
-def _record_follower(broker, body, replica_id):
+def _record_follower(broker, req, replica_id):
     """A follower's fetch offset is its log end offset: HW and ISR bookkeeping on the leader."""
     rm = broker.replica_manager
-    for t in body["topics"]:
-        for p in t["partitions"]:
-            part, err = rm.fetch_partition((t["topic"], p["partition"]), p.get("current_leader_epoch", -1))
+    for name, parts in req.topics:
+        for index, leader_epoch, fetch_offset, _start, _max in parts:
+            part, err = rm.fetch_partition((name, index), leader_epoch)
             if not err:
-                rm.record_follower_fetch(part, replica_id, p["fetch_offset"], p.get("current_leader_epoch", -1))
-
-
-def _answer(responses):
-    return {"throttle_time_ms": 0, "error_code": 0, "session_id": 0, "responses": responses}
+                rm.record_follower_fetch(part, replica_id, fetch_offset, leader_epoch)
 
 
 # Room kept below 2^31-1 for the response's own fields (about 100 bytes a partition): record data
@@ -101,58 +164,52 @@ def _answer(responses):
 _RESPONSE_DATA_CEILING = 0x7FFFFFFF - (64 << 20)
 
 
-def _read(broker, body):
-    """Read every requested partition -> (responses, total bytes, any error)."""
-    replica_id = body.get("replica_id", -1)
+def _read(broker, req):
+    """Read every requested partition -> (rows, total bytes, any error)."""
+    replica_id = req.replica_id
     follower = replica_id >= 0
     # As Kafka: the request's max_bytes, capped by fetch.max.bytes for consumers and by
     # replica.fetch.response.max.bytes for followers (a broker key the request cannot raise).
     broker_max = broker.config.get("replica.fetch.response.max.bytes" if follower else "fetch.max.bytes")
-    budget = min(body.get("max_bytes", 0x7FFFFFFF), broker_max, _RESPONSE_DATA_CEILING)
+    budget = min(req.max_bytes, broker_max, _RESPONSE_DATA_CEILING)
     first = True
     total = 0
     errors = False
-    responses = []
-    for t in body["topics"]:
-        name = t["topic"]
+    rows = []
+    for name, pdata in req.topics:
         parts = []
-        for p in t["partitions"]:
-            index = p["partition"]
-            res = {"partition_index": index, "error_code": 0, "high_watermark": -1, "last_stable_offset": -1,
-                   "log_start_offset": -1, "aborted_transactions": None, "preferred_read_replica": -1,
-                   "records": b""}   # never null: librdkafka rejects MessageSetSize -1
+        for index, leader_epoch, fetch_offset, _start, partition_max in pdata:
+            # records never null: librdkafka rejects MessageSetSize -1
+            res = [index, 0, -1, -1, -1, b""]
             parts.append(res)
-            lg, part, err = _leader_log(broker, name, index, p.get("current_leader_epoch", -1))
+            lg, part, err = _leader_log(broker, name, index, leader_epoch)
             if not err and follower and replica_id not in part.replicas:
                 err = Errors.NOT_LEADER_OR_FOLLOWER      # only assigned replicas read past the HW
             if err:
-                res["error_code"] = int(err)
+                res[1] = int(err)
                 errors = True
                 continue
             hw = lg.high_watermark
-            res["high_watermark"] = hw
-            res["last_stable_offset"] = hw           # no transactions: LSO = HW (read_committed too)
-            res["log_start_offset"] = lg.log_start_offset
-            limit = min(p["partition_max_bytes"], budget)
+            res[2] = hw
+            res[3] = hw                              # no transactions: LSO = HW (read_committed too)
+            res[4] = lg.log_start_offset
+            limit = min(partition_max, budget)
             try:
                 # Consumers never see past the high watermark (= LSO until transactions exist);
                 # followers read up to the log end.
-                data = lg.read(p["fetch_offset"], limit, lg.log_end_offset if follower else hw,
-                               min_one_batch=first)
+                data = lg.read(fetch_offset, limit, lg.log_end_offset if follower else hw, min_one_batch=first)
             except OffsetOutOfRange:
-                res["error_code"] = int(Errors.OFFSET_OUT_OF_RANGE)
+                res[1] = int(Errors.OFFSET_OUT_OF_RANGE)
                 errors = True
                 continue
             if data.size:
                 broker.metrics.fetched(name, data.size)
-                res["records"] = FileRegions(data.regions)
+                res[5] = FileRegions(data.regions)
                 total += data.size
                 budget -= data.size
                 first = False
-            else:
-                res["records"] = b""
-        responses.append({"topic": name, "partitions": parts})
-    return responses, total, errors
+        rows.append((name, parts))
+    return rows, total, errors
 
 
 def list_offsets(broker, header, body):
