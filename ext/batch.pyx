@@ -1,3 +1,4 @@
+# distutils: libraries = z
 """RecordBatch v2 (magic 2): leader-side validate-and-stamp, reading, building.
 
 Wire == disk. The 61-byte header is defined once, in layout.pxd; then come the
@@ -20,7 +21,7 @@ from cpython.buffer cimport (PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release,
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from libc.stdint cimport int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
 from ccrc32c cimport crc32c_update
 from hton cimport load_be16, load_be32, load_be64, store_be16, store_be32, store_be64
@@ -28,6 +29,23 @@ from layout cimport *
 from varint cimport read_varint, read_varlong, varlong_size, write_varlong
 
 import time
+
+
+cdef extern from "zlib.h" nogil:
+    ctypedef struct z_stream:
+        const unsigned char *next_in
+        unsigned int avail_in
+        unsigned char *next_out
+        unsigned int avail_out
+    int inflateInit2(z_stream *strm, int window_bits)
+    int inflate(z_stream *strm, int flush)
+    int inflateReset(z_stream *strm)
+    int inflateEnd(z_stream *strm)
+    enum:
+        Z_OK
+        Z_STREAM_END
+        Z_NO_FLUSH
+        Z_BUF_ERROR
 
 cdef enum:
     # Kafka error codes this module raises.
@@ -324,10 +342,10 @@ cdef void stamp(char *buf, Py_ssize_t size, int64_t base_offset, int32_t leader_
 
 cdef Verdict check_compressed(object body, int codec, int32_t count, bint compacted,
                               Py_ssize_t max_decompressed) except? BAD_RECORDS:
-    # Like Kafka's LogValidator: decompress the records section (bounded by
-    # max_decompressed; the codecs release the GIL while inflating) and check
-    # its records against the header. Corrupt data or output past the cap is
-    # CORRUPT_MESSAGE; records that contradict the header are INVALID_RECORD.
+    # Like Kafka's LogValidator: decompress the records section (bounded by max_decompressed,
+    # into this thread's reusable scratch buffer; every codec runs without the GIL) and check
+    # its records against the header. Corrupt data or output past the cap is CORRUPT_MESSAGE;
+    # records that contradict the header are INVALID_RECORD.
     global _compression
     cdef Py_buffer raw
     cdef Verdict verdict
@@ -335,11 +353,13 @@ cdef Verdict check_compressed(object body, int codec, int32_t count, bint compac
         from kbroker.record import compression as _c
         _compression = _c
     try:
-        section = _compression.decompress(codec, body, max_decompressed)
+        section = _compression.decompress_view(codec, body, max_decompressed)
     except _compression.DecompressionLimitExceeded:
+        _compression.trim_scratch()
         raise BatchError(ERR_CORRUPT_MESSAGE,
                          f"records section expands past {max_decompressed} bytes") from None
     except _compression.CompressionError as e:
+        _compression.trim_scratch()
         raise BatchError(ERR_CORRUPT_MESSAGE, f"records section: {e}") from None
     PyObject_GetBuffer(section, &raw, PyBUF_SIMPLE)
     try:
@@ -347,19 +367,60 @@ cdef Verdict check_compressed(object body, int codec, int32_t count, bint compac
             verdict = check_records(<const unsigned char *>raw.buf, raw.len, count, compacted)
     finally:
         PyBuffer_Release(&raw)
+        del section
+        _compression.trim_scratch()
     return verdict
+
+
+cdef Verdict check_all(char *p, Py_ssize_t n, object buf, int64_t max_message_bytes,
+                       bint compacted, bint records, Py_ssize_t max_decompressed) except? BAD_RECORDS:
+    # check_batch, then (records) the compressed records section. Reads only.
+    cdef Verdict verdict
+    cdef int codec
+    if n >= NOGIL_BYTES:
+        with nogil:
+            verdict = check_batch(p, n, max_message_bytes, compacted)
+    else:
+        verdict = check_batch(p, n, max_message_bytes, compacted)
+    codec = batch_attributes(p) & ATTR_CODEC_MASK if verdict == OK else 0
+    if records and codec != 0:
+        verdict = check_compressed(memoryview(buf)[HEADER_SIZE:n], codec, batch_records_count(p),
+                                   compacted, max_decompressed)
+    return verdict
+
+
+def validate_batch(buf, int64_t max_message_bytes, bint compacted=False,
+                   Py_ssize_t max_decompressed=DEFAULT_MAX_DECOMPRESSED):
+    """Every check validate_and_stamp makes, record level included (a compressed section is
+    decompressed, at most ``max_decompressed`` bytes, and walked), without stamping: ``buf``
+    is only read. A pure function of the bytes, safe on any thread; the byte work runs
+    without the GIL. Returns None; raises BatchError with the same codes as validate_and_stamp."""
+    cdef Py_buffer view
+    cdef Verdict verdict
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        verdict = check_all(<char *>view.buf, view.len, buf, max_message_bytes, compacted, True,
+                            max_decompressed)
+        if verdict != OK:
+            code, message = _VERDICTS[verdict]
+            raise BatchError(code, message)
+    finally:
+        PyBuffer_Release(&view)
 
 
 def validate_and_stamp(buf, int64_t base_offset, int32_t leader_epoch,
                        int64_t max_message_bytes, int64_t log_append_time_ms,
-                       bint compacted=False, Py_ssize_t max_decompressed=DEFAULT_MAX_DECOMPRESSED):
+                       bint compacted=False, Py_ssize_t max_decompressed=DEFAULT_MAX_DECOMPRESSED,
+                       bint prevalidated=False):
     """Validate the one producer batch filling the writable buffer ``buf`` and
     stamp baseOffset / partitionLeaderEpoch in place (plus LogAppendTime:
     attributes bit 3, maxTimestamp and the CRC when log_append_time_ms >= 0).
     A compressed records section is decompressed (at most ``max_decompressed``
-    bytes) and its records checked like an uncompressed one; ``compacted``
-    also requires every record to have a key. Nothing is stamped unless the
-    batch is valid. Returns the stamped header as a BatchInfo; raises BatchError."""
+    bytes) and its records checked like an uncompressed one, unless
+    ``prevalidated`` (validate_batch already did that, e.g. on an executor
+    thread); header and CRC checks always run. ``compacted`` also requires every
+    record to have a key. Nothing is stamped unless the batch is valid. Returns
+    the stamped header as a BatchInfo; raises BatchError."""
     cdef Py_buffer view
     cdef Verdict verdict
     cdef char *p
@@ -368,16 +429,8 @@ def validate_and_stamp(buf, int64_t base_offset, int32_t leader_epoch,
     try:
         p = <char *>view.buf
         n = view.len
-        if n >= NOGIL_BYTES:
-            with nogil:
-                verdict = check_batch(p, n, max_message_bytes, compacted)
-        else:
-            verdict = check_batch(p, n, max_message_bytes, compacted)
-        if verdict == OK and (load_be16(p + OFF_ATTRIBUTES) & ATTR_CODEC_MASK) != 0:
-            verdict = check_compressed(memoryview(buf)[HEADER_SIZE:n],
-                                       load_be16(p + OFF_ATTRIBUTES) & ATTR_CODEC_MASK,
-                                       <int32_t>load_be32(p + OFF_RECORDS_COUNT),
-                                       compacted, max_decompressed)
+        verdict = check_all(p, n, buf, max_message_bytes, compacted, not prevalidated,
+                            max_decompressed)
         if verdict != OK:
             code, message = _VERDICTS[verdict]
             raise BatchError(code, message)
@@ -389,6 +442,75 @@ def validate_and_stamp(buf, int64_t base_offset, int32_t leader_epoch,
         return parse_header(p, 0)
     finally:
         PyBuffer_Release(&view)
+
+
+# ---------------------------------------------------------------- gzip
+
+# inflate_bounded outcomes.
+cdef enum:
+    INFLATE_DONE = 0
+    INFLATE_CORRUPT = 1
+    INFLATE_TRUNCATED = 2
+    INFLATE_FULL = 3
+
+
+cdef Py_ssize_t inflate_bounded(const unsigned char *src, Py_ssize_t n, unsigned char *dst,
+                                Py_ssize_t cap, int *err) noexcept nogil:
+    # Inflate the gzip (or zlib) members back to back in src[0:n] into dst[0:cap]; returns the
+    # bytes written and sets err to an INFLATE_* outcome (FULL: dst filled before the end).
+    cdef z_stream zs
+    cdef int rc
+    cdef Py_ssize_t produced = 0
+    memset(&zs, 0, sizeof(z_stream))
+    if n > <Py_ssize_t>0xFFFFFFFFU or inflateInit2(&zs, 32 + 15) != Z_OK:    # 32: gzip or zlib header
+        err[0] = INFLATE_CORRUPT
+        return 0
+    zs.next_in = src
+    zs.avail_in = <unsigned int>n
+    err[0] = INFLATE_CORRUPT
+    while True:
+        zs.next_out = dst + produced
+        zs.avail_out = <unsigned int>min(cap - produced, <Py_ssize_t>0x7FFFFFFF)
+        rc = inflate(&zs, Z_NO_FLUSH)
+        produced = zs.next_out - dst
+        if rc == Z_STREAM_END:
+            if zs.avail_in == 0:
+                err[0] = INFLATE_DONE
+                break
+            if inflateReset(&zs) != Z_OK:     # concatenated members are one valid stream
+                break
+        elif rc == Z_OK or rc == Z_BUF_ERROR:
+            if produced >= cap:
+                err[0] = INFLATE_FULL
+                break
+            if zs.avail_in == 0:
+                err[0] = INFLATE_TRUNCATED
+                break
+        else:
+            break                             # Z_DATA_ERROR, Z_NEED_DICT, Z_MEM_ERROR
+    inflateEnd(&zs)
+    return produced
+
+
+def inflate_into(src, out):
+    """Inflate gzip/zlib data ``src`` into the writable buffer ``out`` without the GIL.
+    Returns (bytes written, outcome): 0 complete, 1 corrupt, 2 truncated, 3 ``out`` filled
+    before the stream ended."""
+    cdef Py_buffer sv, ov
+    cdef Py_ssize_t n
+    cdef int err = 0
+    PyObject_GetBuffer(src, &sv, PyBUF_SIMPLE)
+    try:
+        PyObject_GetBuffer(out, &ov, PyBUF_WRITABLE)
+        try:
+            with nogil:
+                n = inflate_bounded(<const unsigned char *>sv.buf, sv.len,
+                                    <unsigned char *>ov.buf, ov.len, &err)
+        finally:
+            PyBuffer_Release(&ov)
+    finally:
+        PyBuffer_Release(&sv)
+    return n, err
 
 
 # ---------------------------------------------------------------- reading

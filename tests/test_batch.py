@@ -396,12 +396,25 @@ def test_property_build_decode_agree(records, codec):
         assert bytes(kp) == bytes(our_batch(records, 0, partition_leader_epoch=0))
 
 
+def _verdict(fn, *args):
+    try:
+        fn(*args)
+    except B.BatchError as e:
+        return e.error_code
+    return 0
+
+
 def _check_mutant(buf):
+    # validate_batch (read-only, any thread) must give exactly validate_and_stamp's verdict.
+    before = bytes(buf)
+    pre = _verdict(B.validate_batch, bytes(buf), MAX)
     try:
         info = B.validate_and_stamp(memoryview(buf), 3, 1, MAX, -1)
     except B.BatchError as e:
         assert e.error_code in (2, 10, 32, 43, 76, 87)
+        assert pre == e.error_code
         return
+    assert pre == 0, before
     # Accepted: the oracle must agree it is a well-formed batch. Like Kafka,
     # the leader does not check that header keys are UTF-8; readers do.
     try:
@@ -463,3 +476,83 @@ def test_fuzz_random_bytes(data):
         B.decode_record_data(data, 3, 0, 0)
     except B.BatchError:
         pass
+
+
+# ------------------------------------------------------------ validate_batch / prevalidated
+
+def lying_compressed(codec, claimed=1_000_000):
+    """A valid compressed batch whose header claims ``claimed`` records (CRC fixed up)."""
+    buf = bytearray(our_batch(RECORDS[:1], codec=codec))
+    struct.pack_into(">i", buf, 57, claimed)
+    struct.pack_into(">i", buf, 23, claimed - 1)
+    return refresh_crc(buf)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_validate_batch_same_verdicts_and_reads_only(codec):
+    good = bytes(our_batch(codec=codec))
+    assert B.validate_batch(good, MAX) is None              # bytes: read-only buffers are fine
+    cases = {
+        "lie": bytes(lying_compressed(codec)) if codec else None,
+        "crc": bytes(patch(bytearray(good), ">B", len(good) - 1, good[-1] ^ 1, fix_crc=False)),
+        "big": good,
+        "nullkey": bytes(our_batch(codec=codec)),            # RECORDS[1] has a null key
+    }
+    for name, buf in cases.items():
+        if buf is None:
+            continue
+        kw = {"compacted": name == "nullkey"}
+        max_bytes = 100 if name == "big" else MAX
+        want = _verdict(B.validate_and_stamp, bytearray(buf), 0, 0, max_bytes, -1, kw["compacted"])
+        assert want != 0, name
+        got = _verdict(B.validate_batch, buf, max_bytes, kw["compacted"])
+        assert got == want, (name, got, want)
+
+
+def test_validate_batch_threads_and_bombs():
+    # Many threads at once, each codec, good and lying batches: every verdict as on one thread.
+    from concurrent.futures import ThreadPoolExecutor
+    jobs = []
+    for codec in CODECS:
+        jobs.append((bytes(our_batch(codec=codec)), 0))
+        if codec:
+            jobs.append((bytes(lying_compressed(codec, 2)), INVALID_RECORD))
+    bomb = B.BatchBuilder(4, 1 << 30)
+    for _ in range(40):
+        bomb.append(0, None, bytes(1 << 20))
+    jobs.append((bomb.build(), CORRUPT_MESSAGE))             # 40 MiB of zeros, cap 16 MiB
+    def run(job):
+        buf, want = job
+        return _verdict(B.validate_batch, buf, 1 << 30, False, 16 << 20) == want
+    with ThreadPoolExecutor(8) as ex:
+        assert all(ex.map(run, jobs * 8))
+
+
+@pytest.mark.parametrize("codec", [1, 2, 3, 4])
+def test_prevalidated_skips_only_the_record_walk(codec):
+    # A lying compressed batch passes when prevalidated (the record walk is what was skipped) ...
+    buf = lying_compressed(codec, 5)
+    info = B.validate_and_stamp(buf, 100, 7, MAX, -1, prevalidated=True)
+    assert info.base_offset == 100 and info.partition_leader_epoch == 7
+    assert stamp_error(lying_compressed(codec, 5)) == INVALID_RECORD
+    # ... but the header checks and the CRC still run.
+    bad_crc = lying_compressed(codec, 5)
+    bad_crc[-1] ^= 1
+    with pytest.raises(B.BatchError) as e:
+        B.validate_and_stamp(bad_crc, 0, 0, MAX, -1, prevalidated=True)
+    assert e.value.error_code == CORRUPT_MESSAGE
+    with pytest.raises(B.BatchError) as e:
+        B.validate_and_stamp(bytearray(our_batch(codec=codec)), 0, 0, 100, -1, prevalidated=True)
+    assert e.value.error_code == MESSAGE_TOO_LARGE
+
+
+def test_layout_exposed_to_python_matches_the_wire():
+    L = B.LAYOUT
+    assert (L["HEADER_SIZE"], L["LOG_OVERHEAD"], L["CRC_START"]) == (61, 12, 21)
+    buf = bytearray(our_batch(producer_id=9, producer_epoch=2, base_sequence=4))
+    info = B.read_batch(buf)
+    assert struct.unpack_from(">q", buf, L["OFF_PRODUCER_ID"])[0] == info.producer_id == 9
+    assert struct.unpack_from(">h", buf, L["OFF_PRODUCER_EPOCH"])[0] == 2
+    assert struct.unpack_from(">i", buf, L["OFF_BASE_SEQUENCE"])[0] == 4
+    assert struct.unpack_from(">i", buf, L["OFF_RECORDS_COUNT"])[0] == info.record_count
+    assert struct.unpack_from(">q", buf, L["OFF_MAX_TIMESTAMP"])[0] == info.max_timestamp

@@ -137,3 +137,60 @@ def test_bomb_is_refused_without_inflating(codec, tmp_path):
     assert out[0] == "raised"
     grown_kib = int(out[1])
     assert grown_kib < 12 * 1024, f"peak RSS grew by {grown_kib} KiB"
+
+
+def _varint(n):
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def test_snappy_output_bounded_from_headers_before_decoding():
+    # Each block's preamble states its length: a xerial stream whose stated lengths sum past the
+    # cap is refused as too large before any block is decoded (the blocks here are garbage that
+    # decoding would call corrupt), and so is a raw block claiming too much.
+    block = _varint(600_000) + b"\xff" * 20
+    xerial = C._XERIAL_HEADER.pack(C.XERIAL_MAGIC, 1, 1) + b"".join(
+        struct.pack(">i", len(block)) + block for _ in range(2))
+    with pytest.raises(C.DecompressionLimitExceeded):
+        C.decompress(C.SNAPPY, xerial, 1_000_000)
+    with pytest.raises(C.CompressionError) as e:
+        C.decompress(C.SNAPPY, xerial, 2_000_000)      # under the cap: now decoded, and corrupt
+    assert not isinstance(e.value, C.DecompressionLimitExceeded)
+    with pytest.raises(C.DecompressionLimitExceeded):
+        C.decompress(C.SNAPPY, _varint(1 << 30) + b"\x00", 1 << 20)
+
+
+def test_gzip_size_hint_may_lie():
+    # The gzip trailer's ISIZE only sizes the first try: too small means a retry, too large is
+    # clamped to the cap; the output is right either way.
+    raw = payload(300_000)
+    gz = bytearray(C.compress(C.GZIP, raw))
+    for isize in (1, 5_000_000_000 % (1 << 32), len(raw)):
+        struct.pack_into("<I", gz, len(gz) - 4, isize)
+        # zlib checks ISIZE at the end of the member: a lying one is corrupt, never a crash.
+        try:
+            assert C.decompress(C.GZIP, gz, 1 << 20) == raw
+        except C.CompressionError as e:
+            assert isize != len(raw) and "corrupt" in str(e)
+    raw2 = payload(200_000, 5)
+    two = C.compress(C.GZIP, raw) + C.compress(C.GZIP, raw2)   # the hint is the last member's
+    assert C.decompress(C.GZIP, two, 1 << 20) == raw + raw2
+    with pytest.raises(C.DecompressionLimitExceeded):
+        C.decompress(C.GZIP, two, len(raw) + len(raw2) - 1)
+    assert C.decompress(C.GZIP, two, len(raw) + len(raw2)) == raw + raw2
+
+
+def test_scratch_reused_and_trimmed():
+    a = C.compress(C.LZ4, payload(100_000))
+    v1 = C.decompress_view(C.LZ4, a, 1 << 20)
+    v2 = C.decompress_view(C.LZ4, a, 1 << 20)
+    assert v1.obj is v2.obj                       # one buffer per thread, no fresh memory per call
+    big = C.compress(C.ZSTD, bytes(C.SCRATCH_KEEP + 1))
+    assert len(C.decompress_view(C.ZSTD, big, 64 << 20)) == C.SCRATCH_KEEP + 1
+    C.trim_scratch()                              # a big batch's buffer is not kept
+    assert C.decompress_view(C.LZ4, a, 1 << 20).obj is not v1.obj
+    assert len(C.decompress_view(C.LZ4, a, 1 << 20).obj) <= C.SCRATCH_KEEP

@@ -7,7 +7,7 @@ import pytest
 from kafka.record import MemoryRecords
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
-from kbroker.log import Log, LogAppendError, LogConfig, OffsetOutOfRange
+from kbroker.log import Log, LogAppendError, LogConfig, OffsetOutOfRange, validate_batch
 from kbroker.log import errors
 
 T0 = 1_700_000_000_000
@@ -310,3 +310,31 @@ def test_disk_full_across_rolls_then_restart(small_tmpfs):
     log = Log(path, "t", 0, LogConfig(cfg), clean_shutdown=False)
     assert log.log_end_offset == leo
     log.close_for_delete()
+
+
+def test_validate_batch_then_append_prevalidated(tmp_path):
+    """Contract 4: validate_batch off the loop, then append_as_leader(prevalidated=True)."""
+    from kbroker._native.batch import BatchBuilder
+    b = BatchBuilder(codec=4)
+    for i in range(5):
+        b.append(T0 + i, b"k%d" % i, b"v" * 100)
+    good = b.build()
+    log = open_log(tmp_path, **{"cleanup.policy": "compact"})
+    validate_batch(good, log.config.max_message_bytes, True)
+    r = log.append_as_leader(bytearray(good), 2, T0, prevalidated=True)
+    assert (r.base_offset, r.last_offset) == (0, 4) and log.log_end_offset == 5
+    keyless = BatchBuilder(codec=4)
+    keyless.append(T0, None, b"v")
+    with pytest.raises(LogAppendError) as e:
+        validate_batch(keyless.build(), log.config.max_message_bytes, True)
+    assert e.value.error_code == errors.INVALID_RECORD
+    with pytest.raises(LogAppendError) as e:
+        validate_batch(good, 100, False)
+    assert e.value.error_code == errors.MESSAGE_TOO_LARGE
+    # Header and CRC checks still run on the prevalidated append; nothing is appended.
+    torn = bytearray(good)
+    torn[-1] ^= 1
+    with pytest.raises(LogAppendError) as e:
+        log.append_as_leader(torn, 2, T0, prevalidated=True)
+    assert e.value.error_code == errors.CORRUPT_MESSAGE and log.log_end_offset == 5
+    log.close()

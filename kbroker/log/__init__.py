@@ -7,9 +7,9 @@
 """
 from .cleaner import LogCleaner
 from .errors import LogAppendError, LogDirError, LogError, OffsetOutOfRange
-from .log import AppendResult, FetchData, Log, LogConfig
+from .log import AppendResult, FetchData, Log, LogConfig, validate_batch
 from .manager import LogManager
 from .segment import LogSegment
 
 __all__ = ["AppendResult", "FetchData", "Log", "LogAppendError", "LogConfig", "LogDirError",
-           "LogCleaner", "LogError", "LogManager", "LogSegment", "OffsetOutOfRange"]
+           "LogCleaner", "LogError", "LogManager", "LogSegment", "OffsetOutOfRange", "validate_batch"]

@@ -133,6 +133,19 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def validate_batch(buf, max_message_bytes: int, compact: bool) -> None:
+    """Record-level validation of one producer batch as append_as_leader does it (header, CRC,
+    and for a compressed batch the decompressed records: count, offset deltas, keys when
+    ``compact``), without stamping or touching any log: a pure function of the bytes, safe on
+    any thread, the byte work (decompression included) without the GIL. Lets the produce path
+    run the expensive part on an executor and then append with ``prevalidated=True``. Raises
+    LogAppendError with the codes append_as_leader would give."""
+    try:
+        _batch.validate_batch(buf, max_message_bytes, compact)
+    except _batch.BatchError as e:
+        raise LogAppendError(e.error_code, str(e)) from None
+
+
 class Log:
     def __init__(self, dir_path: str, topic: str, partition: int, config: LogConfig, *,
                  clean_shutdown: bool = True, recovery_point: int = 0, log_start_offset: int = 0,
@@ -305,10 +318,12 @@ class Log:
 
     # -- append -----------------------------------------------------------------------------
 
-    def append_as_leader(self, buf, leader_epoch: int, now: int) -> AppendResult:
+    def append_as_leader(self, buf, leader_epoch: int, now: int, prevalidated: bool = False) -> AppendResult:
         """Validate, stamp and append one producer batch (a writable buffer holding exactly
-        one RecordBatch v2). Returns the assigned offsets, or the original offsets of an
-        idempotent duplicate; raises LogAppendError."""
+        one RecordBatch v2). ``prevalidated``: validate_batch already passed on these bytes
+        (with this log's max.message.bytes and cleanup.policy), so the decompressing record
+        walk is skipped; header checks, CRC and stamping still run. Returns the assigned
+        offsets, or the original offsets of an idempotent duplicate; raises LogAppendError."""
         if self.offline:
             raise LogAppendError(KAFKA_STORAGE_ERROR, f"log {self.name} is offline")
         cfg = self.config
@@ -316,7 +331,7 @@ class Log:
         base = self.log_end_offset
         try:
             info = _batch.validate_and_stamp(buf, base, leader_epoch, cfg.max_message_bytes, append_time,
-                                             "compact" in cfg.cleanup_policy)
+                                             "compact" in cfg.cleanup_policy, prevalidated=prevalidated)
         except _batch.BatchError as e:
             raise LogAppendError(e.error_code, str(e)) from None
         pid = info.producer_id

@@ -10,14 +10,24 @@ compressed blob in the codec's stream format:
   3 lz4    - the LZ4 *frame* format (independent blocks)
   4 zstd   - a zstd frame
 
-``decompress`` never produces more than ``max_size`` bytes: gzip is inflated
-in bounded steps, snappy blocks declare their length up front, and lz4/zstd
-decode into a buffer grown up to ``max_size + 1`` bytes, so a decompression
-bomb costs at most the cap in memory before it is refused.
+``decompress`` never produces more than ``max_size`` bytes: snappy states every
+block's length up front (the whole output is summed and refused before anything
+is allocated), gzip is inflated natively into a buffer of at most ``max_size + 1``
+bytes, and lz4/zstd decode into a buffer sized from their frame/block headers
+(at most ``max_size + 1``), so a decompression bomb costs at most the cap in
+memory before it is refused.
+
+``decompress_view`` is the validation path (kbroker._native.batch): it decodes
+into this thread's reusable scratch buffer instead of fresh memory (fresh
+multi-MiB buffers cost page faults and zero-filling on every batch, more than
+lz4 itself) and returns a view that stays valid until the thread's next call.
+Every codec runs with the GIL released (zlib natively, cramjam's *_into calls
+release it themselves), so validation can run on executor threads.
 """
 from __future__ import annotations
 
 import struct
+import threading
 import zlib
 
 import cramjam
@@ -28,7 +38,9 @@ CODECS = {NONE: "none", GZIP: "gzip", SNAPPY: "snappy", LZ4: "lz4", ZSTD: "zstd"
 XERIAL_MAGIC = b"\x82SNAPPY\x00"
 _XERIAL_HEADER = struct.Struct(">8sii")
 _XERIAL_BLOCK = 32 * 1024  # uncompressed bytes per chunk, like the Java client
-_INFLATE_STEP = 64 * 1024
+# A thread keeps at most this much scratch between calls (bigger batches get a buffer of their own
+# that is dropped afterwards, so an attack's memory goes back).
+SCRATCH_KEEP = 8 << 20
 
 
 class CompressionError(ValueError):
@@ -64,52 +76,101 @@ def decompress(codec: int, data, max_size: int) -> bytes:
         if len(data) > max_size:
             raise DecompressionLimitExceeded(f"{len(data)} bytes > cap {max_size}")
         return bytes(data)
+    try:
+        return bytes(decompress_view(codec, data, max_size))
+    finally:
+        trim_scratch()
+
+
+class _Scratch(threading.local):
+    buf = None
+
+
+_scratch = _Scratch()
+
+
+def _scratch_view(size: int) -> memoryview:
+    """A writable view of at least ``size`` bytes of this thread's scratch buffer."""
+    buf = _scratch.buf
+    if buf is None or len(buf) < size:
+        have = 0 if buf is None else len(buf)
+        # Grow geometrically while below the keep limit, exactly above it.
+        grown = max(size, min(2 * have, SCRATCH_KEEP))
+        buf = _scratch.buf = bytearray(grown)
+    return memoryview(buf)
+
+
+def trim_scratch() -> None:
+    """Drop this thread's scratch buffer if it grew past SCRATCH_KEEP (after a big batch)."""
+    buf = _scratch.buf
+    if buf is not None and len(buf) > SCRATCH_KEEP:
+        _scratch.buf = None
+
+
+def decompress_view(codec: int, data, max_size: int) -> memoryview:
+    """Decompress ``data`` (codec 1-4) into this thread's scratch buffer; the returned view is
+    valid until this thread's next call here. Same errors and cap as ``decompress``."""
+    view = memoryview(data).cast("B")
     if codec == GZIP:
-        return _inflate(data, max_size)
+        return _inflate(view, max_size)
     if codec == SNAPPY:
-        view = memoryview(data).cast("B")
         if view[:8] == XERIAL_MAGIC:
             return _xerial_decompress(view, max_size)
-        return _snappy_block(view, max_size, max_size)
+        return _snappy_raw(view, max_size)
     if codec in (LZ4, ZSTD):
-        module = cramjam.lz4 if codec == LZ4 else cramjam.zstd
-        return _decode_into(module, data, max_size)
+        return _decode_into(cramjam.lz4 if codec == LZ4 else cramjam.zstd, view, max_size)
     raise CompressionError(f"unknown compression codec {codec}")
 
 
-def _inflate(data, max_size: int) -> bytes:
-    out = bytearray()
-    pending = bytes(data)
-    while pending:
-        d = zlib.decompressobj(32 + zlib.MAX_WBITS)  # gzip or zlib header
-        chunk = pending
-        try:
-            while chunk and not d.eof:
-                room = max_size - len(out) + 1
-                out += d.decompress(chunk, min(room, _INFLATE_STEP))
-                if len(out) > max_size:
-                    raise DecompressionLimitExceeded(f"gzip output exceeds cap {max_size}")
-                chunk = d.unconsumed_tail
-            if not d.eof:
-                raise CompressionError("truncated gzip stream")
-        except zlib.error as e:
-            raise CompressionError(f"corrupt gzip data: {e}") from None
-        # Concatenated gzip members are one valid stream.
-        pending = d.unused_data
-    return bytes(out)
+_INFLATE_ERRORS = {1: "corrupt gzip data", 2: "truncated gzip stream"}
 
 
-def _snappy_block(block: memoryview, room: int, max_size: int) -> bytes:
+def _inflate(view: memoryview, max_size: int) -> memoryview:
+    # Native zlib inflate (gzip or zlib headers, concatenated members) without the GIL. The
+    # gzip trailer's ISIZE (the last member's length mod 2^32) sizes the first try; a wrong
+    # guess only costs a re-inflate into a 4x larger buffer, never more than the cap.
+    from kbroker._native.batch import inflate_into
+    limit = max_size + 1
+    hint = int.from_bytes(view[-4:], "little") if len(view) >= 18 else 0
+    size = min(limit, max(hint + 1, 64 * 1024))
+    while True:
+        out = _scratch_view(size)[:size]
+        n, err = inflate_into(view, out)
+        if err == 3:                               # the buffer filled up first
+            if size >= limit:
+                raise DecompressionLimitExceeded(f"gzip output exceeds cap {max_size}")
+            size = min(limit, size * 4)
+            continue
+        if err:
+            raise CompressionError(_INFLATE_ERRORS[err])
+        if n > max_size:
+            raise DecompressionLimitExceeded(f"gzip output exceeds cap {max_size}")
+        return out[:n]
+
+
+def _snappy_len(block: memoryview) -> int:
     try:
-        n = cramjam.snappy.decompress_raw_len(block)
+        return cramjam.snappy.decompress_raw_len(block)
     except Exception as e:
         raise CompressionError(f"corrupt snappy block: {e}") from None
-    if n > room:
-        raise DecompressionLimitExceeded(f"snappy output exceeds cap {max_size}")
+
+
+def _snappy_into(block: memoryview, out: memoryview) -> None:
     try:
-        return bytes(cramjam.snappy.decompress_raw(block))
+        n = cramjam.snappy.decompress_raw_into(block, out)
     except Exception as e:
         raise CompressionError(f"corrupt snappy block: {e}") from None
+    if n != len(out):
+        raise CompressionError("snappy block shorter than its stated length")
+
+
+def _snappy_raw(view: memoryview, max_size: int) -> memoryview:
+    n = _snappy_len(view)
+    if n > max_size:
+        raise DecompressionLimitExceeded(f"snappy output {n} exceeds cap {max_size}")
+    out = _scratch_view(n)[:n]
+    _snappy_into(view, out)
+    return out
 
 
 def _xerial_compress(view: memoryview) -> bytes:
@@ -121,10 +182,13 @@ def _xerial_compress(view: memoryview) -> bytes:
     return b"".join(parts)
 
 
-def _xerial_decompress(view: memoryview, max_size: int) -> bytes:
+def _xerial_decompress(view: memoryview, max_size: int) -> memoryview:
+    # Every block states its uncompressed length (the raw snappy preamble): sum them over the
+    # framing first and refuse an oversized total before allocating any output.
     if len(view) < _XERIAL_HEADER.size:
         raise CompressionError("truncated xerial snappy header")
-    out = bytearray()
+    blocks = []
+    total = 0
     pos = _XERIAL_HEADER.size
     while pos < len(view):
         if pos + 4 > len(view):
@@ -133,9 +197,19 @@ def _xerial_decompress(view: memoryview, max_size: int) -> bytes:
         pos += 4
         if n < 0 or pos + n > len(view):
             raise CompressionError("xerial snappy block runs past the data")
-        out += _snappy_block(view[pos:pos + n], max_size - len(out), max_size)
+        block = view[pos:pos + n]
+        length = _snappy_len(block)
+        total += length
+        if total > max_size:
+            raise DecompressionLimitExceeded(f"snappy output exceeds cap {max_size}")
+        blocks.append((block, length))
         pos += n
-    return bytes(out)
+    out = _scratch_view(total)[:total]
+    at = 0
+    for block, length in blocks:
+        _snappy_into(block, out[at:at + length])
+        at += length
+    return out
 
 
 def _lz4_bound(view) -> int | None:
@@ -209,22 +283,21 @@ def _zstd_bound(view) -> int | None:
     return total
 
 
-def _decode_into(module, data, max_size: int) -> bytes:
+def _decode_into(module, view: memoryview, max_size: int) -> memoryview:
     # Neither format always states its output size, but both can be bounded from their block
     # headers without decoding: one decode into a buffer of that bound (at most max_size + 1, the
     # spare byte telling "exactly max_size" from "more"). Unwalkable input falls back to a buffer
     # that starts small and grows 4x per retry; memory never exceeds the cap.
     limit = max_size + 1
-    view = memoryview(data).cast("B")
     bound = (_lz4_bound if module is cramjam.lz4 else _zstd_bound)(view)
     if bound is not None:
         size = min(limit, max(bound, 1))
     else:
-        size = min(limit, max(4 * len(data), 64 * 1024))
+        size = min(limit, max(4 * len(view), 64 * 1024))
     while True:
-        out = bytearray(size)
+        out = _scratch_view(size)[:size]
         try:
-            n = module.decompress_into(data, out)
+            n = module.decompress_into(view, out)
         except cramjam.DecompressionError as e:
             if "failed to write whole buffer" not in str(e):
                 raise CompressionError(f"corrupt {module.__name__} data: {e}") from None
@@ -239,5 +312,4 @@ def _decode_into(module, data, max_size: int) -> bytes:
             # the headers is an upper bound: filling it exactly is a complete decode.)
             size = min(limit, size * 4)
             continue
-        del out[n:]
-        return bytes(out)
+        return out[:n]
