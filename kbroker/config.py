@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import os
 import re
 import socket
 from dataclasses import dataclass
@@ -181,6 +182,13 @@ def _known(name: str, type_: str, default: Any, validator: Validator | None = No
     return ConfigKey(name, type_, default, validator, False)
 
 
+# kbroker's own key choosing the event-loop implementation (issue 10 item 2); the environment variable
+# lets test and benchmark runs pick it for every broker they start without editing configs.
+EVENT_LOOP_KEY = "kbroker.event.loop"
+EVENT_LOOP_ENV = "KBROKER_EVENT_LOOP"
+EVENT_LOOPS = ("asyncio", "uvloop")
+DEFAULT_EVENT_LOOP = "asyncio"
+
 _DEFAULT_PROTOCOL_MAP = "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL"
 
 # Kafka 3.9 broker keys (ZooKeeper mode). Defaults and ranges are Kafka's.
@@ -252,6 +260,11 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
               "first byte or the connection is closed; 0 = no deadline"),
     _impl("kbroker.metrics.port", "int", -1, between(-1, 65535),
           doc="Prometheus /metrics HTTP port on the listener host; -1 = off, 0 = any free port"),
+    _impl(EVENT_LOOP_KEY, "string", DEFAULT_EVENT_LOOP, one_of(*EVENT_LOOPS),
+          doc="the broker's event loop: asyncio (the standard library's selector loop) or uvloop (libuv); "
+              f"the {EVENT_LOOP_ENV} environment variable sets it when the config does not. asyncio by "
+              "measurement (docs/perf/README.md): uvloop spends less per small request but has no sendfile, "
+              "and the network layer still needs asyncio's selector loop (a uvloop broker fails to start)"),
     # --- known Kafka keys, not implemented yet (warned about) ------------------------------------
     _known("broker.id.generation.enable", "boolean", True),
     _known("reserved.broker.max.id", "int", 1000, at_least(0)),
@@ -714,6 +727,11 @@ class BrokerConfig:
     def metrics_port(self) -> int:
         return self._values["kbroker.metrics.port"]
 
+    @property
+    def event_loop(self) -> str:
+        """"asyncio" or "uvloop": the config's kbroker.event.loop, else $KBROKER_EVENT_LOOP, else the default."""
+        return self._values[EVENT_LOOP_KEY]
+
     def topic_defaults(self) -> dict[str, Any]:
         """The default topic config this broker applies, keyed by Kafka's topic key names."""
         v = self._values
@@ -757,6 +775,12 @@ class BrokerConfig:
     # -- cross-key checks ------------------------------------------------------------------------
     def _check_and_derive(self) -> None:
         v = self._values
+        env_loop = os.environ.get(EVENT_LOOP_ENV)
+        if EVENT_LOOP_KEY not in self.originals and env_loop is not None:
+            try:
+                v[EVENT_LOOP_KEY] = BROKER_CONFIGS[EVENT_LOOP_KEY].parse(env_loop)
+            except ConfigError as e:
+                raise ConfigError(f"{e} (set by the environment variable {EVENT_LOOP_ENV})", EVENT_LOOP_KEY) from None
         if not v["zookeeper.connect"]:
             raise ConfigError("Missing required configuration zookeeper.connect which has no default value.",
                               "zookeeper.connect")

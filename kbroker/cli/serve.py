@@ -6,11 +6,12 @@ the broker returns (0 after a clean SIGTERM/SIGINT shutdown).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import sys
 
 from kbroker import __version__
-from kbroker.config import BrokerConfig, ConfigError
+from kbroker.config import EVENT_LOOP_KEY, BrokerConfig, ConfigError
 from kbroker.logging_setup import LEVELS, level_number, setup_logging
 
 log = logging.getLogger("kbroker.server")
@@ -22,6 +23,18 @@ def _log_level(text: str) -> str:
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return text
+
+
+def install_event_loop(name: str) -> None:
+    """Make asyncio.run() (the broker's entry point) build the chosen loop (kbroker.event.loop).
+    Note: kbroker/network drives the selector loop through its private methods (own accept loop, direct
+    os.sendfile), so on uvloop the broker does not start yet; see tests/test_perf_event_loop.py."""
+    if name == "uvloop":
+        import uvloop
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    else:
+        asyncio.set_event_loop_policy(None)     # the standard library's default policy: selector loop
+    log.info("event loop: %s (%s)", name, EVENT_LOOP_KEY)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,6 +56,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"kbroker serve: config error in {args.config}: {e}", file=sys.stderr)
         return 2
     log.info("kbroker %s, config %s values:\n\t%s", __version__, config.source, "\n\t".join(config.describe()))
+    try:
+        install_event_loop(config.event_loop)
+    except ImportError as e:
+        print(f"kbroker serve: config error: {EVENT_LOOP_KEY}={config.event_loop} needs the {e.name} package "
+              f"(not importable)", file=sys.stderr)
+        return 2
     # Imported here so the CLI (and config errors) work without loading the whole broker.
     from kbroker.server.broker import run as run_broker
 

@@ -1,0 +1,119 @@
+"""The event-loop choice (issue 10 item 2): ``kbroker.event.loop=asyncio|uvloop`` in the config, or
+KBROKER_EVENT_LOOP in the environment when the config does not set it; validated with Kafka's wording.
+
+Invariant for a real broker on each loop: every record a confluent-kafka producer wrote (small and
+large, so fetches go both through the copy path and through file regions ≥ the sendfile threshold) is
+read back once, in order, byte for byte; and the broker process runs the loop it was told to (uvloop's
+extension module is mapped into the process only when it was chosen)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from kbroker.config import DEFAULT_EVENT_LOOP, EVENT_LOOP_ENV, EVENT_LOOP_KEY, EVENT_LOOPS, BrokerConfig, ConfigError
+
+BASE = {"zookeeper.connect": "127.0.0.1:2181", "broker.id": 0}
+
+
+def test_key_default_values_and_errors(monkeypatch):
+    monkeypatch.delenv(EVENT_LOOP_ENV, raising=False)
+    assert set(EVENT_LOOPS) == {"asyncio", "uvloop"} and DEFAULT_EVENT_LOOP in EVENT_LOOPS
+    assert BrokerConfig.from_dict(BASE).event_loop == DEFAULT_EVENT_LOOP
+    for name in EVENT_LOOPS:
+        assert BrokerConfig.from_dict({**BASE, EVENT_LOOP_KEY: name}).event_loop == name
+    with pytest.raises(ConfigError) as e:
+        BrokerConfig.from_dict({**BASE, EVENT_LOOP_KEY: "tokio"})
+    assert e.value.key == EVENT_LOOP_KEY
+    assert str(e.value) == ("Invalid value tokio for configuration kbroker.event.loop: "
+                            "String must be one of: asyncio, uvloop")
+
+
+def test_environment_sets_it_when_the_config_does_not(monkeypatch):
+    monkeypatch.setenv(EVENT_LOOP_ENV, "uvloop")
+    assert BrokerConfig.from_dict(BASE).event_loop == "uvloop"
+    assert BrokerConfig.from_dict({**BASE, EVENT_LOOP_KEY: "asyncio"}).event_loop == "asyncio"   # config wins
+    monkeypatch.setenv(EVENT_LOOP_ENV, "asyncio")
+    assert BrokerConfig.from_dict(BASE).event_loop == "asyncio"
+    monkeypatch.setenv(EVENT_LOOP_ENV, "UVLOOP")
+    with pytest.raises(ConfigError) as e:
+        BrokerConfig.from_dict(BASE)
+    assert e.value.key == EVENT_LOOP_KEY and EVENT_LOOP_ENV in str(e.value)
+    # a bad variable is not an error when the config names the loop
+    assert BrokerConfig.from_dict({**BASE, EVENT_LOOP_KEY: "uvloop"}).event_loop == "uvloop"
+
+
+def test_serve_refuses_a_bad_value_naming_the_key(tmp_path):
+    path = tmp_path / "server.properties"
+    path.write_text(f"zookeeper.connect=127.0.0.1:1\nlog.dirs={tmp_path / 'data'}\n")
+    env = dict(os.environ, **{EVENT_LOOP_ENV: "trio"})
+    r = subprocess.run([sys.executable, "-m", "kbroker", "serve", "--config", str(path)], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert EVENT_LOOP_KEY in r.stderr and EVENT_LOOP_ENV in r.stderr
+
+
+def _uvloop_mapped(pid: int) -> bool:
+    return any("uvloop" in line for line in Path(f"/proc/{pid}/maps").read_text().splitlines())
+
+
+# The network layer drives asyncio's selector loop through private methods (server.py: the accept loop on
+# loop._add_reader/_remove_reader and loop._make_socket_transport; connection.py: loop.sendfile, which
+# uvloop lacks, for file regions when loop._add_writer is absent): a broker told to use uvloop fails to
+# start today. Strict: these cases fail loudly once the port lands, so the marker goes with it.
+_UVLOOP_PORT = pytest.mark.xfail(strict=True, raises=RuntimeError,
+                                 reason="kbroker/network runs on asyncio's private selector-loop API only")
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("how", [pytest.param("config-uvloop", marks=_UVLOOP_PORT),
+                                 pytest.param("env-uvloop", marks=_UVLOOP_PORT), "config-asyncio", "env-asyncio"])
+def test_broker_serves_produce_and_fetch_on_each_loop(tmp_path, how):
+    import confluent_kafka as ck
+
+    from kbroker.testing import LocalCluster
+
+    kind, loop = how.split("-")
+    overrides = {EVENT_LOOP_KEY: loop} if kind == "config" else {}
+    # the environment names the other loop when the config names one: the config must win
+    env = {EVENT_LOOP_ENV: ("asyncio" if loop == "uvloop" else "uvloop") if kind == "config" else loop}
+    with LocalCluster(tmp_path / "c", num_partitions=1, overrides=overrides, env=env) as c:
+        b = c.brokers[0]
+        assert f"event loop: {loop} ({EVENT_LOOP_KEY})" in b.log_path.read_text()
+        assert _uvloop_mapped(b.pid) == (loop == "uvloop")
+        topic = f"loop-{uuid.uuid4().hex[:8]}"
+        p = ck.Producer({"bootstrap.servers": c.bootstrap, "linger.ms": 5, "compression.type": "none"})
+        # small records (fetch ranges copied into the answer) and 20 KiB ones (ranges ≥ the sendfile
+        # threshold: direct os.sendfile on asyncio, the transport path where the loop lacks _add_writer)
+        values = [os.urandom(100 if i % 2 else 20_000) + i.to_bytes(4, "big") for i in range(400)]
+        for v in values:
+            p.produce(topic, v, partition=0)
+            p.poll(0)
+        assert p.flush(60) == 0
+        cons = ck.Consumer({"bootstrap.servers": c.bootstrap, "group.id": f"g-{uuid.uuid4().hex[:6]}",
+                            "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                            "fetch.max.bytes": 1 << 20, "max.partition.fetch.bytes": 64 << 10})
+        try:
+            cons.assign([ck.TopicPartition(topic, 0, 0)])
+            got, errors = [], []
+            for _ in range(600):                      # bounded: 600 polls of at most 0.2 s
+                m = cons.poll(0.2)
+                if m is None:
+                    if len(got) >= len(values):
+                        break
+                    continue
+                if m.error():
+                    errors.append(m.error())
+                    continue
+                got.append(m.value())
+                if len(got) >= len(values):
+                    break
+        finally:
+            cons.close()
+        assert b.running(), b.log_tail()
+    violations = sum(1 for a, g in zip(values, got) if a != g) + abs(len(got) - len(values))
+    assert errors == [] and violations == 0, (len(got), errors[:3])
