@@ -199,22 +199,9 @@ class Broker:
                           if ts["topic_name"] not in md.topics
                           and any(ps["leader"] != -2 for ps in ts["partition_states"])})
             configs = await asyncio.to_thread(self._read_topic_configs, new) if new else {}
-            changed, removed = md.apply_update_metadata(body, configs)
-            for name in removed:
-                self._forget_topic(name)
+            changed, _removed = md.apply_update_metadata(body, configs)
             for name, info in changed.items():
                 self.open_logs(info, config_changed=name in configs)
-
-    def _forget_topic(self, name) -> None:
-        """A topic left the cache. Its logs belong to StopReplica (the replica manager deletes them);
-        a broker without that handler deletes them here, as a lone broker always did."""
-        if api.ApiKey.STOP_REPLICA in self.handlers:
-            return
-        for tp in [tp for tp in self.logs.logs if tp[0] == name]:
-            if self.replica_manager is not None:
-                self.replica_manager.stop_replica(tp, delete=True)
-            else:
-                self.logs.delete(*tp)
 
     def _on_config_changes(self, children) -> None:
         """/config/changes children (loop thread): re-read the configs of topics named by

@@ -26,23 +26,7 @@ class Api(NamedTuple):
     handle: Callable
 
 
-# Rows for modules whose handlers do not yet take (broker, conn, header, body) themselves.
-def _produce(broker, conn, header, body):
-    return produce.produce(broker, header, body)
-
-
-def _fetch(broker, conn, header, body):
-    return fetch.fetch(broker, header, body)
-
-
-def _list_offsets(broker, conn, header, body):
-    return fetch.list_offsets(broker, header, body)
-
-
-def _offset_for_leader_epoch(broker, conn, header, body):
-    return fetch.offset_for_leader_epoch(broker, header, body)
-
-
+# Controller -> broker handlers take the request body only (the epoch checks need nothing else).
 def _leader_and_isr(broker, conn, header, body):
     return replica_control.leader_and_isr(broker, body)
 
@@ -63,9 +47,9 @@ K = ApiKey
 TABLE: tuple[Api, ...] = (
     # Advertised from v0 (librdkafka 2.0 disables compression when Produce min > 0); requests below
     # api.PRODUCE_MIN_SERVED (v3, the first to carry magic-2 batches) get UNSUPPORTED_VERSION.
-    Api(K.PRODUCE, 0, 8, _produce),
-    Api(K.FETCH, 4, 11, _fetch),
-    Api(K.LIST_OFFSETS, 1, 5, _list_offsets),
+    Api(K.PRODUCE, 0, 8, produce.handle),
+    Api(K.FETCH, 4, 11, fetch.handle),
+    Api(K.LIST_OFFSETS, 1, 5, fetch.handle_list_offsets),
     Api(K.METADATA, 0, 8, core.metadata),
     # Controller -> broker (ZooKeeper mode): the versions our controller sends.
     Api(K.LEADER_AND_ISR, 5, 5, _leader_and_isr),
@@ -86,7 +70,7 @@ TABLE: tuple[Api, ...] = (
     Api(K.CREATE_TOPICS, 0, 4, admin.create_topics),
     Api(K.DELETE_TOPICS, 0, 3, admin.delete_topics),
     Api(K.INIT_PRODUCER_ID, 0, 4, producer_ids.init_producer_id),
-    Api(K.OFFSET_FOR_LEADER_EPOCH, 2, 3, _offset_for_leader_epoch),
+    Api(K.OFFSET_FOR_LEADER_EPOCH, 2, 3, fetch.handle_offset_for_leader_epoch),
     Api(K.DESCRIBE_CONFIGS, 0, 3, configs.describe_configs),
     Api(K.ALTER_CONFIGS, 0, 1, configs.alter_configs),
     Api(K.CREATE_PARTITIONS, 0, 1, admin.create_partitions),

@@ -6,15 +6,9 @@ import asyncio
 import logging
 
 from ...client.connection import BrokerConnection, KafkaError
-from ...protocol import api
 from ...protocol.errors import Errors
 
 log = logging.getLogger(__name__)
-
-
-def register(broker, handlers):
-    api.advertise(7, 3, 3)
-    handlers[7] = lambda conn, header, body: controlled_shutdown(broker, body)
 
 
 async def controlled_shutdown(broker, body):

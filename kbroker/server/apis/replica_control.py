@@ -6,19 +6,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from ...protocol import api
 from ...protocol.errors import Errors
 
 log = logging.getLogger(__name__)
-
-
-def register(broker, handlers):
-    api.advertise(4, 5, 5)
-    api.advertise(5, 3, 3)
-    api.advertise(6, 7, 7)
-    handlers[4] = lambda conn, header, body: leader_and_isr(broker, body)
-    handlers[5] = lambda conn, header, body: stop_replica(broker, body)
-    handlers[6] = lambda conn, header, body: update_metadata(broker, body)
 
 
 async def check_controller_request(broker, body) -> int:
