@@ -238,6 +238,10 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _impl("transaction.state.log.min.isr", "int", 2, at_least(1)),
     _impl("group.initial.rebalance.delay.ms", "int", 3000),
     _impl("replica.lag.time.max.ms", "long", 30000),
+    # Replication throttle (kbroker/replica/throttle.py); dynamic in Kafka (/config/brokers/<id>), a
+    # static value here is the fallback below the dynamic ones.
+    _impl("leader.replication.throttled.rate", "long", LONG_MAX, at_least(0)),
+    _impl("follower.replication.throttled.rate", "long", LONG_MAX, at_least(0)),
     _impl("unclean.leader.election.enable", "boolean", False),
     _impl("auto.leader.rebalance.enable", "boolean", True),
     _impl("leader.imbalance.per.broker.percentage", "int", 10),

@@ -674,6 +674,43 @@ class BrokerZk:
             # a concurrent config write: read the version again
         raise StaleVersionError(f"config of {name!r} kept changing")
 
+    def get_broker_config(self, entity: str) -> dict[str, str]:
+        """Dynamic broker configs of ``entity`` (a broker id or "<default>"); {} if none."""
+        try:
+            data, _ = self.kazoo.retry(self.kazoo.get, L.broker_config_path(entity))
+        except NoNodeError:
+            return {}
+        return L.decode_config(data)
+
+    def alter_broker_config(self, entity: str, set_: dict[str, str], delete=()) -> dict[str, str]:
+        """Set and remove dynamic broker configs of ``entity`` and post a "brokers/<entity>" change
+        notification, in one multi-op (CAS on the config znode, as kafka-configs.sh writes them).
+        Returns the new configs."""
+        zk = self.kazoo
+        path = L.broker_config_path(entity)
+        zk.retry(zk.ensure_path, L.CONFIG_BROKERS)
+        for _ in range(10):
+            try:
+                data, stat = zk.retry(zk.get, path)
+                current = L.decode_config(data)
+            except NoNodeError:
+                stat, current = None, {}
+            new = {k: v for k, v in current.items() if k not in set(delete)}
+            new.update(set_)
+            tx = zk.transaction()
+            if stat is None:
+                tx.create(path, L.encode_config(new))
+            else:
+                tx.set_data(path, L.encode_config(new), version=stat.version)
+            tx.create(L.CONFIG_CHANGE_PREFIX, L.encode_config_change("brokers", str(entity)), sequence=True)
+            failure = _failed(tx.commit())
+            if failure is None:
+                return new
+            _index, exc = failure
+            if not isinstance(exc, (BadVersionError, NodeExistsError, NoNodeError)):
+                raise ZkClientError(f"setting broker config of {entity!r} failed: {exc!r}")
+        raise StaleVersionError(f"broker config of {entity!r} kept changing")
+
     def delete_topic(self, name: str) -> None:
         """Delete a topic's znodes at once (controller only).
 
@@ -827,6 +864,15 @@ class BrokerZk:
             self.kazoo.retry(self.kazoo.create, L.REASSIGN_PARTITIONS, L.encode_reassignment(entries), makepath=True)
         except NodeExistsError:
             raise ZkClientError("There is an existing assignment running.") from None
+
+    def replace_reassignments(self, entries, expected_version: int) -> None:
+        """Operator side (--cancel): rewrite the pending list at ``expected_version``;
+        StaleVersionError when the controller (or another tool) changed it meanwhile."""
+        try:
+            self.kazoo.retry(self.kazoo.set, L.REASSIGN_PARTITIONS, L.encode_reassignment(entries),
+                             version=expected_version)
+        except (BadVersionError, NoNodeError):
+            raise StaleVersionError(f"{L.REASSIGN_PARTITIONS} changed meanwhile") from None
 
     def set_reassignments(self, entries, expected_version: int) -> None:
         """Controller: rewrite the pending list (delete the znode when empty), fenced and CAS."""

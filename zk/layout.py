@@ -96,6 +96,18 @@ def topic_config_path(topic: str) -> str:
     return f"{CONFIG_TOPICS}/{topic}"
 
 
+CONFIG_BROKERS = "/config/brokers"
+DEFAULT_BROKER_ENTITY = "<default>"
+
+
+def broker_config_path(entity: str) -> str:
+    """/config/brokers/<id> or /config/brokers/<default> (dynamic broker configs)."""
+    entity = str(entity)
+    if entity != DEFAULT_BROKER_ENTITY and not entity.isdigit():
+        raise ValueError(f"broker config entity {entity!r}: a broker id or {DEFAULT_BROKER_ENTITY}")
+    return f"{CONFIG_BROKERS}/{entity}"
+
+
 def delete_topic_path(topic: str) -> str:
     return f"{DELETE_TOPICS}/{topic}"
 

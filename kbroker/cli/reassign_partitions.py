@@ -3,8 +3,18 @@
 carries the moves out: new replicas catch up, join the ISR, then the old ones are removed).
 
     --generate --topics-to-move-json-file F --broker-list 0,1,2   current and proposed assignment
-    --execute  --reassignment-json-file F                         start the moves
+    --execute  --reassignment-json-file F [--throttle B/s]        start the moves
     --verify   --reassignment-json-file F                         completed / still in progress
+    --cancel   --reassignment-json-file F [--preserve-throttles]  revert to the original replicas
+
+--throttle, as kafka-reassign-partitions.sh: every broker holding or receiving a moving partition
+gets leader.replication.throttled.rate and follower.replication.throttled.rate = B
+(/config/brokers/<id>), and each topic lists its moving partitions' current replicas in
+leader.replication.throttled.replicas and the added ones in follower.replication.throttled.replicas.
+--verify removes all of it once every listed partition has completed.
+--cancel (KIP-455 in ZooKeeper mode): the pending entries of the listed partitions are rewritten to
+their original replicas (the topic znode's replicas minus its adding_replicas); the controller drops
+the added replicas and deletes the entries. Throttles are removed too unless --preserve-throttles.
 """
 from __future__ import annotations
 
@@ -13,7 +23,9 @@ import json
 import sys
 
 from kbroker.controller.assignment import AssignmentError, assign_replicas
-from kbroker.zk.client import BrokerZk, TopicNotFoundError, ZkClientError
+from kbroker.replica.throttle import (FOLLOWER_RATE, FOLLOWER_REPLICAS, LEADER_RATE, LEADER_REPLICAS,
+                                      format_throttled_replicas)
+from kbroker.zk.client import BrokerZk, StaleVersionError, TopicNotFoundError, ZkClientError
 
 
 def register(subparsers) -> None:
@@ -24,9 +36,15 @@ def register(subparsers) -> None:
     action.add_argument("--generate", action="store_true", help="Propose an assignment for the given topics.")
     action.add_argument("--execute", action="store_true", help="Start the reassignment in the JSON file.")
     action.add_argument("--verify", action="store_true", help="Report whether the reassignment completed.")
+    action.add_argument("--cancel", action="store_true", help="Cancel the reassignments in the JSON file.")
     p.add_argument("--topics-to-move-json-file", help='{"topics": [{"topic": "foo"}], "version": 1}')
     p.add_argument("--broker-list", help="Brokers to place replicas on, e.g. 0,1,2 (with --generate).")
-    p.add_argument("--reassignment-json-file", help="The partition reassignment JSON (with --execute/--verify).")
+    p.add_argument("--reassignment-json-file",
+                   help="The partition reassignment JSON (with --execute/--verify/--cancel).")
+    p.add_argument("--throttle", type=int, default=-1,
+                   help="Inter-broker replication throttle for the moves, in B/s (with --execute).")
+    p.add_argument("--preserve-throttles", action="store_true",
+                   help="Do not remove the throttles (with --cancel).")
     p.set_defaults(func=main)
 
 
@@ -48,6 +66,71 @@ def _current(zk: BrokerZk, topics) -> list[tuple[str, int, list[int]]]:
         a, _ = zk.get_topic_assignment(t)
         out += [(t, p, list(rs)) for p, rs in sorted(a.partitions.items())]
     return out
+
+
+def _set_throttles(zk: BrokerZk, wanted, current, rate: int, out) -> None:
+    """kafka-reassign-partitions.sh's --throttle: rates on every broker involved, throttled
+    replica lists on every topic moved (current replicas lead-throttled, added ones follow-throttled)."""
+    now = {(t, p): rs for t, p, rs in current}
+    leader, follower, brokers = {}, {}, set()
+    for t, p, target in wanted:
+        existing = now.get((t, p), [])
+        if list(target) == list(existing):
+            continue
+        brokers |= set(existing) | set(target)
+        leader.setdefault(t, set()).update((p, b) for b in existing)
+        follower.setdefault(t, set()).update((p, b) for b in target if b not in existing)
+    for t in sorted(set(leader) | set(follower)):
+        config = zk.get_topic_config(t)
+        config[LEADER_REPLICAS] = format_throttled_replicas(leader.get(t, ()))
+        config[FOLLOWER_REPLICAS] = format_throttled_replicas(follower.get(t, ()))
+        zk.set_topic_config(t, config)
+    for b in sorted(brokers):
+        zk.alter_broker_config(str(b), {LEADER_RATE: str(rate), FOLLOWER_RATE: str(rate)})
+    print("Warning: You must run --verify periodically, until the reassignment completes, to ensure the "
+          "throttle is removed.", file=out)
+    print(f"The inter-broker throttle limit was set to {rate} B/s", file=out)
+
+
+def _clear_throttles(zk: BrokerZk, topics) -> None:
+    """Remove the throttle rates from every registered broker and the throttled replica lists from
+    ``topics`` (what --verify does once the reassignment is complete)."""
+    for b in sorted(zk.get_broker_ids()):
+        if set(zk.get_broker_config(str(b))) & {LEADER_RATE, FOLLOWER_RATE}:
+            zk.alter_broker_config(str(b), {}, delete=(LEADER_RATE, FOLLOWER_RATE))
+    for t in sorted(topics):
+        config = zk.get_topic_config(t)
+        if set(config) & {LEADER_REPLICAS, FOLLOWER_REPLICAS}:
+            zk.set_topic_config(t, {k: v for k, v in config.items() if k not in (LEADER_REPLICAS, FOLLOWER_REPLICAS)})
+
+
+def _cancel(zk: BrokerZk, wanted, out) -> list[tuple[str, int]]:
+    """Rewrite the listed pending entries to their original replicas; -> the partitions cancelled."""
+    asked = {(t, p) for t, p, _ in wanted}
+    for _ in range(20):
+        pending = zk.get_reassignments()
+        if pending is None:
+            return []
+        entries, version = pending
+        cancelled = []
+        new = []
+        for t, p, target in entries:
+            if (t, p) in asked:
+                a, _ = zk.get_topic_assignment(t)
+                adding = set(a.adding_replicas.get(p, []))
+                original = [r for r in a.partitions.get(p, []) if r not in adding]
+                new.append((t, p, original))
+                cancelled.append((t, p))
+            else:
+                new.append((t, p, target))
+        if not cancelled:
+            return []
+        try:
+            zk.replace_reassignments(new, version)
+        except StaleVersionError:
+            continue        # the controller moved on meanwhile: read again
+        return cancelled
+    raise StaleVersionError("the pending reassignments kept changing")
 
 
 def run(args, out) -> int:
@@ -72,12 +155,27 @@ def run(args, out) -> int:
             print(f"Proposed partition reassignment configuration\n{_doc(proposed)}", file=out)
             return 0
         if not args.reassignment_json_file:
-            raise ValueError("--execute and --verify need --reassignment-json-file")
+            raise ValueError("--execute, --verify and --cancel need --reassignment-json-file")
         wanted = _read_reassignment(args.reassignment_json_file)
+        topics = sorted({t for t, _, _ in wanted})
+        if args.cancel:
+            cancelled = _cancel(zk, wanted, out)
+            if cancelled:
+                print("Successfully cancelled partition reassignments for: "
+                      + ",".join(f"{t}-{p}" for t, p in cancelled), file=out)
+            else:
+                print("None of the specified partition reassignments are active.", file=out)
+            if not args.preserve_throttles:
+                _clear_throttles(zk, topics)
+            return 0
         if args.execute:
-            current = _current(zk, sorted({t for t, _, _ in wanted}))
+            current = _current(zk, topics)
             print(f"Current partition replica assignment\n\n{_doc(current)}\n\n"
                   f"Save this to use as the --reassignment-json-file option during rollback", file=out)
+            if zk.get_reassignments() is not None:
+                raise ZkClientError("There is an existing assignment running.")
+            if args.throttle >= 0:
+                _set_throttles(zk, wanted, current, args.throttle, out)
             zk.request_reassignments(wanted)
             print("Successfully started partition reassignments for "
                   + ",".join(f"{t}-{p}" for t, p, _ in wanted), file=out)
@@ -93,6 +191,9 @@ def run(args, out) -> int:
             else:
                 complete = False
                 print(f"Reassignment of partition {t}-{p} is still in progress.", file=out)
+        if complete:
+            _clear_throttles(zk, topics)
+            print("Throttle was removed.", file=out)
         return 0 if complete else 1
     finally:
         zk.close()

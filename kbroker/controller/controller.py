@@ -206,9 +206,12 @@ class Controller:
         self.channels[b.broker_id] = BrokerChannel(b, self.broker_id)
 
     # ---- sending ----------------------------------------------------------------------------------
-    def _send_leader_and_isr(self, parts, only: int | None = None, is_new=frozenset()) -> list:
+    def _send_leader_and_isr(self, parts, only: int | None = None, is_new=frozenset(),
+                             new_replicas: dict | None = None) -> list:
         """LeaderAndIsr for ``parts`` to each of their live replicas (or only to broker ``only``);
-        returns the answers' futures."""
+        ``is_new``: partitions new on every replica (creation), ``new_replicas``: {tp: brokers}
+        added to a partition (reassignment): is_new=True only in the request to those brokers.
+        Returns the answers' futures."""
         ctx = self.ctx
         per_broker: dict[int, list] = {}
         for tp in parts:
@@ -219,7 +222,10 @@ class Controller:
                     per_broker.setdefault(r, []).append(tp)
         futs = []
         for bid, tps in per_broker.items():
-            body = R.leader_and_isr(ctx, self.broker_id, ctx.brokers[bid].epoch, tps, is_new)
+            fresh = is_new
+            if new_replicas:
+                fresh = frozenset(is_new) | {tp for tp in tps if bid in new_replicas.get(tp, ())}
+            body = R.leader_and_isr(ctx, self.broker_id, ctx.brokers[bid].epoch, tps, fresh)
             futs.append(self.channels[bid].send(R.LEADER_AND_ISR, body))
         return futs
 
@@ -528,8 +534,14 @@ class Controller:
         refused = []
         for t, p, target in got[0]:
             tp = (t, p)
-            if tp in ctx.reassigning:
+            if ctx.reassigning.get(tp) == list(target):
                 continue
+            if tp in ctx.reassigning:
+                # A new target for a move in progress; --cancel writes the original replicas
+                # (KIP-455): the added replicas leave at completion, which is at once when the
+                # original ones are still in the ISR.
+                log.info("controller %d: reassignment of %s-%d now targets %s (was %s)", self.broker_id,
+                         t, p, target, ctx.reassigning[tp])
             if tp not in ctx.states or not target or len(set(target)) != len(target):
                 log.warning("reassignment of %s-%d to %s refused: unknown partition or bad replica list",
                             t, p, target)
@@ -548,10 +560,12 @@ class Controller:
         full = list(target) + [r for r in current if r not in target]
         if full == current:
             return      # resumed after a controller change, or nothing to add
-        await self._write_assignment(tp[0], {tp[1]: full}, {tp[1]: [r for r in target if r not in current]},
+        added = [r for r in target if r not in current]
+        await self._write_assignment(tp[0], {tp[1]: full}, {tp[1]: added},
                                      {tp[1]: [r for r in current if r not in target]})
         changed = await self._apply([tp], lambda _tp, st: self._state(st.leader, st.isr, st))
-        self._send_leader_and_isr(changed)
+        # The added replicas hear is_new=True: they start with an empty log.
+        self._send_leader_and_isr(changed, new_replicas={tp: set(added)})
         self._send_update_metadata(changed)
         log.info("controller %d: reassigning %s-%d from %s to %s", self.broker_id, tp[0], tp[1], current, target)
 

@@ -12,6 +12,12 @@ in the local epoch cache. The leader answers its largest epoch <= ours and where
 hold that epoch too, truncate to min(leader's end, our end for it); otherwise ask again with our
 largest epoch below it, until the epochs agree. Without any local epoch, truncate to the HW.
 
+Throttle (throttle.py): a partition listed in follower.replication.throttled.replicas for this
+broker is left out of the Fetch while the follower quota is exceeded, unless it had caught up with
+the leader's high watermark at its last fetch (Kafka's isReplicaInSync); the bytes appended for
+throttled partitions count against the quota. When only throttled partitions are left, the
+fetcher waits THROTTLE_WAIT_S and looks again.
+
 Errors: connection failures back off replica.fetch.backoff.ms; FENCED_LEADER_EPOCH,
 UNKNOWN_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER park the partition for the backoff (a LeaderAndIsr
 will move it); OFFSET_OUT_OF_RANGE truncates again (or restarts the log at the leader's log start).
@@ -34,14 +40,16 @@ FETCH, OFFSET_FOR_LEADER_EPOCH = 1, 23
 FETCH_VERSION = 11            # replica_id in the body, current_leader_epoch, no topic ids
 OFFSET_FOR_LEADER_EPOCH_VERSION = 3
 MAX_EPOCH_ROUNDS = 16
+THROTTLE_WAIT_S = 0.05
 
 
 class _State:
-    __slots__ = ("truncating", "parked_until")
+    __slots__ = ("truncating", "parked_until", "caught_up")
 
     def __init__(self):
         self.truncating = True
         self.parked_until = 0.0
+        self.caught_up = False      # own LEO reached the leader's HW at the last fetch
 
 
 def truncation_step(lg, asked_epoch: int, leader_epoch: int, leader_end: int):
@@ -111,7 +119,10 @@ class ReplicaFetcher:
                         request_timeout_ms=rm.socket_timeout_ms)
                 if any(s.truncating for s in self.partitions.values()):
                     await self._truncate()
-                if not await self._fetch():
+                fetched = await self._fetch()
+                if fetched is None:
+                    await asyncio.sleep(THROTTLE_WAIT_S)     # only throttled partitions left
+                elif not fetched:
                     await self._park_wait()
             except asyncio.CancelledError:
                 raise
@@ -190,25 +201,35 @@ class ReplicaFetcher:
 
     # -- fetch --------------------------------------------------------------------------------
 
-    async def _fetch(self) -> bool:
-        """One Fetch round. Returns False when every partition is parked or truncating."""
+    async def _fetch(self) -> bool | None:
+        """One Fetch round. Returns False when every partition is parked or truncating, None when
+        the rest are held back by the follower throttle."""
         rm = self.rm
+        quota = rm.follower_quota
         now = time.monotonic()
         by_topic = {}
         sent = {}
+        throttled = set()
+        held_back = False
         for tp, s in self.partitions.items():
             if s.truncating or s.parked_until > now:
                 continue
             p = rm.partitions.get(tp)
             if p is None or p.leader_id != self.source_id:
                 continue
+            if quota.is_throttled(tp):
+                if not s.caught_up and quota.is_exceeded(now):
+                    quota.skipped += 1
+                    held_back = True
+                    continue
+                throttled.add(tp)
             lg = p.log
             sent[tp] = (p, p.leader_epoch, lg.log_end_offset)
             by_topic.setdefault(tp[0], []).append({
                 "partition": tp[1], "current_leader_epoch": p.leader_epoch, "fetch_offset": lg.log_end_offset,
                 "log_start_offset": lg.log_start_offset, "partition_max_bytes": rm.fetch_max_bytes})
         if not sent:
-            return False
+            return None if held_back else False
         body = {"replica_id": rm.broker_id, "max_wait_ms": rm.fetch_wait_ms, "min_bytes": rm.fetch_min_bytes,
                 "max_bytes": rm.fetch_response_max_bytes, "isolation_level": 0, "session_id": 0,
                 "session_epoch": -1, "topics": [{"topic": t, "partitions": ps} for t, ps in by_topic.items()],
@@ -238,7 +259,10 @@ class ReplicaFetcher:
                             log.warning("%s-%d: follower append failed (%s); truncating again", tp[0], tp[1], e)
                             s.truncating = True
                             continue
+                        if tp in throttled:
+                            quota.record(len(records))
                     lg.high_watermark = min(r["high_watermark"], lg.log_end_offset)
+                    s.caught_up = lg.log_end_offset >= r["high_watermark"]
                 elif code == Errors.OFFSET_OUT_OF_RANGE:
                     start = r["log_start_offset"]
                     if 0 <= offset < start:

@@ -32,6 +32,8 @@ from ..topics import INTERNAL_TOPICS
 from .delayed import DelayedProduce
 from .fetcher import ReplicaFetcher
 from .partition import Partition
+from .throttle import (FOLLOWER_RATE, FOLLOWER_REPLICAS, LEADER_RATE, LEADER_REPLICAS, ReplicationQuota,
+                       ThrottleConfigWatcher)
 
 log = logging.getLogger(__name__)
 
@@ -82,16 +84,34 @@ class ReplicaManager:
         self._isr_task = None
         self.loop = None
         self.state_lock = asyncio.Lock()    # LeaderAndIsr / StopReplica apply one at a time
+        # Replication throttle (throttle.py): bounds from the broker config, then ZooKeeper's
+        # dynamic /config/brokers values; throttled replicas from the topics' configs.
+        samples = cfg.get("replication.quota.window.num")
+        window_s = cfg.get("replication.quota.window.size.seconds")
+        topic_config = self.logs.topic_configs.get
+        self.leader_quota = ReplicationQuota(LEADER_RATE, LEADER_REPLICAS, self.broker_id, cfg.get(LEADER_RATE),
+                                             samples, window_s, topic_config)
+        self.follower_quota = ReplicationQuota(FOLLOWER_RATE, FOLLOWER_REPLICAS, self.broker_id,
+                                               cfg.get(FOLLOWER_RATE), samples, window_s, topic_config)
+        self._throttle_watcher = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self._isr_task = self.loop.create_task(self._isr_check_loop())
+        if getattr(self.broker, "zk", None) is not None:
+            cfg = self.broker.config
+            self._throttle_watcher = ThrottleConfigWatcher(
+                self.broker.zk, self.broker_id, {LEADER_RATE: self.leader_quota, FOLLOWER_RATE: self.follower_quota},
+                {LEADER_RATE: cfg.get(LEADER_RATE), FOLLOWER_RATE: cfg.get(FOLLOWER_RATE)})
+            self._throttle_watcher.start()
 
     async def stop(self) -> None:
         if self._isr_task is not None:
             self._isr_task.cancel()
+        if self._throttle_watcher is not None:
+            self._throttle_watcher.stop()
         for f in list(self.fetchers.values()):
             await f.stop()
         self.fetchers.clear()
@@ -198,6 +218,22 @@ class ReplicaManager:
             return p, Errors.NOT_LEADER_OR_FOLLOWER
         return p, Errors.NONE
 
+    def leader_throttled(self, p: Partition, replica_id: int) -> bool:
+        """Leave this partition's records out of a follower's fetch answer (Kafka's
+        shouldLeaderThrottle): the follower is out of the ISR, the partition is listed in
+        leader.replication.throttled.replicas for this broker, and the leader quota is exceeded."""
+        q = self.leader_quota
+        if replica_id in p.isr or not q.is_throttled(p.tp) or not q.is_exceeded():
+            return False
+        q.skipped += 1
+        return True
+
+    def record_leader_bytes(self, p: Partition, size: int) -> None:
+        """Bytes of ``p`` sent to a follower: counted against the leader quota when throttled."""
+        q = self.leader_quota
+        if q.is_throttled(p.tp):
+            q.record(size)
+
     def record_follower_fetch(self, p: Partition, replica_id: int, fetch_offset: int, fetch_epoch: int) -> None:
         if not p.update_follower(replica_id, fetch_offset, fetch_epoch, _now_ms()):
             return
@@ -282,6 +318,14 @@ class ReplicaManager:
         if self.broker_id not in st.replicas:
             return Errors.NONE
         p = self.partitions.get(tp)
+        if (st.is_new and st.leader != self.broker_id and (p is None or st.leader_epoch > p.leader_epoch)
+                and (lg := self.logs.get(tp)) is not None and lg.log_end_offset > 0):
+            # The controller just added this replica (reassignment): whatever log is here was left
+            # by an earlier stint as a replica (removed while this broker was away). Start empty.
+            log.warning("%s-%d: new replica (is_new) over a leftover log ending at %d: deleting it",
+                        tp[0], tp[1], lg.log_end_offset)
+            self.stop_replica(tp, delete=True)
+            p = None
         if topic_id and (p is None or p.topic_id != topic_id):
             lg = self.logs.get(tp)
             have = lg.read_topic_id() if lg is not None else None
