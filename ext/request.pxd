@@ -28,3 +28,16 @@ cdef class FetchRequest:
     # [(topic, [(partition, current_leader_epoch, fetch_offset, log_start_offset, partition_max_bytes)])]
     cdef readonly list topics
     cdef readonly str rack_id
+
+
+cdef class TimeHistogram:
+    cdef public list counts                 # per bucket, not cumulative (request_metrics.BOUNDS_S)
+    cdef public double sum_s
+    cdef inline void add(self, double x)
+
+
+cdef class RequestStats:
+    cdef public str name
+    cdef public long long count
+    cdef public TimeHistogram queue, local, remote, send, total
+    cpdef observe(self, double queue_s, double local_s, double send_s, double total_s)

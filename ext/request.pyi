@@ -39,3 +39,23 @@ class FetchRequest:
 def parse_fetch(frame: Any) -> FetchRequest: ...
 def encode_fetch_response(version: int, correlation_id: int, error_code: int, topics: list,
                           inline_max: int) -> tuple[list, int]: ...
+
+BOUNDS_S: tuple[float, ...]
+N_BUCKETS: int
+
+class TimeHistogram:
+    counts: list[int]
+    sum_s: float
+    def snapshot(self) -> tuple[list[int], float]: ...
+
+class RequestStats:
+    name: str
+    count: int
+    queue: TimeHistogram
+    local: TimeHistogram
+    remote: TimeHistogram
+    send: TimeHistogram
+    total: TimeHistogram
+    def __init__(self, name: str) -> None: ...
+    def observe(self, queue_s: float, local_s: float, send_s: float, total_s: float) -> None: ...
+    def histograms(self) -> dict[str, TimeHistogram]: ...

@@ -507,6 +507,12 @@ valgrind --tool=callgrind --trace-children=yes --callgrind-out-file=/tmp/cg.%p.o
 # the function under test (a Cython wrapper's symbol: nm ext/*.so | grep NAME) instead of start-up
 for f in /tmp/cg.*.out; do callgrind_annotate "$f" | head -20; done
 .venv/bin/kbroker cluster down --dir /dev/shm/prof
+# one-record Produce requests (request_bench's producer) against a broker of its own, profiled over the
+# request window only: py-spy samples, or callgrind with instrumentation switched on for the counted requests
+.venv/bin/python -m kbroker.perf.profile_request pyspy --seconds 6      # -> docs/perf/profile/pyspy-produce.txt
+.venv/bin/python -m kbroker.perf.profile_request callgrind --requests 3000   # -> callgrind-produce.txt
+# before/after table of two suite runs (regressions >= 5% in each figure's better direction)
+.venv/bin/python -m kbroker.perf.compare docs/perf/suite-before.json docs/perf/suite.json --md /tmp/cmp.md
 ```
 """
 

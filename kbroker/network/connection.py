@@ -126,6 +126,9 @@ class Connection(asyncio.BufferedProtocol):
         self.pool = server.pool
         self.max_frame = server.max_request_bytes
         self.loop = server.loop
+        # asyncio's own loops read time.monotonic() in loop.time(): one clock read per wake-up serves both
+        # the sweeper's idle clock and the request metrics (other loops, e.g. uvloop, keep loop.time()).
+        self._loop_clock_is_monotonic = getattr(type(self.loop), "time", None) is asyncio.BaseEventLoop.time
         self.transport = None
         self.peer = None
         self.closed = False
@@ -197,8 +200,8 @@ class Connection(asyncio.BufferedProtocol):
         return self._next
 
     def buffer_updated(self, nbytes):
-        self.last_active = self.loop.time()
-        self._read_at = _now()
+        self._read_at = now = _now()
+        self.last_active = now if self._loop_clock_is_monotonic else self.loop.time()
         self._in_read = True      # responses of the frames in this read are flushed together, below
         try:
             self._consume(nbytes)
@@ -440,10 +443,11 @@ class Connection(asyncio.BufferedProtocol):
                         self.peer, exc_info=True)
             self.close()
             return
-        slot.local = _now() - t0
+        t1 = _now()
+        slot.local = t1 - t0
         if type(result) is list or result is NO_RESPONSE or result is CLOSE:
             release()
-            self._finish(slot, result)
+            self._finish(slot, result, t1)     # already encoded: queued as the handler returned
         else:
             self.loop.create_task(self._await(slot, result, release, encoded=True))
 
@@ -507,10 +511,10 @@ class Connection(asyncio.BufferedProtocol):
             chunks = CLOSE
         self._finish(slot, chunks)
 
-    def _finish(self, slot, chunks):
+    def _finish(self, slot, chunks, now=None):
         slot.chunks = chunks
         slot.done = True
-        slot.queued = _now()
+        slot.queued = _now() if now is None else now
         self._flush()
 
     # ---- send path -------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import concurrent.futures
 import ctypes
 import ctypes.util
 import errno
+import gc
 import logging
 import os
 import resource
@@ -37,6 +38,23 @@ try:
     _malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
 except (OSError, AttributeError):   # not glibc
     _malloc_trim = None
+
+
+# Every request allocates a few dozen container objects (slots, tuples, lists), so the default
+# generation-0 threshold (700) started a collection every ~20 small requests: 8% of the loop thread's busy
+# samples in a one-record Produce profile. Most of those objects die young (refcounting frees them);
+# cycles are rare on the request path. A higher threshold makes the collections that do run rarer, and
+# freezing what start-up allocated keeps the older generations' collections from walking it.
+GC_GEN0_THRESHOLD = 20_000
+
+
+def _tune_gc() -> None:
+    if os.environ.get("KBROKER_GC_TUNE", "1") == "0":
+        return
+    gen0, gen1, gen2 = gc.get_threshold()
+    if gen0 and gen0 < GC_GEN0_THRESHOLD:
+        gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
+    gc.freeze()
 
 
 class NetworkMetrics:
@@ -115,6 +133,7 @@ class KafkaServer:
 
     async def start(self):
         self.loop = asyncio.get_running_loop()
+        _tune_gc()
         self._server = await self.loop.create_server(
             # backlog also bounds how many accepts asyncio tries per readiness event
             self._new_connection, self.host or None, self.port, reuse_address=True, backlog=128)

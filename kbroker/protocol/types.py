@@ -36,6 +36,15 @@ class FileRegions:
         self.regions = list(regions) if regions else []
         self.size = sum(r[2] for r in self.regions)
 
+    @classmethod
+    def of(cls, regions: list, size: int) -> "FileRegions":
+        """Wrap a list of ranges whose total ``size`` the caller already knows (the fetch path: the log
+        hands both back), without copying the list or summing it again."""
+        fr = cls.__new__(cls)
+        fr.regions = regions
+        fr.size = size
+        return fr
+
     def add(self, fd: int, position: int, length: int) -> None:
         self.regions.append((fd, position, length))
         self.size += length

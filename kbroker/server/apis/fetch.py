@@ -170,12 +170,17 @@ def _read(broker, req):
     follower = replica_id >= 0
     # As Kafka: the request's max_bytes, capped by fetch.max.bytes for consumers and by
     # replica.fetch.response.max.bytes for followers (a broker key the request cannot raise).
-    broker_max = broker.config.get("replica.fetch.response.max.bytes" if follower else "fetch.max.bytes")
-    budget = min(req.max_bytes, broker_max, _RESPONSE_DATA_CEILING)
+    # (Conditional expressions rather than min(): builtin min costs ~800 instructions a call in 3.11.)
+    budget = broker.config.get("replica.fetch.response.max.bytes" if follower else "fetch.max.bytes")
+    if req.max_bytes < budget:
+        budget = req.max_bytes
+    if budget > _RESPONSE_DATA_CEILING:
+        budget = _RESPONSE_DATA_CEILING
     first = True
     total = 0
     errors = False
     rows = []
+    fetched = broker.metrics.fetched
     for name, pdata in req.topics:
         parts = []
         for index, leader_epoch, fetch_offset, _start, partition_max in pdata:
@@ -193,7 +198,7 @@ def _read(broker, req):
             res[2] = hw
             res[3] = hw                              # no transactions: LSO = HW (read_committed too)
             res[4] = lg.log_start_offset
-            limit = min(partition_max, budget)
+            limit = partition_max if partition_max < budget else budget
             try:
                 # Consumers never see past the high watermark (= LSO until transactions exist);
                 # followers read up to the log end.
@@ -202,11 +207,12 @@ def _read(broker, req):
                 res[1] = int(Errors.OFFSET_OUT_OF_RANGE)
                 errors = True
                 continue
-            if data.size:
-                broker.metrics.fetched(name, data.size)
-                res[5] = FileRegions(data.regions)
-                total += data.size
-                budget -= data.size
+            size = data.size
+            if size:
+                fetched(name, size)
+                res[5] = FileRegions.of(data.regions, size)
+                total += size
+                budget -= size
                 first = False
         rows.append((name, parts))
     return rows, total, errors

@@ -1,0 +1,306 @@
+"""Where a one-record Produce request's broker time goes: py-spy samples and a callgrind instruction count
+of one kbroker broker serving request_bench's producer (linger.ms=0, batch.num.messages=1, acks=1, 100 B).
+
+    python -m kbroker.perf.profile_request pyspy     [--requests 200000] [--seconds 6] [--out DIR]
+    python -m kbroker.perf.profile_request callgrind [--requests 3000] [--out DIR]
+    ... [--workload fetch]: small Fetch v11 requests with 1 in flight (request_bench's fetch, one ~170 B
+    batch per answer) over records written first, instead of Produce requests
+
+* ``pyspy``: ``py-spy record --native --format raw`` of the broker (all threads; samples inside blocking
+  waits are counted as idle and left out) while the producer runs; prints and writes
+  (``DIR/pyspy-produce.txt`` + the raw stacks) the functions with the largest share of busy samples,
+  self and inclusive, for the event-loop thread and for all threads.
+
+* ``callgrind``: the broker runs under ``valgrind --tool=callgrind --instr-atstart=no``; instrumentation is
+  switched on (``callgrind_control -i on``) only for the counted requests, after start-up and a warm-up,
+  and off after the last delivery report, so the profile is the request path alone. Prints instructions
+  per request (user space) and ``callgrind_annotate``'s top functions, self and inclusive (``DIR/callgrind-produce.txt``).
+
+One broker with real ZooKeeper (``kbroker.testing.LocalCluster``), log dir on tmpfs, stopped by its PID;
+every wait is bounded. Needs py-spy (in the venv) / valgrind (Debian's package).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from kbroker.testing import LocalCluster, api_versions_ok, controller_known, wait_until
+
+from . import harness as H
+from .request_bench import _LineReader, _stop_child
+
+
+class _WrappedCluster(LocalCluster):
+    """LocalCluster whose broker command runs under a wrapper (valgrind); start-up waits are longer."""
+
+    def __init__(self, root, wrapper: list[str], **kw):
+        super().__init__(root, **kw)
+        self.wrapper = wrapper
+
+    def start_broker(self, broker_id: int, timeout: float = 600.0, extra: dict | None = None):
+        b = self.brokers[broker_id]
+        self.write_config(b, extra)
+        with open(b.log_path, "ab") as log:
+            b.proc = subprocess.Popen([*self.wrapper, sys.executable, "-m", "kbroker", "serve", "--config",
+                                       str(b.config_path)], stdout=log, stderr=subprocess.STDOUT,
+                                      start_new_session=True, env=dict(os.environ, **(self.env or {})))
+
+        def ready():
+            if b.proc.poll() is not None:
+                raise RuntimeError(f"broker exited with {b.proc.returncode}:\n{b.log_tail()}")
+            return api_versions_ok(b.port) and controller_known(b.port) is not None
+        wait_until(ready, timeout, "the wrapped broker to answer", interval=1.0)
+        return b
+
+
+def _producer(bootstrap: str, topic: str, count: int, warmup: int, max_s: float):
+    cmd = [sys.executable, "-m", "kbroker.perf.request_bench", "produce-worker", "--bootstrap", bootstrap,
+           "--topic", topic, "--count", str(count), "--warmup", str(warmup), "--max-seconds", str(max_s)]
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+    lines = _LineReader(proc)
+    if lines.readline(120 + max_s) != "ready":
+        _stop_child(proc)
+        raise RuntimeError("producer worker did not get ready")
+    return proc, lines
+
+
+def _go(proc) -> None:
+    proc.stdin.write(b"go\n")
+    proc.stdin.flush()
+
+
+def _cluster(root: Path, wrapper: list[str] | None) -> LocalCluster:
+    overrides = {"auto.create.topics.enable": "false", "zookeeper.session.timeout.ms": 30000}
+    if wrapper:
+        return _WrappedCluster(root, wrapper, brokers=1, num_partitions=1, overrides=overrides)
+    return LocalCluster(root, brokers=1, num_partitions=1, overrides=overrides)
+
+
+def _topic(c: LocalCluster) -> str:
+    from .targets import admin_create, wait_topic
+    topic = f"profile-{uuid.uuid4().hex[:8]}"
+    if not admin_create(c.bootstrap, topic, 1):
+        raise RuntimeError(f"could not create {topic}")
+    wait_topic(c.bootstrap, topic, 1, timeout=120)
+    return topic
+
+
+# py-spy --native cannot tell a waiting thread from a running one (its idle filter needs the Python-only
+# view), so samples inside these blocking calls are counted as idle and left out.
+_WAITS = frozenset(("epoll_wait", "select_epoll_poll", "PyThread_acquire_lock_timed", "pthread_cond_wait",
+                    "pthread_cond_timedwait", "sem_clockwait", "sem_timedwait", "__select", "select", "poll",
+                    "__poll", "accept4", "select_select_impl", "select_poll_poll_impl", "nanosleep",
+                    "clock_nanosleep", "time_sleep"))
+
+
+def summarize_raw(raw_path: Path, top: int = 30) -> str:
+    """py-spy raw output ("frame;frame;... count" lines) -> self and inclusive shares per function, over
+    the busy samples of all threads and over the event-loop thread's busy samples alone."""
+    counts = {"all": (collections.Counter(), collections.Counter()),
+              "loop": (collections.Counter(), collections.Counter())}
+    totals = {"all": 0, "loop": 0}
+    idle = 0
+    for line in raw_path.read_text(errors="replace").splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        n = int(n)
+        frames = [f.split(" (")[0].strip() for f in stack.split(";")]
+        if any(f in _WAITS for f in frames):
+            idle += n
+            continue
+        which = ["all"]
+        if any(f == "BaseEventLoop._run_once" for f in frames):
+            which.append("loop")
+        for w in which:
+            self_c, incl_c = counts[w]
+            totals[w] += n
+            self_c[frames[-1]] += n
+            for f in set(frames):
+                incl_c[f] += n
+    if not totals["all"]:
+        return "no samples\n"
+    out = [f"{totals['all']} busy samples ({idle} idle ones left out: threads inside blocking waits), "
+           f"{totals['loop']} of them on the event-loop thread"]
+    for w, title in (("loop", "event-loop thread"), ("all", "all threads")):
+        self_c, incl_c = counts[w]
+        t = totals[w] or 1
+        out += ["", f"== {title}: self % ==", "------  --------"]
+        out += [f"{100 * n / t:5.1f}%  {f}" for f, n in self_c.most_common(top)]
+        out += ["", f"== {title}: inclusive % ==", "------  --------"]
+        out += [f"{100 * n / t:5.1f}%  {f}" for f, n in incl_c.most_common(top)]
+    return "\n".join(out) + "\n"
+
+
+def _fill_for_fetch(c: LocalCluster, topic: str, count: int) -> None:
+    """Write ``count`` + 500 one-record batches (the producer worker), for small fetches to read."""
+    proc, lines = _producer(c.bootstrap, topic, count, 500, 600)
+    try:
+        _go(proc)
+        import json
+        r = json.loads(lines.readline(900))
+    finally:
+        _stop_child(proc)
+    if r.get("delivered") != count:
+        raise RuntimeError(f"fill for the fetch profile: {r}")
+
+
+def _fetch(c: LocalCluster, topic: str, count: int, warmup: int, max_s: float) -> dict:
+    from .request_bench import fetch_run
+    b = c.brokers[0]
+    return fetch_run(f"127.0.0.1:{b.port}", topic, b.pid, 500, count, warmup, 1, max_s)
+
+
+def _what(workload: str) -> str:
+    return ("one-record Produce requests (acks=1, linger.ms=0, batch.num.messages=1)" if workload == "produce"
+            else "small Fetch v11 requests, 1 in flight (one ~170 B batch per answer)")
+
+
+def pyspy(out: Path, requests: int, seconds: float, workload: str = "produce") -> str:
+    spy = Path(sys.executable).parent / "py-spy"
+    if not spy.exists():
+        raise SystemExit(f"py-spy not found next to {sys.executable}")
+    root = Path(tempfile.mkdtemp(prefix="kbroker-profile-", dir="/dev/shm"))
+    raw = out / f"pyspy-{workload}.raw.txt"
+    spy_cmd = [str(spy), "record", "--native", "--rate", "500", "--format", "raw", "--duration",
+               str(int(seconds)), "-o", str(raw), "-p"]
+    try:
+        with _cluster(root, None) as c:
+            pid = c.brokers[0].pid
+            topic = _topic(c)
+            if workload == "produce":
+                proc, lines = _producer(c.bootstrap, topic, requests, 2000, seconds + 30)
+                try:
+                    cpu0 = H.cpu_seconds(pid)
+                    _go(proc)
+                    spy_run = subprocess.run([*spy_cmd, str(pid)], capture_output=True, text=True,
+                                             timeout=seconds + 120)
+                    import json
+                    r = json.loads(lines.readline(2 * seconds + 120))
+                    cpu = H.cpu_seconds(pid) - cpu0
+                finally:
+                    _stop_child(proc)
+                n, secs = r["delivered"], r["seconds"]
+            else:
+                _fill_for_fetch(c, topic, requests)
+                spy_proc = subprocess.Popen([*spy_cmd, str(pid)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                            text=True)
+                try:
+                    f = _fetch(c, topic, requests, 500, seconds + 60)
+                finally:
+                    try:
+                        _, err = spy_proc.communicate(timeout=seconds + 120)
+                    except subprocess.TimeoutExpired:
+                        spy_proc.kill()
+                        _, err = spy_proc.communicate(timeout=30)
+                spy_run = subprocess.CompletedProcess(spy_proc.args, spy_proc.returncode, "", err)
+                n, secs, cpu = f["requests"], f["seconds"], f["broker_cpu_s"]
+            if spy_run.returncode != 0:
+                raise RuntimeError(f"py-spy failed: {spy_run.stderr[-2000:]}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    head = (f"py-spy --native --rate 500 for {int(seconds)} s of a broker serving {_what(workload)}: "
+            f"{n:,} requests in {secs:.2f} s, broker CPU {cpu:.2f} s = {cpu / max(1, n) * 1e6:.1f} µs/request "
+            f"over the whole run (with py-spy attached)\n\n")
+    text = head + summarize_raw(raw)
+    (out / f"pyspy-{workload}.txt").write_text(text)
+    return text
+
+
+def callgrind(out: Path, requests: int, workload: str = "produce") -> str:
+    vg, ctl, ann = shutil.which("valgrind"), shutil.which("callgrind_control"), shutil.which("callgrind_annotate")
+    if not (vg and ctl and ann):
+        raise SystemExit("valgrind (with callgrind_control, callgrind_annotate) is not installed")
+    root = Path(tempfile.mkdtemp(prefix="kbroker-profile-", dir="/dev/shm"))
+    for old in out.glob(f"callgrind-{workload}.out*"):
+        old.unlink()
+    cg_out = out / f"callgrind-{workload}.out"
+    wrapper = [vg, "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={cg_out}"]
+    try:
+        c = _cluster(root, wrapper)
+        try:
+            c.start()
+            pid = c.brokers[0].pid
+            topic = _topic(c)
+            if workload == "produce":
+                proc, lines = _producer(c.bootstrap, topic, requests, 500, 600)
+                try:
+                    subprocess.run([ctl, "-i", "on", str(pid)], check=True, capture_output=True, timeout=120)
+                    _go(proc)
+                    import json
+                    n = json.loads(lines.readline(900))["delivered"]
+                    subprocess.run([ctl, "-i", "off", str(pid)], check=True, capture_output=True, timeout=120)
+                finally:
+                    _stop_child(proc)
+            else:
+                _fill_for_fetch(c, topic, requests)
+                _fetch(c, topic, 200, 0, 600)            # warm-up, not instrumented
+                subprocess.run([ctl, "-i", "on", str(pid)], check=True, capture_output=True, timeout=120)
+                n = _fetch(c, topic, requests, 0, 900)["requests"]
+                subprocess.run([ctl, "-i", "off", str(pid)], check=True, capture_output=True, timeout=120)
+        finally:
+            c.stop()        # SIGTERM: callgrind writes its profile as the broker exits
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    outs = sorted(out.glob(f"callgrind-{workload}.out*"))
+    if not outs:
+        raise RuntimeError("callgrind wrote no profile")
+    total = 0
+    for f in outs:
+        for line in f.read_text(errors="replace").splitlines():
+            if line.startswith("totals:") or line.startswith("summary:"):
+                total = max(total, int(line.split()[1]))
+    self_t = subprocess.run([ann, "--threshold=99", str(outs[0])], capture_output=True, text=True, timeout=300).stdout
+    incl_t = subprocess.run([ann, "--inclusive=yes", "--threshold=99", str(outs[0])], capture_output=True,
+                            text=True, timeout=300).stdout
+    n = max(1, n)
+    head = (f"callgrind of the broker while it served {n:,} {_what(workload)}; instrumentation on for those "
+            f"requests only, all threads, user space only (no kernel): {total:,} instructions = "
+            f"{total / n:,.0f} per request\n\n")
+    text = head + "== self ==\n" + _top(self_t, 40) + "\n== inclusive ==\n" + _top(incl_t, 40)
+    (out / f"callgrind-{workload}.txt").write_text(text)
+    return text
+
+
+def _top(annotate: str, n: int) -> str:
+    """The function table of callgrind_annotate's output, first n rows."""
+    lines = annotate.splitlines()
+    start = next((i for i, ln in enumerate(lines) if "file:function" in ln), None)
+    if start is None:
+        return annotate[:4000] + "\n"
+    rows = [ln for ln in lines[start + 1:] if ln.strip() and not ln.startswith("-")][:n]
+    return "\n".join(lines[start - 1:start + 1] + rows) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kbroker.perf.profile_request", description=__doc__.split("\n")[0])
+    ap.add_argument("tool", choices=("pyspy", "callgrind"))
+    ap.add_argument("--workload", choices=("produce", "fetch"), default="produce",
+                    help="one-record Produce requests (default) or small fetches with 1 in flight")
+    ap.add_argument("--requests", type=int, help="counted one-record Produce requests "
+                                                 "(default 200000 for pyspy, 3000 for callgrind)")
+    ap.add_argument("--seconds", type=float, default=6.0, help="py-spy sampling time")
+    ap.add_argument("--out", help="output folder (default docs/perf/profile)")
+    a = ap.parse_args(argv)
+    out = Path(a.out) if a.out else Path(__file__).resolve().parent.parent / "docs" / "perf" / "profile"
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    if a.tool == "pyspy":
+        text = pyspy(out, a.requests or (200_000 if a.workload == "produce" else 40_000), a.seconds, a.workload)
+    else:
+        text = callgrind(out, a.requests or 3_000, a.workload)
+    print(text)
+    H.progress(f"{a.tool} done in {time.monotonic() - t0:.0f} s; output in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
