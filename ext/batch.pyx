@@ -28,6 +28,7 @@ from hton cimport load_be16, load_be32, load_be64, store_be16, store_be32, store
 from layout cimport *
 from varint cimport read_varint, read_varlong, varlong_size, write_varlong
 
+import mmap as _mmap
 import time
 
 
@@ -340,6 +341,30 @@ cdef void stamp(char *buf, Py_ssize_t size, int64_t base_offset, int32_t leader_
         store_be32(buf + OFF_CRC, crc)
 
 
+cdef seed_scratch(int codec, object body, Py_ssize_t max_decompressed):
+    # decompress_view grows this thread's scratch with bytearray(n), which zero-fills n bytes with
+    # the GIL held: a bomb's 64 MiB held every other thread (the event loop) ~40 ms per batch.
+    # When this batch may need more than the thread keeps, hand it a buffer of lazily zeroed
+    # pages instead (an anonymous mmap: its pages are faulted in by the decompressor, GIL
+    # released); decompress_view then finds it big enough and trim_scratch drops it afterwards.
+    c = _compression
+    limit = max_decompressed + 1
+    view = memoryview(body).cast("B")
+    if codec == 3 or codec == 4:
+        bound = (c._lz4_bound if codec == 3 else c._zstd_bound)(view)
+        need = limit if bound is None else min(limit, max(bound, 1))
+    elif codec == 1:
+        need = min(limit, int.from_bytes(view[-4:], "little") + 1) if len(view) >= 18 else 0
+    else:
+        return                      # snappy states its size and refuses past the cap first
+    if need <= c.SCRATCH_KEEP:
+        return
+    have = c._scratch.buf
+    if have is None or len(have) < need:
+        c._scratch.buf = None       # the old buffer first: never both mapped
+        c._scratch.buf = _mmap.mmap(-1, need)
+
+
 cdef Verdict check_compressed(object body, int codec, int32_t count, bint compacted,
                               Py_ssize_t max_decompressed) except? BAD_RECORDS:
     # Like Kafka's LogValidator: decompress the records section (bounded by max_decompressed,
@@ -352,6 +377,7 @@ cdef Verdict check_compressed(object body, int codec, int32_t count, bint compac
     if _compression is None:
         from kbroker.record import compression as _c
         _compression = _c
+    seed_scratch(codec, body, max_decompressed)
     try:
         section = _compression.decompress_view(codec, body, max_decompressed)
     except _compression.DecompressionLimitExceeded:

@@ -264,6 +264,12 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
               "first byte or the connection is closed; 0 = no deadline"),
     _impl("kbroker.metrics.port", "int", -1, between(-1, 65535),
           doc="Prometheus /metrics HTTP port on the listener host; -1 = off, 0 = any free port"),
+    _impl("kbroker.log.validation.threads", "int", 2, at_least(0),
+          doc="threads that decompress and check compressed producer batches off the event loop (the loop "
+              "then appends them in arrival order per partition); 0 = check them on the loop"),
+    _impl("kbroker.log.writer.offload.bytes", "int", 1 << 20, at_least(0),
+          doc="a producer batch of at least this size is written by its log dir's writer thread while the "
+              "loop goes on receiving; its offsets are visible (and acknowledged) once written. 0 = never"),
     _impl(EVENT_LOOP_KEY, "string", DEFAULT_EVENT_LOOP, one_of(*EVENT_LOOPS),
           doc="the broker's event loop: asyncio (the standard library's selector loop) or uvloop (libuv); "
               f"the {EVENT_LOOP_ENV} environment variable sets it when the config does not. asyncio by "

@@ -22,6 +22,7 @@ header read after the last index entry run.
 import bisect
 import logging
 import os
+import threading
 import time
 from typing import NamedTuple
 
@@ -146,6 +147,31 @@ def validate_batch(buf, max_message_bytes: int, compact: bool) -> None:
         raise LogAppendError(e.error_code, str(e)) from None
 
 
+class WriteJob:
+    """One batch's bytes to write on a log dir's writer thread (Log.begin_append_as_leader).
+    ``run`` touches only the segment's append descriptor and this object; ``done`` is set when
+    the bytes are written (or the write failed), after which the loop may finish the append."""
+    __slots__ = ("log", "segment", "buf", "info", "base", "last", "leader_epoch", "append_time", "now",
+                 "position", "written", "error", "done", "outcome")
+
+    def __init__(self, log, segment, buf, info, base, last, leader_epoch, append_time, now):
+        self.log, self.segment, self.buf, self.info = log, segment, buf, info
+        self.base, self.last, self.leader_epoch, self.append_time, self.now = base, last, leader_epoch, append_time, now
+        self.position = segment.size
+        self.written = 0
+        self.error = None
+        self.done = threading.Event()
+        self.outcome = None             # AppendResult or LogAppendError, set on the loop
+
+    def run(self) -> None:
+        try:
+            self.written = self.segment.write_bytes(self.buf)
+        except OSError as e:
+            self.error = e
+        finally:
+            self.done.set()
+
+
 class Log:
     def __init__(self, dir_path: str, topic: str, partition: int, config: LogConfig, *,
                  clean_shutdown: bool = True, recovery_point: int = 0, log_start_offset: int = 0,
@@ -175,6 +201,11 @@ class Log:
         # Compaction: offsets below this were cleaned (cleaner-offset-checkpoint, LogManager).
         self.cleaner_checkpoint = 0
         self._epoch_write_failing = False
+        # Produce path ordering (kbroker/log/appender.py): the done-future of the last append still
+        # queued on this log (validating off the loop or writing on the dir's writer thread), None
+        # when none is. A new append goes behind it, so batches land in arrival order.
+        self.append_tail = None
+        self._write_job = None             # WriteJob whose bytes the writer thread is writing
         self._load(clean_shutdown, now_ms() if now is None else now)
 
     # -- properties -------------------------------------------------------------------------
@@ -324,6 +355,9 @@ class Log:
         (with this log's max.message.bytes and cleanup.policy), so the decompressing record
         walk is skipped; header checks, CRC and stamping still run. Returns the assigned
         offsets, or the original offsets of an idempotent duplicate; raises LogAppendError."""
+        # The body of _stamp + _appended, kept inline: this is the one-record Produce path.
+        if self._write_job is not None:
+            self._settle()
         if self.offline:
             raise LogAppendError(KAFKA_STORAGE_ERROR, f"log {self.name} is offline")
         cfg = self.config
@@ -354,6 +388,103 @@ class Log:
             self.flush(now)
         return AppendResult(base, last, append_time, self.log_start_offset)
 
+    def _stamp(self, buf, leader_epoch, now, prevalidated):
+        """Native validate + stamp at the log end; an idempotent duplicate -> its AppendResult."""
+        if self.offline:
+            raise LogAppendError(KAFKA_STORAGE_ERROR, f"log {self.name} is offline")
+        cfg = self.config
+        append_time = now if cfg.log_append_time else -1
+        base = self.log_end_offset
+        try:
+            info = _batch.validate_and_stamp(buf, base, leader_epoch, cfg.max_message_bytes, append_time,
+                                             "compact" in cfg.cleanup_policy, prevalidated=prevalidated)
+        except _batch.BatchError as e:
+            raise LogAppendError(e.error_code, str(e)) from None
+        pid = info.producer_id
+        if pid >= 0:
+            dup = self.producer_state.check(pid, info.producer_epoch, info.base_sequence,
+                                            info.last_offset_delta)
+            if dup is not None:
+                return AppendResult(dup.first_offset, dup.last_offset,
+                                    dup.timestamp if cfg.log_append_time else -1,
+                                    self.log_start_offset)
+        return info, base, base + info.last_offset_delta, append_time
+
+    def _appended(self, info, base, last, leader_epoch, append_time, now) -> AppendResult:
+        """In-memory state after the batch's bytes are in the segment."""
+        pid = info.producer_id
+        if pid >= 0:
+            self.producer_state.update(pid, info.producer_epoch, info.base_sequence,
+                                       info.last_offset_delta, base, info.max_timestamp)
+        if leader_epoch > self.epoch_cache.latest_epoch:
+            self.epoch_cache.assign(leader_epoch, base)
+        self.unflushed_messages += info.record_count
+        if self.unflushed_messages >= self.config.flush_messages:
+            self.flush(now)
+        return AppendResult(base, last, append_time, self.log_start_offset)
+
+    # -- appends whose bytes are written on the log dir's writer thread ---------------------
+    #
+    # begin_append_as_leader stamps the batch on the loop (offsets from the LEO, roll if due) and
+    # returns a WriteJob; WriteJob.run() writes the bytes on another thread (GIL released); then
+    # finish_append(job) on the loop moves size, indexes, LEO, HW and producer state. Until then
+    # readers see the log as it was before the batch (fetch never sees bytes not yet written).
+    # The caller keeps other appends to this log behind the job (append_tail); anything else that
+    # changes the log's files or offsets first settles the job (_settle: waits for the write,
+    # which is bounded by one batch, and finishes it).
+
+    def begin_append_as_leader(self, buf, leader_epoch: int, now: int, prevalidated: bool = False):
+        """-> WriteJob to run on a writer thread, or the AppendResult of an idempotent duplicate."""
+        if self._write_job is not None:
+            self._settle()
+        r = self._stamp(buf, leader_epoch, now, prevalidated)
+        if type(r) is AppendResult:
+            return r
+        info, base, last, append_time = r
+        cfg = self.config
+        seg = self.active_segment
+        if seg.should_roll(info.size, last, info.max_timestamp, now, cfg.segment_bytes, cfg.segment_ms):
+            seg = self.roll(now)
+        job = WriteJob(self, seg, buf, info, base, last, leader_epoch, append_time, now)
+        self._write_job = job
+        return job
+
+    def finish_append(self, job: "WriteJob") -> AppendResult:
+        """After job.run() returned (or from _settle): the append's outcome; raises LogAppendError."""
+        if job.outcome is None:
+            self._complete_job(job)
+        if isinstance(job.outcome, LogAppendError):
+            raise job.outcome
+        return job.outcome
+
+    def _complete_job(self, job) -> None:
+        if self._write_job is job:
+            self._write_job = None
+        seg = job.segment
+        if job.error is not None:
+            e = job.error
+            seg._truncate_file(job.position)
+            if seg.size != os.fstat(seg.read_fd).st_size:
+                self.offline = True       # the partial write could not be removed
+            job.outcome = LogAppendError(KAFKA_STORAGE_ERROR, f"write to {seg.log_path} failed: {e.strerror}")
+            return
+        info = job.info
+        seg.committed_write(job.position, job.written, job.last, info.max_timestamp)
+        self.dirty = True
+        if self.hw_follows_leo:
+            self._high_watermark = job.last + 1
+        try:
+            job.outcome = self._appended(info, job.base, job.last, job.leader_epoch, job.append_time, job.now)
+        except LogAppendError as e:
+            job.outcome = e
+
+    def _settle(self) -> None:
+        """Wait for the write in flight (if any) and finish it, before changing the log otherwise."""
+        job = self._write_job
+        if job is not None:
+            job.done.wait()
+            self._complete_job(job)
+
     def append_as_follower(self, buf, now: int | None = None):
         """Append batches exactly as the leader stamped them (a fetch response's records).
 
@@ -366,6 +497,8 @@ class Log:
         (first offset, last offset) or None when ``buf`` holds no complete batch; raises
         LogAppendError (CORRUPT_MESSAGE for bad bytes, INVALID_RECORD for offsets that go
         backwards)."""
+        if self._write_job is not None:
+            self._settle()
         if self.offline:
             raise LogAppendError(KAFKA_STORAGE_ERROR, f"log {self.name} is offline")
         try:
@@ -438,6 +571,8 @@ class Log:
 
     def roll(self, now: int | None = None) -> LogSegment:
         """Close the active segment and start a new one at the log end offset."""
+        if self._write_job is not None:
+            self._settle()
         now = now_ms() if now is None else now
         old = self.active_segment
         leo = old.next_offset
@@ -496,6 +631,8 @@ class Log:
         """Remove every batch at or after ``offset`` (a batch holding it goes whole, so the new
         log end may be a little lower). Segments, indexes, the epoch cache, producer state,
         recovery point and high watermark all follow. Returns whether anything was removed."""
+        if self._write_job is not None:
+            self._settle()
         if offset >= self.log_end_offset:
             return False
         now = now_ms() if now is None else now
@@ -520,6 +657,8 @@ class Log:
     def truncate_fully(self, offset: int, now: int | None = None) -> None:
         """Drop every segment and start the log empty at ``offset`` (the follower is so far
         behind or diverged that nothing of its log is usable)."""
+        if self._write_job is not None:
+            self._settle()
         now = now_ms() if now is None else now
         for s in self.segments:
             s.mark_deleted()
@@ -604,6 +743,8 @@ class Log:
     def delete_old_segments(self, now: int | None = None) -> int:
         """Apply retention.ms and retention.bytes to closed segments (never the active one)
         and segments wholly below the log start offset. Returns the number deleted."""
+        if self._write_job is not None:
+            self._settle()
         now = now_ms() if now is None else now
         cfg = self.config
         if "delete" not in cfg.cleanup_policy:
@@ -699,6 +840,8 @@ class Log:
 
     def close(self) -> None:
         """Clean shutdown: flush, snapshot producer state at the LEO, trim indexes, close fds."""
+        if self._write_job is not None:
+            self._settle()
         self.flush()
         self.producer_state.write_snapshot(self.log_end_offset)
         self.remove_deleted_files(force=True)
@@ -708,6 +851,8 @@ class Log:
 
     def close_for_delete(self) -> None:
         """Close every descriptor without flushing (the partition is being deleted)."""
+        if self._write_job is not None:
+            self._settle()
         self.epoch_cache.close()
         self.remove_deleted_files(force=True)
         for s in self.segments:

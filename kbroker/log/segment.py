@@ -209,6 +209,19 @@ class LogSegment:
         if self.first_batch_ms is None:
             self.first_batch_ms = max_timestamp
 
+    def write_bytes(self, buf) -> int:
+        """The write of ``append`` alone, for a writer thread (GIL released in write_all); the
+        loop then calls committed_write, or truncates the partial bytes away on OSError."""
+        return _native.write_all(self._append_fd, buf)
+
+    def committed_write(self, position: int, n: int, last_offset: int, max_timestamp: int) -> None:
+        """The in-memory part of ``append`` once write_bytes wrote ``n`` bytes at ``position``."""
+        self.size = position + n
+        self._index_batch(position, n, last_offset, max_timestamp)
+        self.next_offset = last_offset + 1
+        if self.first_batch_ms is None:
+            self.first_batch_ms = max_timestamp
+
     def append_batches(self, buf, infos) -> None:
         """Write already-stamped batches (a follower's copy of the leader's bytes) with one
         write and index each batch as ``append`` would. ``infos`` are the batches' headers

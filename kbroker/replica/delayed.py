@@ -7,6 +7,10 @@ NOT_ENOUGH_REPLICAS_AFTER_APPEND when the ISR falls below min.insync.replicas,
 NOT_LEADER_OR_FOLLOWER when leadership moves, REQUEST_TIMED_OUT at timeout_ms. The request's
 future resolves when every partition is decided.
 
+The same object collects the answers of a request whose appends were queued off the loop
+(ReplicaManager._defer: compressed batches validated on worker threads, large ones written on the
+log dir's writer thread); for acks 0/1 it has no timer and resolves when each append is decided.
+
 Threads: the event-loop thread only.
 """
 from __future__ import annotations
@@ -22,7 +26,8 @@ class DelayedProduce:
         self.results = results          # tp -> PartitionResult (already-final ones included)
         self.remaining = waiting
         self.future = loop.create_future()
-        self.timer = loop.call_later(max(timeout_ms, 0) / 1000, on_timeout, self)
+        # None: no deadline (acks 0/1 waiting only for appends queued off the loop)
+        self.timer = None if timeout_ms is None else loop.call_later(max(timeout_ms, 0) / 1000, on_timeout, self)
 
     def decide(self, tp, error_code: int) -> None:
         r = self.results[tp]
@@ -33,7 +38,8 @@ class DelayedProduce:
                             r._replace(error_code=int(error_code), base_offset=-1, log_append_time_ms=-1))
         self.remaining -= 1
         if self.remaining == 0:
-            self.timer.cancel()
+            if self.timer is not None:
+                self.timer.cancel()
             if not self.future.done():
                 self.future.set_result(self.results)
 

@@ -27,6 +27,7 @@ import time
 from typing import NamedTuple
 
 from ..log.errors import LogAppendError
+from ..log.log import AppendResult
 from ..protocol.errors import Errors
 from ..topics import INTERNAL_TOPICS
 from .delayed import DelayedProduce
@@ -127,14 +128,30 @@ class ReplicaManager:
 
     # -- produce ------------------------------------------------------------------------------
 
+    _threads = None                         # AppendThreads, made at the first append
+
+    def _append_threads(self):
+        from ..log.appender import AppendThreads
+        cfg = self.broker.config
+        self._threads = AppendThreads(cfg.get("kbroker.log.validation.threads"),
+                                      cfg.get("kbroker.log.writer.offload.bytes"))
+        return self._threads
+
     def append_records(self, entries: dict, acks: int, timeout_ms: int, internal: bool = False):
         """Append each partition's batch as leader. -> {tp: PartitionResult}, or an awaitable of
-        it for acks=all while the high watermark has not covered every batch."""
+        it for acks=all while the high watermark has not covered every batch, and for any acks
+        when a batch is compressed (validated on a worker thread first), large (written on the
+        log dir's writer thread) or queued behind such a batch of the same partition: a
+        partition's batches are appended in the order their requests arrived."""
         now = _now_ms()
         results = {}
         pending = None
+        deferred = None
         metrics = self.broker.metrics
         notifier = self.broker.notifier
+        threads = self._threads or self._append_threads()
+        big = threads.write_offload_bytes
+        off_loop = threads.validates_off_loop
         for tp, records in entries.items():
             p = self.partitions.get(tp)
             if p is None or not p.is_leader:
@@ -156,6 +173,14 @@ class ReplicaManager:
                         error_message=f"ISR {p.isr} is smaller than min.insync.replicas={p.min_isr}")
                     continue
             lg = p.log
+            n = len(records)
+            if lg.append_tail is not None or n >= big or (off_loop and n > 22 and records[22] & 7):
+                # records[22] & 7: the batch's codec (attributes' low byte)
+                results[tp] = PartitionResult(UNDECIDED)
+                if deferred is None:
+                    deferred = []
+                deferred.append((tp, p, records))
+                continue
             try:
                 r = lg.append_as_leader(records, p.leader_epoch, now)
             except LogAppendError as e:
@@ -164,7 +189,7 @@ class ReplicaManager:
                 results[tp] = PartitionResult(e.error_code, error_message=e.message)
                 continue
             if not internal:
-                metrics.produced(tp[0], r.last_offset - r.base_offset + 1, len(records))
+                metrics.produced(tp[0], r.last_offset - r.base_offset + 1, n)
             # Followers' long polls wake on appends, consumers' on HW moves (_complete): a
             # consumer has nothing new to read until the HW moves.
             if len(p.replicas) > 1:
@@ -178,12 +203,101 @@ class ReplicaManager:
                 pending.append((p, r.last_offset + 1))
             else:
                 results[tp] = PartitionResult(0, r.base_offset, r.log_append_time_ms, r.log_start_offset)
-        if pending is None:
+        if pending is None and deferred is None:
             return results
-        d = DelayedProduce(results, len(pending), self.loop, timeout_ms, self._timed_out)
-        for p, required in pending:
-            p.waiters.append((required, d))
+        waiting = (len(pending) if pending else 0) + (len(deferred) if deferred else 0)
+        # acks 0/1 wait only for their deferred appends: no timer (timeout_ms is the replication wait)
+        d = DelayedProduce(results, waiting, self.loop or asyncio.get_running_loop(),
+                           timeout_ms if acks == -1 else None, self._timed_out)
+        if pending:
+            for p, required in pending:
+                p.waiters.append((required, d))
+        if deferred:
+            for tp, p, records in deferred:
+                self._defer(threads, tp, p, records, acks, internal, d)
         return d.future
+
+    def _defer(self, threads, tp, p, records, acks, internal, d) -> None:
+        """Queue one partition's append behind the log's earlier queued appends (append_tail) and
+        start validating it now if it is compressed: validation runs in parallel, appends in order."""
+        loop = self.loop or asyncio.get_running_loop()
+        lg = p.log
+        prev = lg.append_tail
+        done = loop.create_future()
+        lg.append_tail = done
+        validation = settings = None
+        if threads.validates_off_loop and len(records) > 22 and records[22] & 7:
+            validation, settings = threads.validate(loop, lg, records)
+        t = loop.create_task(self._deferred_append(threads, tp, p, lg, records, acks, internal, d, prev, done,
+                                                   validation, settings))
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    async def _deferred_append(self, threads, tp, p, lg, records, acks, internal, d, prev, done,
+                               validation, settings) -> None:
+        error = None
+        finished = False
+        try:
+            if validation is not None:
+                try:
+                    await validation
+                except LogAppendError as e:
+                    error = (e.error_code, e.message)
+            if prev is not None:
+                await prev                  # the partition's earlier batch is in the log (or refused)
+            if error is None:
+                if self.partitions.get(tp) is not p or not p.is_leader or p.log is not lg:
+                    error = (Errors.NOT_LEADER_OR_FOLLOWER, None)
+                elif acks == -1 and p.stale:
+                    error = (Errors.NOT_LEADER_OR_FOLLOWER, "this leader's ISR write was fenced")
+            if error is None:
+                # Settings changed while validating (AlterConfigs): validate again in the append.
+                prevalidated = validation is not None and settings == threads.settings_of(lg)
+                now = _now_ms()
+                try:
+                    if len(records) >= threads.write_offload_bytes:
+                        job = lg.begin_append_as_leader(records, p.leader_epoch, now, prevalidated)
+                        if type(job) is not AppendResult:
+                            await asyncio.get_running_loop().run_in_executor(threads.writer(lg), job.run)
+                            job = lg.finish_append(job)
+                        r = job
+                    else:
+                        r = lg.append_as_leader(records, p.leader_epoch, now, prevalidated=prevalidated)
+                except LogAppendError as e:
+                    if e.error_code == Errors.KAFKA_STORAGE_ERROR:
+                        log.error("append to %s-%d failed: %s", tp[0], tp[1], e)
+                    error = (e.error_code, e.message)
+            if error is None:
+                self._after_deferred_append(tp, p, lg, r, len(records), acks, internal, d)
+                finished = True
+        except BaseException:
+            if not finished:
+                error = (Errors.UNKNOWN_SERVER_ERROR, None)
+            raise
+        finally:
+            # (an acks=all request may have timed out meanwhile: its answer is already decided)
+            if error is not None and d.results[tp].error_code == UNDECIDED:
+                d.results[tp] = PartitionResult(UNDECIDED, error_message=error[1])
+                d.decide(tp, error[0])
+            if lg.append_tail is done:
+                lg.append_tail = None
+            done.set_result(None)
+
+    def _after_deferred_append(self, tp, p, lg, r, nbytes, acks, internal, d) -> None:
+        """What append_records does after a synchronous append (kept inline there)."""
+        if not internal:
+            self.broker.metrics.produced(tp[0], r.last_offset - r.base_offset + 1, nbytes)
+        if len(p.replicas) > 1:
+            self.broker.notifier.appended(p.follower_key)
+        if len(p.isr) == 1 and p.maybe_increment_hw():
+            self._complete(p)
+        if d.results[tp].error_code != UNDECIDED:
+            return                          # timed out while queued: already answered
+        d.results[tp] = PartitionResult(UNDECIDED, r.base_offset, r.log_append_time_ms, r.log_start_offset)
+        if acks == -1 and r.last_offset >= lg.high_watermark:
+            p.waiters.append((r.last_offset + 1, d))
+        else:
+            d.decide(tp, 0)
 
     def _timed_out(self, d: DelayedProduce) -> None:
         for tp in d.undecided():

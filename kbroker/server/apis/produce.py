@@ -3,7 +3,9 @@
 The batch bytes are a view into the request frame; the leader's ``Log.append_as_leader`` validates
 them natively (CRC32C, sizes, counts), stamps offsets and the leader epoch in place and writes them
 to the segment. No per-record Python work. acks=0/1 are answered at once; acks=all when the high
-watermark covers the batches (replica/manager.py). acks=0 gets no response, and any error closes
+watermark covers the batches (replica/manager.py). A compressed batch is decompressed and checked
+on a worker thread and a large one written on its log dir's writer thread; such requests are
+answered once appended (per partition, in arrival order). acks=0 gets no response, and any error closes
 the connection (the client has no other way to learn of it).
 """
 from __future__ import annotations
@@ -39,7 +41,10 @@ def handle_native(broker, conn, req):
 
 
 async def _encode_later(req, awaitable):
-    return [encode_produce_response(req.api_version, req.correlation_id, await awaitable)]
+    out = await awaitable
+    if out is NO_RESPONSE or out is CLOSE:        # acks=0 whose appends were queued off the loop
+        return out
+    return [encode_produce_response(req.api_version, req.correlation_id, out)]
 
 
 def produce(broker, header, body):
@@ -53,7 +58,10 @@ def produce(broker, header, body):
 
 
 async def _as_dict_later(awaitable):
-    return _as_dict(await awaitable)
+    out = await awaitable
+    if out is NO_RESPONSE or out is CLOSE:
+        return out
+    return _as_dict(out)
 
 
 def _as_dict(out):
@@ -117,7 +125,9 @@ def execute(broker, version, acks, timeout_ms, topics):
     if entries:
         results = broker.replica_manager.append_records(entries, acks, timeout_ms)
         if not isinstance(results, dict):
-            return _finish_later(broker, results, slots, out)
+            # acks=all waiting for the HW, or appends queued off the loop (compressed or large
+            # batches, or behind such a batch of the same partition)
+            return _finish_later(broker, results, slots, out, acks, failed)
         failed |= _fill(broker, results, slots)
     if acks == 0:
         return CLOSE if failed else NO_RESPONSE
@@ -140,7 +150,10 @@ def _fill(broker, results, slots) -> bool:
     return failed
 
 
-async def _finish_later(broker, future, slots, out):
-    """acks=all: answer once the high watermark covers every batch (or it failed / timed out)."""
-    _fill(broker, await future, slots)
+async def _finish_later(broker, future, slots, out, acks, failed):
+    """Answer once every batch is appended (and for acks=all, covered by the high watermark, or
+    it failed / timed out). acks=0: nothing, or a close if a batch failed."""
+    failed |= _fill(broker, await future, slots)
+    if acks == 0:
+        return CLOSE if failed else NO_RESPONSE
     return out
