@@ -1,12 +1,17 @@
 """RecordBatch v2 <-> Arrow columns, for the Spark data source (kbroker.spark).
 
-Read: ``RecordDecoder`` walks uncompressed records sections (what follows byte 61 of a
-batch, after decompression) and appends each record straight into Arrow buffers it owns:
+Read: ``RecordDecoder`` walks uncompressed records sections (what follows the 61-byte header
+of a batch, after decompression) and appends each record straight into Arrow buffers it owns:
 int32 offsets + data for key and value (with validity bitmaps), int64 offset, int64
 timestamp in microseconds, int32 timestampType, and optionally the headers list
-(list offsets, struct children key string / value binary). ``flush()`` hands the buffers to
-pyarrow without copying (each is a ``_Mem`` exposing the buffer protocol) and returns a
-``pyarrow.RecordBatch`` with exactly Spark's Arrow schema for the Kafka source.
+(list offsets, struct children key string / value binary). The buffers come from pyarrow's
+default memory pool, which reuses the pages of freed batches (fresh malloc'd buffers cost a
+page fault per 4 KiB, more than the decode itself); ``flush()`` hands them to pyarrow without
+copying and returns a ``pyarrow.RecordBatch`` with exactly Spark's Arrow schema for the Kafka
+source.
+
+Types, the header layout (layout.pxd) and the varint helpers (varint.pxd) are declared in
+arrow.pxd.
 
 Write: ``partition_for_keys`` (Kafka's murmur2 partitioner over a binary column) and
 ``build_batches`` (rows of Arrow key/value/headers columns -> RecordBatch v2 bytes, sized
@@ -17,30 +22,21 @@ Header keys are written and read as bytes: Kafka's clients only ever produce UTF
 """
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
-from libc.stdlib cimport free, realloc
-from libc.string cimport memcpy, memset
-
-from ccrc32c cimport crc32c_update
-from hton cimport load_be32, store_be16, store_be32, store_be64
-from varint cimport read_varint, read_varlong, varlong_size, write_varlong
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
+from libc.string cimport memcpy
 
 import time
 
-cdef enum:
-    HEADER_SIZE = 61
-    LOG_OVERHEAD = 12
-    OFF_ATTRIBUTES = 21
-
 cdef int64_t INT32_LIMIT = 0x7FFFFFFF
 cdef object _compression = None
+cdef object _pa = None           # pyarrow, imported by the first RecordDecoder
 
 # Return codes of the nogil decoder.
 cdef enum:
     DONE = 0
     FULL = 1
     CORRUPT = -1
-    NOMEM = -2
+    NEED_MEMORY = -2             # a record does not fit the buffers: grow them, call again
 
 
 class ArrowDecodeError(ValueError):
@@ -51,99 +47,73 @@ class ArrowDecodeError(ValueError):
 
 @cython.final
 cdef class _Mem:
-    """A growable malloc'd byte buffer that pyarrow can wrap without a copy (buffer protocol).
-    Grown bytes are zeroed, so validity bitmaps start all-null."""
-    cdef char *data
-    cdef Py_ssize_t length      # bytes in use (what the buffer protocol exposes)
-    cdef Py_ssize_t capacity
-    cdef Py_ssize_t shape[1]
-    cdef Py_ssize_t strides[1]
-    cdef int exports
+    """A growable Arrow buffer from pyarrow's default memory pool. ``grow`` runs with the GIL;
+    the put_* helpers write without it and never grow (the decoder checks room per record).
+    Bitmap bytes are zeroed as they come into use (put_bit), other bytes are always written."""
 
     def __cinit__(self):
+        self.buf = None
         self.data = NULL
         self.length = 0
         self.capacity = 0
-        self.exports = 0
 
-    def __dealloc__(self):
-        free(self.data)
-
-    cdef int reserve(self, Py_ssize_t need) noexcept nogil:
-        # 0 ok, -1 out of memory; never called once exported.
-        cdef Py_ssize_t cap = self.capacity if self.capacity else 64
-        cdef char *grown
+    cdef int grow(self, Py_ssize_t need) except -1:
+        cdef Py_ssize_t cap
         if need <= self.capacity:
             return 0
-        while cap < need:
-            cap *= 2
-        grown = <char *>realloc(self.data, <size_t>cap)
-        if grown == NULL:
-            return -1
-        memset(grown + self.capacity, 0, <size_t>(cap - self.capacity))
-        self.data = grown
+        cap = max(need, 2 * self.capacity, 256)
+        if self.buf is None:
+            self.buf = _pa.allocate_buffer(cap, resizable=True)
+        else:
+            self.buf.resize(cap)
+        self.data = <char *><uintptr_t>self.buf.address
         self.capacity = cap
         return 0
 
-    def __getbuffer__(self, Py_buffer *view, int flags):
-        self.shape[0] = self.length
-        self.strides[0] = 1
-        view.buf = self.data if self.data != NULL else <char *>&self.shape[0]
-        view.obj = self
-        view.len = self.length
-        view.readonly = 1
-        view.itemsize = 1
-        view.format = NULL
-        view.ndim = 1
-        view.shape = self.shape
-        view.strides = self.strides
-        view.suboffsets = NULL
-        view.internal = NULL
-        self.exports += 1
-
-    def __releasebuffer__(self, Py_buffer *view):
-        self.exports -= 1
+    cdef object finish(self):
+        """The bytes written, as a pyarrow Buffer (no copy). The _Mem is not written again."""
+        if self.buf is None:
+            return _pa.py_buffer(b"")
+        self.buf.resize(self.length, shrink_to_fit=False)
+        return self.buf
 
     def __len__(self):
         return self.length
 
 
-cdef inline int put_i32(_Mem m, int32_t v) noexcept nogil:
-    if m.reserve(m.length + 4) < 0:
-        return -1
+# Writers of the decode; the caller made room (room / bitmap_room).
+cdef inline bint room(_Mem m, Py_ssize_t n) noexcept nogil:
+    return m.length + n <= m.capacity
+
+
+cdef inline bint bitmap_room(_Mem m, int64_t row) noexcept nogil:
+    return (row >> 3) < m.capacity
+
+
+cdef inline void put_i32(_Mem m, int32_t v) noexcept nogil:
     (<int32_t *>(m.data + m.length))[0] = v
     m.length += 4
-    return 0
 
 
-cdef inline int put_i64(_Mem m, int64_t v) noexcept nogil:
-    if m.reserve(m.length + 8) < 0:
-        return -1
+cdef inline void put_i64(_Mem m, int64_t v) noexcept nogil:
     (<int64_t *>(m.data + m.length))[0] = v
     m.length += 8
-    return 0
 
 
-cdef inline int put_bytes(_Mem m, const unsigned char *p, Py_ssize_t n) noexcept nogil:
-    if n <= 0:
-        return 0
-    if m.reserve(m.length + n) < 0:
-        return -1
-    memcpy(m.data + m.length, p, <size_t>n)
-    m.length += n
-    return 0
+cdef inline void put_bytes(_Mem m, const unsigned char *p, Py_ssize_t n) noexcept nogil:
+    if n > 0:
+        memcpy(m.data + m.length, p, <size_t>n)
+        m.length += n
 
 
 # Validity bit ``row`` (rows are appended in order, so the bitmap grows by whole bytes).
-cdef inline int put_bit(_Mem m, Py_ssize_t row, bint valid) noexcept nogil:
+cdef inline void put_bit(_Mem m, int64_t row, bint valid) noexcept nogil:
     cdef Py_ssize_t byte = row >> 3
     if byte >= m.length:
-        if m.reserve(byte + 1) < 0:
-            return -1
+        m.data[byte] = 0
         m.length = byte + 1
     if valid:
         m.data[byte] = <char>(<uint8_t>m.data[byte] | (1 << (row & 7)))
-    return 0
 
 
 # ---------------------------------------------------------------- varints
@@ -166,28 +136,30 @@ cdef class RecordDecoder:
     pyarrow.RecordBatch. ``append`` stops when ``max_rows`` rows or ``max_bytes`` bytes of
     key/value/header data are held (at least one record is always taken), so binary columns
     stay far below int32 offsets' 2 GiB."""
-    cdef readonly bint include_headers
-    cdef readonly int64_t max_rows
-    cdef readonly int64_t max_bytes
-    cdef readonly int64_t rows
-    cdef readonly int64_t data_bytes
-    cdef readonly int64_t last_offset     # offset of the last record appended, -1 before any
-    cdef _Mem key_valid, key_off, key_data, val_valid, val_off, val_data
-    cdef _Mem offsets, timestamps, ts_types
-    cdef _Mem hdr_valid, hdr_off, hk_off, hk_data, hv_valid, hv_off, hv_data
-    cdef int64_t nheaders
 
     def __init__(self, bint include_headers=False, int64_t max_rows=65536,
                  int64_t max_bytes=64 * 1024 * 1024):
+        global _pa
         if max_rows < 1 or max_bytes < 1 or max_bytes > (1 << 30):
             raise ValueError("max_rows must be >= 1 and max_bytes within [1, 1 GiB]")
+        if _pa is None:
+            import pyarrow
+            _pa = pyarrow
         self.include_headers = include_headers
         self.max_rows = max_rows
         self.max_bytes = max_bytes
         self.last_offset = -1
+        self.hints = None
         self._reset()
 
-    cdef void _reset(self):
+    cdef list _mems(self):
+        return [self.key_valid, self.key_off, self.key_data, self.val_valid, self.val_off, self.val_data,
+                self.offsets, self.timestamps, self.ts_types, self.hdr_valid, self.hdr_off, self.hk_off,
+                self.hk_data, self.hv_valid, self.hv_off, self.hv_data]
+
+    cdef int _reset(self) except -1:
+        cdef _Mem m
+        cdef Py_ssize_t i
         self.rows = 0
         self.data_bytes = 0
         self.nheaders = 0
@@ -197,20 +169,44 @@ cdef class RecordDecoder:
         self.hdr_valid, self.hdr_off = _Mem(), _Mem()
         self.hk_off, self.hk_data = _Mem(), _Mem()
         self.hv_valid, self.hv_off, self.hv_data = _Mem(), _Mem(), _Mem()
+        if self.hints is not None:
+            # The next batch is most likely the size of the last one: one allocation per buffer
+            # instead of a doubling series of reallocations.
+            for i, m in enumerate(self._mems()):
+                m.grow(<Py_ssize_t>self.hints[i])
         # Arrow offsets start with a 0.
-        put_i32(self.key_off, 0)
-        put_i32(self.val_off, 0)
-        put_i32(self.hdr_off, 0)
-        put_i32(self.hk_off, 0)
-        put_i32(self.hv_off, 0)
+        for m in (self.key_off, self.val_off, self.hdr_off, self.hk_off, self.hv_off):
+            m.grow(4)
+            put_i32(m, 0)
+        return 0
+
+    cdef int _grow_for_record(self) except -1:
+        # Room for the record _decode stopped at (need_* bytes), doubling as needed.
+        cdef int64_t nh = self.need_headers // 2 + 1     # a header takes at least 2 bytes
+        self.key_data.grow(self.key_data.length + self.need_key)
+        self.val_data.grow(self.val_data.length + self.need_value)
+        for m in (self.key_off, self.val_off, self.ts_types, self.hdr_off):
+            m.grow(m.length + 4)
+        for m in (self.offsets, self.timestamps):
+            m.grow(m.length + 8)
+        self.key_valid.grow((self.rows >> 3) + 1)
+        self.val_valid.grow((self.rows >> 3) + 1)
+        if self.include_headers:
+            self.hdr_valid.grow((self.rows >> 3) + 1)
+            self.hk_data.grow(self.hk_data.length + self.need_headers)
+            self.hv_data.grow(self.hv_data.length + self.need_headers)
+            self.hk_off.grow(self.hk_off.length + 4 * nh)
+            self.hv_off.grow(self.hv_off.length + 4 * nh)
+            self.hv_valid.grow(((self.nheaders + nh) >> 3) + 1)
+        return 0
 
     cdef int _decode(self, const unsigned char *p, Py_ssize_t n, int32_t count,
                      int64_t base_offset, int64_t base_timestamp, int64_t log_append_time,
                      int32_t ts_type, int64_t lo, int64_t hi,
                      Py_ssize_t *pos_io, int32_t *index_io) noexcept nogil:
-        cdef Py_ssize_t pos = pos_io[0], rec_end, kstart, vstart, hks, hvs, after
+        cdef Py_ssize_t pos = pos_io[0], rec_end, kstart, vstart, hks, hvs, after, kn, vn, rest
         cdef int32_t i, h, length, offset_delta, nh, klen, vlen, hkl, hvl
-        cdef int64_t ts_delta, offset, need
+        cdef int64_t ts_delta, offset
         cdef bint keep
         i = index_io[0]
         while i < count:
@@ -233,25 +229,39 @@ cdef class RecordDecoder:
                 return CORRUPT
             offset = base_offset + offset_delta
             keep = lo <= offset < hi
-            if keep and self.rows > 0:
-                need = (klen if klen > 0 else 0) + (vlen if vlen > 0 else 0) + (rec_end - after)
-                if self.rows >= self.max_rows or self.data_bytes + need > self.max_bytes:
+            if keep:
+                kn = klen if klen > 0 else 0
+                vn = vlen if vlen > 0 else 0
+                rest = rec_end - after      # bounds the header bytes (and count) of this record
+                if self.rows > 0 and (self.rows >= self.max_rows
+                                      or self.data_bytes + kn + vn + rest > self.max_bytes):
                     pos_io[0] = pos
                     index_io[0] = i
                     return FULL
-            if keep:
-                if put_bit(self.key_valid, self.rows, klen >= 0) < 0 \
-                        or put_bytes(self.key_data, p + kstart, klen) < 0 \
-                        or put_i32(self.key_off, <int32_t>self.key_data.length) < 0 \
-                        or put_bit(self.val_valid, self.rows, vlen >= 0) < 0 \
-                        or put_bytes(self.val_data, p + vstart, vlen) < 0 \
-                        or put_i32(self.val_off, <int32_t>self.val_data.length) < 0 \
-                        or put_i64(self.offsets, offset) < 0 \
-                        or put_i64(self.timestamps, (log_append_time if log_append_time >= 0
-                                                     else base_timestamp + ts_delta) * 1000) < 0 \
-                        or put_i32(self.ts_types, ts_type) < 0:
-                    return NOMEM
-                self.data_bytes += (klen if klen > 0 else 0) + (vlen if vlen > 0 else 0)
+                if not (room(self.key_data, kn) and room(self.val_data, vn) and room(self.key_off, 4)
+                        and room(self.val_off, 4) and room(self.offsets, 8) and room(self.timestamps, 8)
+                        and room(self.ts_types, 4) and bitmap_room(self.key_valid, self.rows)
+                        and bitmap_room(self.val_valid, self.rows)
+                        and (not self.include_headers or (
+                            room(self.hk_data, rest) and room(self.hv_data, rest)
+                            and room(self.hk_off, 4 * (rest // 2 + 1)) and room(self.hv_off, 4 * (rest // 2 + 1))
+                            and bitmap_room(self.hv_valid, self.nheaders + rest // 2 + 1)
+                            and bitmap_room(self.hdr_valid, self.rows) and room(self.hdr_off, 4)))):
+                    self.need_key, self.need_value, self.need_headers = kn, vn, rest
+                    pos_io[0] = pos
+                    index_io[0] = i
+                    return NEED_MEMORY
+                put_bit(self.key_valid, self.rows, klen >= 0)
+                put_bytes(self.key_data, p + kstart, kn)
+                put_i32(self.key_off, <int32_t>self.key_data.length)
+                put_bit(self.val_valid, self.rows, vlen >= 0)
+                put_bytes(self.val_data, p + vstart, vn)
+                put_i32(self.val_off, <int32_t>self.val_data.length)
+                put_i64(self.offsets, offset)
+                put_i64(self.timestamps, (log_append_time if log_append_time >= 0
+                                          else base_timestamp + ts_delta) * 1000)
+                put_i32(self.ts_types, ts_type)
+                self.data_bytes += kn + vn
             after = read_varint(p, after, rec_end, &nh)
             if after < 0 or nh < 0 or nh > rec_end - after:
                 return CORRUPT
@@ -263,12 +273,11 @@ cdef class RecordDecoder:
                 if after < 0:
                     return CORRUPT
                 if keep and self.include_headers:
-                    if put_bytes(self.hk_data, p + hks, hkl) < 0 \
-                            or put_i32(self.hk_off, <int32_t>self.hk_data.length) < 0 \
-                            or put_bit(self.hv_valid, self.nheaders, hvl >= 0) < 0 \
-                            or put_bytes(self.hv_data, p + hvs, hvl) < 0 \
-                            or put_i32(self.hv_off, <int32_t>self.hv_data.length) < 0:
-                        return NOMEM
+                    put_bytes(self.hk_data, p + hks, hkl)
+                    put_i32(self.hk_off, <int32_t>self.hk_data.length)
+                    put_bit(self.hv_valid, self.nheaders, hvl >= 0)
+                    put_bytes(self.hv_data, p + hvs, hvl)
+                    put_i32(self.hv_off, <int32_t>self.hv_data.length)
                     self.nheaders += 1
                     self.data_bytes += hkl + (hvl if hvl > 0 else 0)
             if after != rec_end:
@@ -276,9 +285,8 @@ cdef class RecordDecoder:
             if keep:
                 if self.include_headers:
                     # Spark's Kafka source gives null, not [], for a record without headers.
-                    if put_bit(self.hdr_valid, self.rows, nh > 0) < 0 \
-                            or put_i32(self.hdr_off, <int32_t>self.nheaders) < 0:
-                        return NOMEM
+                    put_bit(self.hdr_valid, self.rows, nh > 0)
+                    put_i32(self.hdr_off, <int32_t>self.nheaders)
                 self.rows += 1
                 self.last_offset = offset
             pos = rec_end
@@ -301,48 +309,51 @@ cdef class RecordDecoder:
         cdef Py_ssize_t n = view.shape[0]
         if pos < 0 or pos > n or index < 0:
             raise ValueError("resume position outside the section")
-        with nogil:
-            rc = self._decode(&view[0] if n else NULL, n, count, base_offset, base_timestamp,
-                              log_append_time, timestamp_type, lo, hi, &pos, &index)
+        while True:
+            with nogil:
+                rc = self._decode(&view[0] if n else NULL, n, count, base_offset, base_timestamp,
+                                  log_append_time, timestamp_type, lo, hi, &pos, &index)
+            if rc != NEED_MEMORY:
+                break
+            self._grow_for_record()
         if rc == CORRUPT:
             raise ArrowDecodeError(f"malformed records section (base offset {base_offset}, "
                                    f"{count} records, {n} bytes)")
-        if rc == NOMEM:
-            raise MemoryError()
         return pos, index, rc == FULL
 
     def flush(self, str topic, int32_t partition):
         """The rows held so far as a pyarrow.RecordBatch (Spark's Kafka schema; ``headers`` last
         when include_headers); the decoder starts empty again."""
         import numpy as np
-        import pyarrow as pa
+        pa = _pa
         cdef int64_t n = self.rows
         cdef bytes tb = topic.encode("utf-8")
+        cdef _Mem m
         schema = kafka_arrow_schema(self.include_headers)
-        buf = pa.py_buffer
-        key = pa.Array.from_buffers(pa.binary(), n, [buf(self.key_valid), buf(self.key_off),
-                                                     buf(self.key_data)])
-        value = pa.Array.from_buffers(pa.binary(), n, [buf(self.val_valid), buf(self.val_off),
-                                                       buf(self.val_data)])
+        self.hints = [m.length for m in self._mems()]
+        key = pa.Array.from_buffers(pa.binary(), n, [self.key_valid.finish(), self.key_off.finish(),
+                                                     self.key_data.finish()])
+        value = pa.Array.from_buffers(pa.binary(), n, [self.val_valid.finish(), self.val_off.finish(),
+                                                       self.val_data.finish()])
         # Constant columns: numpy/bytes fills, no per-row Python.
         topic_off = np.arange(n + 1, dtype=np.int32) * np.int32(len(tb))
         topic_col = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(topic_off),
                                                            pa.py_buffer(tb * n)])
         part = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(np.full(n, partition,
                                                                                 dtype=np.int32))])
-        offs = pa.Array.from_buffers(pa.int64(), n, [None, buf(self.offsets)])
-        ts = pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), n, [None, buf(self.timestamps)])
-        tst = pa.Array.from_buffers(pa.int32(), n, [None, buf(self.ts_types)])
+        offs = pa.Array.from_buffers(pa.int64(), n, [None, self.offsets.finish()])
+        ts = pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), n, [None, self.timestamps.finish()])
+        tst = pa.Array.from_buffers(pa.int32(), n, [None, self.ts_types.finish()])
         cols = [key, value, topic_col, part, offs, ts, tst]
         if self.include_headers:
             hdr_type = schema.field("headers").type
             struct_type = hdr_type.value_type
             hk = pa.Array.from_buffers(pa.string(), self.nheaders,
-                                       [None, buf(self.hk_off), buf(self.hk_data)])
+                                       [None, self.hk_off.finish(), self.hk_data.finish()])
             hv = pa.Array.from_buffers(pa.binary(), self.nheaders,
-                                       [buf(self.hv_valid), buf(self.hv_off), buf(self.hv_data)])
+                                       [self.hv_valid.finish(), self.hv_off.finish(), self.hv_data.finish()])
             structs = pa.Array.from_buffers(struct_type, self.nheaders, [None], children=[hk, hv])
-            cols.append(pa.Array.from_buffers(hdr_type, n, [buf(self.hdr_valid), buf(self.hdr_off)],
+            cols.append(pa.Array.from_buffers(hdr_type, n, [self.hdr_valid.finish(), self.hdr_off.finish()],
                                               children=[structs]))
         batch = pa.RecordBatch.from_arrays(cols, schema=schema)
         self._reset()
@@ -370,14 +381,7 @@ def kafka_arrow_schema(bint include_headers=False):
 
 # ---------------------------------------------------------------- write: Arrow -> records
 
-# One Arrow binary/string column (int32 offsets) seen as raw pointers.
-cdef struct BinCol:
-    const uint8_t *valid      # NULL = no nulls
-    const int32_t *off
-    const unsigned char *data
-    int64_t base              # the array's offset into its buffers
-    bint present
-
+# BinCol / HdrCol (arrow.pxd): Arrow columns seen as raw pointers.
 
 cdef inline bint col_valid(const BinCol *c, int64_t row) noexcept nogil:
     cdef int64_t i = c.base + row
@@ -431,16 +435,6 @@ cdef class _Column:
         else:
             self.col.data = <const unsigned char *>""
         self.keep = keep
-
-
-# A list<struct<key string, value binary>> headers column: list offsets/validity + children.
-cdef struct HdrCol:
-    const int32_t *off
-    const uint8_t *valid
-    int64_t base
-    bint present
-    BinCol hkey
-    BinCol hval
 
 
 cdef inline int64_t hdr_first(const HdrCol *c, int64_t row) noexcept nogil:
@@ -652,20 +646,20 @@ def build_batches(keys, values, headers, rows, int64_t batch_size, int codec=0,
         p = PyBytes_AS_STRING(out)
         size = len(out)
         with nogil:
-            store_be64(p, 0)                                   # baseOffset
-            store_be32(p + 8, <uint32_t>(size - LOG_OVERHEAD))
-            store_be32(p + 12, <uint32_t>-1)                   # partitionLeaderEpoch
-            p[16] = 2                                          # magic
+            store_be64(p + OFF_BASE_OFFSET, 0)
+            store_be32(p + OFF_LENGTH, <uint32_t>(size - LOG_OVERHEAD))
+            store_be32(p + OFF_LEADER_EPOCH, <uint32_t>-1)
+            p[OFF_MAGIC] = MAGIC_V2
             store_be16(p + OFF_ATTRIBUTES, <unsigned short>codec)
-            store_be32(p + 23, <uint32_t>(count - 1))          # lastOffsetDelta
-            store_be64(p + 27, <uint64_t>ts)
-            store_be64(p + 35, <uint64_t>ts)
-            store_be64(p + 43, <uint64_t>-1)                   # producerId
-            store_be16(p + 51, <unsigned short>0xFFFF)         # producerEpoch -1
-            store_be32(p + 53, <uint32_t>-1)                   # baseSequence
-            store_be32(p + 57, <uint32_t>count)
-            crc = crc32c_update(0, p + OFF_ATTRIBUTES, <size_t>(size - OFF_ATTRIBUTES))
-            store_be32(p + 17, crc)
+            store_be32(p + OFF_LAST_OFFSET_DELTA, <uint32_t>(count - 1))
+            store_be64(p + OFF_BASE_TIMESTAMP, <uint64_t>ts)
+            store_be64(p + OFF_MAX_TIMESTAMP, <uint64_t>ts)
+            store_be64(p + OFF_PRODUCER_ID, <uint64_t>-1)
+            store_be16(p + OFF_PRODUCER_EPOCH, <unsigned short>0xFFFF)   # -1
+            store_be32(p + OFF_BASE_SEQUENCE, <uint32_t>-1)
+            store_be32(p + OFF_RECORDS_COUNT, <uint32_t>count)
+            crc = crc32c_update(0, p + CRC_START, <size_t>(size - CRC_START))
+            store_be32(p + OFF_CRC, crc)
         result.append((out, count))
         start = end
     return result
@@ -680,8 +674,8 @@ def set_producer_fields(batch, int64_t producer_id, int32_t producer_epoch, int3
     cdef bytes out = PyBytes_FromStringAndSize(<const char *>&view[0], size)
     cdef char *p = PyBytes_AS_STRING(out)
     with nogil:
-        store_be64(p + 43, <uint64_t>producer_id)
-        store_be16(p + 51, <unsigned short>producer_epoch)
-        store_be32(p + 53, <uint32_t>base_sequence)
-        store_be32(p + 17, crc32c_update(0, p + OFF_ATTRIBUTES, <size_t>(size - OFF_ATTRIBUTES)))
+        store_be64(p + OFF_PRODUCER_ID, <uint64_t>producer_id)
+        store_be16(p + OFF_PRODUCER_EPOCH, <unsigned short>producer_epoch)
+        store_be32(p + OFF_BASE_SEQUENCE, <uint32_t>base_sequence)
+        store_be32(p + OFF_CRC, crc32c_update(0, p + CRC_START, <size_t>(size - CRC_START)))
     return out

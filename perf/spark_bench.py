@@ -1,17 +1,22 @@
 """Spark data source benchmark (not a timed test): what the Arrow-native path buys.
 
-    python -m kbroker.perf.spark_bench [--mb 200] [--sizes 100,1024] [--rounds 3] [--out spark_bench.json]
+    python -m kbroker.perf.spark_bench [--mb 200] [--sizes 100,1024] [--rounds 3] [--only read|write]
+                                       [--no-tuples] [--out spark_bench.json]
 
 Starts one kbroker broker (LocalCluster, real ZooKeeper, log dir in /dev/shm when it exists) and
 one SparkSession (local[2]), then for each record size:
 
-- read: ``SELECT sum(length(value))`` over the topic (warm cache, best of ``rounds``) through
-  * ``kbroker``        the data source (native decode into Arrow buffers),
+- read: ``SELECT sum(length(value))`` over the topic (warm cache; ``rounds`` interleaved rounds,
+  each variant once per round, ratios taken within a round: median and range) through
+  * ``kbroker``        the data source (fetch by recv_into, native decode into Arrow buffers),
   * ``synthetic``      an Arrow source yielding the same bytes with the same schema, no broker:
                        the ceiling of a Python data source on this Spark,
+  * ``clientfetch``    the data source with its fetches made through kbroker's asyncio client
+                       (the read path before the recv_into channel),
   * ``tuples``         the same fetches decoded per record into Python tuples (what the native
-                       decode replaces);
-  ratios kbroker / synthetic (target >= 0.8) and kbroker / tuples; broker CPU-seconds per read.
+                       decode replaces; half the rounds);
+  ratios synthetic time / kbroker time (target >= 0.8), the same for clientfetch, and kbroker vs
+  tuples; broker CPU-seconds per read of the topic.
 - write: the same rows written by the ``kbroker`` sink vs confluent-kafka producing them inside
   the same Spark tasks (acks=all, lz4 off), ratio kbroker / confluent-kafka.
 """
@@ -88,6 +93,39 @@ class SyntheticReader(DataSourceReader):
             done += n
 
 
+class ClientFetchSource(DataSource):
+    """The kbroker source with its fetches made through kbroker's client (asyncio streams) instead
+    of the source's own recv_into channel: the read path before that change, same decode."""
+
+    @classmethod
+    def name(cls):
+        return "kbroker_clientfetch"
+
+    def schema(self):
+        from kbroker.spark.source import kafka_schema
+        return kafka_schema(False)
+
+    def reader(self, schema):
+        from kbroker.spark.options import read_config
+        return ClientFetchReader(read_config(self.options, streaming=False))
+
+
+class ClientFetchReader(DataSourceReader):
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def partitions(self):
+        from kbroker.spark.kafka import plan_batch
+        from kbroker.spark.options import split_ranges
+        return [_Part(r.topic, r.partition, r.start, r.end) for r in split_ranges(plan_batch(self.cfg), None)]
+
+    def read(self, part):
+        from kbroker.spark.kafka import read_range
+        c = self.cfg
+        yield from read_range(c.client, part.topic, part.partition, part.start, part.end, False,
+                              c.fail_on_data_loss, c.max_records_per_batch, c.max_bytes_per_batch, via_client=True)
+
+
 class TupleSource(DataSource):
     """The kbroker source's fetch path with a per-record Python decode yielding tuples."""
 
@@ -146,14 +184,26 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _best(fn, rounds):
-    times = []
-    result = None
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t0)
-    return min(times), result
+def _interleaved(fns: dict, rounds: int, skip: dict | None = None) -> dict:
+    """Run each named query once per round, in the same order every round, so every variant
+    sees the same machine load; -> {name: [seconds per round]}. ``skip``: {name: rounds to run}."""
+    times: dict = {name: [] for name in fns}
+    for r in range(rounds):
+        for name, fn in fns.items():
+            if skip and r >= skip.get(name, rounds):
+                continue
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def _ratios(num: list, den: list) -> dict:
+    """Same-round ratios num/den (times): median and range."""
+    import statistics
+    rs = [n / d for n, d in zip(num, den)]
+    return {"median": round(statistics.median(rs), 3), "min": round(min(rs), 3), "max": round(max(rs), 3),
+            "rounds": [round(x, 3) for x in rs]}
 
 
 def _confluent_writer(bootstrap, topic):
@@ -195,6 +245,7 @@ def run(a) -> dict:
         register(spark)
         spark.dataSource.register(SyntheticSource)
         spark.dataSource.register(TupleSource)
+        spark.dataSource.register(ClientFetchSource)
         from pyspark.sql import functions as F
         # warm-up: Python workers started, modules imported, before anything is timed
         create_topic(bs, "bench-warmup", 2, 1)
@@ -216,36 +267,53 @@ def run(a) -> dict:
             # write: kbroker sink vs confluent-kafka in the same tasks
             t_k, t_c = f"bench-k-{size}", f"bench-c-{size}"
             create_topic(bs, t_k, parts, 1)
-            create_topic(bs, t_c, parts, 1)
             t0 = time.perf_counter()
             (gen.write.format("kbroker").option("kafka.bootstrap.servers", bs).option("topic", t_k)
              .option("kafka.batch.size", "1048576").mode("append").save())
             res["write_kbroker_s"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            gen.select("value", "partition").mapInArrow(_confluent_writer(bs, t_c), "n long").agg(F.sum("n")).collect()
-            res["write_confluent_s"] = time.perf_counter() - t0
-            res["write_ratio"] = res["write_confluent_s"] / res["write_kbroker_s"]
+            if a.only in ("all", "write"):
+                create_topic(bs, t_c, parts, 1)
+                t0 = time.perf_counter()
+                gen.select("value", "partition").mapInArrow(_confluent_writer(bs, t_c), "n long") \
+                    .agg(F.sum("n")).collect()
+                res["write_confluent_s"] = time.perf_counter() - t0
+                res["write_ratio"] = res["write_confluent_s"] / res["write_kbroker_s"]
+                res["write_kbroker_MBps"] = rows * size / 1e6 / res["write_kbroker_s"]
+            if a.only in ("all", "read"):
+                src = {"kafka.bootstrap.servers": bs, "subscribe": t_k}
+                synth = {"rows": str(rows // parts), "size": str(size), "partitions": str(parts)}
+                want = {"kbroker": rows * size, "synthetic": (rows // parts) * parts * size,
+                        "clientfetch": rows * size, "tuples": rows * size}
 
-            def q(fmt, **opts):
-                r = spark.read.format(fmt)
-                for k, v in opts.items():
-                    r = r.option(k, v)
-                return lambda: r.load().agg(F.sum(F.length("value"))).collect()[0][0]
+                def q(name, fmt, opts):
+                    def run_query():
+                        r = spark.read.format(fmt)
+                        for k, v in opts.items():
+                            r = r.option(k, v)
+                        got = r.load().agg(F.sum(F.length("value"))).collect()[0][0]
+                        assert got == want[name], (name, got, want[name])
+                    return run_query
 
-            src = {"kafka.bootstrap.servers": bs, "subscribe": t_k}
-            cpu0 = _cpu_seconds(broker_pid)
-            res["read_kbroker_s"], total = _best(q("kbroker", **src), a.rounds)
-            res["broker_cpu_s_per_read"] = (_cpu_seconds(broker_pid) - cpu0) / a.rounds
-            assert total == rows * size, (total, rows * size)
-            res["read_synthetic_s"], total = _best(q("kbroker_synthetic", rows=str(rows // parts), size=str(size),
-                                                     partitions=str(parts)), a.rounds)
-            assert total == (rows // parts) * parts * size
-            res["read_tuples_s"], total = _best(q("kbroker_tuples", **src), max(1, a.rounds - 1))
-            assert total == rows * size
-            res["read_kbroker_MBps"] = rows * size / 1e6 / res["read_kbroker_s"]
-            res["read_vs_synthetic"] = res["read_synthetic_s"] / res["read_kbroker_s"]
-            res["read_vs_tuples"] = res["read_tuples_s"] / res["read_kbroker_s"]
-            res["write_kbroker_MBps"] = rows * size / 1e6 / res["write_kbroker_s"]
+                fns = {"kbroker": q("kbroker", "kbroker", src),
+                       "synthetic": q("synthetic", "kbroker_synthetic", synth),
+                       "clientfetch": q("clientfetch", "kbroker_clientfetch", src)}
+                if not a.no_tuples:
+                    fns["tuples"] = q("tuples", "kbroker_tuples", src)
+                for fn in fns.values():     # one untimed pass: warm page cache and workers
+                    fn()
+                cpu0 = _cpu_seconds(broker_pid)
+                times = _interleaved(fns, a.rounds, skip={"tuples": max(1, a.rounds // 2)})
+                # broker CPU of all reads of the round robin, per read of the topic
+                nreads = sum(len(t) for n, t in times.items() if n != "synthetic")
+                res["broker_cpu_s_per_read"] = (_cpu_seconds(broker_pid) - cpu0) / nreads
+                res["read_s"] = {n: [round(x, 3) for x in t] for n, t in times.items()}
+                res["read_kbroker_best_s"] = min(times["kbroker"])
+                res["read_kbroker_MBps"] = rows * size / 1e6 / res["read_kbroker_best_s"]
+                res["read_vs_synthetic"] = _ratios(times["synthetic"], times["kbroker"])
+                res["read_clientfetch_vs_synthetic"] = _ratios(times["synthetic"], times["clientfetch"])
+                res["read_vs_clientfetch"] = _ratios(times["clientfetch"], times["kbroker"])
+                if "tuples" in times:
+                    res["read_vs_tuples"] = _ratios(times["tuples"], times["kbroker"])
             results["sizes"][str(size)] = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()}
             print(json.dumps({size: results["sizes"][str(size)]}), flush=True)
         spark.stop()
@@ -290,7 +358,10 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="kbroker.perf.spark_bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--mb", type=float, default=200, help="MB of values per record size (default 200)")
     p.add_argument("--sizes", default="100,1024", help="record sizes in bytes (default 100,1024)")
-    p.add_argument("--rounds", type=int, default=3, help="timed rounds per read, best kept (default 3)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved timed rounds of the reads (default 3)")
+    p.add_argument("--only", choices=["all", "read", "write"], default="all",
+                   help="read: skip the confluent-kafka write comparison; write: skip the reads")
+    p.add_argument("--no-tuples", action="store_true", help="skip the (slow) tuple-yielding read")
     p.add_argument("--out", default="spark_bench.json")
     p.add_argument("--disk-gb", type=float, default=0, help="also a disk-bound write of this many GB (0 = skip)")
     p.add_argument("--disk-dir", default="/var/tmp", help="filesystem of the disk-bound run (default /var/tmp)")

@@ -182,17 +182,174 @@ def starting_offsets(cfg: ReadConfig) -> dict:
 # ---------------------------------------------------------------- executor side: read
 
 
+class _Buffers:
+    """Reusable receive buffers for Fetch responses, shared by the read tasks of one Python worker
+    (Spark reuses workers): a fresh multi-MiB buffer costs a zero fill and a page fault per 4 KiB,
+    as much as receiving into it. A buffer goes back with ``give`` once the decoder is done with
+    it; a read keeps at most queue size + 2 alive, and at most ``keep`` idle ones are kept."""
+
+    def __init__(self, keep: int = 4):
+        self.free: collections.deque = collections.deque()
+        self.keep = keep
+
+    def take(self, size: int) -> bytearray:
+        while True:
+            try:
+                buf = self.free.pop()       # deque pop/append are atomic: safe across threads
+            except IndexError:
+                return bytearray(max(size, 1 << 20))
+            if len(buf) >= size:
+                return buf
+
+    def give(self, buf) -> None:
+        if buf is not None and len(self.free) < self.keep:
+            self.free.append(buf)
+
+
+_BUFFERS = _Buffers()
+
+
+class _FetchChannel:
+    """Fetch requests to partition leaders over plain blocking sockets, the response read with
+    recv_into straight into a reusable buffer: one copy from the kernel. kbroker's client (asyncio
+    streams) copied each response byte three times (recv chunk, stream buffer, frame), which was
+    most of a read task's CPU (0.10-0.18 s of 0.16-0.22 s per 110 MB of 100 B records, measured).
+    The client still finds the leader, negotiates the Fetch version and drives the retries
+    across leader moves (Consumer._with_leader): a socket failure raises KafkaConnectionError
+    like a broken client connection does, so the leader's connection is invalidated, metadata
+    refreshed and the fetch retried."""
+
+    def __init__(self, consumer, buffers: _Buffers, client_id: str):
+        self.consumer = consumer
+        self.buffers = buffers
+        self.client_id = client_id
+        self.socks: dict = {}            # (host, port) -> socket
+        self.cid = 0
+
+    def close(self) -> None:
+        for s in self.socks.values():
+            s.close()
+        self.socks.clear()
+
+    def _sock(self, conn, timeout):
+        import socket
+        key = (conn.host, conn.port)
+        s = self.socks.get(key)
+        if s is None:
+            s = socket.create_connection(key, timeout)
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.socks[key] = s
+        s.settimeout(timeout)
+        return s
+
+    def _exchange(self, conn, frame: bytes, cid: int, timeout: float):
+        """Send one request frame, return (buffer, response memoryview without the size)."""
+        from kbroker.client import KafkaConnectionError
+        key = (conn.host, conn.port)
+        buf = None
+        try:
+            s = self._sock(conn, timeout)
+            s.sendall(frame)
+            head = bytearray(4)
+            self._recv_exactly(s, memoryview(head))
+            size = int.from_bytes(head, "big", signed=True)
+            if size < 8:
+                raise OSError(f"bad response size {size}")
+            buf = self.buffers.take(size)
+            view = memoryview(buf)[:size]
+            self._recv_exactly(s, view)
+        except OSError as e:       # includes timeouts: the connection is out of step, drop it
+            self.buffers.give(buf)
+            s = self.socks.pop(key, None)
+            if s is not None:
+                s.close()
+            raise KafkaConnectionError(f"fetch connection to {key[0]}:{key[1]}: {e or 'timed out'}") from None
+        got = int.from_bytes(view[:4], "big", signed=True)
+        if got != cid:
+            self.buffers.give(buf)
+            self.socks.pop(key).close()
+            raise KafkaConnectionError(f"fetch connection to {key[0]}:{key[1]}: correlation id {got}, "
+                                       f"expected {cid}")
+        return buf, view
+
+    @staticmethod
+    def _recv_exactly(s, view) -> None:
+        got, n = 0, len(view)
+        while got < n:
+            k = s.recv_into(view[got:])
+            if k == 0:
+                raise OSError("connection closed by the broker")
+            got += k
+
+    async def fetch(self, topic: str, partition: int, offset: int, max_bytes: int, max_wait_ms: int):
+        """-> (buffer, records memoryview, high watermark); the buffer goes back to the pool when
+        the caller is done with the records. Partition errors raise KafkaError."""
+        from kbroker.client import KafkaError
+        from kbroker.client.connection import raise_for_error
+        from kbroker.protocol import api
+        from kbroker.protocol.errors import Errors
+        consumer = self.consumer
+
+        async def call(conn):
+            version = conn.version_for(1)   # Fetch, as the client negotiated it with this broker
+            self.cid = (self.cid + 1) & 0x7FFFFFFF
+            body = {
+                "replica_id": -1, "max_wait_ms": max_wait_ms, "min_bytes": 1, "max_bytes": max_bytes,
+                "isolation_level": consumer.isolation, "session_id": 0, "session_epoch": -1,
+                "topics": [{"topic": topic, "partitions": [{
+                    "partition": partition, "fetch_offset": offset, "partition_max_bytes": max_bytes,
+                    "current_leader_epoch": -1, "log_start_offset": -1}]}],
+                "forgotten_topics_data": [], "rack_id": "",
+            }
+            frame = api.encode_request(1, version, self.cid, self.client_id, body)
+            timeout = (consumer.request_timeout_ms + max_wait_ms) / 1000
+            buf, view = self._exchange(conn, frame, self.cid, timeout)
+            try:
+                _, resp = api.decode_response(1, version, view)
+                raise_for_error(resp.get("error_code", 0), None, "fetch")
+                for t in resp["responses"]:
+                    for p in t["partitions"]:
+                        if t["topic"] == topic and p["partition_index"] == partition:
+                            raise_for_error(p["error_code"], None, f"fetch {topic}-{partition}@{offset}")
+                            data = p["records"]
+                            return buf, (data if data is not None else memoryview(b"")), p["high_watermark"]
+                raise KafkaError(Errors.UNKNOWN_SERVER_ERROR, f"fetch response lacks {topic}-{partition}")
+            except BaseException:
+                self.buffers.give(buf)
+                raise
+
+        return await consumer._with_leader(topic, partition, call)
+
+
+class _ClientChannel:
+    """The same fetches through kbroker's client (asyncio streams, three copies per byte): kept
+    only so perf/spark_bench.py can show what _FetchChannel buys in the same run."""
+
+    def __init__(self, consumer, buffers: _Buffers, client_id: str):
+        self.consumer = consumer
+
+    def close(self) -> None:
+        pass
+
+    async def fetch(self, topic: str, partition: int, offset: int, max_bytes: int, max_wait_ms: int):
+        r = await self.consumer.fetch(topic, partition, offset, max_bytes=max_bytes, max_wait_ms=max_wait_ms,
+                                      decode=False)
+        return None, memoryview(r.raw if r.raw is not None else b""), r.high_watermark
+
+
 def _fetch_ranges(client: ClientConfig, topic: str, partition: int, start: int, end: int,
-                  fail_on_data_loss: bool, out, stop):
-    """Fetch thread of read_range: puts (fetch_position, [BatchInfo], buffer) for every fetch of
-    [start, end) on the bounded queue ``out``, then None; an exception is put instead of None.
-    Runs ahead of the decoder by the queue's size, so the network overlaps the decoding."""
+                  fail_on_data_loss: bool, out, stop, buffers: _Buffers, via_client: bool = False):
+    """Fetch thread of read_range: puts (fetch_position, [BatchInfo], records, buffer) for every
+    fetch of [start, end) on the bounded queue ``out``, then None; an exception is put instead of
+    None. Runs ahead of the decoder by the queue's size, so the network overlaps the decoding;
+    the decoder gives each buffer back to ``buffers`` when done with it."""
     from kbroker.client import KafkaError
     from kbroker.record import iter_batches
 
     loop = asyncio.new_event_loop()
     cluster = _cluster(client)
     consumer = _consumer(client, cluster)
+    channel = (_ClientChannel if via_client else _FetchChannel)(consumer, buffers, client.client_id)
 
     def put(item):
         while not stop.is_set():
@@ -207,9 +364,8 @@ def _fetch_ranges(client: ClientConfig, topic: str, partition: int, start: int, 
         pos = start
         while pos < end and not stop.is_set():
             try:
-                r = loop.run_until_complete(consumer.fetch(
-                    topic, partition, pos, max_bytes=client.max_partition_fetch_bytes,
-                    max_wait_ms=client.fetch_max_wait_ms, decode=False))
+                buf, data, high_watermark = loop.run_until_complete(channel.fetch(
+                    topic, partition, pos, client.max_partition_fetch_bytes, client.fetch_max_wait_ms))
             except KafkaError as e:
                 if e.error != OFFSET_OUT_OF_RANGE:
                     raise
@@ -227,7 +383,6 @@ def _fetch_ranges(client: ClientConfig, topic: str, partition: int, start: int, 
                                         f"(the range ended at {end}); set failOnDataLoss=false to "
                                         "stop there") from e
                 break
-            data = r.raw if r.raw is not None else b""
             infos = iter_batches(data, 0, client.check_crcs) if len(data) else []
             nxt = pos
             for info in infos:
@@ -236,33 +391,37 @@ def _fetch_ranges(client: ClientConfig, topic: str, partition: int, start: int, 
                     break
                 nxt = max(nxt, info.next_offset)
             if nxt <= pos:
+                buffers.give(buf)
                 # Nothing at pos: past the high watermark the range promised data that is gone
                 # (truncation); below it, a gap (compaction, aborted data) ends at the HW.
-                if r.high_watermark <= pos:
+                if high_watermark <= pos:
                     if fail_on_data_loss:
                         raise DataLossError(f"{topic}-{partition}: the range ends at {end} but the log "
-                                            f"ends at {r.high_watermark}; set failOnDataLoss=false to "
+                                            f"ends at {high_watermark}; set failOnDataLoss=false to "
                                             "stop there")
                     break
-                nxt = min(r.high_watermark, end)
-            if infos and not put((pos, infos, data)):
+                nxt = min(high_watermark, end)
+            elif not put((pos, infos, data, buf)):
                 return
             pos = nxt
         put(None)
     except BaseException as e:   # handed to the decoding side, which raises it in the task
         put(e)
     finally:
+        channel.close()
         loop.run_until_complete(cluster.close())
         loop.close()
 
 
 def read_range(client: ClientConfig, topic: str, partition: int, start: int, end: int,
-               include_headers: bool, fail_on_data_loss: bool, max_rows: int, max_bytes: int):
+               include_headers: bool, fail_on_data_loss: bool, max_rows: int, max_bytes: int,
+               via_client: bool = False):
     """Yield pyarrow.RecordBatches (Spark's Kafka schema) of offsets [start, end) of one
     partition, fetched from its leader (the client retries across leader moves) and decoded
     natively. Offsets missing because of compaction are skipped; offsets below the log start
     (retention) fail when ``fail_on_data_loss``, else are skipped. A fetch thread keeps up to
-    two fetches ahead (bounded memory: 2 x kafka.max.partition.fetch.bytes)."""
+    two fetches ahead (bounded memory: 4 x kafka.max.partition.fetch.bytes of buffers).
+    ``via_client`` fetches through kbroker's client instead (the slower path, for perf only)."""
     from kbroker._native.arrow import RecordDecoder
     from kbroker.record import DEFAULT_MAX_DECOMPRESSED
     from kbroker.record.compression import decompress
@@ -271,8 +430,10 @@ def read_range(client: ClientConfig, topic: str, partition: int, start: int, end
         return
     fetched: queue.Queue = queue.Queue(maxsize=2)
     stop = threading.Event()
+    buffers = _BUFFERS
     fetcher = threading.Thread(target=_fetch_ranges, name=f"kbroker-fetch-{topic}-{partition}", daemon=True,
-                               args=(client, topic, partition, start, end, fail_on_data_loss, fetched, stop))
+                               args=(client, topic, partition, start, end, fail_on_data_loss, fetched, stop,
+                                     buffers, via_client))
     fetcher.start()
     decoder = RecordDecoder(include_headers, max_rows, max_bytes)
     try:
@@ -282,8 +443,7 @@ def read_range(client: ClientConfig, topic: str, partition: int, start: int, end
                 break
             if isinstance(item, BaseException):
                 raise item
-            pos, infos, data = item
-            mv = memoryview(data)
+            pos, infos, mv, buf = item
             for info in infos:
                 if info.base_offset >= end:
                     break
@@ -301,6 +461,9 @@ def read_range(client: ClientConfig, topic: str, partition: int, start: int, end
                     if not full:
                         break
                     yield decoder.flush(topic, partition)
+            # every record of this fetch is copied into the decoder's buffers: reuse the buffer
+            section = mv = item = None
+            buffers.give(buf)
         if decoder.rows:
             yield decoder.flush(topic, partition)
     finally:
