@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import NamedTuple
 
@@ -185,9 +186,11 @@ class ReplicaManager:
                 r = lg.append_as_leader(records, p.leader_epoch, now)
             except LogAppendError as e:
                 if e.error_code == Errors.KAFKA_STORAGE_ERROR:
-                    log.error("append to %s-%d failed: %s", tp[0], tp[1], e)
+                    self._storage_failed(tp, lg, e)
                 results[tp] = PartitionResult(e.error_code, error_message=e.message)
                 continue
+            if self._failing_dirs:
+                self._storage_ok(lg)
             if not internal:
                 metrics.produced(tp[0], r.last_offset - r.base_offset + 1, n)
             # Followers' long polls wake on appends, consumers' on HW moves (_complete): a
@@ -265,8 +268,11 @@ class ReplicaManager:
                         r = lg.append_as_leader(records, p.leader_epoch, now, prevalidated=prevalidated)
                 except LogAppendError as e:
                     if e.error_code == Errors.KAFKA_STORAGE_ERROR:
-                        log.error("append to %s-%d failed: %s", tp[0], tp[1], e)
+                        self._storage_failed(tp, lg, e)
                     error = (e.error_code, e.message)
+                else:
+                    if self._failing_dirs:
+                        self._storage_ok(lg)
             if error is None:
                 self._after_deferred_append(tp, p, lg, r, len(records), acks, internal, d)
                 finished = True
@@ -298,6 +304,28 @@ class ReplicaManager:
             p.waiters.append((r.last_offset + 1, d))
         else:
             d.decide(tp, 0)
+
+    _failing_dirs = None                    # log dir -> appends failed there since its error line
+
+    def _storage_failed(self, tp, lg, e) -> None:
+        """A full or failing disk: one error line per log dir until an append there succeeds
+        (every producer retry would otherwise log one)."""
+        d = os.path.dirname(lg.dir)
+        failing = self._failing_dirs
+        if failing is None:
+            failing = self._failing_dirs = {}
+        if d in failing:
+            failing[d] += 1
+            return
+        failing[d] = 1
+        log.error("appends to log dir %s fail (first: %s-%d: %s); further failures there are not logged "
+                  "until an append succeeds", d, tp[0], tp[1], e.message)
+
+    def _storage_ok(self, lg) -> None:
+        d = os.path.dirname(lg.dir)
+        n = self._failing_dirs.pop(d, None)
+        if n is not None:
+            log.warning("appends to log dir %s succeed again (%d failed meanwhile)", d, n)
 
     def _timed_out(self, d: DelayedProduce) -> None:
         for tp in d.undecided():
