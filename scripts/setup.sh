@@ -11,6 +11,7 @@ need_apt=()
 [ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
 command -v kcat >/dev/null 2>&1 || need_apt+=(kcat)
 command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
+[ -f /usr/include/zlib.h ] || need_apt+=(zlib1g-dev)   # ext/batch.pyx links zlib (gzip validation)
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   echo "== installing Debian packages: ${need_apt[*]}"
@@ -29,6 +30,6 @@ echo "== installing pinned Python dependencies"
 .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements/spark.txt
 echo "== building kbroker (Cython extensions)"
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
-.venv/bin/python -c "import kbroker._native.crc, kbroker._native.batch, kbroker._native.segment, kbroker._native.cleaner, kbroker._native.arrow" \
+.venv/bin/python -c "import kbroker._native.crc, kbroker._native.batch, kbroker._native.segment, kbroker._native.cleaner, kbroker._native.arrow, kbroker._native.request" \
   || { echo "native build missing: see the pip output above" >&2; exit 1; }
 echo "== setup complete: $ROOT/.venv/bin/kbroker"
