@@ -297,6 +297,47 @@ def test_long_poll_blocks_only_its_own_connection_and_keeps_order(bootstrap):
         assert [r[3] for _i, rs in batches_of(fetch_partitions(bodies[3])[(other, 0)]["records"]) for r in rs] == [b"x"]
 
 
+def test_eight_pipelined_fetches_on_one_connection_answered_in_order(bootstrap):
+    """Invariant: 8 Fetch requests written at once on one connection are all in flight together (two
+    long polls overlap instead of running one after the other) and get 8 answers in request order,
+    each holding the batch its offset asked for, whether the records were copied into the response
+    (small) or sent with sendfile (a 64 KiB batch), before or behind a parked fetch."""
+    topic = create_topic(bootstrap, unique("pipelined"))
+    empty = create_topic(bootstrap, unique("pipelined-empty"))
+    with Raw(bootstrap) as raw:
+        for i in range(6):
+            value = bytes([65 + i]) * (64 * 1024 if i == 3 else 100)
+            assert produce(raw, topic, 0, [(None, None, value)])["error_code"] == NONE
+        # offsets 0..5 (3 is the 64 KiB batch), two long polls on the empty topic (600 ms each)
+        plan = [(topic, 0), (topic, 1), (empty, None), (topic, 3), (topic, 2), (empty, None), (topic, 5),
+                (topic, 4)]
+        frames, cids = [], []
+        for name, offset in plan:
+            raw.cid += 1
+            body = (fetch_body([(empty, 0, 0)], max_wait_ms=600, min_bytes=1) if offset is None
+                    else fetch_body([(name, 0, offset)], partition_max_bytes=1 << 20))
+            frames.append(api.encode_request(FETCH, FETCH_V, raw.cid, "kbroker-tests", body))
+            raw.sent[raw.cid] = (FETCH, FETCH_V)
+            cids.append(raw.cid)
+        raw.order.clear()
+        t0 = time.monotonic()
+        raw.sock.sendall(b"".join(frames))         # one write: the broker reads them together
+        answers = [raw.recv(timeout=10)[1] for _ in plan]
+        elapsed = time.monotonic() - t0
+    assert raw.order == cids, f"answers in order {raw.order}, requests were {cids}"
+    # Served one at a time the two parked fetches would take >= 1.2 s; in flight together ~0.6 s.
+    assert 0.5 <= elapsed < 1.15, f"8 pipelined fetches took {elapsed:.2f} s"
+    for (name, offset), resp in zip(plan, answers):
+        part = fetch_partitions(resp)[(name, 0)]
+        assert part["error_code"] == NONE, part
+        recs = [r for _i, rs in batches_of(part["records"]) for r in rs]
+        if offset is None:
+            assert recs == []
+            continue
+        assert recs and recs[0][0] == offset, (offset, [r[0] for r in recs])
+        assert recs[0][3] == bytes([65 + offset]) * (64 * 1024 if offset == 3 else 100)
+
+
 # ---- KIP-74 and the partition set -----------------------------------------------------------------------
 
 def test_kip74_first_batch_whole_and_every_partition_listed(bootstrap):
@@ -482,3 +523,63 @@ def test_list_offsets_names_a_partition_twice(bootstrap):
         resp = raw.call(LIST_OFFSETS, LIST_OFFSETS_V, body)
     got = [(p["partition_index"], p["error_code"], p["offset"]) for t in resp["topics"] for p in t["partitions"]]
     assert got == [(0, 42, -1), (1, NONE, 0), (0, 42, -1)]
+
+
+@pytest.mark.slow
+def test_huge_list_offsets_does_not_hold_the_loop(bootstrap):
+    """Invariant (issue 9 leftover): a ListOffsets naming 200,000 partitions is answered in full (the
+    real partition with its offset, every other one UNKNOWN_TOPIC_OR_PARTITION) while a steady
+    producer and consumer keep their gap bound and a probe connection's ApiVersions requests keep being
+    answered promptly: the answer is built 2,000 partitions per loop turn, not in one."""
+    import threading
+
+    from test_hostile_attacks import Steady, gap_bound
+
+    topic = create_topic(bootstrap, unique("lo-huge"))
+    steady = Steady(bootstrap, create_topic(bootstrap, unique("lo-steady"))).start()
+    try:
+        baseline = steady.quiet_baseline()
+        with Raw(bootstrap) as raw:
+            for i in range(3):
+                assert produce(raw, topic, 0, [(None, None, b"r%d" % i)])["error_code"] == NONE
+        probe_latency, stop = [], threading.Event()
+
+        def probe():
+            with Raw(bootstrap) as p:
+                while not stop.is_set():
+                    t = time.monotonic()
+                    assert p.call(API_VERSIONS, 0, {}, timeout=30)["error_code"] == NONE
+                    probe_latency.append((t, time.monotonic() - t))
+                    time.sleep(0.01)
+
+        n = 200_000
+        body = {"replica_id": -1, "isolation_level": 0, "topics": [{"name": topic, "partitions": [
+            {"partition_index": i, "current_leader_epoch": -1, "timestamp": LATEST} for i in range(n)]}]}
+        th = threading.Thread(target=probe, daemon=True)
+        th.start()
+        try:
+            wait_for(lambda: len(probe_latency) >= 5, 30, "the probe to get going")
+            with Raw(bootstrap, timeout=120) as raw:
+                t0 = time.monotonic()
+                resp = raw.call(LIST_OFFSETS, LIST_OFFSETS_V, body, timeout=120)
+                t1 = time.monotonic()
+        finally:
+            stop.set()
+            th.join(60)
+    finally:
+        steady.stop()
+    parts = resp["topics"][0]["partitions"]
+    assert len(parts) == n and parts[0]["error_code"] == NONE and parts[0]["offset"] == 3
+    assert {p["error_code"] for p in parts[1:]} == {UNKNOWN_TOPIC_OR_PARTITION}
+    during = [lat for t, lat in probe_latency if t0 <= t <= t1]
+    p_gap, c_gap = steady.gaps(t0, t1)
+    bound = gap_bound(baseline)
+    print(f"list-offsets-200k answered in {t1 - t0:.2f}s; probe answers during it {len(during)} "
+          f"max {max(during, default=0):.3f}s; producer_max_gap={p_gap:.2f}s consumer_max_gap={c_gap:.2f}s "
+          f"bound={bound:.2f}s")
+    assert steady.errors == [], steady.errors[:5]
+    assert p_gap <= bound and c_gap <= bound
+    # Built in one turn, the answer held every other request for its whole build (0.33 s measured here
+    # with the slicing switched off: this assertion failed); in
+    # 2,000-partition turns a probe waits at most a few turns.
+    assert during and max(during) < max(0.2, 0.15 * (t1 - t0)), during

@@ -547,6 +547,22 @@ class Connection(asyncio.BufferedProtocol):
                 self.transport.writelines(out)
                 out = []
             self._observe(answered)
+            answered = []
+            if self._direct_ok():
+                # Most sendfile responses fit in the socket buffer: send them now, from this callback,
+                # and only hand what is left (socket full) to a task that waits for writability.
+                try:
+                    rest = self._send_now(chunks)
+                except (OSError, ConnectionError) as e:
+                    hostile_log(logging.WARNING, "closing %s: fetch send failed: %s", self.peer, e)
+                    self.close()
+                    return
+                if self.closed:
+                    return
+                if rest is None:
+                    slot.observe(_now())
+                    continue
+                chunks = rest
             self._writing = True
             self.loop.create_task(self._write_regions(slot, chunks))
             return
@@ -561,6 +577,44 @@ class Connection(asyncio.BufferedProtocol):
             sent = _now()
             for slot in slots:
                 slot.observe(sent)
+
+    def _direct_ok(self):
+        return self.transport.get_write_buffer_size() == 0 and hasattr(self.loop, "_add_writer")
+
+    def _send_now(self, chunks):
+        """Write ``chunks`` (bytes and FileRegions) straight to the non-blocking socket until it would
+        block. -> None when all went out, else the chunks still to send (the first one trimmed to what is
+        left of it) for ``_write_direct`` to finish once the socket is writable. The transport's buffer is
+        empty (``_direct_ok``) and nothing else writes to the socket meanwhile (``_writing``)."""
+        sock_fd = self.transport.get_extra_info("socket").fileno()
+        metrics = self.server.metrics
+        for i, c in enumerate(chunks):
+            if isinstance(c, FileRegions):
+                regions = c.regions
+                for j, (fd, pos, length) in enumerate(regions):
+                    file_fd = fd if isinstance(fd, int) else fd.fileno()
+                    sent = 0
+                    while sent < length:
+                        try:
+                            n = os.sendfile(sock_fd, file_fd, pos + sent, length - sent)
+                        except BlockingIOError:
+                            metrics.fetch_sendfile_bytes += sent      # the rest is counted as it leaves
+                            left = [(fd, pos + sent, length - sent)] + regions[j + 1:]
+                            return [FileRegions.of(left, sum(r[2] for r in left))] + list(chunks[i + 1:])
+                        if n == 0:
+                            raise ConnectionError(f"short sendfile ({sent} < {length}): segment shrank")
+                        sent += n
+                    metrics.fetch_sendfile_calls += 1
+                    metrics.fetch_sendfile_bytes += length
+            else:
+                view = memoryview(c)
+                while view:
+                    try:
+                        n = os.write(sock_fd, view)
+                    except BlockingIOError:
+                        return [view] + list(chunks[i + 1:])
+                    view = view[n:]
+        return None
 
     async def _write_regions(self, slot, chunks):
         try:

@@ -117,6 +117,15 @@ class KafkaServer:
         self._accept_failing = False     # in an EMFILE episode (reported once)
         self._listen = []
         self.idle_ms = idle_ms
+        # KBROKER_SENDFILE_MIN_BYTES overrides the threshold for measurements (perf.request_bench
+        # sendfile-threshold runs one broker that always copies beside one that always uses sendfile).
+        env_min = os.environ.get("KBROKER_SENDFILE_MIN_BYTES")
+        if env_min is not None:
+            try:
+                sendfile_min_bytes = int(env_min)
+            except ValueError:
+                raise ValueError(f"KBROKER_SENDFILE_MIN_BYTES={env_min!r} is not an integer") from None
+            log.info("sendfile threshold from KBROKER_SENDFILE_MIN_BYTES: %d", sendfile_min_bytes)
         self.sendfile_min_bytes = sendfile_min_bytes
         self.send_buffer_bytes = send_buffer_bytes
         self.receive_buffer_bytes = receive_buffer_bytes
