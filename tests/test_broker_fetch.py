@@ -582,4 +582,56 @@ def test_huge_list_offsets_does_not_hold_the_loop(bootstrap):
     # Built in one turn, the answer held every other request for its whole build (0.33 s measured here
     # with the slicing switched off: this assertion failed); in
     # 2,000-partition turns a probe waits at most a few turns.
-    assert during and max(during) < max(0.2, 0.15 * (t1 - t0)), during
+    assert during and max(during) < max(0.25, 0.12 * (t1 - t0)), during
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("what", ["describe-configs-5k", "create-topics-validate-100k"])
+def test_huge_admin_requests_do_not_hold_the_loop(bootstrap, what):
+    """Invariant (issue 9 leftover): DescribeConfigs naming 5,000 topics and a validate-only
+    CreateTopics naming 100,000 are answered in full while a probe connection's ApiVersions requests keep
+    being answered promptly: the answers are built in slices (20 resources, 500 topics) per loop turn."""
+    import threading
+
+    topic = create_topic(bootstrap, unique("cfg-huge"))
+    if what.startswith("describe"):
+        n = 5_000
+        key, version = 32, 2
+        body = {"resources": [{"resource_type": 2, "resource_name": topic, "configuration_keys": None}] * n,
+                "include_synonyms": False}
+    else:
+        n = 100_000
+        key, version = 19, 3
+        body = {"topics": [{"name": f"huge-{i:06d}", "num_partitions": 1, "replication_factor": 1,
+                            "assignments": [], "configs": []} for i in range(n)],
+                "timeout_ms": 60000, "validate_only": True}
+    probe_latency, stop = [], threading.Event()
+
+    def probe():
+        with Raw(bootstrap) as p:
+            while not stop.is_set():
+                t = time.monotonic()
+                assert p.call(API_VERSIONS, 0, {}, timeout=60)["error_code"] == NONE
+                probe_latency.append((t, time.monotonic() - t))
+                time.sleep(0.01)
+
+    th = threading.Thread(target=probe, daemon=True)
+    th.start()
+    try:
+        wait_for(lambda: len(probe_latency) >= 5, 30, "the probe to get going")
+        with Raw(bootstrap, timeout=180) as raw:
+            t0 = time.monotonic()
+            resp = raw.call(key, version, body, timeout=180)
+            t1 = time.monotonic()
+    finally:
+        stop.set()
+        th.join(60)
+    if what.startswith("describe"):
+        assert len(resp["results"]) == n
+        assert all(r["error_code"] == NONE and r["configs"] for r in resp["results"])
+    else:
+        assert len(resp["topics"]) == n and {t["error_code"] for t in resp["topics"]} == {NONE}
+    during = [lat for t, lat in probe_latency if t0 <= t <= t1]
+    print(f"{what} answered in {t1 - t0:.2f}s; probe answers during it {len(during)} "
+          f"max {max(during, default=0):.3f}s")
+    assert during and max(during) < max(0.3, 0.1 * (t1 - t0)), during

@@ -14,6 +14,7 @@ import asyncio
 import logging
 
 from ...config import ConfigError, TOPIC_CONFIGS, parse_topic_config
+from ...network.connection import EncodeOffLoop
 from ...controller.assignment import AssignmentError as AdminError
 from ...controller.assignment import assign_replicas, check_manual_assignment
 from ...protocol.errors import Errors
@@ -156,6 +157,11 @@ async def auto_create_topics(broker, names) -> list[str]:
 
 # ---- CreateTopics (19) ---------------------------------------------------------------------------
 
+# CreateTopics validates and plans this many topics per event-loop turn (each checks its name, configs
+# and replica assignment).
+TOPICS_PER_TURN = 500
+
+
 async def create_topics(broker, conn, header, body):
     validate_only = bool(body.get("validate_only", False))
     md = broker.metadata
@@ -167,7 +173,9 @@ async def create_topics(broker, conn, header, body):
 
     to_create = []   # (name, assignment, configs)
     live = await _live_brokers(broker) if _is_controller(broker) else {}
-    for t in body["topics"]:
+    for i, t in enumerate(body["topics"]):
+        if i and i % TOPICS_PER_TURN == 0:
+            await asyncio.sleep(0)      # a request naming 100,000 topics must not hold the loop
         name = t["name"]
         if name in results:
             continue
@@ -214,7 +222,8 @@ async def create_topics(broker, conn, header, body):
                           f"Timed out waiting for topic {name} to be created "
                           f"({'waiting for its leaders' if name in done else 'not yet written'}).")
     # error_message only exists from v1; the encoder leaves out fields the version lacks.
-    return {"throttle_time_ms": 0, "topics": [results[n] for n in order]}
+    answer = {"throttle_time_ms": 0, "topics": [results[n] for n in order]}
+    return EncodeOffLoop(answer) if len(order) > TOPICS_PER_TURN else answer
 
 
 def _fail(res: dict, code: int, message: str) -> None:

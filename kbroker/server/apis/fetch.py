@@ -11,6 +11,7 @@ import asyncio
 
 from ..._native.request import encode_fetch_response
 from ...log.errors import OffsetOutOfRange
+from ...network.connection import EncodeOffLoop
 from ...protocol.errors import Errors
 from ...protocol.types import FileRegions
 from ...record import BatchError
@@ -263,7 +264,7 @@ async def _list_offsets_sliced(broker, body):
             if done % PARTITIONS_PER_TURN == 0:
                 await asyncio.sleep(0)
         topics.append({"name": name, "partitions": parts})
-    return {"throttle_time_ms": 0, "topics": topics}
+    return EncodeOffLoop({"throttle_time_ms": 0, "topics": topics})
 
 
 def _list_offset(broker, name, p, duplicates):
