@@ -21,7 +21,7 @@
 (acks=1, RF=1, --peak-records records of 100 B at full speed).
 
     .venv/bin/python perf/replication_bench.py [--rate 0] [--seconds 10] [--pairs 3] [--mb 256] [--catchup-mb 200]
-        [--failovers 3] [--probe-rate 200] [--skip-cpu]
+        [--failovers 3] [--probe-rate 200] [--skip-cpu] [--cpu-rounds 3]
 """
 from __future__ import annotations
 
@@ -44,10 +44,15 @@ from kbroker.testing import LocalCluster, wait_until
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_split(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process so far."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK      # utime + stime
+    return int(fields[11]) / TICK, int(fields[12]) / TICK   # utime, stime
+
+
+def cpu_seconds(pid: int) -> float:
+    return sum(cpu_split(pid))
 
 
 def create(admin, name, rf, leader=None, brokers=3):
@@ -108,6 +113,7 @@ def cpu_run(c, bootstrap, topic, leader, mb, size=1000):
     payload = b"y" * size
     pids = {b: c.brokers[b].pid for b in c.brokers}
     before = {b: cpu_seconds(pid) for b, pid in pids.items()}
+    leader_before = cpu_split(pids[leader])
     t0 = time.monotonic()
     for _ in range(n):
         while True:
@@ -122,8 +128,10 @@ def cpu_run(c, bootstrap, topic, leader, mb, size=1000):
     time.sleep(2)
     wall = time.monotonic() - t0
     after = {b: cpu_seconds(pid) for b, pid in pids.items()}
+    leader_after = cpu_split(pids[leader])
     gb = n * size / 1e9
     used = {b: after[b] - before[b] for b in pids}
+    cpu_run.leader_user_sys = tuple((a - b) / gb for a, b in zip(leader_after, leader_before))
     return used[leader] / gb, sum(used.values()) / gb, wall
 
 
@@ -379,6 +387,7 @@ def main(argv=None):
     ap.add_argument("--pairs", type=int, default=3, help="alternating acks=1/acks=all latency pairs (3)")
     ap.add_argument("--mb", type=int, default=256, help="MB produced per CPU run (256)")
     ap.add_argument("--skip-cpu", action="store_true", help="skip the CPU-per-GB runs")
+    ap.add_argument("--cpu-rounds", type=int, default=3, help="interleaved RF=3/RF=1 CPU rounds (3)")
     ap.add_argument("--catchup-mb", type=int, default=200, help="MB of follower lag to catch up (200; 0 skips)")
     ap.add_argument("--failovers", type=int, default=3, help="kill -9 failover rounds (3; 0 skips, and the bounce)")
     ap.add_argument("--probe-rate", type=int, default=200, help="records/s of the failover probe producer (200)")
@@ -412,11 +421,27 @@ def main(argv=None):
             leader = 0
             create(admin, "cpu3", 3, leader=leader)
             create(admin, "cpu1", 1, leader=leader)
-            l3, total3, wall3 = cpu_run(c, c.bootstrap, "cpu3", leader, args.mb)
-            l1, total1, wall1 = cpu_run(c, c.bootstrap, "cpu1", leader, args.mb)
-            print(f"leader CPU per GB: RF=3 {l3:.2f} s, RF=1 {l1:.2f} s, ratio {l3 / l1:.2f} "
-                  f"({args.mb} MB each, {wall3:.1f} s / {wall1:.1f} s)")
-            print(f"cluster CPU per GB: RF=3 {total3:.2f} s, RF=1 {total1:.2f} s")
+            # Interleaved rounds (RF=3, RF=1, RF=1, RF=3, ...): the 2 cores are shared, so only
+            # same-round ratios are compared; the median and the range are reported.
+            ratios, cluster3 = [], []
+            for rnd in range(args.cpu_rounds):
+                order = ("cpu3", "cpu1") if rnd % 2 == 0 else ("cpu1", "cpu3")
+                got, split = {}, {}
+                for name in order:
+                    got[name] = cpu_run(c, c.bootstrap, name, leader, args.mb)
+                    split[name] = cpu_run.leader_user_sys
+                (l3, total3, wall3), (l1, total1, wall1) = got["cpu3"], got["cpu1"]
+                ratios.append(l3 / l1)
+                cluster3.append(total3)
+                print(f"round {rnd + 1}: leader CPU per GB: RF=3 {l3:.2f} s, RF=1 {l1:.2f} s, ratio {l3 / l1:.2f} "
+                      f"({args.mb} MB each, {wall3:.1f} s / {wall1:.1f} s); cluster CPU per GB: RF=3 {total3:.2f} s, "
+                      f"RF=1 {total1:.2f} s; leader user/system per GB: RF=3 {split['cpu3'][0]:.2f}/{split['cpu3'][1]:.2f} s, "
+                      f"RF=1 {split['cpu1'][0]:.2f}/{split['cpu1'][1]:.2f} s")
+            if ratios:
+                srt = sorted(ratios)
+                print(f"leader CPU per GB RF=3 / RF=1 over {len(ratios)} interleaved rounds: median "
+                      f"{srt[len(srt) // 2]:.2f} (range {srt[0]:.2f}-{srt[-1]:.2f}); cluster CPU per GB at RF=3: "
+                      f"median {sorted(cluster3)[len(cluster3) // 2]:.2f} s")
         if args.catchup_mb > 0:
             catch_up(c, admin, args.catchup_mb)
         if args.failovers > 0:

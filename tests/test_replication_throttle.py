@@ -118,3 +118,51 @@ def test_throttled_reassignment_moves_data_at_about_the_rate(tmp_path):
         finally:
             zk.stop()
             zk.close()
+
+
+# The leader side needs one call in the Fetch handler (kbroker/server/apis/fetch.py, another room):
+# until it is there this test fails (the move is as fast as unthrottled) and is a strict xfail;
+# with the hook it passes, the strict xfail then fails, and the marker goes.
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="leader-side throttle hook not yet called from server/apis/fetch.py _read")
+def test_leader_side_throttle_alone_slows_the_move_but_not_isr_followers(tmp_path):
+    """Only the leader side is throttled (rates on brokers 0 and 1, leader.replication.throttled.replicas
+    = 0:0,0:1, no follower list): the new replica on broker 2 is held to about the rate, while the
+    in-sync follower keeps acks=all going (history checker: acked-but-lost 0)."""
+    overrides = {"replica.lag.time.max.ms": 3000, "replication.quota.window.num": 2,
+                 "replication.quota.window.size.seconds": 1}
+    with LocalCluster(tmp_path / "c", brokers=3, overrides=overrides) as c:
+        zk = KazooClient(hosts=c.zk_connect)
+        zk.start(timeout=10)
+        try:
+            admin = AdminClient({"bootstrap.servers": c.bootstrap})
+            admin.create_topics([NewTopic(TOPIC, 1, replica_assignment=[[0, 1]],
+                                          config={"min.insync.replicas": "2"})])[TOPIC].result(30)
+            fill(c, TOPIC)
+            size = stored_bytes(c, 0, TOPIC)
+            from kbroker.zk.client import BrokerZk
+            admin_zk = BrokerZk(c.zk_connect, -1)
+            admin_zk.start()
+            try:
+                admin_zk.set_topic_config(TOPIC, {"min.insync.replicas": "2",
+                                                  "leader.replication.throttled.replicas": "0:0,0:1"})
+                for b in (0, 1):
+                    admin_zk.alter_broker_config(str(b), {"leader.replication.throttled.rate": str(RATE)})
+            finally:
+                admin_zk.close()
+            hist = History()
+            load = LoadProducer(c.bootstrap, hist, rate=200, acks="all").start()
+            try:
+                slow_s, _plan, _out = reassign_and_time(c, zk, tmp_path, TOPIC, [0, 1, 2])
+            finally:
+                load.finish()
+            print(f"{size} B with the leader side throttled to {RATE} B/s: {slow_s:.1f}s "
+                  f"(size/rate {size / RATE:.1f}s)")
+            read_all_confluent(c.bootstrap, TOPIC, 1, hist)
+            report = hist.check()
+            print(report.line())
+            assert report.acked_lost == 0 and report.inconsistent_offsets == 0, report.line()
+            assert slow_s >= 0.5 * size / RATE, (slow_s, size / RATE)
+        finally:
+            zk.stop()
+            zk.close()
