@@ -356,10 +356,12 @@ def encode_fetch_response(int version, int32_t correlation_id, int16_t error_cod
     """The whole Fetch v4-11 response (size prefix included) -> (chunks, bytes copied inline).
 
     ``topics``: [(name, [[partition_index, error_code, high_watermark, last_stable_offset,
-    log_start_offset, records], ...]), ...]; ``records`` is bytes or a FileRegions. Regions smaller
-    than ``inline_max`` bytes in total are read into the response (one chunk, written with the
-    other responses of the read); larger ones stay FileRegions chunks for sendfile, splitting the
-    response into [bytes, FileRegions, bytes, ...] as the generic encoder does. throttle_time_ms 0,
+    log_start_offset, records], ...]), ...]; ``records`` is bytes or a FileRegions. A partition's
+    regions smaller than ``inline_max`` bytes in total are read into the response (one chunk, written
+    with the other responses of the read) while the response's copied bytes stay within
+    ``inline_max`` too (a many-partition answer of small ranges is not copied whole: copying was
+    measured cheaper than sendfile only up to that size); the others stay FileRegions chunks for
+    sendfile, splitting the response into [bytes, FileRegions, bytes, ...] as the generic encoder does. throttle_time_ms 0,
     session_id 0, aborted_transactions null (no transactions), preferred_read_replica -1 (v11)."""
     if not FETCH_MIN <= version <= FETCH_MAX:
         raise ValueError(f"Fetch v{version} is not encoded natively")
@@ -397,7 +399,7 @@ def encode_fetch_response(int version, int32_t correlation_id, int16_t error_cod
             if isinstance(records, FileRegions):
                 rsize = records.size
                 w.i32(<int32_t>rsize)
-                if rsize < inline_max:
+                if rsize < inline_max and copied + rsize <= inline_max:
                     for region in records.regions:
                         _inline_region(w, region)
                     copied += rsize

@@ -51,6 +51,8 @@ import time
 import uuid
 from pathlib import Path
 
+from kbroker.testing import LocalCluster
+
 from . import harness as H
 from .targets import KbrokerTarget, MockTarget, TansuTarget, Target
 
@@ -300,9 +302,10 @@ class NotSmallFetch(Exception):
 
 
 def fetch_run(bootstrap: str, topic: str, pid: int, first: int, count: int, warmup: int, depth: int,
-              max_s: float) -> dict:
-    """``count`` Fetch v11 requests for offsets first.. (one each, ``depth`` in flight) after ``warmup``
-    uncounted ones; broker CPU over the counted ones."""
+              max_s: float, span: int | None = None, max_answer: int = SMALL_FETCH_BYTES) -> dict:
+    """``count`` Fetch v11 requests for offsets first.. (one each, ``depth`` in flight; offsets cycle over
+    ``span`` batches when given) after ``warmup`` uncounted ones; broker CPU over the counted ones.
+    Every answer carries the one batch its offset starts (partition_max_bytes below any batch)."""
     from kbroker._native.batch import iter_batches
     from kbroker.protocol.api import decode_response, encode_request
 
@@ -335,10 +338,10 @@ def fetch_run(bootstrap: str, topic: str, pid: int, first: int, count: int, warm
     except BaseException:
         sock.close()
         raise
-    if len(probe) + 4 > SMALL_FETCH_BYTES:
+    if len(probe) + 4 > max_answer:
         sock.close()
         raise NotSmallFetch(f"a one-offset fetch with partition_max_bytes={FETCH_PARTITION_MAX_BYTES} is "
-                            f"answered with {len(probe) + 4:,} B (> {SMALL_FETCH_BYTES:,} B): this target "
+                            f"answered with {len(probe) + 4:,} B (> {max_answer:,} B): this target "
                             f"ignores the fetch size limits, so it cannot serve a small-fetch measurement")
 
     def loop(frames: list, offsets: list, deadline: float) -> list:
@@ -364,9 +367,9 @@ def fetch_run(bootstrap: str, topic: str, pid: int, first: int, count: int, warm
         return sizes
 
     try:
-        w_off = [first + i % count for i in range(warmup)]
+        w_off = [first + i % (span or count) for i in range(warmup)]
         loop([frame(i, o) for i, o in enumerate(w_off)], w_off, time.monotonic() + max_s)
-        offsets = [first + i for i in range(count)]
+        offsets = [first + (i % span if span else i) for i in range(count)]
         frames = [frame(i, o) for i, o in enumerate(offsets)]
         c0, t0 = H.cpu_seconds(pid), time.monotonic()
         sizes = loop(frames, offsets, t0 + max_s)
@@ -657,6 +660,94 @@ def write_markdown(path: Path, doc: dict) -> None:
     path.write_text("\n".join(L))
 
 
+# ---- sendfile threshold: copy vs sendfile CPU per fetch at several batch sizes ---------------------
+THRESHOLD_SIZES = (512, 1024, 2048, 4096, 8192, 16384, 65536, 262144)
+THRESHOLD_MODES = {"copy": str(2**31 - 1), "sendfile": "0"}   # KBROKER_SENDFILE_MIN_BYTES
+
+
+def _fill_sizes(bootstrap: str, topic: str, sizes, per_size: dict) -> dict:
+    """One-record batches of about each size (value = size - 80 B of batch and record overhead), one
+    batch per produce request. -> {size: first offset}."""
+    from confluent_kafka import Producer
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "1", "linger.ms": 0, "batch.num.messages": 1,
+                  "compression.type": "none", "enable.idempotence": False, "message.max.bytes": 2 << 20,
+                  "client.id": "kbroker-perf-threshold", "log_level": 3})
+    firsts, offset = {}, 0
+    for size in sizes:
+        firsts[size] = offset
+        value = b"v" * (size - 80)
+        for _ in range(per_size[size]):
+            while True:
+                try:
+                    p.produce(topic, value, partition=0)
+                    break
+                except BufferError:
+                    p.poll(0.01)
+            offset += 1
+        if p.flush(120):
+            raise RuntimeError(f"threshold fill: records of {size} B not delivered")
+    return firsts
+
+
+def threshold_run(sizes, fetches: int, rounds: int, depth: int = 1) -> dict:
+    """Two brokers side by side, one copying every fetched range into the response and one sending every
+    range with sendfile; per batch size and round, broker CPU per one-batch fetch (``depth`` in flight)
+    on each, the brokers visited in an order alternated per round."""
+    roots, clusters, topics = {}, {}, {}
+    try:
+        for mode, env_min in THRESHOLD_MODES.items():
+            roots[mode] = Path(tempfile.mkdtemp(prefix=f"kbroker-threshold-{mode}-", dir="/dev/shm"))
+            c = LocalCluster(roots[mode], brokers=1, num_partitions=1,
+                             overrides={"auto.create.topics.enable": "false"},
+                             env={"KBROKER_SENDFILE_MIN_BYTES": env_min})
+            clusters[mode] = c
+            c.start()
+            topic = f"threshold-{uuid.uuid4().hex[:8]}"
+            from .targets import admin_create, wait_topic
+            if not admin_create(c.bootstrap, topic, 1):
+                raise RuntimeError(f"could not create {topic}")
+            wait_topic(c.bootstrap, topic, 1, timeout=120)
+            topics[mode] = topic
+        # at most 64 MiB of batches per size; fetches cycle over them
+        per_size = {size: max(16, min(fetches, (64 << 20) // size)) for size in sizes}
+        firsts = {mode: _fill_sizes(clusters[mode].bootstrap, topics[mode], sizes, per_size) for mode in clusters}
+        out = {"sizes": list(sizes), "fetches": fetches, "depth": depth, "rounds": []}
+        for r in range(rounds):
+            res = {}
+            for size in sizes:
+                order = list(clusters) if (r + sizes.index(size)) % 2 == 0 else list(clusters)[::-1]
+                for mode in order:
+                    c = clusters[mode]
+                    b = c.brokers[0]
+                    f = fetch_run(f"127.0.0.1:{b.port}", topics[mode], b.pid, firsts[mode][size], fetches,
+                                  min(200, fetches // 10), depth, 120.0, span=per_size[size],
+                                  max_answer=size + 400)
+                    res.setdefault(str(size), {})[mode] = f["us_per_fetch"]
+                ratio = res[str(size)]["copy"] / max(1e-9, res[str(size)]["sendfile"])
+                H.progress(f"round {r + 1} {size:>7,} B: copy {res[str(size)]['copy']:7.1f} µs, sendfile "
+                           f"{res[str(size)]['sendfile']:7.1f} µs per fetch (copy/sendfile {ratio:.2f})")
+            out["rounds"].append(res)
+        return out
+    finally:
+        for c in clusters.values():
+            c.stop()
+        for root in roots.values():
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def threshold_markdown(doc: dict) -> str:
+    rows = ["| batch size | copy µs/fetch | sendfile µs/fetch | copy ÷ sendfile (per-round range) |",
+            "|---|---|---|---|"]
+    for size in doc["sizes"]:
+        copy = [r[str(size)]["copy"] for r in doc["rounds"]]
+        sf = [r[str(size)]["sendfile"] for r in doc["rounds"]]
+        ratios = [c / max(1e-9, s) for c, s in zip(copy, sf)]
+        rows.append(f"| {size:,} B | {statistics.median(copy):.1f} ({min(copy):.1f}–{max(copy):.1f}) | "
+                    f"{statistics.median(sf):.1f} ({min(sf):.1f}–{max(sf):.1f}) | "
+                    f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) |")
+    return "\n".join(rows) + "\n"
+
+
 # ---- main ----------------------------------------------------------------------------------------
 def _commit() -> str:
     try:
@@ -713,6 +804,25 @@ def main(argv=None) -> int:
         w.add_argument("--max-seconds", type=float, default=60.0)
         w.add_argument("--acks", default="1")
         return _produce_worker(w.parse_args(argv[1:]))
+    if argv and argv[0] == "sendfile-threshold":
+        t = argparse.ArgumentParser(prog="python -m kbroker.perf.request_bench sendfile-threshold",
+                                    description="broker CPU per one-batch fetch, copy vs sendfile, per batch size")
+        t.add_argument("--sizes", default=",".join(map(str, THRESHOLD_SIZES)))
+        t.add_argument("--fetches", type=int, default=3000)
+        t.add_argument("--rounds", type=int, default=3)
+        t.add_argument("--depth", type=int, default=1)
+        t.add_argument("--out", help="write the JSON here (and the table beside it as .md)")
+        ta = t.parse_args(argv[1:])
+        doc = threshold_run([int(x) for x in ta.sizes.split(",")], ta.fetches, ta.rounds, ta.depth)
+        doc["command"] = "python -m kbroker.perf.request_bench " + " ".join(argv)
+        doc["machine"] = H.machine_facts()
+        doc["loadavg_end"] = list(os.getloadavg())
+        table = threshold_markdown(doc)
+        print(table)
+        if ta.out:
+            Path(ta.out).write_text(json.dumps(doc, indent=1) + "\n")
+            Path(ta.out).with_suffix(".md").write_text(table)
+        return 0
     ap = argparse.ArgumentParser(prog="python -m kbroker.perf.request_bench", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="1 round, small counts (smoke test)")
     ap.add_argument("--rounds", type=int)
