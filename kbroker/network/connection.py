@@ -443,7 +443,9 @@ class Connection(asyncio.BufferedProtocol):
         slot = _Slot(req, self.last_active, self._read_at)
         self._pending.append(slot)
         key = req.api_key
-        server.metrics.count_request(key, req.api_version)
+        counts = server.metrics.requests                 # count_request, inlined on the hot path
+        kv = (key, req.api_version)
+        counts[kv] = counts.get(kv, 0) + 1
         if key == 1:
             slot.follower = req.replica_id >= 0
         slot.started = t0 = _now()
@@ -459,7 +461,13 @@ class Connection(asyncio.BufferedProtocol):
         slot.local = t1 - t0
         if type(result) is list or result is NO_RESPONSE or result is CLOSE:
             release()
-            self._finish(slot, result, t1)     # already encoded: queued as the handler returned
+            # already encoded: queued as the handler returned (_finish, inlined: inside a read the
+            # flush waits for the read's end anyway)
+            slot.chunks = result
+            slot.done = True
+            slot.queued = t1
+            if not self._in_read:
+                self._flush()
         else:
             self.loop.create_task(self._await(slot, result, release, encoded=True))
 
