@@ -8,8 +8,10 @@ writes overlap receiving).
   on the loop, written there (Log.begin_append_as_leader / WriteJob.run / finish_append), and its
   offsets become visible (LEO, HW, indexes) only once the bytes are in the file.
 
-Ordering is the caller's: each Log has ``append_tail`` (the done-future of the last queued append);
-a new append to that log, queued or not, goes behind it (see ReplicaManager.append_records).
+Ordering is the caller's: each Log has ``append_tails`` (per source connection, the done-future of
+its last queued append; the source's next append to that log, queued or not, goes behind it) and
+``write_future`` (a large write in flight: every append to the log waits for it). See
+ReplicaManager.append_records.
 
 Threads: ``AppendThreads`` is used from the event-loop thread; the pool threads only run
 validate_batch and WriteJob.run, which touch nothing but the batch bytes and the segment's fd.
@@ -34,14 +36,11 @@ def codec_of(buf) -> int:
 class AppendThreads:
     def __init__(self, validation_threads: int, write_offload_bytes: int):
         self.validation_threads = validation_threads
+        self.validates_off_loop = validation_threads > 0
         # 0 = never: every append writes on the loop as before.
         self.write_offload_bytes = write_offload_bytes if write_offload_bytes > 0 else 1 << 62
         self._validators = None
         self._writers: dict = {}           # log dir -> one-thread executor
-
-    @property
-    def validates_off_loop(self) -> bool:
-        return self.validation_threads > 0
 
     def validate(self, loop, log, buf):
         """Start validate_batch(buf) with the log's current settings on the pool -> (future,

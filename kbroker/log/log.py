@@ -11,7 +11,10 @@ validate_and_stamp), checks idempotent-producer state, rolls if needed and write
 with one write to the active segment.
 
 Threads: every method runs on the broker's event-loop thread; the byte work (validation, CRC,
-writes, index search, header walks) is native and releases the GIL.
+writes, index search, header walks) is native and releases the GIL. Exception: a large leader
+append's bytes are written by WriteJob.run on the log dir's writer thread (appender.py) between
+begin_append_as_leader and finish_append; until then the log's state is the one before the batch,
+and whatever else changes the log first settles that write (_settle).
 
 Crash: see ``_load``. Without the clean-shutdown marker every segment from the one holding the
 recovery point onwards is CRC-scanned, the first invalid batch and everything after it are
@@ -201,10 +204,14 @@ class Log:
         # Compaction: offsets below this were cleaned (cleaner-offset-checkpoint, LogManager).
         self.cleaner_checkpoint = 0
         self._epoch_write_failing = False
-        # Produce path ordering (kbroker/log/appender.py): the done-future of the last append still
-        # queued on this log (validating off the loop or writing on the dir's writer thread), None
-        # when none is. A new append goes behind it, so batches land in arrival order.
-        self.append_tail = None
+        # Produce path ordering (kbroker/log/appender.py): per source (a client connection), the
+        # done-future of its last append still queued on this log (validating off the loop or
+        # written on the dir's writer thread). A source's next append goes behind it, so its
+        # batches land in the order it sent them; other sources are not held up by its queue.
+        self.append_tails: dict = {}
+        # While a large append's bytes are being written: a future done when it is finished
+        # (every other append to this log waits for it; set and cleared by the append's task).
+        self.write_future = None
         self._write_job = None             # WriteJob whose bytes the writer thread is writing
         self._load(clean_shutdown, now_ms() if now is None else now)
 
@@ -429,7 +436,7 @@ class Log:
     # returns a WriteJob; WriteJob.run() writes the bytes on another thread (GIL released); then
     # finish_append(job) on the loop moves size, indexes, LEO, HW and producer state. Until then
     # readers see the log as it was before the batch (fetch never sees bytes not yet written).
-    # The caller keeps other appends to this log behind the job (append_tail); anything else that
+    # The caller keeps other appends to this log behind the job (write_future); anything else that
     # changes the log's files or offsets first settles the job (_settle: waits for the write,
     # which is bounded by one batch, and finishes it).
 

@@ -138,12 +138,15 @@ class ReplicaManager:
                                       cfg.get("kbroker.log.writer.offload.bytes"))
         return self._threads
 
-    def append_records(self, entries: dict, acks: int, timeout_ms: int, internal: bool = False):
+    def append_records(self, entries: dict, acks: int, timeout_ms: int, internal: bool = False,
+                       source=None):
         """Append each partition's batch as leader. -> {tp: PartitionResult}, or an awaitable of
         it for acks=all while the high watermark has not covered every batch, and for any acks
         when a batch is compressed (validated on a worker thread first), large (written on the
-        log dir's writer thread) or queued behind such a batch of the same partition: a
-        partition's batches are appended in the order their requests arrived."""
+        log dir's writer thread), or has to wait: behind an earlier queued batch of the same
+        ``source`` (the client connection) and partition, so one connection's batches land in
+        the order it sent them, or behind a large write in flight on that partition. Other
+        connections' batches do not wait for a source's validation."""
         now = _now_ms()
         results = {}
         pending = None
@@ -175,7 +178,9 @@ class ReplicaManager:
                     continue
             lg = p.log
             n = len(records)
-            if lg.append_tail is not None or n >= big or (off_loop and n > 22 and records[22] & 7):
+            tails = lg.append_tails
+            if ((tails and source in tails) or lg.write_future is not None or n >= big
+                    or (off_loop and n > 22 and records[22] & 7)):
                 # records[22] & 7: the batch's codec (attributes' low byte)
                 results[tp] = PartitionResult(UNDECIDED)
                 if deferred is None:
@@ -217,27 +222,28 @@ class ReplicaManager:
                 p.waiters.append((required, d))
         if deferred:
             for tp, p, records in deferred:
-                self._defer(threads, tp, p, records, acks, internal, d)
+                self._defer(threads, tp, p, records, acks, internal, d, source)
         return d.future
 
-    def _defer(self, threads, tp, p, records, acks, internal, d) -> None:
-        """Queue one partition's append behind the log's earlier queued appends (append_tail) and
-        start validating it now if it is compressed: validation runs in parallel, appends in order."""
+    def _defer(self, threads, tp, p, records, acks, internal, d, source) -> None:
+        """Queue one partition's append behind the source's earlier queued append to that log
+        (append_tails) and start validating it now if it is compressed: validation runs in
+        parallel, a source's appends in order."""
         loop = self.loop or asyncio.get_running_loop()
         lg = p.log
-        prev = lg.append_tail
+        prev = lg.append_tails.get(source)
         done = loop.create_future()
-        lg.append_tail = done
+        lg.append_tails[source] = done
         validation = settings = None
         if threads.validates_off_loop and len(records) > 22 and records[22] & 7:
             validation, settings = threads.validate(loop, lg, records)
         t = loop.create_task(self._deferred_append(threads, tp, p, lg, records, acks, internal, d, prev, done,
-                                                   validation, settings))
+                                                   validation, settings, source))
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
 
     async def _deferred_append(self, threads, tp, p, lg, records, acks, internal, d, prev, done,
-                               validation, settings) -> None:
+                               validation, settings, source) -> None:
         error = None
         finished = False
         try:
@@ -247,7 +253,9 @@ class ReplicaManager:
                 except LogAppendError as e:
                     error = (e.error_code, e.message)
             if prev is not None:
-                await prev                  # the partition's earlier batch is in the log (or refused)
+                await prev                  # the source's earlier batch is in the log (or refused)
+            while lg.write_future is not None:
+                await lg.write_future       # a large write in flight on this log
             if error is None:
                 if self.partitions.get(tp) is not p or not p.is_leader or p.log is not lg:
                     error = (Errors.NOT_LEADER_OR_FOLLOWER, None)
@@ -261,8 +269,15 @@ class ReplicaManager:
                     if len(records) >= threads.write_offload_bytes:
                         job = lg.begin_append_as_leader(records, p.leader_epoch, now, prevalidated)
                         if type(job) is not AppendResult:
-                            await asyncio.get_running_loop().run_in_executor(threads.writer(lg), job.run)
-                            job = lg.finish_append(job)
+                            loop = asyncio.get_running_loop()
+                            lg.write_future = wf = loop.create_future()
+                            try:
+                                await loop.run_in_executor(threads.writer(lg), job.run)
+                                job = lg.finish_append(job)
+                            finally:
+                                if lg.write_future is wf:
+                                    lg.write_future = None
+                                wf.set_result(None)
                         r = job
                     else:
                         r = lg.append_as_leader(records, p.leader_epoch, now, prevalidated=prevalidated)
@@ -285,8 +300,8 @@ class ReplicaManager:
             if error is not None and d.results[tp].error_code == UNDECIDED:
                 d.results[tp] = PartitionResult(UNDECIDED, error_message=error[1])
                 d.decide(tp, error[0])
-            if lg.append_tail is done:
-                lg.append_tail = None
+            if lg.append_tails.get(source) is done:
+                del lg.append_tails[source]
             done.set_result(None)
 
     def _after_deferred_append(self, tp, p, lg, r, nbytes, acks, internal, d) -> None:

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 def handle(broker, conn, header, body):
     """The API table's handler (kbroker/server/apis/__init__.py): the reference path, from the
     generic codec's dict to a response dict."""
-    return produce(broker, header, body)
+    return produce(broker, header, body, conn)
 
 
 def handle_native(broker, conn, req):
@@ -32,7 +32,7 @@ def handle_native(broker, conn, req):
     as [bytes], NO_RESPONSE, CLOSE, or an awaitable of one of them (acks=all). The same policy as
     ``produce`` (``execute``); only parsing and encoding differ, and tests/test_native_differential.py
     holds both to the same bytes."""
-    out = execute(broker, req.api_version, req.acks, req.timeout_ms, req.topics)
+    out = execute(broker, req.api_version, req.acks, req.timeout_ms, req.topics, conn)
     if out is NO_RESPONSE or out is CLOSE:
         return out
     if not isinstance(out, list):
@@ -47,9 +47,9 @@ async def _encode_later(req, awaitable):
     return [encode_produce_response(req.api_version, req.correlation_id, out)]
 
 
-def produce(broker, header, body):
+def produce(broker, header, body, conn=None):
     topics = [(t["name"], [(p["index"], p["records"]) for p in t["partition_data"]]) for t in body["topic_data"]]
-    out = execute(broker, header.api_version, body["acks"], body["timeout_ms"], topics)
+    out = execute(broker, header.api_version, body["acks"], body["timeout_ms"], topics, conn)
     if out is NO_RESPONSE or out is CLOSE:
         return out
     if not isinstance(out, list):
@@ -78,11 +78,12 @@ def _as_dict(out):
     return {"responses": responses, "throttle_time_ms": 0}
 
 
-def execute(broker, version, acks, timeout_ms, topics):
+def execute(broker, version, acks, timeout_ms, topics, conn=None):
     """Policy of one Produce request, whichever path parsed it. ``topics``: [(name, [(index, records
     or None), ...]), ...]. -> NO_RESPONSE or CLOSE (acks=0), the answer [(name, [[index, error_code,
     base_offset, log_append_time_ms, log_start_offset, error_message], ...]), ...] in request order, or
-    an awaitable of that answer (acks=all waiting for the high watermark)."""
+    an awaitable of that answer (acks=all waiting for the high watermark, or appends queued off the
+    loop). ``conn``: the request's connection, whose batches to a partition keep their order."""
     if version < api.PRODUCE_MIN_SERVED:
         code = Errors.UNSUPPORTED_VERSION   # v0-2 carry magic 0/1 message sets, which we never store
     elif acks not in (-1, 0, 1):
@@ -123,7 +124,7 @@ def execute(broker, version, acks, timeout_ms, topics):
             failed = True
         out.append((name, parts))
     if entries:
-        results = broker.replica_manager.append_records(entries, acks, timeout_ms)
+        results = broker.replica_manager.append_records(entries, acks, timeout_ms, source=conn)
         if not isinstance(results, dict):
             # acks=all waiting for the HW, or appends queued off the loop (compressed or large
             # batches, or behind such a batch of the same partition)
