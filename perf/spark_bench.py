@@ -230,13 +230,20 @@ def _confluent_writer(bootstrap, topic):
 
 def run(a) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from kbroker.spark import register
-    from kbroker.spark.progress import session
-    from kbroker.testing import LocalCluster
-    from kbroker.spark.throughput import create_topic
-
     root = Path(tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None, prefix="spark-bench-"))
     results = {"settings": vars(a), "sizes": {}}
+    try:
+        return _run_sizes(a, root, results)
+    finally:
+        import shutil
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _run_sizes(a, root, results) -> dict:
+    from kbroker.spark import register
+    from kbroker.spark.progress import session
+    from kbroker.spark.throughput import create_topic
+    from kbroker.testing import LocalCluster
     with LocalCluster(root, brokers=1) as cluster:
         bs = cluster.bootstrap
         broker_pid = next(iter(cluster.brokers.values())).pid
@@ -348,9 +355,55 @@ def run_disk(a) -> dict:
         out["write_s"] = time.perf_counter() - t0
         out["write_MBps"] = rows * size / 1e6 / out["write_s"]
         spark.stop()
+    import shutil
+    shutil.rmtree(root, ignore_errors=True)
     out["baseline"] = disk(a.disk_dir, 1 << 20, max_bytes=1 << 30, max_seconds=10.0)
     out["write_vs_os_write"] = out["write_MBps"] / out["baseline"]["write"]["mb_per_s"]
     out["write_vs_fdatasync"] = out["write_MBps"] / out["baseline"]["write_fdatasync"]["mb_per_s"]
+    return out
+
+
+def run_throughput(a) -> dict:
+    """The throughput job (kbroker.spark.throughput) at each of ``throughput_gb`` sizes, in
+    ``throughput_rounds`` rounds (sizes in alternating order per round) in one SparkSession against
+    one broker: seconds per GB per phase and size (median of the rounds), the spread across sizes
+    (max / min, target <= 1.15) and the marginal cost (least-squares slope of seconds over GB)."""
+    import shutil
+    import statistics
+
+    from kbroker.spark import throughput
+    from kbroker.testing import LocalCluster
+
+    root = Path(tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None, prefix="spark-bench-tp-"))
+    runs: dict = {}
+    try:
+        with LocalCluster(root, brokers=1) as cluster:
+            for r in range(a.throughput_rounds):
+                sizes = a.throughput_gb if r % 2 == 0 else list(reversed(a.throughput_gb))
+                for gb in sizes:
+                    args = throughput.parse_args([
+                        "--bootstrap-servers", cluster.bootstrap, "--gb", str(gb), "--partitions",
+                        str(a.throughput_partitions), "--master", "local[2]", "--topic", f"tp-{r}-{gb}",
+                        "--report", os.devnull])
+                    rep = throughput.run(args)
+                    assert rep["ok"], rep.get("verify")
+                    runs.setdefault(str(gb), []).append(
+                        {ph: v["seconds"] for ph, v in rep["phases"].items()} | {"warmup": rep.get("warmup_seconds")})
+                    print(json.dumps({"gb": gb, "round": r, **runs[str(gb)][-1]}), flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    out: dict = {"runs": runs, "seconds_per_GB": {}, "spread": {}, "marginal_s_per_GB": {}}
+    gbs = [float(g) for g in runs]
+    for ph in ("write", "read", "expected"):
+        med = {g: statistics.median(x[ph] for x in runs[g]) for g in runs}
+        out["seconds_per_GB"][ph] = {g: round(med[g] / float(g), 3) for g in runs}
+        spg = list(out["seconds_per_GB"][ph].values())
+        out["spread"][ph] = round(max(spg) / min(spg), 3)
+        ys = [med[g] for g in runs]
+        mx, my = statistics.mean(gbs), statistics.mean(ys)
+        slope = sum((x - mx) * (y - my) for x, y in zip(gbs, ys)) / sum((x - mx) ** 2 for x in gbs)
+        out["marginal_s_per_GB"][ph] = round(slope, 3)
+        out.setdefault("fixed_s", {})[ph] = round(my - slope * mx, 3)
     return out
 
 
@@ -359,15 +412,24 @@ def main(argv=None):
     p.add_argument("--mb", type=float, default=200, help="MB of values per record size (default 200)")
     p.add_argument("--sizes", default="100,1024", help="record sizes in bytes (default 100,1024)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved timed rounds of the reads (default 3)")
-    p.add_argument("--only", choices=["all", "read", "write"], default="all",
-                   help="read: skip the confluent-kafka write comparison; write: skip the reads")
+    p.add_argument("--only", choices=["all", "read", "write", "throughput"], default="all",
+                   help="read: skip the confluent-kafka write comparison; write: skip the reads; "
+                        "throughput: only the --throughput-gb runs")
     p.add_argument("--no-tuples", action="store_true", help="skip the (slow) tuple-yielding read")
     p.add_argument("--out", default="spark_bench.json")
     p.add_argument("--disk-gb", type=float, default=0, help="also a disk-bound write of this many GB (0 = skip)")
     p.add_argument("--disk-dir", default="/var/tmp", help="filesystem of the disk-bound run (default /var/tmp)")
+    p.add_argument("--throughput-gb", default="", help="run the throughput job at these sizes, e.g. 0.5,1,2 "
+                                                      "(with --only throughput: nothing else)")
+    p.add_argument("--throughput-rounds", type=int, default=2, help="rounds of the throughput sizes (default 2)")
+    p.add_argument("--throughput-partitions", type=int, default=4, help="topic partitions of the throughput job")
     a = p.parse_args(argv)
     a.sizes = [int(s) for s in a.sizes.split(",")]
-    res = run(a)
+    a.throughput_gb = [float(g) for g in a.throughput_gb.split(",") if g]
+    res = run(a) if a.only != "throughput" else {"settings": vars(a)}
+    if a.throughput_gb:
+        res["throughput"] = run_throughput(a)
+        print(json.dumps({"throughput": {k: v for k, v in res["throughput"].items() if k != "runs"}}), flush=True)
     if a.disk_gb:
         res["disk"] = run_disk(a)
         print(json.dumps({"disk": res["disk"]}, default=str), flush=True)

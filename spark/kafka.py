@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import queue
 import re
 import threading
@@ -14,9 +15,11 @@ import time
 
 from .options import EARLIEST, LATEST, ClientConfig, OffsetRange, OptionError, ReadConfig
 
+_log = logging.getLogger("kbroker.spark")
+_WAITING: set = set()       # topics already reported as awaited (one warning per driver process)
+
 UNKNOWN_TOPIC_OR_PARTITION = 3
 OFFSET_OUT_OF_RANGE = 1
-HEADER_SIZE = 61
 
 
 class DataLossError(RuntimeError):
@@ -38,8 +41,9 @@ def _consumer(cfg: ClientConfig, cluster):
 
 
 async def _topic_partitions(cluster, cfg: ReadConfig) -> dict[str, list[int]]:
-    """{topic: sorted partitions} the query reads now; a named topic that does not exist fails
-    with the option that named it."""
+    """{topic: sorted partitions} the query reads now. A named topic that does not exist fails
+    with the option that named it, except a ``subscribe``d one in a streaming query, which is
+    waited for (left out until it appears)."""
     if cfg.strategy == "subscribepattern":
         await cluster.fetch_metadata(None, allow_auto_topic_creation=False)
         pat = re.compile(cfg.target)
@@ -52,6 +56,13 @@ async def _topic_partitions(cluster, cfg: ReadConfig) -> dict[str, list[int]]:
     for t in wanted:
         tm = cluster.topics.get(t)
         if tm is None or errors.get(t, 0) == UNKNOWN_TOPIC_OR_PARTITION:
+            if cfg.streaming and cfg.strategy == "subscribe":
+                # Spark's Kafka source subscribes and waits: the topic's partitions join the query
+                # when it appears (read from their earliest offset, like any new partition).
+                if t not in _WAITING:
+                    _WAITING.add(t)
+                    _log.warning("option 'subscribe': topic %r does not exist yet; the query waits for it", t)
+                continue
             opt = "subscribe" if cfg.strategy == "subscribe" else "assign"
             raise OptionError(f"option '{opt}': topic {t!r} does not exist")
         parts = sorted(tm.partitions)
@@ -423,11 +434,13 @@ def read_range(client: ClientConfig, topic: str, partition: int, start: int, end
     two fetches ahead (bounded memory: 4 x kafka.max.partition.fetch.bytes of buffers).
     ``via_client`` fetches through kbroker's client instead (the slower path, for perf only)."""
     from kbroker._native.arrow import RecordDecoder
+    from kbroker._native.batch import LAYOUT
     from kbroker.record import DEFAULT_MAX_DECOMPRESSED
     from kbroker.record.compression import decompress
 
     if start >= end:
         return
+    header_size = LAYOUT["HEADER_SIZE"]
     fetched: queue.Queue = queue.Queue(maxsize=2)
     stop = threading.Event()
     buffers = _BUFFERS
@@ -449,7 +462,7 @@ def read_range(client: ClientConfig, topic: str, partition: int, start: int, end
                     break
                 if info.is_control or info.next_offset <= pos:
                     continue
-                section = mv[info.position + HEADER_SIZE:info.position + info.size]
+                section = mv[info.position + header_size:info.position + info.size]
                 if info.codec:
                     section = decompress(info.codec, section, DEFAULT_MAX_DECOMPRESSED)
                 ts_type = info.timestamp_type

@@ -131,6 +131,7 @@ class ReadConfig:
     max_records_per_batch: int
     max_bytes_per_batch: int
     timestamp_strategy: str
+    streaming: bool = False       # a subscribed topic that does not exist yet is waited for
 
 
 def _offsets_json(opts, name, allow_earliest=True):
@@ -245,6 +246,7 @@ def read_config(options, streaming: bool) -> ReadConfig:
         max_records_per_batch=_int(opts, "maxRecordsPerBatch", 65536, 1),
         max_bytes_per_batch=_int(opts, "maxBytesPerBatch", 32 * 1024 * 1024, 1024),
         timestamp_strategy=ts_strategy,
+        streaming=streaming,
     )
 
 

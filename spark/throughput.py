@@ -44,7 +44,8 @@ def parse_args(argv=None):
     p.add_argument("--master", default=None, help="Spark master when run with plain python (default local[*])")
     p.add_argument("--report", default="throughput-report.json", help="JSON report path")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
-    p.add_argument("--no-warmup", action="store_true", help="do not start Spark's Python workers before timing")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="do not run the phases once on a small warm-up topic before timing")
     a = p.parse_args(argv)
     if a.record_size < 16:
         p.error("--record-size must be >= 16")
@@ -115,41 +116,57 @@ def run(args) -> dict:
     rows_per_batch = max(1, int(args.batch_mb * 1e6 // args.record_size))
     spark = session("kbroker-throughput", args.master,
                     {"spark.sql.execution.arrow.maxRecordsPerBatch": str(rows_per_batch)})
+    # The checksum pass groups by topic partition: a reduce side of 200 (Spark's default) meant
+    # 200 shuffle files per map task and ~1.5 s per phase whatever the size; one reduce task per
+    # topic partition is enough. A value given to spark-submit wins.
+    if not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
+        spark.conf.set("spark.sql.shuffle.partitions", str(args.partitions))
     settings = {k: v for k, v in vars(args).items()}
     settings.update(topic=topic, records=records, write_tasks=tasks, rows_per_arrow_batch=rows_per_batch,
                     spark_master=spark.sparkContext.master,
-                    spark_default_parallelism=spark.sparkContext.defaultParallelism)
+                    spark_default_parallelism=spark.sparkContext.defaultParallelism,
+                    spark_sql_shuffle_partitions=int(spark.conf.get("spark.sql.shuffle.partitions")))
     nbytes = records * args.record_size
     report = {"settings": settings, "phases": {}}
-    create_topic(args.bootstrap_servers, topic, args.partitions, args.replication_factor)
-    try:
-        gen = spark.range(records, numPartitions=tasks).mapInArrow(
+    warm_topic = f"{topic}-warmup"
+    topics = [topic] if args.no_warmup else [topic, warm_topic]
+    for t in topics:
+        create_topic(args.bootstrap_servers, t, args.partitions, args.replication_factor)
+
+    def generated(n):
+        return spark.range(n, numPartitions=tasks).mapInArrow(
             make_generator(args.record_size, args.partitions), "partition int, value binary")
-        reader = (spark.read.format("kbroker").option("kafka.bootstrap.servers", args.bootstrap_servers)
-                  .option("subscribe", topic))
+
+    def write(df, t):
+        (df.write.format("kbroker").option("kafka.bootstrap.servers", args.bootstrap_servers)
+         .option("topic", t).option("kafka.acks", args.acks).option("kafka.compression.type", args.compression)
+         .option("kafka.batch.size", str(args.batch_size)).mode("append").save())
+
+    def reader(t):
+        r = spark.read.format("kbroker").option("kafka.bootstrap.servers", args.bootstrap_servers).option("subscribe", t)
         if args.min_partitions:
-            reader = reader.option("minPartitions", str(args.min_partitions))
+            r = r.option("minPartitions", str(args.min_partitions))
+        return r.load()
+
+    try:
+        gen = generated(records)
         if not args.no_warmup:
-            # Start Spark's Python workers and planners outside the timed phases (their start-up is
-            # a fixed cost of seconds, not part of the per-GB rate): generate a few rows, read the
-            # still-empty topic, write zero rows to it.
+            # The three phases once, with the same plans, on a small warm-up topic: Spark's Python
+            # workers (the generator's and the sink's, which run side by side in a write task),
+            # the planners and the client connections start here and not inside the timed phases.
+            # Their start-up is a fixed cost of seconds, not part of the per-GB rate.
             t0 = time.monotonic()
-            spark.range(tasks * 10, numPartitions=tasks).mapInArrow(
-                make_generator(args.record_size, args.partitions), "partition int, value binary").count()
-            reader.load().count()
-            (spark.range(0, 0, 1, numPartitions=tasks).mapInArrow(
-                make_generator(args.record_size, args.partitions), "partition int, value binary")
-             .write.format("kbroker").option("kafka.bootstrap.servers", args.bootstrap_servers)
-             .option("topic", topic).mode("append").save())          # zero rows: the sink path
+            small = generated(tasks * 64)
+            write(small, warm_topic)
+            warm_got, warm_want = per_partition(reader(warm_topic)), per_partition(small)
+            if warm_got != warm_want:
+                raise RuntimeError(f"warm-up topic {warm_topic}: read {warm_got}, expected {warm_want}")
             report["warmup_seconds"] = round(time.monotonic() - t0, 3)
         with Progress(spark, "write", nbytes, force=args.progress) as pw:
-            (gen.write.format("kbroker").option("kafka.bootstrap.servers", args.bootstrap_servers)
-             .option("topic", topic).option("kafka.acks", args.acks)
-             .option("kafka.compression.type", args.compression)
-             .option("kafka.batch.size", str(args.batch_size)).mode("append").save())
+            write(gen, topic)
         report["phases"]["write"] = _phase(pw.seconds, nbytes, records)
         with Progress(spark, "read", nbytes, force=args.progress) as pr:
-            got = per_partition(reader.load())
+            got = per_partition(reader(topic))
         report["phases"]["read"] = _phase(pr.seconds, nbytes, records)
         with Progress(spark, "expected", nbytes, force=args.progress) as pe:
             want = per_partition(gen)
@@ -163,9 +180,11 @@ def run(args) -> dict:
         report["ok"] = all(v["ok"] for v in verify.values()) and sum(v["read_records"] for v in verify.values()) \
             == records
     finally:
-        if not args.keep_topic:
+        for t in topics:
+            if t == topic and args.keep_topic:
+                continue
             try:
-                delete_topic(args.bootstrap_servers, topic)
+                delete_topic(args.bootstrap_servers, t)
             except Exception as e:      # the report matters more than the cleanup
                 report["cleanup_error"] = str(e)
     return report

@@ -273,3 +273,34 @@ def test_stream_read_to_kbroker_stream_sink_available_now(spark, bootstrap, tmp_
     got = _rows(_read(spark, bootstrap, subscribe=dst))
     assert sorted(r["value"] for r in got) == sorted(b"v%d" % i for i in range(n))
     assert all(r["partition"] == murmur2_partition(r["key"], 3) for r in got)
+
+
+def test_stream_waits_for_a_subscribed_topic_that_does_not_exist_yet(spark, bootstrap):
+    """Spark's Kafka source behaviour: a streaming query subscribed to a missing topic keeps running
+    (empty triggers) and reads the topic from its beginning once it appears; a batch read of the
+    same missing topic still fails naming the option (test_bad_options_name_the_option)."""
+    from kbroker.testing import wait_until
+    topic, name = _topic("slate"), f"slate_{uuid.uuid4().hex[:8]}"
+    q = (spark.readStream.format("kbroker").option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
+         .option("startingOffsets", "latest").load().selectExpr("partition", "offset", "value")
+         .writeStream.format("memory").queryName(name).trigger(processingTime="300 milliseconds").start())
+    try:
+        # several triggers without the topic: the query is alive and has read nothing
+        wait_until(lambda: len(q.recentProgress) >= 3 or q.exception() is not None, timeout=120,
+                   what="three triggers of the query", interval=0.3)
+        assert q.isActive and q.exception() is None, q.exception()
+        assert spark.sql(f"SELECT count(*) FROM {name}").collect()[0][0] == 0
+        create_topic(bootstrap, topic, 2)
+        n = produce(bootstrap, topic, ((i % 2, None, b"late-%d" % i, None) for i in range(60)))
+
+        def seen():
+            if q.exception() is not None:
+                raise AssertionError(q.exception())
+            return spark.sql(f"SELECT count(*) FROM {name}").collect()[0][0] >= n
+        wait_until(seen, timeout=120, what="the records of the late topic", interval=0.5)
+        rows = spark.sql(f"SELECT partition, offset, value FROM {name}").collect()
+        assert sorted((r["partition"], r["offset"]) for r in rows) == \
+            sorted((p, o) for p in range(2) for o in range(n // 2))
+        assert sorted(bytes(r["value"]) for r in rows) == sorted(b"late-%d" % i for i in range(n))
+    finally:
+        q.stop()
