@@ -42,6 +42,7 @@ cdef class RecordDecoder:
     # What the record that stopped the decode with NEED_MEMORY needs: key, value, header bytes.
     cdef Py_ssize_t need_key, need_value, need_headers
     cdef list hints                       # buffer lengths of the last batch: the next one's sizes
+    cdef object const_key, const_cols     # (topic, partition, rows) -> its topic/partition columns
 
     cdef list _mems(self)
     cdef int _reset(self) except -1

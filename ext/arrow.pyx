@@ -335,12 +335,17 @@ cdef class RecordDecoder:
                                                      self.key_data.finish()])
         value = pa.Array.from_buffers(pa.binary(), n, [self.val_valid.finish(), self.val_off.finish(),
                                                        self.val_data.finish()])
-        # Constant columns: numpy/bytes fills, no per-row Python.
-        topic_off = np.arange(n + 1, dtype=np.int32) * np.int32(len(tb))
-        topic_col = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(topic_off),
-                                                           pa.py_buffer(tb * n)])
-        part = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(np.full(n, partition,
-                                                                                dtype=np.int32))])
+        # Constant columns: numpy/bytes fills, no per-row Python; Arrow arrays are immutable, so
+        # the next batch of the same size (most are: the caps cut them) shares them.
+        const_key = (topic, partition, n)
+        if self.const_key != const_key:
+            topic_off = np.arange(n + 1, dtype=np.int32) * np.int32(len(tb))
+            topic_col = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(topic_off),
+                                                               pa.py_buffer(tb * n)])
+            part = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(np.full(n, partition,
+                                                                                    dtype=np.int32))])
+            self.const_key, self.const_cols = const_key, (topic_col, part)
+        topic_col, part = self.const_cols
         offs = pa.Array.from_buffers(pa.int64(), n, [None, self.offsets.finish()])
         ts = pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), n, [None, self.timestamps.finish()])
         tst = pa.Array.from_buffers(pa.int32(), n, [None, self.ts_types.finish()])

@@ -197,11 +197,13 @@ class _Buffers:
     """Reusable receive buffers for Fetch responses, shared by the read tasks of one Python worker
     (Spark reuses workers): a fresh multi-MiB buffer costs a zero fill and a page fault per 4 KiB,
     as much as receiving into it. A buffer goes back with ``give`` once the decoder is done with
-    it; a read keeps at most queue size + 2 alive, and at most ``keep`` idle ones are kept."""
+    it; a read keeps at most queue size + 2 alive, and at most ``keep`` idle ones (each at most
+    ``largest`` bytes) are kept."""
 
-    def __init__(self, keep: int = 4):
+    def __init__(self, keep: int = 4, largest: int = 64 << 20):
         self.free: collections.deque = collections.deque()
         self.keep = keep
+        self.largest = largest      # a response past this (one huge batch) is not kept around
 
     def take(self, size: int) -> bytearray:
         while True:
@@ -213,7 +215,7 @@ class _Buffers:
                 return buf
 
     def give(self, buf) -> None:
-        if buf is not None and len(self.free) < self.keep:
+        if buf is not None and len(self.free) < self.keep and len(buf) <= self.largest:
             self.free.append(buf)
 
 

@@ -1,6 +1,7 @@
 """The native Arrow codec of the Spark data source without Spark or a broker: rows encoded by
 build_batches decode back to the same columns through RecordDecoder, whatever the row/byte caps
-(every buffer grows from empty, and from the previous batch's size, across many flushes)."""
+(every buffer grows from empty, and from the previous batch's size, across many flushes). Also
+the read path's receive-buffer pool."""
 from __future__ import annotations
 
 import random
@@ -111,3 +112,21 @@ def test_truncated_section_is_refused():
     dec = RecordDecoder(True, 1000, 1 << 20)
     with pytest.raises(ArrowDecodeError):
         dec.append(memoryview(data)[HEADER:-3], count, 0, 0, -1, 0, 0, 1 << 40)
+
+
+def test_fetch_buffers_are_reused_and_bounded():
+    from kbroker.spark.kafka import _Buffers
+    pool = _Buffers(keep=2, largest=4 << 20)
+    first = pool.take(100)
+    pool.give(first)
+    assert pool.take(50) is first                   # reused, no new allocation
+    big = pool.take(8 << 20)
+    assert len(big) >= 8 << 20
+    pool.give(big)
+    assert not pool.free                            # past `largest`: dropped
+    held = [pool.take(10) for _ in range(3)]
+    for b in held:
+        pool.give(b)
+    assert len(pool.free) == 2                      # at most `keep` idle
+    small = pool.free[-1]
+    assert pool.take(len(small) + 1) is not small   # too small for the response: not used
