@@ -19,7 +19,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from kbroker._native.batch import BatchBuilder
+from kbroker._native.batch import LAYOUT, BatchBuilder
 from kbroker.protocol.errors import Errors
 
 from .cluster import Cluster
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 PRODUCE, INIT_PRODUCER_ID = 0, 22
 COMPRESSION = {"none": 0, None: 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 RECORD_OVERHEAD_MAX = 21
-BATCH_HEADER = 61
+BATCH_HEADER = LAYOUT["HEADER_SIZE"]         # RecordBatch v2 header (ext/layout.pxd)
 _SEQ_WRAP = 1 << 31
 
 

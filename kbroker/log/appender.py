@@ -21,11 +21,15 @@ from __future__ import annotations
 import concurrent.futures
 import os
 
+from kbroker._native.batch import LAYOUT
+
 from .log import validate_batch
 
-# Codec bits of a RecordBatch v2's attributes (big-endian int16 at byte 21): the low byte.
-ATTRIBUTES_LOW_BYTE = 22
-CODEC_MASK = 0x07
+# Codec bits of a RecordBatch v2's attributes (a big-endian int16): in its low byte. The produce hot
+# path (ReplicaManager.append_records) tests ``records[22] & 7`` inline; these name the numbers.
+ATTRIBUTES_LOW_BYTE = LAYOUT["OFF_ATTRIBUTES"] + 1
+CODEC_MASK = LAYOUT["ATTR_CODEC_MASK"]
+assert (ATTRIBUTES_LOW_BYTE, CODEC_MASK) == (22, 7)
 
 
 def codec_of(buf) -> int:

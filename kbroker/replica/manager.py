@@ -5,7 +5,9 @@ Fetch handlers, the group coordinator and LeaderAndIsr/StopReplica call.
   wait for) -> the results dict directly, with no await and no extra allocation per batch;
   acks=all -> a future resolving when the high watermark covers each batch (DelayedProduce).
   acks=all is refused before the append with NOT_ENOUGH_REPLICAS when the ISR is below
-  min.insync.replicas.
+  min.insync.replicas. Compressed batches (validated on kbroker/log/appender.py's pool first),
+  large ones (written on the log dir's writer thread) and batches queued behind them (same
+  connection and partition, or a large write in flight) make it a future for any acks.
 - ``fetch_partition`` + ``record_follower_fetch``: the Fetch handler's leader lookup with KIP-320
   epoch checks; a follower fetch's offset is that follower's LEO (HW, ISR expansion).
 - ``become_leader`` / ``become_follower`` / ``stop_replica``: LeaderAndIsr and StopReplica.
@@ -27,6 +29,7 @@ import os
 import time
 from typing import NamedTuple
 
+from ..log.appender import AppendThreads, codec_of
 from ..log.errors import LogAppendError
 from ..log.log import AppendResult
 from ..protocol.errors import Errors
@@ -132,7 +135,6 @@ class ReplicaManager:
     _threads = None                         # AppendThreads, made at the first append
 
     def _append_threads(self):
-        from ..log.appender import AppendThreads
         cfg = self.broker.config
         self._threads = AppendThreads(cfg.get("kbroker.log.validation.threads"),
                                       cfg.get("kbroker.log.writer.offload.bytes"))
@@ -181,7 +183,7 @@ class ReplicaManager:
             tails = lg.append_tails
             if ((tails and source in tails) or lg.write_future is not None or n >= big
                     or (off_loop and n > 22 and records[22] & 7)):
-                # records[22] & 7: the batch's codec (attributes' low byte)
+                # records[22] & 7: the batch's codec (appender.ATTRIBUTES_LOW_BYTE / CODEC_MASK)
                 results[tp] = PartitionResult(UNDECIDED)
                 if deferred is None:
                     deferred = []
@@ -235,7 +237,7 @@ class ReplicaManager:
         done = loop.create_future()
         lg.append_tails[source] = done
         validation = settings = None
-        if threads.validates_off_loop and len(records) > 22 and records[22] & 7:
+        if threads.validates_off_loop and codec_of(records):
             validation, settings = threads.validate(loop, lg, records)
         t = loop.create_task(self._deferred_append(threads, tp, p, lg, records, acks, internal, d, prev, done,
                                                    validation, settings, source))
