@@ -511,6 +511,10 @@ for f in /tmp/cg.*.out; do callgrind_annotate "$f" | head -20; done
 # request window only: py-spy samples, or callgrind with instrumentation switched on for the counted requests
 .venv/bin/python -m kbroker.perf.profile_request pyspy --seconds 6      # -> docs/perf/profile/pyspy-produce.txt
 .venv/bin/python -m kbroker.perf.profile_request callgrind --requests 3000   # -> callgrind-produce.txt
+# the same for small fetches with 1 in flight (-> pyspy-fetch.txt, callgrind-fetch.txt)
+.venv/bin/python -m kbroker.perf.profile_request callgrind --workload fetch --requests 3000
+# copy vs sendfile broker CPU per one-batch fetch by batch size (docs/perf/sendfile-threshold.md)
+.venv/bin/python -m kbroker.perf.request_bench sendfile-threshold --fetches 3000 --rounds 3 [--depth 8]
 # before/after table of two suite runs (regressions >= 5% in each figure's better direction)
 .venv/bin/python -m kbroker.perf.compare docs/perf/suite-before.json docs/perf/suite.json --md /tmp/cmp.md
 ```
