@@ -22,7 +22,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kazoo.client import KazooClient
 
-from checkers import History, partition_dir, read_all_confluent
+from checkers import History, RawConn, partition_dir, read_all_confluent
 from kbroker.testing import LocalCluster, wait_until
 from kbroker.zk import layout as L
 from test_replication import TOPIC, LoadProducer
@@ -115,6 +115,35 @@ def test_throttled_reassignment_moves_data_at_about_the_rate(tmp_path):
             print(report.line())
             assert report.acked > 0
             assert report.acked_lost == 0 and report.inconsistent_offsets == 0, report.line()
+
+            # An in-sync follower is never held back: every replica of "isr" is follower-throttled
+            # ("*") at RATE on broker 1, yet acks=all with min.insync.replicas=2 (which needs broker
+            # 1's copy of every batch) writes the same ~8 MB far faster than RATE allows.
+            admin.create_topics([NewTopic("isr", 1, replica_assignment=[[0, 1]],
+                                          config={"min.insync.replicas": "2"})])["isr"].result(30)
+            from kbroker.zk.client import BrokerZk
+            admin_zk = BrokerZk(c.zk_connect, -1)
+            admin_zk.start()
+            try:
+                admin_zk.set_topic_config("isr", {"min.insync.replicas": "2",
+                                                  "follower.replication.throttled.replicas": "*"})
+                admin_zk.alter_broker_config("1", {"follower.replication.throttled.rate": str(RATE)})
+            finally:
+                admin_zk.close()
+
+            def seen_by_broker_1():      # its topic view (DescribeConfigs) and its logs change together
+                with RawConn(f"127.0.0.1:{c.brokers[1].port}") as conn:
+                    resp = conn.request(32, 1, {"resources": [{"resource_type": 2, "resource_name": "isr",
+                                                               "configuration_keys": None}],
+                                                "include_synonyms": False})
+                return any(e["name"] == "follower.replication.throttled.replicas" and e["value"] == "*"
+                           for e in resp["results"][0]["configs"])
+            wait_until(seen_by_broker_1, 20, "broker 1 to apply the throttled replica list")
+            t0 = time.monotonic()
+            fill(c, "isr")
+            isr_s = time.monotonic() - t0
+            print(f"acks=all through a follower-throttled in-sync replica: {isr_s:.1f}s")
+            assert isr_s < 0.5 * expected, (isr_s, expected)
         finally:
             zk.stop()
             zk.close()
