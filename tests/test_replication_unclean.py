@@ -14,7 +14,7 @@ import time
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from checkers import PRODUCE, History, RawConn, read_all_confluent
+from checkers import PRODUCE, History, RawConn, log_end_offset, read_all_confluent
 from kbroker._native.batch import BatchBuilder
 from kbroker.testing import LocalCluster, wait_until
 from proxy import TcpProxy
@@ -66,8 +66,10 @@ def _unclean(c, proxies):
     with RawConn(f"127.0.0.1:{c.brokers[leader].port}") as conn:
         for i in range(50):
             write(conn, b"before-%03d" % i)
-        # Replicated before the cut: the ISR is still all three (they fetched up to the end).
-        wait_until(lambda: zk_state(c)[2] == sorted(c.brokers), 10, "the followers to hold the first records")
+        # Replicated before the cut: the ISR is all three from creation, so only the leader's high
+        # watermark (min log end over the ISR) shows that both followers hold the 50 records.
+        leader_addr = f"127.0.0.1:{c.brokers[leader].port}"
+        wait_until(lambda: log_end_offset(leader_addr, TOPIC, 0) == 50, 30, "the followers to hold the first records")
         proxies[leader].cut()
         # A follower at the leader's log end counts as caught up however long it is silent (Kafka's
         # isCaughtUp): the leader needs a record they lack before it can drop them.
