@@ -231,8 +231,9 @@ def test_leadership_returns_to_the_preferred_replica(tmp_path, how):
                 assert "Valid replica already elected for partitions" in r.stdout
             wait_until(lambda: all(_states(zk, name, 3)[p].leader == victim for p in mine), 30,
                        f"broker {victim} to lead its preferred partitions again")
-            view, _ = _leaders(cluster.brokers[controller].port, name)
-            assert all(view[p][0] == victim for p in mine)
+            # Brokers learn it from the controller's UpdateMetadata, sent after the state znodes change.
+            wait_until(lambda: all(_leaders(cluster.brokers[controller].port, name)[0][p][0] == victim
+                                   for p in mine), 30, "the controller's broker to answer Metadata with the move")
         finally:
             zk.stop()
             zk.close()
