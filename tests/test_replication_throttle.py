@@ -149,11 +149,9 @@ def test_throttled_reassignment_moves_data_at_about_the_rate(tmp_path):
             zk.close()
 
 
-# The leader side needs one call in the Fetch handler (kbroker/server/apis/fetch.py, another room):
-# until it is there this test fails (the move is as fast as unthrottled) and is a strict xfail;
-# with the hook it passes, the strict xfail then fails, and the marker goes.
+# Without the leader-side calls in the Fetch handler (ReplicaManager.leader_throttled /
+# record_leader_bytes) the move is as fast as unthrottled (0.9 s) and this test fails.
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="leader-side throttle hook not yet called from server/apis/fetch.py _read")
 def test_leader_side_throttle_alone_slows_the_move_but_not_isr_followers(tmp_path):
     """Only the leader side is throttled (rates on brokers 0 and 1, leader.replication.throttled.replicas
     = 0:0,0:1, no follower list): the new replica on broker 2 is held to about the rate, while the

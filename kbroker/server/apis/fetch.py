@@ -199,6 +199,8 @@ def _read(broker, req):
             res[2] = hw
             res[3] = hw                              # no transactions: LSO = HW (read_committed too)
             res[4] = lg.log_start_offset
+            if follower and broker.replica_manager.leader_throttled(part, replica_id):
+                continue        # throttled replica over the leader quota: no records this time (Kafka)
             limit = partition_max if partition_max < budget else budget
             try:
                 # Consumers never see past the high watermark (= LSO until transactions exist);
@@ -210,6 +212,8 @@ def _read(broker, req):
                 continue
             size = data.size
             if size:
+                if follower:
+                    broker.replica_manager.record_leader_bytes(part, size)
                 fetched(name, size)
                 res[5] = FileRegions.of(data.regions, size)
                 total += size
