@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from ...network.connection import EncodeOffLoop
 from ...protocol import api
 from ...protocol.errors import Errors
 from ..metadata import topic_name_error
@@ -73,7 +74,9 @@ async def _metadata_response_sliced(broker, names, pending=()):
         if start:
             await asyncio.sleep(0)
         topics.extend(_topic(broker, name, pending) for name in names[start:start + TOPICS_PER_TURN])
-    return _response(broker, topics)
+    body = _response(broker, topics)
+    # Built in slices, a huge answer is encoded on the server's heavy thread too, not on the loop.
+    return EncodeOffLoop(body) if len(names) > TOPICS_PER_TURN else body
 
 
 def _topic(broker, name, pending):
