@@ -710,9 +710,8 @@ class Log:
             i = bisect.bisect_right(self._bases, offset) - 1
             while i < len(self.segments):
                 seg = self.segments[i]
-                r = seg.translate_offset(offset)
-                if r is not None:
-                    start = r[0]
+                start = seg.batch_position(offset)
+                if start >= 0:
                     end = seg.end_position(start, max_bytes, max_offset, min_one_batch)
                     if end > start:
                         regions.append((seg.read_fd, start, end - start))

@@ -19,6 +19,7 @@ file size was updated before the data) garbage at the tail. ``recover()`` scans 
 truncates at the first bad batch and rebuilds both indexes; a clean load (``load()``) only
 reads the headers after the last index entry. A failed write is truncated away at once.
 """
+import bisect
 import os
 import time
 
@@ -29,6 +30,9 @@ from .index import OffsetIndex, TimeIndex
 
 INT64_MAX = (1 << 63) - 1
 MAX_RELATIVE_OFFSET = (1 << 31) - 1   # Kafka reads the u32 as a signed int
+# Recent batches a segment remembers for tail reads (between this many and twice as many); 0 = none
+# (KBROKER_SEGMENT_TAIL_BATCHES, for side-by-side measurement).
+TAIL_BATCHES = int(os.environ.get("KBROKER_SEGMENT_TAIL_BATCHES", "64"))
 
 # Process-wide counters tests use to prove what a startup did (e.g. no CRC scan after a
 # clean shutdown).
@@ -67,6 +71,13 @@ class LogSegment:
         self.created_ms = int(time.time() * 1000) if now_ms is None else now_ms
         self.first_batch_ms = None
         self.deleted = False
+        # The last appended batches' (last offset, position), in file order and contiguous up to
+        # ``size``; ``_tail_floor`` is the last offset before the first of them. A tail read (a
+        # consumer or follower at the log end) finds its batch here instead of reading headers from
+        # the file (two preads per fetch). Cleared whenever the file is cut or re-read.
+        self._tail_last: list[int] = []
+        self._tail_pos: list[int] = []
+        self._tail_floor = base_offset - 1
 
     # -- state ----------------------------------------------------------------------------
 
@@ -97,6 +108,7 @@ class LogSegment:
         """Clean load: trust the indexes, read only the headers after the last index entry to
         find next_offset and the max timestamp. Returns False when the tail does not end on a
         batch boundary or an index is malformed (the caller then runs ``recover``)."""
+        self._forget_tail()
         if not self.index_sane():
             return False
         last_off, pos = self.index.last_entry()
@@ -141,6 +153,7 @@ class LogSegment:
             self.read_fd, 0, self.size, self.base_offset, min_offset, True)
         self.index.reset()
         self.time_index.reset()
+        self._forget_tail()
         truncated = self.size - valid_end
         if truncated:
             self._truncate_file(valid_end)
@@ -261,6 +274,16 @@ class LogSegment:
         return removed
 
     def _index_batch(self, position, size, last_offset, max_timestamp):
+        if TAIL_BATCHES:
+            tail = self._tail_last
+            if not tail:
+                self._tail_floor = self.next_offset - 1     # callers move next_offset after this
+            elif len(tail) >= TAIL_BATCHES * 2:
+                self._tail_floor = tail[TAIL_BATCHES - 1]
+                del tail[:TAIL_BATCHES]
+                del self._tail_pos[:TAIL_BATCHES]
+            tail.append(last_offset)
+            self._tail_pos.append(position)
         if max_timestamp > self.max_timestamp:
             self.max_timestamp = max_timestamp
             self.offset_of_max_timestamp = last_offset
@@ -275,7 +298,12 @@ class LogSegment:
                 pass
         self.bytes_since_index += size
 
+    def _forget_tail(self) -> None:
+        self._tail_last = []
+        self._tail_pos = []
+
     def _truncate_file(self, size: int) -> None:
+        self._forget_tail()
         fd = self._append_fd if self._append_fd >= 0 else os.open(self.log_path, os.O_WRONLY)
         try:
             os.ftruncate(fd, size)
@@ -294,17 +322,38 @@ class LogSegment:
                                offset, INT64_MAX, INT64_MAX)
         return r if r[1] else None
 
+    def batch_position(self, offset: int, start_position: int = 0) -> int:
+        """translate_offset's position alone (-1 for none), from the recent-batch list when it
+        covers ``offset``, else from the index and the file."""
+        if offset > self._tail_floor and self._tail_last:
+            i = bisect.bisect_left(self._tail_last, offset)
+            if i == len(self._tail_last):
+                return -1                   # past the last batch
+            pos = self._tail_pos[i]
+            if pos >= start_position:
+                return pos
+        r = self.translate_offset(offset, start_position)
+        return -1 if r is None else r[0]
+
     def end_position(self, start: int, max_bytes: int, max_offset: int, min_one_batch: bool) -> int:
         """Where a read starting at batch boundary ``start`` ends: only whole batches, none
         with last offset >= ``max_offset``, at most ``max_bytes`` unless ``min_one_batch`` lets
         the first batch through whole (KIP-74)."""
         end = self.size
         if max_offset < self.next_offset:
-            r = self.translate_offset(max_offset, start)
-            if r is not None:
-                end = r[0]
+            pos = self.batch_position(max_offset, start)
+            if pos >= 0:
+                end = pos
         if end - start > max_bytes:
             limit = start + max_bytes
+            tail_pos = self._tail_pos
+            if tail_pos and start >= tail_pos[0]:
+                # Batch boundaries from the recent-batch list: the last one at or below the limit.
+                j = bisect.bisect_right(tail_pos, limit) - 1
+                byte_end = tail_pos[j]
+                if byte_end == start and min_one_batch:
+                    byte_end = tail_pos[j + 1] if j + 1 < len(tail_pos) else self.size
+                return min(end, byte_end)
             _off, pos = self.index.lookup_position(limit)
             r = _native.seek_batch(self.read_fd, max(pos, start), end, INT64_MAX, limit, INT64_MAX)
             byte_end = r[0]
@@ -339,6 +388,7 @@ class LogSegment:
 
     def on_become_inactive(self) -> None:
         """On roll: final time-index entry, trim both indexes, close the append descriptor."""
+        self._forget_tail()
         self._final_time_entry()
         self.index.trim()
         self.time_index.trim()
