@@ -3,7 +3,8 @@
 Receiving (``asyncio.BufferedProtocol``): the kernel copies straight into a 32 KiB receive chunk; each
 complete frame inside it is handed to the handler as a memoryview slice of the chunk (no copy). A frame
 larger than what is left of the chunk gets a buffer of its own (an anonymous mmap: its pages cost
-memory only once written) which the kernel fills directly. Pool memory for such a frame is reserved as
+memory only once written; recycled through the server's FrameCache once no view of it is left, so a
+stream of large Produce requests does not fault in fresh pages for each) which the kernel fills directly. Pool memory for such a frame is reserved as
 its bytes arrive, a step ahead of them (``FRAME_STEP``, then half of what has arrived), never for the
 size it announces: a client that announces 100 MiB and sends 2 KB holds about ``FRAME_STEP``. The size
 prefix is checked before anything is reserved: a frame over ``socket.request.max.bytes`` or a
@@ -24,7 +25,6 @@ import asyncio
 import inspect
 import io
 import logging
-import mmap
 import os
 import struct
 import time
@@ -246,7 +246,13 @@ class Connection(asyncio.BufferedProtocol):
         frame, self._frame = self._frame, None
         size = self._frame_size
         self.pool.settle(size)            # arrived in full: no longer a partial reservation
-        self._dispatch(memoryview(frame), lambda: self.pool.release(size))
+        frames, pool, loop = self.server.frames, self.pool, self.loop
+
+        def done():
+            pool.release(size)
+            frames.give(frame, loop.time())     # reused only once no view of it is left
+
+        self._dispatch(memoryview(frame)[:size], done)
 
     def eof_received(self):
         return False  # close our side too
@@ -295,7 +301,7 @@ class Connection(asyncio.BufferedProtocol):
             if not self.pool.try_reserve(first, partial=True):
                 return False
             self._frame_need = 0
-            frame = mmap.mmap(-1, size)
+            frame = self.server.frames.take(size, self.last_active)
             frame[:have] = self._chunk.buf[self._start + 4:self._end]
             self._start = self._end
             self._frame, self._frame_size, self._frame_fill, self._frame_reserved = frame, size, have, first

@@ -14,6 +14,8 @@ served, so stalled partial frames alone can never starve them.
 from __future__ import annotations
 
 import collections
+import mmap
+import sys
 
 
 class MemoryPool:
@@ -74,3 +76,63 @@ class MemoryPool:
             self._waiters.remove(callback)
         except ValueError:
             pass
+
+
+class FrameCache:
+    """Recycled buffers for large request frames (those that do not fit a receive chunk).
+
+    A fresh anonymous mapping per frame costs a page fault and a zeroed page for every 4 KiB the kernel
+    fills, and an munmap after (124 faults per 493 KiB Produce request, measured): a few buffers that
+    already hold their pages are handed out again instead. Safety: a buffer is reused only when nothing
+    else refers to it: any live memoryview of it (a handler, a thread still writing it to a segment)
+    holds a reference, so such a buffer is passed over and freed by the garbage collector when its
+    views go. Bounded: at most ``max_idle_bytes`` idle, none above ``max_buffer``, and everything idle
+    is dropped after ``idle_s`` without use, so the memory of a burst goes back to the OS.
+    Buffers are sized in powers of two (from 64 KiB) so a frame can take any buffer of its class.
+    """
+
+    MIN_CLASS = 64 * 1024
+
+    def __init__(self, max_idle_bytes: int = 16 << 20, max_buffer: int = 8 << 20, idle_s: float = 2.0):
+        self.max_idle_bytes = max_idle_bytes
+        self.max_buffer = max_buffer
+        self.idle_s = idle_s
+        self._idle: dict[int, list] = {}
+        self.idle_bytes = 0
+        self.last_use = 0.0
+        self.reused = 0
+        self.fresh = 0
+
+    @classmethod
+    def size_class(cls, size: int) -> int:
+        return max(cls.MIN_CLASS, 1 << (size - 1).bit_length())
+
+    def take(self, size: int, now: float):
+        """A writable buffer (an anonymous mmap) of at least ``size`` bytes."""
+        self.last_use = now
+        cls = self.size_class(size)
+        stack = self._idle.get(cls)
+        while stack:
+            buf = stack.pop()
+            self.idle_bytes -= cls
+            # References: the local name and getrefcount's argument. Anything more is a live view.
+            if sys.getrefcount(buf) == 2:
+                self.reused += 1
+                return buf
+        self.fresh += 1
+        return mmap.mmap(-1, cls if cls <= self.max_buffer else size)
+
+    def give(self, buf, now: float) -> None:
+        """``buf`` is no longer needed by the connection (its views may still be alive: see take)."""
+        self.last_use = now
+        cls = len(buf)
+        if cls > self.max_buffer or cls != self.size_class(cls) or self.idle_bytes + cls > self.max_idle_bytes:
+            return
+        self._idle.setdefault(cls, []).append(buf)
+        self.idle_bytes += cls
+
+    def trim(self, now: float) -> None:
+        """Drop every idle buffer when none was used for ``idle_s`` (called by the server's sweeper)."""
+        if self.idle_bytes and now - self.last_use > self.idle_s:
+            self._idle.clear()
+            self.idle_bytes = 0

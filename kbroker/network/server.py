@@ -28,7 +28,7 @@ import select
 import socket
 
 from .connection import Connection, hostile_log
-from .pool import MemoryPool
+from .pool import FrameCache, MemoryPool
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,7 @@ class KafkaServer:
         # for complete requests and receive chunks: frames still arriving cannot take it.
         keep = min(pool_bytes // 4, pool_bytes - max_request_bytes)
         self.pool = MemoryPool(pool_bytes, partial_limit=pool_bytes - keep)
+        self.frames = FrameCache()       # recycled buffers of large frames (pool.py)
         self.max_connections = max_connections
         self.max_connections_per_ip = max_connections_per_ip
         self.frame_timeout_ms = frame_timeout_ms
@@ -286,6 +287,7 @@ class KafkaServer:
                 pool_high = False
                 _malloc_trim(0)
             now = self.loop.time()
+            self.frames.trim(now)
             idle_deadline = now - self.idle_ms / 1000 if self.idle_ms > 0 else None
             frame_deadline = now - self.frame_timeout_ms / 1000 if self.frame_timeout_ms > 0 else None
             for conn in list(self.connections):
