@@ -655,7 +655,7 @@ class Connection(asyncio.BufferedProtocol):
     def _send_now(self, chunks):
         """Write ``chunks`` (bytes and FileRegions) straight to the non-blocking socket until it would
         block. -> None when all went out, else the chunks still to send (the first one trimmed to what is
-        left of it) for ``_write_direct`` to finish once the socket is writable. The transport's buffer is
+        left of it) for the caller to finish once the socket is writable. The transport's buffer is
         empty (``_direct_ok``) and nothing else writes to the socket meanwhile (``_writing``)."""
         sock_fd = self.transport.get_extra_info("socket").fileno()
         metrics = self.server.metrics
@@ -704,40 +704,14 @@ class Connection(asyncio.BufferedProtocol):
 
     async def _write_direct(self, chunks):
         """The transport's buffer is empty and nothing else writes to this socket until we are done
-        (responses are serialized by ``_writing``), so bytes go out with ``send`` and file regions with
-        ``os.sendfile`` straight on the non-blocking socket. The socket is registered for writability
-        only while its buffer is full (asyncio's own sendfile registers and unregisters per call)."""
+        (responses are serialized by ``_writing``): ``_send_now`` writes until the socket would block,
+        and the socket is registered for writability only while its buffer is full (asyncio's own
+        sendfile registers and unregisters per call)."""
         sock_fd = self.transport.get_extra_info("socket").fileno()
-        metrics = self.server.metrics
-        for c in chunks:
-            if isinstance(c, FileRegions):
-                for fd, pos, length in c.regions:
-                    file_fd = fd if isinstance(fd, int) else fd.fileno()
-                    sent = 0
-                    while sent < length:
-                        if self.closed:
-                            return
-                        try:
-                            n = os.sendfile(sock_fd, file_fd, pos + sent, length - sent)
-                        except BlockingIOError:
-                            await self._writable(sock_fd)
-                            continue
-                        if n == 0:
-                            raise ConnectionError(f"short sendfile ({sent} < {length}): segment shrank")
-                        sent += n
-                    metrics.fetch_sendfile_calls += 1
-                    metrics.fetch_sendfile_bytes += length
-            else:
-                view = memoryview(c)
-                while view:
-                    if self.closed:
-                        return
-                    try:
-                        n = os.write(sock_fd, view)
-                    except BlockingIOError:
-                        await self._writable(sock_fd)
-                        continue
-                    view = view[n:]
+        rest = self._send_now(chunks)
+        while rest is not None:
+            await self._writable(sock_fd)     # raises once the connection is closing
+            rest = self._send_now(rest)
 
     async def _writable(self, sock_fd):
         if self.closed or self.transport.is_closing():
