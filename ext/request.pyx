@@ -125,16 +125,23 @@ def peek_key_version(frame):
     return <int16_t>load_be16(<const char *>&v[0]), <int16_t>load_be16(<const char *>&v[2])
 
 
-def parse_produce(frame):
-    """Parse a whole Produce v3-8 request frame (size prefix removed). -> ProduceRequest.
-    Raises ProtocolError on malformed input or another API/version."""
-    cdef const unsigned char[::1] v = frame
+cdef _Reader _frame_reader(const unsigned char[::1] v):
+    """A reader over a whole request frame (the caller keeps the frame alive), refusing one too short
+    for the api_key/api_version/correlation_id header."""
     cdef _Reader r = _Reader.__new__(_Reader)
     r.end = v.shape[0]
     if r.end < 8:
         raise ProtocolError("truncated request header")
     r.p = &v[0]
     r.pos = 0
+    return r
+
+
+def parse_produce(frame):
+    """Parse a whole Produce v3-8 request frame (size prefix removed). -> ProduceRequest.
+    Raises ProtocolError on malformed input or another API/version."""
+    cdef const unsigned char[::1] v = frame
+    cdef _Reader r = _frame_reader(v)
     cdef ProduceRequest req = ProduceRequest.__new__(ProduceRequest)
     req.api_key = r.i16()
     req.api_version = r.i16()
@@ -178,12 +185,7 @@ def parse_fetch(frame):
     forgotten_topics_data (v7+) is checked and dropped (we hand out no sessions); rack_id (v11) kept.
     Raises ProtocolError on malformed input or another API/version."""
     cdef const unsigned char[::1] v = frame
-    cdef _Reader r = _Reader.__new__(_Reader)
-    r.end = v.shape[0]
-    if r.end < 8:
-        raise ProtocolError("truncated request header")
-    r.p = &v[0]
-    r.pos = 0
+    cdef _Reader r = _frame_reader(v)
     cdef FetchRequest req = FetchRequest.__new__(FetchRequest)
     req.api_key = r.i16()
     req.api_version = r.i16()
