@@ -110,6 +110,21 @@ def list_of(*allowed: str) -> Validator:
     return check
 
 
+_REPLICA_ITEM = re.compile(r"([0-9]+:[0-9]+)?\Z")
+
+
+def throttled_replicas(key: str, value: Any) -> None:
+    """Kafka's ThrottledReplicaListValidator: the literal '*', or "partition:broker" items."""
+    items = [str(v).strip() for v in value or ()]
+    if "".join(items) == "*" or all(_REPLICA_ITEM.match(v) for v in items):
+        return
+    raise _invalid(key, value, f"{key} must be the literal '*' or a list of replicas in the following format: "
+                               "[partitionId]:[brokerId],[partitionId]:[brokerId],...")
+
+
+throttled_replicas.__doc__ = "[partitionId]:[brokerId],[partitionId]:[brokerId],..."
+
+
 # --------------------------------------------------------------------------------------------------
 # Types: parse the (trimmed) text of a property the way Kafka's ConfigDef does.
 
@@ -483,8 +498,8 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {k.name: k for k in (
     _topic("message.timestamp.after.max.ms", "long", LONG_MAX, at_least(0),
            ["log.message.timestamp.after.max.ms"], False),
     _topic("message.downconversion.enable", "boolean", True, None, ["log.message.downconversion.enable"], False),
-    _topic("leader.replication.throttled.replicas", "list", [], None, (), False),
-    _topic("follower.replication.throttled.replicas", "list", [], None, (), False),
+    _topic("leader.replication.throttled.replicas", "list", [], throttled_replicas, (), False),
+    _topic("follower.replication.throttled.replicas", "list", [], throttled_replicas, (), False),
     _topic("local.retention.ms", "long", -2, None, ["log.local.retention.ms"], False),
     _topic("local.retention.bytes", "long", -2, None, ["log.local.retention.bytes"], False),
     _topic("remote.storage.enable", "boolean", False, None, (), False),

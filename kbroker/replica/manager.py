@@ -112,6 +112,11 @@ class ReplicaManager:
                 {LEADER_RATE: cfg.get(LEADER_RATE), FOLLOWER_RATE: cfg.get(FOLLOWER_RATE)})
             self._throttle_watcher.start()
 
+    @property
+    def throttle_watcher(self) -> ThrottleConfigWatcher | None:
+        """Follows this broker's dynamic configs (DescribeConfigs/AlterConfigs of BROKER resources)."""
+        return self._throttle_watcher
+
     async def stop(self) -> None:
         if self._isr_task is not None:
             self._isr_task.cancel()

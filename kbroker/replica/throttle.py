@@ -174,6 +174,10 @@ class ThrottleConfigWatcher:
         self.loop = None
         self._dirty = False
         self._task = None
+        # The dynamic configs as last read (DescribeConfigs shows what this broker applied, as Kafka's
+        # DynamicBrokerConfig does): /config/brokers/<id> and /config/brokers/<default>.
+        self.broker_configs: dict[str, str] = {}
+        self.default_configs: dict[str, str] = {}
 
     def start(self) -> None:
         self.active = True
@@ -209,6 +213,7 @@ class ThrottleConfigWatcher:
         except Exception as e:
             log.warning("cannot read the replication throttle configs: %r", e)
             return
+        self.broker_configs, self.default_configs = mine, default
         for key, quota in self.quotas.items():
             text = mine.get(key, default.get(key))
             try:

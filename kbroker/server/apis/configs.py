@@ -2,8 +2,15 @@
 
 Topic configs live in ZooKeeper (``/config/topics/<t>``, overrides only); a topic's effective value
 is its override, else the broker's default for it (``server.properties`` synonyms, else Kafka's
-default). Broker configs are static: they are described but cannot be altered (kbroker has no
-dynamic broker configs).
+default).
+
+Broker configs as Kafka's ZooKeeper mode keeps them (kafka-configs.sh --entity-type brokers): a key's
+value is /config/brokers/<id> (DYNAMIC_BROKER_CONFIG), else /config/brokers/<default>
+(DYNAMIC_DEFAULT_BROKER_CONFIG), else server.properties (STATIC_BROKER_CONFIG), else Kafka's default.
+Only the keys kbroker follows at runtime (DYNAMIC_BROKER_KEYS: the replication throttle rates,
+replica/throttle.py's watcher) can be altered; the resource name is this broker's id or "" for the
+cluster-wide default, and another broker's id is refused with INVALID_REQUEST, as Kafka does (its
+clients send a broker resource to that broker).
 """
 from __future__ import annotations
 
@@ -13,6 +20,8 @@ import logging
 from ...network.connection import EncodeOffLoop
 from ...config import BROKER_CONFIGS, TOPIC_CONFIGS, ConfigError, format_value, parse_topic_config
 from ...protocol.errors import Errors
+from ...replica.throttle import FOLLOWER_RATE, LEADER_RATE
+from ...zk.layout import DEFAULT_BROKER_ENTITY
 from ...zk.client import TopicNotFoundError
 from ..metadata import topic_name_error
 from .admin import AdminError, check_config_consistency
@@ -22,7 +31,11 @@ log = logging.getLogger(__name__)
 # Resource types (Kafka's ConfigResource.Type ids).
 TOPIC, BROKER, BROKER_LOGGER = 2, 4, 8
 # DescribeConfigs config sources (Kafka's ConfigSource ids).
-DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 4, 5
+DYNAMIC_TOPIC_CONFIG, DYNAMIC_BROKER_CONFIG, DYNAMIC_DEFAULT_BROKER_CONFIG = 1, 2, 3
+STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 4, 5
+# Broker keys that AlterConfigs may set in /config/brokers: the ones kbroker applies while running
+# (a key listed here must have a follower, or an altered value would be shown but never used).
+DYNAMIC_BROKER_KEYS = frozenset({LEADER_RATE, FOLLOWER_RATE})
 # DescribeConfigs v3 config_type ids.
 _CONFIG_TYPES = {"boolean": 1, "string": 2, "int": 3, "short": 4, "long": 5, "double": 6, "list": 7,
                  "class": 8, "password": 9}
@@ -149,52 +162,86 @@ def _topic_entries(broker, name) -> list[dict]:
     return out
 
 
-def _broker_id_of(broker, name: str) -> None:
+def _broker_id_of(broker, name: str, describe: bool = True) -> None:
     try:
         bid = int(name)
     except ValueError:
         raise AdminError(Errors.INVALID_REQUEST, f"Broker id must be an integer, but it is: {name}") from None
     if bid != broker.broker_id:
+        also = " or empty string" if describe else ""
         raise AdminError(Errors.INVALID_REQUEST,
-                         f"Unexpected broker id, expected {broker.broker_id} or empty string, but received {name}")
+                         f"Unexpected broker id, expected {broker.broker_id}{also}, but received {name}")
+
+
+def _dynamic_configs(broker) -> tuple[dict[str, str], dict[str, str]]:
+    """(/config/brokers/<id>, /config/brokers/<default>) as this broker last applied them."""
+    rm = getattr(broker, "replica_manager", None)
+    watcher = getattr(rm, "throttle_watcher", None)
+    if watcher is None:
+        return {}, {}
+    return watcher.broker_configs, watcher.default_configs
+
+
+def _shown(key: str, text: str) -> str:
+    """A stored dynamic value as Kafka shows it (parsed and printed back; as stored if it is bad)."""
+    spec = BROKER_CONFIGS.get(key)
+    if spec is None:
+        return text
+    try:
+        return format_value(spec.parse(text))
+    except ConfigError:
+        return text
+
+
+def _broker_key_synonyms(broker, key, mine, default, per_broker: bool) -> list[dict]:
+    """Kafka's synonym order for a broker key: per-broker dynamic, cluster default, static, default
+    (the per-broker one left out when describing the cluster default)."""
+    out = []
+    if per_broker and key in mine:
+        out.append({"name": key, "value": _shown(key, mine[key]), "source": DYNAMIC_BROKER_CONFIG})
+    if key in default:
+        out.append({"name": key, "value": _shown(key, default[key]), "source": DYNAMIC_DEFAULT_BROKER_CONFIG})
+    return out + _broker_synonyms(broker, [key])
+
+
+def _broker_entry(broker, key, mine, default, per_broker: bool) -> dict:
+    spec = BROKER_CONFIGS.get(key)
+    type_ = spec.type if spec is not None else "string"
+    sensitive = type_ == "password"
+    syns = _broker_key_synonyms(broker, key, mine, default, per_broker)
+    if sensitive:
+        for s in syns:
+            s["value"] = None
+    value = None if sensitive or not syns else syns[0]["value"]
+    if value is None and not sensitive and spec is not None and spec.default is not None:
+        value = format_value(spec.default)
+    source = syns[0]["source"] if syns else DEFAULT_CONFIG
+    return _entry(key, value, source, syns, type_, read_only=key not in DYNAMIC_BROKER_KEYS,
+                  sensitive=sensitive, doc=spec.doc if spec is not None else None)
 
 
 def _broker_entries(broker, name) -> list[dict]:
+    mine, default = _dynamic_configs(broker)
     if name == "":
-        return []   # the cluster-wide dynamic defaults: kbroker has none
+        # The cluster-wide default resource lists only what /config/brokers/<default> sets.
+        return [_broker_entry(broker, key, mine, default, per_broker=False) for key in sorted(default)]
     _broker_id_of(broker, name)
-    cfg = broker.config
-    out = []
-    for key in sorted(BROKER_CONFIGS):
-        spec = BROKER_CONFIGS[key]
-        sensitive = spec.type == "password"
-        value = None if sensitive else format_value(cfg.get(key)) if cfg.get(key) is not None else None
-        syns = _broker_synonyms(broker, [key])
-        if sensitive:
-            for s in syns:
-                s["value"] = None
-        source = STATIC_BROKER_CONFIG if cfg.is_set(key) else DEFAULT_CONFIG
-        # read_only: nothing is dynamically updatable in kbroker.
-        out.append(_entry(key, value, source, syns, spec.type, read_only=True, sensitive=sensitive,
-                          doc=spec.doc))
-    return out
+    return [_broker_entry(broker, key, mine, default, per_broker=True) for key in sorted(BROKER_CONFIGS)]
 
 
 # ---- AlterConfigs (33) and IncrementalAlterConfigs (44) ------------------------------------------
 
+def _replace_plan(current: dict[str, str], entries: list[dict], kind: str) -> dict[str, str]:
+    # Non-incremental: the request is the complete new override set (null values are dropped).
+    return {c["name"]: c["value"] for c in entries if c["value"] is not None}
+
+
 async def alter_configs(broker, conn, header, body):
-    def plan(current: dict[str, str], entries: list[dict]) -> dict[str, str]:
-        # Non-incremental: the request is the complete new override set (null values are dropped).
-        new = {}
-        for c in entries:
-            if c["value"] is not None:
-                new[c["name"]] = c["value"]
-        return new
-    return await _alter(broker, body, plan)
+    return await _alter(broker, body, _replace_plan)
 
 
 async def incremental_alter_configs(broker, conn, header, body):
-    def plan(current: dict[str, str], entries: list[dict]) -> dict[str, str]:
+    def plan(current: dict[str, str], entries: list[dict], kind: str) -> dict[str, str]:
         names = [c["name"] for c in entries]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -206,9 +253,9 @@ async def incremental_alter_configs(broker, conn, header, body):
                 raise AdminError(Errors.INVALID_REQUEST, f"Unknown config operation {op} for {key}")
             if op != DELETE and value is None:
                 raise AdminError(Errors.INVALID_REQUEST, f"Null value not supported for : {key}")
-            spec = TOPIC_CONFIGS.get(key)
-            if spec is None:
-                raise AdminError(Errors.INVALID_CONFIG, f"Unknown topic config name: {key}")
+            spec = TOPIC_CONFIGS.get(key) if kind == "topic" else BROKER_CONFIGS.get(key)
+            if spec is None and (kind == "topic" or op in (APPEND, SUBTRACT)):
+                raise AdminError(Errors.INVALID_CONFIG, f"Unknown {kind} config name: {key}")
             if op == SET:
                 new[key] = value
             elif op == DELETE:
@@ -219,8 +266,9 @@ async def incremental_alter_configs(broker, conn, header, body):
                                      f"Config value {'append' if op == APPEND else 'subtract'} is not allowed "
                                      f"for config key: {key}")
                 # Start from the effective list: the override, else what the topic gets by default.
-                base = (parse_topic_config(key, new[key]) if key in new
-                        else list(topic_default(broker, key) or []))
+                base = (spec.parse(new[key]) if key in new
+                        else list(topic_default(broker, key) or []) if kind == "topic"
+                        else list(broker.config.get(key) or []))
                 items = [v.strip() for v in value.split(",") if v.strip()]
                 if op == APPEND:
                     result = base + [v for v in items if v not in base]
@@ -243,14 +291,11 @@ async def _alter(broker, body, plan):
             if names.count((rtype, name)) > 1:
                 raise AdminError(Errors.INVALID_REQUEST, f"Error due to duplicate resource {name} of type {rtype}")
             if rtype == BROKER:
-                if name != "":
-                    _broker_id_of(broker, name)
-                raise AdminError(Errors.INVALID_REQUEST,
-                                 "Dynamic broker configs are not supported by kbroker: set broker configs in "
-                                 "server.properties and restart the broker.")
-            if rtype != TOPIC:
+                await _alter_broker(broker, name, r["configs"], plan, validate_only)
+            elif rtype == TOPIC:
+                await _alter_topic(broker, name, r["configs"], plan, validate_only)
+            else:
                 raise AdminError(Errors.INVALID_REQUEST, f"Unsupported resource type {rtype} for altering configs")
-            await _alter_topic(broker, name, r["configs"], plan, validate_only)
         except AdminError as e:
             res["error_code"], res["error_message"] = e.code, e.message
         except Exception as e:   # ZooKeeper trouble for one resource must not lose the others' answers
@@ -268,7 +313,7 @@ async def _alter_topic(broker, name, entries, plan, validate_only) -> None:
     # Read-modify-write against ZooKeeper itself, not the cache, so an incremental change applies
     # to the latest stored overrides.
     current = await asyncio.to_thread(broker.zk.get_topic_config, name)
-    new = plan(current, entries)
+    new = plan(current, entries, "topic")
     for key, value in new.items():
         try:
             parse_topic_config(key, value)
@@ -284,3 +329,45 @@ async def _alter_topic(broker, name, entries, plan, validate_only) -> None:
     log.info("topic %s config overrides are now %s", name, new)
     # The refresh applies the new overrides to every open log of the topic (Broker.open_logs).
     await broker.refresh_metadata([name])
+
+
+def _check_broker_configs(resource: str, new: dict[str, str], touched) -> None:
+    """Kafka's DynamicBrokerConfig.validate for the keys a request sets: known, dynamically
+    updatable, and a valid value. Kafka answers a ConfigException here with INVALID_REQUEST."""
+    def refuse(why: str):
+        raise AdminError(Errors.INVALID_REQUEST, f"Invalid config value for resource {resource}: {why}")
+    keys = sorted(k for k in new if k in touched)
+    unknown = [k for k in keys if k not in BROKER_CONFIGS]
+    if unknown:
+        refuse(f"Unknown broker configs: {', '.join(unknown)}")
+    static = [k for k in keys if k not in DYNAMIC_BROKER_KEYS]
+    if static:
+        refuse(f"Cannot update these configs dynamically: {', '.join(static)} (kbroker updates only "
+               f"{', '.join(sorted(DYNAMIC_BROKER_KEYS))} at runtime; set the others in server.properties "
+               f"and restart the broker)")
+    for k in keys:
+        try:
+            BROKER_CONFIGS[k].parse(new[k])
+        except ConfigError as e:
+            refuse(str(e))
+
+
+async def _alter_broker(broker, name, entries, plan, validate_only) -> None:
+    if name != "":
+        _broker_id_of(broker, name, describe=False)
+    entity = DEFAULT_BROKER_ENTITY if name == "" else str(broker.broker_id)
+    resource = f"ConfigResource(type=BROKER, name='{name}')"
+    current = await asyncio.to_thread(broker.zk.get_broker_config, entity)
+    new = plan(current, entries, "broker")
+    _check_broker_configs(resource, new, {c["name"] for c in entries})
+    if validate_only:
+        return
+    # One multi-op: the CAS'd /config/brokers/<entity> and a "brokers/<entity>" change notification.
+    removed = [k for k in current if k not in new]
+    stored = await asyncio.to_thread(broker.zk.alter_broker_config, entity, new, removed)
+    log.info("dynamic broker configs of %s are now %s", entity, stored)
+    # Every broker follows the znode through its watch; this one applies it before answering, so a
+    # DescribeConfigs right after the answer shows the new value here.
+    watcher = getattr(getattr(broker, "replica_manager", None), "throttle_watcher", None)
+    if watcher is not None:
+        await watcher.reload()
