@@ -1,0 +1,13 @@
+"""Streaming validation of compressed records sections; see codec.pyx."""
+from typing_extensions import Buffer
+
+OK: int
+BAD_RECORDS: int
+NULL_KEY: int
+CORRUPT: int
+OVER_CAP: int
+UNSUPPORTED: int
+
+def check_section(body: Buffer, codec: int, count: int, compacted: bool,
+                  max_decompressed: int) -> int: ...
+def xxh32_digest(data: Buffer, seed: int = 0) -> int: ...
