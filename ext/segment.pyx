@@ -329,6 +329,36 @@ def seek_batch(int fd, int64_t start, int64_t end, int64_t target_offset,
     return (pos, 0, -1, -1, -1)
 
 
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+
+
+def seek_batch_in(bytes block not None, int64_t block_pos, int64_t start, int64_t end,
+                  int64_t target_offset, int64_t limit_position):
+    """seek_batch over file bytes already in memory: ``block`` holds the file from ``block_pos`` on,
+    ``start`` is a batch boundary inside it. A batch counts once its header is in the block (it may
+    end past the block). -> (position, size, base_offset, last_offset) of the first batch with
+    lastOffset >= target_offset or position + size > limit_position, or (position, 0, -1, -1) where
+    the walk stopped first: at ``end`` or at a header the block does not hold whole (``position`` is
+    then the batch boundary to continue from)."""
+    cdef const char *data = PyBytes_AS_STRING(block)
+    cdef int64_t block_end = block_pos + PyBytes_GET_SIZE(block)
+    cdef int64_t pos = start, size, base_off, last_off
+    cdef const char *h
+    if start < block_pos:
+        return (start, 0, -1, -1)
+    while pos + HEADER_SIZE <= end and pos + HEADER_SIZE <= block_end:
+        h = data + (pos - block_pos)
+        size = batch_size(h)
+        if size < HEADER_SIZE or pos + size > end:
+            break
+        base_off = batch_base_offset(h)
+        last_off = base_off + batch_last_offset_delta(h)
+        if last_off >= target_offset or pos + size > limit_position:
+            return (pos, size, base_off, last_off)
+        pos += size
+    return (pos, 0, -1, -1)
+
+
 # ----------------------------------------------------------------------------------------
 # Recovery scan
 

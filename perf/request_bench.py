@@ -80,6 +80,8 @@ KBROKER_VARIANTS = {
     "kbroker-asyncio": ({"kbroker.event.loop": "asyncio"}, {}),
     "kbroker-uvloop": ({"kbroker.event.loop": "uvloop"}, {}),
     "kbroker-pyreq": ({}, {"KBROKER_NATIVE_REQUESTS": "0"}),
+    # the segments' read blocks off (kbroker.log.segment READ_BLOCKS): small fetches pread as before
+    "kbroker-noblock": ({}, {"KBROKER_SEGMENT_READ_BLOCKS": "0"}),
 }
 DEFAULT_TARGETS = ("kbroker", "kbroker-pyreq", "mock", "tansu")
 QUICK_TARGETS = ("kbroker", "mock", "tansu")

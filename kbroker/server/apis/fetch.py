@@ -8,6 +8,7 @@ without blocking anything else, until an append to one of its partitions or ``ma
 from __future__ import annotations
 
 import asyncio
+import bisect
 
 from ..._native.request import encode_fetch_response
 from ...log.errors import OffsetOutOfRange
@@ -182,6 +183,10 @@ def _read(broker, req):
     errors = False
     rows = []
     fetched = broker.metrics.fetched
+    # Ranges below the sendfile threshold (while the answer's copied bytes stay under it too, as
+    # encode_fetch_response decides) are copied from the segment's read block: no pread per fetch.
+    server = broker.server
+    inline_left = server.sendfile_min_bytes if server is not None else 0
     for name, pdata in req.topics:
         parts = []
         for index, leader_epoch, fetch_offset, _start, partition_max in pdata:
@@ -215,12 +220,36 @@ def _read(broker, req):
                 if follower:
                     broker.replica_manager.record_leader_bytes(part, size)
                 fetched(name, size)
-                res[5] = FileRegions.of(data.regions, size)
+                regions = data.regions
+                if size < inline_left and len(regions) == 1:
+                    seg = _segment_of(lg, regions[0][0], fetch_offset)
+                    b = None if seg is None else seg.read_bytes(regions[0][1], size)
+                    if b is not None:
+                        res[5] = b
+                        inline_left -= size
+                    else:
+                        res[5] = FileRegions.of(regions, size)
+                else:
+                    res[5] = FileRegions.of(regions, size)
                 total += size
                 budget -= size
                 first = False
         rows.append((name, parts))
     return rows, total, errors
+
+
+def _segment_of(lg, fd, offset):
+    """The segment whose read descriptor ``fd`` a read of ``offset`` returned: the active one for a
+    reader at the tail, else the one the offset falls in (or a later one: the read skips segments
+    with nothing at or above the offset)."""
+    segs = lg.segments
+    seg = segs[-1]
+    if seg.read_fd == fd:
+        return seg
+    for seg in segs[max(bisect.bisect_right(lg._bases, offset) - 1, 0):]:
+        if seg.read_fd == fd:
+            return seg
+    return None
 
 
 # A ListOffsets answer is built this many partitions per event-loop turn (as Metadata's, 2,000 topics

@@ -1,0 +1,143 @@
+"""Small fetches from the segments' read blocks (LogSegment.batch_position / end_position / read_bytes
+with kbroker.log.segment READ_BLOCKS): every answer must equal the one read from the index and the file
+without blocks — positions, ends and the bytes themselves — for readers moving batch by batch, jumping
+around, at the tail, and across appends, rolls, follower truncation and a reload. A sequential reader
+must need about one pread per block, not three per fetch. The checker is shown to see a stale block."""
+import os
+import random
+
+from kbroker.log import Log, LogConfig
+from kbroker.log import segment as segment_mod
+
+from test_log import T0, batch
+
+
+def _reference(seg, offset, max_bytes, max_offset, one):
+    """(start, end, bytes) from the index and the file alone: no tail list, no block."""
+    saved = seg._tail_last, seg._tail_pos, segment_mod.READ_BLOCKS
+    seg._tail_last, seg._tail_pos, segment_mod.READ_BLOCKS = [], [], 0
+    try:
+        r = seg.translate_offset(offset)
+        if r is None:
+            return -1, -1, b""
+        end = seg.end_position(r[0], max_bytes, max_offset, one)
+        return r[0], end, os.pread(seg.read_fd, end - r[0], r[0])
+    finally:
+        seg._tail_last, seg._tail_pos, segment_mod.READ_BLOCKS = saved
+
+
+def _with_blocks(seg, offset, max_bytes, max_offset, one):
+    start = seg.batch_position(offset)
+    if start < 0:
+        return -1, -1, b""
+    end = seg.end_position(start, max_bytes, max_offset, one)
+    data = seg.read_bytes(start, end - start)
+    return start, end, (bytes(data) if data is not None else os.pread(seg.read_fd, end - start, start))
+
+
+def _mismatches(log, offsets, rng, fixed=None):
+    """Reads of ``offsets`` under random limits (or ``fixed`` (max_bytes, one)) against _reference."""
+    bad = []
+    for off in offsets:
+        for seg in log.segments:
+            if seg.base_offset <= off <= seg.next_offset:
+                break
+        max_bytes = rng.choice((1, 60, 200, 900, 5000, 1 << 20))
+        max_offset = rng.randrange(off, seg.next_offset + 2)
+        one = rng.random() < 0.8
+        if fixed:
+            (max_bytes, one), max_offset = fixed, log.log_end_offset
+        got = _with_blocks(seg, off, max_bytes, max_offset, one)
+        want = _reference(seg, off, max_bytes, max_offset, one)
+        if got != want:
+            bad.append((seg.base_offset, off, max_bytes, max_offset, one, got[:2], want[:2], got[2] == want[2]))
+    return bad
+
+
+def _grow(log, rng, n):
+    for _ in range(n):
+        log.append_as_leader(batch(rng.randint(1, 5), rng.choice((10, 100, 700))), 0, T0)
+
+
+def _readers(log, rng):
+    """A sequential reader from the start, a random one, and one at the tail."""
+    end = log.log_end_offset
+    start = log.log_start_offset
+    seq = list(range(start, end + 1))
+    jumps = [rng.randrange(start, end + 2) for _ in range(300)]
+    tail = [rng.randrange(max(start, end - 20), end + 1) for _ in range(100)]
+    return seq + jumps + tail
+
+
+def test_block_answers_equal_the_file_through_appends_rolls_truncation_and_reload(tmp_path):
+    rng = random.Random(5)
+    cfg = {"segment.bytes": 64 * 1024, "index.interval.bytes": 4096}
+    log = Log(str(tmp_path / "t-0"), "t", 0, LogConfig(cfg))
+    _grow(log, rng, 40)
+    assert _mismatches(log, _readers(log, rng), rng) == []
+    _grow(log, rng, 600)                        # several rolls; reads interleaved with appends below
+    assert len(log.segments) > 2
+    assert _mismatches(log, _readers(log, rng), rng) == []
+    for _ in range(30):
+        _grow(log, rng, 3)
+        assert _mismatches(log, [log.log_end_offset - k for k in range(6)], rng) == []
+    end = log.log_end_offset
+    log.truncate_to(end - 37)                   # a follower's truncation inside the cached range
+    assert _mismatches(log, _readers(log, rng), rng) == []
+    _grow(log, rng, 50)                         # new bytes where the cut ones were
+    assert _mismatches(log, _readers(log, rng), rng) == []
+    log.close()
+    log = Log(str(tmp_path / "t-0"), "t", 0, LogConfig(cfg))
+    assert _mismatches(log, _readers(log, rng), rng) == []
+    log.close()
+
+
+def test_truncation_drops_the_block_before_new_bytes_take_the_cut_positions(tmp_path):
+    log = Log(str(tmp_path / "t-0"), "t", 0, LogConfig({}))
+    for _ in range(30):
+        log.append_as_leader(batch(1, 100), 0, T0)
+    seg = log.segments[-1]
+    old = _with_blocks(seg, 25, 200, log.log_end_offset, True)
+    assert old[2] == _reference(seg, 25, 200, log.log_end_offset, True)[2]
+    log.truncate_to(20)
+    for _ in range(10):
+        log.append_as_leader(batch(1, 100, ts=T0 + 5000), 0, T0)   # other bytes, same sizes
+    new = _with_blocks(seg, 25, 200, log.log_end_offset, True)
+    assert new[:2] == old[:2] and new[2] != old[2]
+    assert new == _reference(seg, 25, 200, log.log_end_offset, True)
+    log.close()
+
+
+def test_a_sequential_reader_needs_one_pread_per_block(tmp_path, monkeypatch):
+    log = Log(str(tmp_path / "t-0"), "t", 0, LogConfig({}))
+    for _ in range(2000):
+        log.append_as_leader(batch(1, 100), 0, T0)   # ~170 B batches: ~96 per 16 KiB block
+    calls = []
+    real_pread, real_seek = os.pread, segment_mod._native.seek_batch
+    monkeypatch.setattr(os, "pread", lambda *a: calls.append("pread") or real_pread(*a))
+    monkeypatch.setattr(segment_mod._native, "seek_batch", lambda *a: calls.append("seek") or real_seek(*a))
+    seg = log.segments[-1]
+    n = 1000
+    for off in range(100, 100 + n):
+        start = seg.batch_position(off)
+        end = seg.end_position(start, 200, log.log_end_offset, True)
+        assert seg.read_bytes(start, end - start) is not None
+    # without blocks: a header walk for the start, one for the end and the data pread per fetch
+    assert len(calls) <= n // 80 + 3, calls.count("pread")
+    log.close()
+
+
+def test_the_checker_sees_a_stale_block(tmp_path):
+    rng = random.Random(9)
+    log = Log(str(tmp_path / "t-0"), "t", 0, LogConfig({}))
+    _grow(log, rng, 200)
+    seg = log.segments[-1]
+    seg.batch_position(10)                          # loads a block at offset 10's batch
+    block = segment_mod._blocks[seg]
+    spoiled = bytearray(block[1])
+    spoiled[segment_mod._HEADER + 5] ^= 0xFF        # one byte of the first batch's record differs from the file
+    block[1] = bytes(spoiled)
+    seg._tail_last, seg._tail_pos = [], []          # so reads near the end come from the block too
+    bad = _mismatches(log, range(10, 40), rng, fixed=(200, True))
+    assert bad and not bad[0][-1]                   # same positions, other bytes
+    log.close()
