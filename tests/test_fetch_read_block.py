@@ -132,7 +132,7 @@ def test_the_checker_sees_a_stale_block(tmp_path):
     log = Log(str(tmp_path / "t-0"), "t", 0, LogConfig({}))
     _grow(log, rng, 200)
     seg = log.segments[-1]
-    seg.batch_position(10)                          # loads a block at offset 10's batch
+    _with_blocks(seg, 10, 200, log.log_end_offset, True)    # a small read: a block at offset 10's batch
     block = segment_mod._blocks[seg]
     spoiled = bytearray(block[1])
     spoiled[segment_mod._HEADER + 5] ^= 0xFF        # one byte of the first batch's record differs from the file
@@ -140,4 +140,30 @@ def test_the_checker_sees_a_stale_block(tmp_path):
     seg._tail_last, seg._tail_pos = [], []          # so reads near the end come from the block too
     bad = _mismatches(log, range(10, 40), rng, fixed=(200, True))
     assert bad and not bad[0][-1]                   # same positions, other bytes
+    log.close()
+
+
+def test_large_reads_load_no_blocks(tmp_path, monkeypatch):
+    """Reads sent with sendfile (limits above a block) read the file exactly as without blocks."""
+    log = Log(str(tmp_path / "t-0"), "t", 0, LogConfig({}))
+    for _ in range(3000):
+        log.append_as_leader(batch(1, 100), 0, T0)
+    calls = []
+    real_pread, real_seek = os.pread, segment_mod._native.seek_batch
+    monkeypatch.setattr(os, "pread", lambda *a: calls.append("pread") or real_pread(*a))
+    monkeypatch.setattr(segment_mod._native, "seek_batch", lambda *a: calls.append("seek") or real_seek(*a))
+
+    def reads():
+        calls.clear()
+        off, ends = 0, []
+        while off < 2500:
+            data = log.read(off, 100 * 1024, log.log_end_offset)
+            ends.append(data.regions[0][1:])
+            off += data.size // 171                  # one-record batches of 171 B
+        return ends, list(calls)
+
+    with_blocks = reads()
+    monkeypatch.setattr(segment_mod, "READ_BLOCKS", 0)
+    without = reads()
+    assert with_blocks == without and segment_mod._blocks.get(log.segments[-1]) is None
     log.close()

@@ -363,11 +363,7 @@ class LogSegment:
             elif r[0] + _HEADER > self.size:
                 return -1                   # past the last batch
         r = self.translate_offset(offset, start_position)
-        if r is None:
-            return -1
-        if READ_BLOCKS:
-            self._load_block(r[0])
-        return r[0]
+        return -1 if r is None else r[0]
 
     def _load_block(self, pos: int):
         """Read the file from batch boundary ``pos`` (at most READ_BLOCK bytes, up to ``size``) as this
@@ -423,13 +419,14 @@ class LogSegment:
                     byte_end = tail_pos[j + 1] if j + 1 < len(tail_pos) else self.size
                 return min(end, byte_end)
             block = _blocks.get(self) if READ_BLOCKS else None
-            if block is not None and start >= block[0]:
-                # Batch boundaries from the read block: the first batch crossing the limit (from a
-                # block read at ``start`` when this one ends first, as it does for a reader moving on).
-                r = _native.seek_batch_in(block[1], block[0], start, end, INT64_MAX, limit)
-                if not r[1] and start > block[0] and r[0] < end and r[0] + _HEADER > block[0] + len(block[1]):
-                    block = self._load_block(start)
-                    r = _native.seek_batch_in(block[1], block[0], start, end, INT64_MAX, limit)
+            if block is not None or (READ_BLOCKS and max_bytes < READ_BLOCK):
+                # Batch boundaries from the read block: the first batch crossing the limit. A small
+                # read (its bytes will be copied from a block) reads a block at ``start`` when none
+                # holds the limit's batch; a large one (sent with sendfile) walks the file as before.
+                if block is None or start < block[0] or limit + _HEADER > block[0] + len(block[1]):
+                    block = self._load_block(start) if max_bytes < READ_BLOCK else None
+                r = (start, 0) if block is None else _native.seek_batch_in(
+                    block[1], block[0], start, end, INT64_MAX, limit)
                 if r[1]:
                     byte_end = r[0]
                     if byte_end == start and min_one_batch:
