@@ -20,12 +20,18 @@
 --rate 0 (default) runs the latency pair at half of RF=1's peak rate, measured first in the same run
 (acks=1, RF=1, --peak-records records of 100 B at full speed).
 
+--compare K=V[,K=V...] starts a second three-broker cluster with those broker settings beside the
+first (Kafka's defaults) and interleaves the two in every CPU round (A RF=3, A RF=1, B RF=3, B RF=1,
+then reversed), so a setting such as replica.fetch.min.bytes / replica.fetch.wait.max.ms is judged
+against the defaults under the same load; --pairs then also runs the latency pairs on both.
+
     .venv/bin/python perf/replication_bench.py [--rate 0] [--seconds 10] [--pairs 3] [--mb 256] [--catchup-mb 200]
-        [--failovers 3] [--probe-rate 200] [--skip-cpu] [--cpu-rounds 3]
+        [--failovers 3] [--probe-rate 200] [--skip-cpu] [--cpu-rounds 3] [--compare K=V,K=V]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import socket
@@ -378,6 +384,79 @@ def failovers(c, admin, rounds, rate):
     print(f"probe totals: {len(probe.acks)} acknowledged, {len(probe.failed)} failed")
 
 
+def latency_pairs(clusters, rate, pairs, seconds):
+    """Alternating acks=1 / acks=all pairs on an RF=3 topic, each pair on every cluster of ``clusters``
+    ({label: (cluster, admin)}) in turn -> {label: [(p50 diff, p99 diff)]}."""
+    for c, admin in clusters.values():
+        create(admin, "lat", 3)
+    # Alternating pairs: one run alone is at the mercy of whatever else the 2 cores were doing.
+    diffs = {label: [] for label in clusters}
+    for pair in range(pairs):
+        for label, (c, _admin) in clusters.items():
+            res = {}
+            for acks in ("1", "all"):
+                lat, sent, failed = latency_run(c.bootstrap, "lat", acks, rate, seconds)
+                res[acks] = (pct(lat, 0.5), pct(lat, 0.99), len(lat))
+                print(f"pair {pair + 1}{label} acks={acks:>3} RF=3: {res[acks][2]} of {sent} sent acknowledged "
+                      f"({failed} failed or unconfirmed), target {rate}/s, sent {sent / seconds:.0f}/s: p50 "
+                      f"{res[acks][0]:.2f} ms, p90 {pct(lat, 0.9):.2f} ms, p99 {res[acks][1]:.2f} ms, "
+                      f"max {lat[-1] * 1000:.1f} ms")
+            diffs[label].append((res["all"][0] - res["1"][0], res["all"][1] - res["1"][1]))
+            print(f"pair {pair + 1}{label} acks=all minus acks=1: p50 {diffs[label][-1][0]:+.2f} ms, "
+                  f"p99 {diffs[label][-1][1]:+.2f} ms")
+    for label, d in diffs.items():
+        if d:
+            print(f"acks=all minus acks=1{label} at {rate}/s, mean of {len(d)} pairs: "
+                  f"p50 {sum(x[0] for x in d) / len(d):+.2f} ms, p99 {sum(x[1] for x in d) / len(d):+.2f} ms")
+    return diffs
+
+
+def cpu_rounds(clusters, rounds, mb):
+    """Leader CPU per GB at RF=3 and RF=1 (topics led by broker 0) for each cluster in ``clusters``
+    ({label: (cluster, admin)}), every round running all of them, the order reversed each round."""
+    leader = 0
+    for c, admin in clusters.values():
+        create(admin, "cpu3", 3, leader=leader)
+        create(admin, "cpu1", 1, leader=leader)
+    # Interleaved rounds (RF=3, RF=1, RF=1, RF=3, ...): the 2 cores are shared, so only
+    # same-round ratios are compared; the median and the range are reported.
+    ratios = {label: [] for label in clusters}
+    cluster3 = {label: [] for label in clusters}
+    runs = [(label, name) for label in clusters for name in ("cpu3", "cpu1")]
+    for rnd in range(rounds):
+        got, split = {}, {}
+        for label, name in (runs if rnd % 2 == 0 else runs[::-1]):
+            c, _admin = clusters[label]
+            got[label, name] = cpu_run(c, c.bootstrap, name, leader, mb)
+            split[label, name] = cpu_run.leader_user_sys
+        for label in clusters:
+            (l3, total3, wall3), (l1, total1, wall1) = got[label, "cpu3"], got[label, "cpu1"]
+            ratios[label].append(l3 / l1)
+            cluster3[label].append(total3)
+            s3, s1 = split[label, "cpu3"], split[label, "cpu1"]
+            print(f"round {rnd + 1}{label}: leader CPU per GB: RF=3 {l3:.2f} s, RF=1 {l1:.2f} s, ratio {l3 / l1:.2f} "
+                  f"({mb} MB each, {wall3:.1f} s / {wall1:.1f} s); cluster CPU per GB: RF=3 {total3:.2f} s, "
+                  f"RF=1 {total1:.2f} s; leader user/system per GB: RF=3 {s3[0]:.2f}/{s3[1]:.2f} s, "
+                  f"RF=1 {s1[0]:.2f}/{s1[1]:.2f} s")
+    for label in clusters:
+        srt = sorted(ratios[label])
+        if srt:
+            print(f"leader CPU per GB RF=3 / RF=1{label} over {len(srt)} interleaved rounds: median "
+                  f"{srt[len(srt) // 2]:.2f} (range {srt[0]:.2f}-{srt[-1]:.2f}); cluster CPU per GB at RF=3: "
+                  f"median {sorted(cluster3[label])[len(srt) // 2]:.2f} s")
+    return ratios
+
+
+def parse_settings(text: str) -> dict[str, str]:
+    out = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--compare: {item!r} is not key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rate", type=int, default=0,
@@ -391,57 +470,31 @@ def main(argv=None):
     ap.add_argument("--catchup-mb", type=int, default=200, help="MB of follower lag to catch up (200; 0 skips)")
     ap.add_argument("--failovers", type=int, default=3, help="kill -9 failover rounds (3; 0 skips, and the bounce)")
     ap.add_argument("--probe-rate", type=int, default=200, help="records/s of the failover probe producer (200)")
+    ap.add_argument("--compare", default="", metavar="K=V,K=V",
+                    help="broker settings of a second cluster run beside the first in the latency pairs and "
+                         "CPU rounds (e.g. replica.fetch.min.bytes=1048576,replica.fetch.wait.max.ms=20)")
     args = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="replbench-") as root, \
-            LocalCluster(root, brokers=3, overrides={"log.segment.bytes": 256 << 20}) as c:
-        admin = AdminClient({"bootstrap.servers": c.bootstrap})
+    base = {"log.segment.bytes": 256 << 20}
+    compare = parse_settings(args.compare)
+    with contextlib.ExitStack() as stack:
+        root = stack.enter_context(tempfile.TemporaryDirectory(prefix="replbench-"))
+        c = stack.enter_context(LocalCluster(Path(root) / "a", brokers=3, overrides=base))
+        clusters = {"": (c, AdminClient({"bootstrap.servers": c.bootstrap}))}
+        if compare:
+            print(f"[B] = a second cluster with {compare}; unlabelled = Kafka's defaults")
+            cb = stack.enter_context(LocalCluster(Path(root) / "b", brokers=3, overrides={**base, **compare}))
+            clusters[" [B]"] = (cb, AdminClient({"bootstrap.servers": cb.bootstrap}))
+        admin = clusters[""][1]
         rate = args.rate
         if rate <= 0 and args.pairs > 0:
             create(admin, "peak1", 1, leader=0)
             peak = peak_rate(c.bootstrap, "peak1", args.peak_records)
             rate = int(peak / 2)
             print(f"RF=1 peak (acks=1, 100 B, one producer): {peak:.0f} records/s; latency runs at half: {rate}/s")
-        create(admin, "lat", 3)
-        # Alternating pairs: one run alone is at the mercy of whatever else the 2 cores were doing.
-        diffs = []
-        for pair in range(args.pairs):
-            res = {}
-            for acks in ("1", "all"):
-                lat, sent, failed = latency_run(c.bootstrap, "lat", acks, rate, args.seconds)
-                res[acks] = (pct(lat, 0.5), pct(lat, 0.99), len(lat))
-                print(f"pair {pair + 1} acks={acks:>3} RF=3: {res[acks][2]} of {sent} sent acknowledged "
-                      f"({failed} failed or unconfirmed), target {rate}/s, sent {sent / args.seconds:.0f}/s: p50 {res[acks][0]:.2f} ms, "
-                      f"p90 {pct(lat, 0.9):.2f} ms, p99 {res[acks][1]:.2f} ms, max {lat[-1] * 1000:.1f} ms")
-            diffs.append((res["all"][0] - res["1"][0], res["all"][1] - res["1"][1]))
-            print(f"pair {pair + 1} acks=all minus acks=1: p50 {diffs[-1][0]:+.2f} ms, p99 {diffs[-1][1]:+.2f} ms")
-        if diffs:
-            print(f"acks=all minus acks=1 at {rate}/s, mean of {len(diffs)} pairs: "
-                  f"p50 {sum(d[0] for d in diffs) / len(diffs):+.2f} ms, p99 {sum(d[1] for d in diffs) / len(diffs):+.2f} ms")
+        if args.pairs > 0:
+            latency_pairs(clusters, rate, args.pairs, args.seconds)
         if not args.skip_cpu:
-            leader = 0
-            create(admin, "cpu3", 3, leader=leader)
-            create(admin, "cpu1", 1, leader=leader)
-            # Interleaved rounds (RF=3, RF=1, RF=1, RF=3, ...): the 2 cores are shared, so only
-            # same-round ratios are compared; the median and the range are reported.
-            ratios, cluster3 = [], []
-            for rnd in range(args.cpu_rounds):
-                order = ("cpu3", "cpu1") if rnd % 2 == 0 else ("cpu1", "cpu3")
-                got, split = {}, {}
-                for name in order:
-                    got[name] = cpu_run(c, c.bootstrap, name, leader, args.mb)
-                    split[name] = cpu_run.leader_user_sys
-                (l3, total3, wall3), (l1, total1, wall1) = got["cpu3"], got["cpu1"]
-                ratios.append(l3 / l1)
-                cluster3.append(total3)
-                print(f"round {rnd + 1}: leader CPU per GB: RF=3 {l3:.2f} s, RF=1 {l1:.2f} s, ratio {l3 / l1:.2f} "
-                      f"({args.mb} MB each, {wall3:.1f} s / {wall1:.1f} s); cluster CPU per GB: RF=3 {total3:.2f} s, "
-                      f"RF=1 {total1:.2f} s; leader user/system per GB: RF=3 {split['cpu3'][0]:.2f}/{split['cpu3'][1]:.2f} s, "
-                      f"RF=1 {split['cpu1'][0]:.2f}/{split['cpu1'][1]:.2f} s")
-            if ratios:
-                srt = sorted(ratios)
-                print(f"leader CPU per GB RF=3 / RF=1 over {len(ratios)} interleaved rounds: median "
-                      f"{srt[len(srt) // 2]:.2f} (range {srt[0]:.2f}-{srt[-1]:.2f}); cluster CPU per GB at RF=3: "
-                      f"median {sorted(cluster3)[len(cluster3) // 2]:.2f} s")
+            cpu_rounds(clusters, args.cpu_rounds, args.mb)
         if args.catchup_mb > 0:
             catch_up(c, admin, args.catchup_mb)
         if args.failovers > 0:
