@@ -228,7 +228,7 @@ class _FetchChannel:
     streams) copied each response byte three times (recv chunk, stream buffer, frame), which was
     most of a read task's CPU (0.10-0.18 s of 0.16-0.22 s per 110 MB of 100 B records, measured).
     The client still finds the leader, negotiates the Fetch version and drives the retries
-    across leader moves (Consumer._with_leader): a socket failure raises KafkaConnectionError
+    across leader moves (Consumer.with_leader): a socket failure raises KafkaConnectionError
     like a broken client connection does, so the leader's connection is invalidated, metadata
     refreshed and the fetch retried."""
 
@@ -331,7 +331,7 @@ class _FetchChannel:
                 self.buffers.give(buf)
                 raise
 
-        return await consumer._with_leader(topic, partition, call)
+        return await consumer.with_leader(topic, partition, call)
 
 
 class _ClientChannel:

@@ -68,9 +68,17 @@ class Consumer(ClusterClient):
         self.check_crcs = check_crcs
         self.retries = retries
 
-    async def _with_leader(self, topic: str, partition: int, make_call):
-        """Run ``make_call(conn)`` against the partition leader, refreshing metadata and retrying
-        with backoff when the leader moved or the connection broke."""
+    async def with_leader(self, topic: str, partition: int, make_call):
+        """Run ``await make_call(conn)`` against the current leader of ``topic``/``partition``
+        (``conn``: its negotiated BrokerConnection, whose ``host``, ``port`` and ``version_for``
+        callers may use to talk to that broker their own way) and return its result.
+
+        A retriable KafkaError raised by ``make_call`` (or by finding the leader) is retried up to
+        ``retries`` times with backoff from ``retry_backoff_ms`` doubling to 1 s: a
+        KafkaConnectionError drops that broker's connection, an error meaning stale metadata
+        (NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION, ...) refreshes the topic's metadata
+        first, so the next attempt goes to the new leader. Other errors, and the last attempt's,
+        are raised. ``make_call`` may run several times: it must be safe to repeat."""
         backoff = self.retry_backoff
         for attempt in range(self.retries + 1):
             node = -1
@@ -121,7 +129,7 @@ class Consumer(ClusterClient):
                         return p
             raise KafkaError(Errors.UNKNOWN_SERVER_ERROR, f"fetch response lacks {topic}-{partition}")
 
-        p = await self._with_leader(topic, partition, call)
+        p = await self.with_leader(topic, partition, call)
         data = p["records"]
         if not decode:
             return FetchResult(topic, partition, [], p["high_watermark"], p.get("last_stable_offset", -1),
@@ -177,7 +185,7 @@ class Consumer(ClusterClient):
             raise_for_error(p["error_code"], None, f"list_offsets {topic}-{partition}")
             return p["offset"]
 
-        return await self._with_leader(topic, partition, call)
+        return await self.with_leader(topic, partition, call)
 
     async def partitions(self, topic: str) -> list[int]:
         await self.cluster.wait_for_topic(topic)
