@@ -297,6 +297,7 @@ def move_to_both(c, zk, tmp_path, name) -> float:
     return time.monotonic() - t0
 
 
+@pytest.mark.slow
 def test_rate_set_through_the_api_throttles_a_follower_and_delete_lifts_it(cluster, admin, zk, tmp_path):
     """Broker 1's follower rate set by IncrementalAlterConfigs holds a new replica's copy to about the
     rate; after a DELETE of the rate the same move is far faster. (Without the watcher applying the
