@@ -33,3 +33,13 @@ cdef BatchInfo parse_header(const char *buf, Py_ssize_t position)
 # offsetDeltas 0..count-1, else -1.
 cdef int walk_records(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end,
                       int32_t count) noexcept nogil
+
+# validate_and_stamp's checks on the n bytes at p (``buf`` their owner, for a compressed section):
+# 0, or BatchError raised with the same code and message. ``prevalidated`` skips the record walk
+# of a compressed section (validate_batch already ran).
+cdef int check_for_append(char *p, Py_ssize_t n, object buf, int64_t max_message_bytes,
+                          bint compacted, bint prevalidated) except -1
+# Stamp baseOffset / partitionLeaderEpoch (and LogAppendTime + CRC when log_append_time_ms >= 0)
+# into the size bytes of a checked batch.
+cdef void stamp(char *buf, Py_ssize_t size, int64_t base_offset, int32_t leader_epoch,
+                int64_t log_append_time_ms) noexcept nogil

@@ -453,6 +453,18 @@ def validate_batch(buf, int64_t max_message_bytes, bint compacted=False,
         PyBuffer_Release(&view)
 
 
+cdef int check_for_append(char *p, Py_ssize_t n, object buf, int64_t max_message_bytes,
+                          bint compacted, bint prevalidated) except -1:
+    # validate_and_stamp's checks, for native appenders (segment.append_leader): raises
+    # BatchError with the same codes and messages.
+    cdef Verdict verdict = check_all(p, n, buf, max_message_bytes, compacted, not prevalidated,
+                                     DEFAULT_MAX_DECOMPRESSED)
+    if verdict != OK:
+        code, message = _VERDICTS[verdict]
+        raise BatchError(code, message)
+    return 0
+
+
 def validate_and_stamp(buf, int64_t base_offset, int32_t leader_epoch,
                        int64_t max_message_bytes, int64_t log_append_time_ms,
                        bint compacted=False, Py_ssize_t max_decompressed=DEFAULT_MAX_DECOMPRESSED,

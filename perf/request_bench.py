@@ -434,7 +434,7 @@ def run_target(target: Target, cfg: dict, quick: bool, latency: bool, failures: 
             if "produce_acks_all" in out:
                 H.progress(f"round {rnd} {target.name:16s} acks=all {out['produce_acks_all']['us_per_request']:8.2f} "
                            f"µs/request {out['produce_acks_all']['requests_per_s']:>10,.0f} requests/s")
-        if "produce" in out:
+        if "produce" in out and not cfg.get("produce_only"):
             # the warm-up records come first: the counted fetches read the counted produce's batches
             n = min(cfg["fetch"], out["produce"]["requests"])
             for depth in FETCH_DEPTHS:
@@ -445,7 +445,7 @@ def run_target(target: Target, cfg: dict, quick: bool, latency: bool, failures: 
                     H.progress(f"round {rnd} {target.name:16s} fetch x{depth} {out[key]['us_per_fetch']:8.2f} µs/fetch "
                                f"{out[key]['requests_per_s']:>10,.0f} fetches/s (answers ≤ "
                                f"{out[key]['response_bytes_max']} B)")
-        if latency:
+        if latency and not cfg.get("produce_only"):
             attempt("latency", lambda: latency_run(target, quick, cfg["latency"]))
             if "latency" in out:
                 L = out["latency"]
@@ -838,7 +838,17 @@ def main(argv=None) -> int:
     ap.add_argument("--stem", default="request", help="output file names: STEM.json and STEM.md")
     ap.add_argument("--notes", help="a Markdown file whose text goes into the report's Notes section")
     ap.add_argument("--render-only", action="store_true", help="re-summarize STEM.json and re-render STEM.md")
+    ap.add_argument("--base-tree", help="a checkout (e.g. a git worktree of an older commit) whose kbroker/ "
+                                        "the target kbroker-base runs, through PYTHONPATH (the native "
+                                        "modules stay this tree's: A/B of Python changes). Run the bench "
+                                        "from a folder without a kbroker/ in it (the broker's cwd wins)")
+    ap.add_argument("--produce-only", action="store_true", help="only the produce measurements (no fetch, "
+                                                                "no latency point)")
     a = ap.parse_args(argv)
+    if a.base_tree:
+        KBROKER_VARIANTS["kbroker-base"] = ({}, {"PYTHONPATH": str(Path(a.base_tree).resolve())})
+    if a.produce_only:
+        FULL["produce_only"] = QUICK["produce_only"] = True
     if a.render_only:
         out = Path(a.out) if a.out else Path(__file__).resolve().parent.parent / "docs" / "perf"
         doc = json.loads((out / f"{a.stem}.json").read_text())

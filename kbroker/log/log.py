@@ -362,32 +362,48 @@ class Log:
         (with this log's max.message.bytes and cleanup.policy), so the decompressing record
         walk is skipped; header checks, CRC and stamping still run. Returns the assigned
         offsets, or the original offsets of an idempotent duplicate; raises LogAppendError."""
-        # The body of _stamp + _appended, kept inline: this is the one-record Produce path.
+        # The one-record Produce path: check + roll decision + stamp + write are one native call
+        # (LogSegment.append_leader); policy stays here: roll, producer state, errors, flush.
         if self._write_job is not None:
             self._settle()
         if self.offline:
             raise LogAppendError(KAFKA_STORAGE_ERROR, f"log {self.name} is offline")
         cfg = self.config
         append_time = now if cfg.log_append_time else -1
-        base = self.log_end_offset
+        seg = self.segments[-1]
+        base = seg.next_offset
+        compact = "compact" in cfg.cleanup_policy
         try:
-            info = _batch.validate_and_stamp(buf, base, leader_epoch, cfg.max_message_bytes, append_time,
-                                             "compact" in cfg.cleanup_policy, prevalidated=prevalidated)
+            try:
+                info = seg.append_leader(buf, base, leader_epoch, cfg.max_message_bytes, append_time, compact,
+                                         prevalidated, cfg.segment_bytes, cfg.segment_ms, now)
+                if info is None:
+                    seg = self.roll(now)
+                    info = seg.append_leader(buf, base, leader_epoch, cfg.max_message_bytes, append_time, compact,
+                                             prevalidated, cfg.segment_bytes, cfg.segment_ms, now)
+            except LogAppendError:
+                if seg.size != os.fstat(seg.read_fd).st_size:
+                    self.offline = True       # the partial write could not be removed
+                raise
         except _batch.BatchError as e:
             raise LogAppendError(e.error_code, str(e)) from None
+        last = base + info.last_offset_delta
         pid = info.producer_id
-        if pid >= 0:
+        if info.position < 0:
+            # Idempotent: stamped, not yet written; a retried batch is answered from producer state.
             dup = self.producer_state.check(pid, info.producer_epoch, info.base_sequence,
                                             info.last_offset_delta)
             if dup is not None:
                 return AppendResult(dup.first_offset, dup.last_offset,
                                     dup.timestamp if cfg.log_append_time else -1,
                                     self.log_start_offset)
-        last = base + info.last_offset_delta
-        self._append(buf, info.size, base, last, info.max_timestamp, now)
-        if pid >= 0:
+            self._append(buf, info.size, base, last, info.max_timestamp, now)
             self.producer_state.update(pid, info.producer_epoch, info.base_sequence,
                                        info.last_offset_delta, base, info.max_timestamp)
+        else:
+            self.dirty = True
+            if self.hw_follows_leo:
+                self._high_watermark = last + 1
         if leader_epoch > self.epoch_cache.latest_epoch:
             self.epoch_cache.assign(leader_epoch, base)
         self.unflushed_messages += info.record_count

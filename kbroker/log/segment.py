@@ -5,8 +5,10 @@ partitionLeaderEpoch stamped by the leader (kafka-protocol-facts §2); the file 
 offset (the first offset the segment may hold) zero-padded to 20 digits. Index formats: index.py.
 
 Descriptors: the active segment appends through its own O_APPEND descriptor (one write per
-batch, native ``write_all`` releasing the GIL); every segment serves reads from a separate
-read-only descriptor (``read_fd``), so sendfile on it never moves the writer.
+batch); every segment serves reads from a separate read-only descriptor (``read_fd``), so
+sendfile on it never moves the writer. A leader's append is one native call (``append_leader``:
+check, roll decision, stamp, write; the GIL released from 4 KiB on), a follower's or a writer
+thread's one ``write_all``.
 
 Index rule (Kafka's LogSegment.append): after each append, if more than index.interval.bytes
 were written since the last entry *before* this batch, add an .index entry (batch last offset,
@@ -232,6 +234,53 @@ class LogSegment:
         self.next_offset = last_offset + 1
         if self.first_batch_ms is None:
             self.first_batch_ms = max_timestamp
+
+    def append_leader(self, buf, base_offset: int, leader_epoch: int, max_message_bytes: int,
+                      append_time: int, compacted: bool, prevalidated: bool, segment_bytes: int,
+                      segment_ms: int, now_ms: int):
+        """A leader's append in one native call (segment.append_leader): check, stamp at
+        ``base_offset`` and write one producer batch, with ``should_roll``'s rule decided on the
+        checked header. -> None when the segment must roll first (nothing stamped or written);
+        else the stamped header (BatchInfo), ``position`` -1 for an idempotent batch (stamped, not
+        roll-checked nor written: the caller checks it against producer state, then rolls if due
+        and writes with ``append``). Raises BatchError
+        for a refused batch and LogAppendError as ``append`` for a failed write."""
+        position = self.size
+        if position:
+            room = segment_bytes - position
+            first = self.first_batch_ms
+            if first is not None and first >= 0:
+                ts_limit = first + segment_ms
+                if ts_limit > INT64_MAX:
+                    ts_limit = INT64_MAX
+            else:
+                ts_limit = INT64_MAX
+                if now_ms - self.created_ms > segment_ms:
+                    room = -1
+            idx = self.index
+            tix = self.time_index
+            if idx.entries >= idx._max_entries or tix.entries >= tix._max_entries:     # is_full
+                room = -1
+            off_limit = self.base_offset + MAX_RELATIVE_OFFSET
+        else:
+            room = ts_limit = off_limit = INT64_MAX
+        try:
+            info = _native.append_leader(self._append_fd, buf, position, base_offset, leader_epoch,
+                                         max_message_bytes, append_time, compacted, prevalidated,
+                                         room, ts_limit, off_limit)
+        except OSError as e:
+            self._truncate_file(position)
+            raise LogAppendError(KAFKA_STORAGE_ERROR,
+                                 f"write to {self.log_path} failed: {e.strerror}") from e
+        if info is not None and info.position >= 0:
+            n = info.size
+            last = base_offset + info.last_offset_delta
+            self.size = position + n
+            self._index_batch(position, n, last, info.max_timestamp)
+            self.next_offset = last + 1
+            if self.first_batch_ms is None:
+                self.first_batch_ms = info.max_timestamp
+        return info
 
     def write_bytes(self, buf) -> int:
         """The write of ``append`` alone, for a writer thread (GIL released in write_all); the
