@@ -66,6 +66,7 @@ cdef int MAX_VARINT = 5
 cdef int MAX_VARLONG = 10
 
 cdef object _compression = None
+cdef object _codec = None
 
 # The header layout for Python code (kbroker.record, kbroker.log, tests): read these instead of
 # restating the numbers.
@@ -387,15 +388,33 @@ cdef seed_scratch(int codec, object body, Py_ssize_t max_decompressed):
 cdef Verdict check_compressed(object body, int codec, int32_t count, bint compacted,
                               Py_ssize_t max_decompressed) except? BAD_RECORDS:
     # Like Kafka's LogValidator: decompress the records section (bounded by max_decompressed,
-    # into this thread's reusable scratch buffer; every codec runs without the GIL) and check
-    # its records against the header. Corrupt data or output past the cap is CORRUPT_MESSAGE;
-    # records that contradict the header are INVALID_RECORD.
-    global _compression
+    # every codec without the GIL) and check its records against the header. Corrupt data or
+    # output past the cap is CORRUPT_MESSAGE; records that contradict the header are INVALID_RECORD.
+    # gzip/lz4/zstd stream through a small window (kbroker._native.codec, the produce path's
+    # frames); snappy and frames that module leaves alone are decompressed whole into this
+    # thread's reusable scratch buffer and walked.
+    global _compression, _codec
     cdef Py_buffer raw
     cdef Verdict verdict
-    if _compression is None:
+    cdef int outcome
+    if _codec is None:
+        from kbroker._native import codec as _n
         from kbroker.record import compression as _c
-        _compression = _c
+        _codec, _compression = _n, _c
+    if codec != 2:
+        outcome = _codec.check_section(body, codec, count, compacted, max_decompressed)
+        if outcome == _codec.OK:
+            return OK
+        if outcome == _codec.BAD_RECORDS:
+            return BAD_RECORDS
+        if outcome == _codec.NULL_KEY:
+            return NULL_KEY
+        if outcome == _codec.OVER_CAP:
+            raise BatchError(ERR_CORRUPT_MESSAGE,
+                             f"records section expands past {max_decompressed} bytes")
+        if outcome == _codec.CORRUPT:
+            raise BatchError(ERR_CORRUPT_MESSAGE,
+                             f"records section: corrupt {_compression.CODECS[codec]} data")
     seed_scratch(codec, body, max_decompressed)
     try:
         section = _compression.decompress_view(codec, body, max_decompressed)

@@ -28,6 +28,8 @@ from libc.string cimport memcpy, memmove, memset
 
 from varint cimport read_varint, read_varlong
 
+import os
+
 
 cdef extern from "lz4.h" nogil:
     int LZ4_decompress_safe(const char *src, char *dst, int compressedSize, int dstCapacity)
@@ -546,6 +548,18 @@ cdef int run(Workspace ws, int codec, const unsigned char *src, Py_ssize_t n, in
 
 _pool = []
 
+# KBROKER_CODEC_STREAMING=0 sends every section to the general path (side-by-side measurement:
+# kbroker.perf.attack_bench validation-cost); set_streaming changes it in this process.
+cdef bint _streaming = os.environ.get("KBROKER_CODEC_STREAMING", "1") != "0"
+
+
+def set_streaming(bint on):
+    """Enable or disable check_section (disabled, it answers UNSUPPORTED); returns the old setting."""
+    global _streaming
+    old = _streaming
+    _streaming = on
+    return old
+
 
 def check_section(body, int codec, int32_t count, bint compacted, int64_t max_decompressed):
     """Decode the compressed records section ``body`` (codec 1 gzip, 3 lz4, 4 zstd) and walk its
@@ -555,7 +569,7 @@ def check_section(body, int codec, int32_t count, bint compacted, int64_t max_de
     cdef Py_buffer view
     cdef Workspace ws
     cdef int r
-    if codec != 1 and codec != 3 and codec != 4:
+    if not _streaming or (codec != 1 and codec != 3 and codec != 4):
         return SECTION_UNSUPPORTED
     ws = _pool.pop() if _pool else Workspace()
     try:

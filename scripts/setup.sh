@@ -12,6 +12,8 @@ need_apt=()
 command -v kcat >/dev/null 2>&1 || need_apt+=(kcat)
 command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
 [ -f /usr/include/zlib.h ] || need_apt+=(zlib1g-dev)   # ext/batch.pyx links zlib (gzip validation)
+[ -f /usr/include/lz4.h ] || need_apt+=(liblz4-dev)    # ext/codec.pyx links liblz4 and libzstd (streaming
+[ -f /usr/include/zstd.h ] || need_apt+=(libzstd-dev)  # validation of compressed batches)
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   echo "== installing Debian packages: ${need_apt[*]}"
@@ -30,6 +32,6 @@ echo "== installing pinned Python dependencies"
 .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements/spark.txt
 echo "== building kbroker (Cython extensions)"
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
-.venv/bin/python -c "import kbroker._native.crc, kbroker._native.batch, kbroker._native.segment, kbroker._native.cleaner, kbroker._native.arrow, kbroker._native.request" \
+.venv/bin/python -c "import kbroker._native.crc, kbroker._native.batch, kbroker._native.segment, kbroker._native.cleaner, kbroker._native.arrow, kbroker._native.request, kbroker._native.codec" \
   || { echo "native build missing: see the pip output above" >&2; exit 1; }
 echo "== setup complete: $ROOT/.venv/bin/kbroker"

@@ -204,3 +204,46 @@ def test_xxh32_known_values():
     assert N.xxh32_digest(b"abc") == 0x32D153FF
     assert N.xxh32_digest(b"Nobody inspects the spammish repetition") == 0xE2293B2F
     assert N.xxh32_digest(b"", 2654435761) == 0x36B78AE7
+
+
+def test_validate_batch_streams_in_a_fresh_process_after_other_codec_users():
+    # batch.check_compressed finds kbroker._native.codec itself, whatever used the compression
+    # module first (BatchBuilder / decode_records import it too).
+    import subprocess
+    import sys
+    code = ("from kbroker._native import batch as B, codec as N\n"
+            "b = B.BatchBuilder(4, 1 << 20)\n"
+            "b.append(0, b'k', b'v' * 1000)\n"
+            "raw = bytearray(b.build())\n"
+            "from kbroker.record import decode_records\n"
+            "decode_records(bytes(raw))\n"
+            "B.validate_batch(raw, 1 << 30)\n"
+            "N.set_streaming(False)\n"
+            "B.validate_batch(raw, 1 << 30)\n"
+            "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_batch_verdicts_through_validate_batch():
+    # The error codes a produce gets, streaming and general path alike.
+    raw, count = section_of([(b"a", b"1", []), (None, b"2", [])])
+    cases = [(C.compress(C.ZSTD, raw), count, False, None),
+             (C.compress(C.ZSTD, raw), count, True, 87),                  # null key, compacted
+             (C.compress(C.LZ4, raw), count + 5, False, 87),              # count lies
+             (C.compress(C.GZIP, raw + bytes(2 << 20)), count, False, 2),  # past a 1 MiB cap
+             (C.compress(C.LZ4, raw)[:-6], count, False, 2)]             # truncated frame
+    for streaming in (True, False):
+        old = N.set_streaming(streaming)
+        try:
+            for body, n, compacted, code in cases:
+                batch = bytearray(batch_with(body, n, body[:4] == b"\x28\xb5\x2f\xfd" and 4
+                                             or (3 if body[:4] == b"\x04\x22\x4d\x18" else 1)))
+                try:
+                    B.validate_batch(batch, 1 << 30, compacted, 1 << 20)
+                    got = None
+                except B.BatchError as e:
+                    got = e.error_code
+                assert got == code, (streaming, n, compacted, code, got)
+        finally:
+            N.set_streaming(old)
