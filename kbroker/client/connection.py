@@ -5,6 +5,11 @@ the pending futures form a FIFO and each response must carry the correlation id 
 mismatch means the stream is out of step: the connection is failed as a whole, as the Java client
 does, rather than guessing which request an answer belongs to. A timed-out request fails the whole
 connection too: its late answer would otherwise be matched against the next request.
+
+Responses are received by an ``asyncio.BufferedProtocol``: the kernel writes a frame's body
+straight into one buffer sized from its length prefix (one copy per byte, the kernel's), where
+asyncio streams copied each byte three times (recv chunk, stream buffer, ``readexactly``). Only
+the head of a frame that arrives with the previous one passes through a small staging buffer.
 """
 from __future__ import annotations
 
@@ -140,11 +145,10 @@ class BrokerConnection:
         self.client_versions = dict(CLIENT_VERSIONS if client_versions is None else client_versions)
         self.broker_versions: dict[int, tuple[int, int]] = {}
         self.api_versions_version = -1   # the ApiVersions version that succeeded
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        self._transport: asyncio.Transport | None = None
+        self._protocol: _ResponseProtocol | None = None
         self._pending: deque = deque()   # (correlation_id, api_key, version, future) in send order
         self._cids = itertools.count(1)
-        self._read_task: asyncio.Task | None = None
         self._closed_exc: Exception | None = None
 
     def __repr__(self) -> str:
@@ -153,12 +157,12 @@ class BrokerConnection:
     @classmethod
     async def open(cls, host: str, port: int, *, negotiate: bool = True, **kw) -> "BrokerConnection":
         conn = cls(host, port, **kw)
+        loop = asyncio.get_running_loop()
         try:
-            conn._reader, conn._writer = await asyncio.wait_for(
-                asyncio.open_connection(host, port), conn.request_timeout)
+            conn._transport, conn._protocol = await asyncio.wait_for(
+                loop.create_connection(lambda: _ResponseProtocol(conn), host, port), conn.request_timeout)
         except (OSError, asyncio.TimeoutError) as e:
             raise KafkaConnectionError(f"cannot connect to {host}:{port}: {e or 'timed out'}") from None
-        conn._read_task = asyncio.get_running_loop().create_task(conn._read_loop())
         if negotiate:
             try:
                 await conn.negotiate()
@@ -250,56 +254,52 @@ class BrokerConnection:
         frame = api.encode_request(api_key, version, cid, self.client_id, body)
         if fut is not None:
             self._pending.append((cid, api_key, version, fut))
-        self._writer.write(frame)
+        self._transport.write(frame)
 
     async def _drain(self):
-        try:
-            await self._writer.drain()
-        except (OSError, RuntimeError) as e:
-            exc = KafkaConnectionError(f"{self}: write failed: {e}")
-            self._fail(exc)
-            raise exc from None
+        waiter = self._protocol.drain_waiter()
+        if waiter is not None:
+            await waiter      # resolved by resume_writing, or failed with the connection's error
 
-    async def _read_loop(self):
-        reader = self._reader
+    def _frame(self, frame) -> bool:
+        """One response frame (without its size): match it to the oldest request and complete
+        that request's future. False when the connection failed on it."""
+        size = len(frame)
+        fut = None
         try:
-            while True:
-                head = await reader.readexactly(4)
-                (size,) = _SIZE.unpack(head)
-                if size < 4 or size > MAX_FRAME:
-                    raise KafkaConnectionError(f"{self}: bad response size {size}")
-                frame = await reader.readexactly(size)
-                if not self._pending:
-                    raise KafkaConnectionError(f"{self}: response with no request outstanding")
-                cid, api_key, version, fut = self._pending.popleft()
-                got, code = _CID_ERR.unpack_from(frame, 0) if size >= 6 else (_SIZE.unpack_from(frame, 0)[0], 0)
-                if got != cid:
-                    raise KafkaConnectionError(f"{self}: correlation id {got}, expected {cid}")
+            if not self._pending:
+                raise KafkaConnectionError(f"{self}: response with no request outstanding")
+            cid, api_key, version, fut = self._pending.popleft()
+            got, code = _CID_ERR.unpack_from(frame, 0) if size >= 6 else (_SIZE.unpack_from(frame, 0)[0], 0)
+            if got != cid:
+                raise KafkaConnectionError(f"{self}: correlation id {got}, expected {cid}")
+            if api_key == API_VERSIONS and code == Errors.UNSUPPORTED_VERSION:
+                version = 0   # KIP-511: the error reply is always a v0 body
+            try:
+                # read-only: decoded fields (Fetch records) are views of the frame, as they were of bytes
+                _, body = api.decode_response(api_key, version, memoryview(frame).toreadonly())
+            except Exception as e:  # a body we cannot parse: the stream may be out of step
                 if api_key == API_VERSIONS and code == Errors.UNSUPPORTED_VERSION:
-                    version = 0   # KIP-511: the error reply is always a v0 body
-                try:
-                    _, body = api.decode_response(api_key, version, memoryview(frame))
-                except Exception as e:  # a body we cannot parse: the stream may be out of step
-                    if api_key == API_VERSIONS and code == Errors.UNSUPPORTED_VERSION:
-                        # Some peers (librdkafka's mock) send an error body that is neither v0 nor
-                        # flexible; the frame is whole, so just retry with v0 as KIP-511 allows.
-                        if not fut.done():
-                            fut.set_result({"error_code": code, "api_keys": []})
-                        continue
-                    err = KafkaConnectionError(f"{self}: cannot decode {API_NAMES[api_key]} v{version}: {e}")
+                    # Some peers (librdkafka's mock) send an error body that is neither v0 nor
+                    # flexible; the frame is whole, so just retry with v0 as KIP-511 allows.
                     if not fut.done():
-                        fut.set_exception(err)
-                    raise err from None
+                        fut.set_result({"error_code": code, "api_keys": []})
+                    return True
+                err = KafkaConnectionError(f"{self}: cannot decode {API_NAMES[api_key]} v{version}: {e}")
                 if not fut.done():
-                    fut.set_result(body)
-        except asyncio.CancelledError:
-            self._fail(KafkaConnectionError(f"{self} closed"))
-        except asyncio.IncompleteReadError:
-            self._fail(KafkaConnectionError(f"{self}: connection closed by the broker"))
+                    fut.set_exception(err)
+                raise err from None
+            if not fut.done():
+                fut.set_result(body)
+            return True
         except KafkaError as e:
+            if fut is not None and not fut.done():
+                # the request this frame was taken for fails with the connection (it is no
+                # longer pending, so _fail would not reach it and it would wait for its timeout)
+                fut.set_exception(e)
+                fut.exception()
             self._fail(e)
-        except OSError as e:
-            self._fail(KafkaConnectionError(f"{self}: {e}"))
+            return False
 
     def _fail(self, exc: Exception):
         if self._closed_exc is None:
@@ -309,24 +309,119 @@ class BrokerConnection:
             if not fut.done():
                 fut.set_exception(exc)
                 fut.exception()   # a caller that already gave up must not log "never retrieved"
-        if self._writer is not None:
-            self._writer.close()
-        task = self._read_task
-        if task is not None and task is not asyncio.current_task() and not task.done():
-            task.cancel()
+        if self._protocol is not None:
+            self._protocol.wake_writers(exc)
+        if self._transport is not None:
+            self._transport.close()
 
     def close(self):
         self._fail(KafkaConnectionError(f"{self} closed"))
 
     async def wait_closed(self):
         self.close()
-        if self._read_task is not None:
-            try:
-                await self._read_task
-            except asyncio.CancelledError:
-                pass
-        if self._writer is not None:
-            try:
-                await self._writer.wait_closed()
-            except (OSError, RuntimeError):
-                pass
+        if self._protocol is not None:
+            await self._protocol.lost
+
+
+class _ResponseProtocol(asyncio.BufferedProtocol):
+    """The receiving side of a BrokerConnection. Between frames the kernel fills ``stage``; once a
+    frame's length prefix is known and the frame is not already whole in ``stage``, the kernel
+    fills a buffer of exactly the frame's size (after the part ``stage`` already holds), and the
+    frame is decoded from it. A frame that came whole with others is copied out of ``stage``
+    (small answers: the next receive reuses ``stage``)."""
+
+    STAGE = 64 * 1024
+
+    def __init__(self, conn: BrokerConnection):
+        self.conn = conn
+        self.stage = bytearray(self.STAGE)
+        self.start = self.end = 0       # stage[start:end] is received and not yet framed
+        self.frame: bytearray | None = None
+        self.got = 0                    # bytes of ``frame`` received
+        self.paused = False
+        self.writers: deque = deque()   # futures of _drain calls waiting for resume_writing
+        self.lost = asyncio.get_running_loop().create_future()
+
+    # ---- receiving ----------------------------------------------------------------------------
+
+    def get_buffer(self, sizehint: int):
+        if self.frame is not None:
+            return memoryview(self.frame)[self.got:]
+        if self.end == len(self.stage):   # a partial length prefix at the very end: move it down
+            n = self.end - self.start
+            self.stage[:n] = self.stage[self.start:self.end]
+            self.start, self.end = 0, n
+        return memoryview(self.stage)[self.end:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.frame is not None:
+            self.got += nbytes
+            if self.got == len(self.frame):
+                frame, self.frame = self.frame, None
+                self.conn._frame(frame)
+            return
+        self.end += nbytes
+        stage = self.stage
+        while self.end - self.start >= 4 and self.conn._closed_exc is None:
+            (size,) = _SIZE.unpack_from(stage, self.start)
+            if size < 4 or size > MAX_FRAME:
+                self.conn._fail(KafkaConnectionError(f"{self.conn}: bad response size {size}"))
+                return
+            body = self.start + 4
+            have = self.end - body
+            if have >= size:
+                self.start = body + size
+                if not self.conn._frame(bytes(memoryview(stage)[body:body + size])):
+                    return
+                continue
+            # the rest of this frame goes straight into its own buffer
+            frame = bytearray(size)
+            frame[:have] = memoryview(stage)[body:self.end]
+            self.frame, self.got = frame, have
+            self.start = self.end = 0
+            return
+        if self.start == self.end:
+            self.start = self.end = 0
+
+    def eof_received(self):
+        return False    # close; connection_lost fails what is pending
+
+    def connection_lost(self, exc) -> None:
+        conn = self.conn
+        if exc is None:
+            err = KafkaConnectionError(f"{conn}: connection closed by the broker")
+        else:
+            err = KafkaConnectionError(f"{conn}: {exc}")
+        conn._fail(err)
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+    # ---- flow control of writes ---------------------------------------------------------------
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        while self.writers:
+            fut = self.writers.popleft()
+            if not fut.done():
+                fut.set_result(None)
+
+    def drain_waiter(self):
+        """None when writes may go on; else a future resolved when the transport's buffer drains."""
+        if self.conn._closed_exc is not None:
+            exc = self.conn._closed_exc
+            raise KafkaConnectionError(f"{self.conn}: write failed: {exc}")
+        if not self.paused:
+            return None
+        fut = asyncio.get_running_loop().create_future()
+        self.writers.append(fut)
+        return fut
+
+    def wake_writers(self, exc: Exception) -> None:
+        while self.writers:
+            fut = self.writers.popleft()
+            if not fut.done():
+                fut.set_exception(KafkaConnectionError(f"{self.conn}: write failed: {exc}"))
+                fut.exception()
