@@ -2,6 +2,8 @@
 
     python -m kbroker.perf.spark_bench [--mb 200] [--sizes 100,1024] [--rounds 3] [--only read|write]
                                        [--no-tuples] [--out spark_bench.json]
+    python -m kbroker.perf.spark_bench --only clientfetch --client-fetch-mb 200 --rounds 6 \
+                                       --client-fetch-old old_connection.py
 
 Starts one kbroker broker (LocalCluster, real ZooKeeper, log dir in /dev/shm when it exists) and
 one SparkSession (local[2]), then for each record size:
@@ -12,13 +14,15 @@ one SparkSession (local[2]), then for each record size:
   * ``synthetic``      an Arrow source yielding the same bytes with the same schema, no broker:
                        the ceiling of a Python data source on this Spark,
   * ``clientfetch``    the data source with its fetches made through kbroker's asyncio client
-                       (the read path before the recv_into channel),
+                       (fresh frame buffers) instead of its recv_into channel (reused buffers),
   * ``tuples``         the same fetches decoded per record into Python tuples (what the native
                        decode replaces; half the rounds);
   ratios synthetic time / kbroker time (target >= 0.8), the same for clientfetch, and kbroker vs
   tuples; broker CPU-seconds per read of the topic.
 - write: the same rows written by the ``kbroker`` sink vs confluent-kafka producing them inside
   the same Spark tasks (acks=all, lz4 off), ratio kbroker / confluent-kafka.
+- client fetch (``--client-fetch-mb``): kbroker's client alone reading one partition, optionally
+  against an older connection.py in the same rounds (client CPU and wall time, old / new).
 """
 from __future__ import annotations
 
@@ -407,14 +411,87 @@ def run_throughput(a) -> dict:
     return out
 
 
+def run_client_fetch(a) -> dict:
+    """kbroker's client fetching one partition of ``client_fetch_mb`` MB of 1 KiB records
+    (Consumer.fetch(decode=False), 8 MiB per fetch, warm cache), in interleaved rounds with the
+    current BrokerConnection and, when ``client_fetch_old`` names a file holding an older
+    kbroker/client/connection.py (``git show REV:kbroker/client/connection.py > old.py``), with
+    that one: client CPU-seconds and wall seconds per read of the partition, and old / new."""
+    import asyncio
+    import importlib.util
+    import shutil
+    import statistics
+
+    import kbroker.client.cluster as cluster_mod
+    from kbroker.client import Admin, Consumer, NewTopic, Producer
+    from kbroker.record import iter_batches
+    from kbroker.testing import LocalCluster
+
+    variants = {"new": cluster_mod.BrokerConnection}
+    if a.client_fetch_old:
+        spec = importlib.util.spec_from_file_location("kbroker_old_connection", a.client_fetch_old)
+        old = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(old)
+        variants = {"old": old.BrokerConnection, "new": cluster_mod.BrokerConnection}
+
+    async def fill(bs, nbytes):
+        async with Admin(bs) as admin:
+            await admin.create_topics([NewTopic("cf", 1, 1)])
+        async with Producer(bs, acks=1) as p:
+            value, futs = b"x" * 1024, []
+            for _ in range(nbytes // 1024):
+                futs.append(await p.send("cf", value, partition=0))
+                if len(futs) > 5000:
+                    await asyncio.gather(*futs)
+                    futs.clear()
+            await asyncio.gather(*futs)
+
+    async def read_all(bs):
+        async with Consumer(bs) as c:
+            end = await c.list_offsets("cf", 0, "latest")
+            pos = total = 0
+            while pos < end:
+                r = await c.fetch("cf", 0, pos, max_bytes=8 << 20, decode=False)
+                total += len(r.raw)
+                for info in iter_batches(memoryview(r.raw), 0, False):
+                    pos = max(pos, info.next_offset)
+            return total
+
+    root = Path(tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None, prefix="spark-bench-cf-"))
+    res: dict = {name: {"cpu_s": [], "wall_s": []} for name in variants}
+    try:
+        with LocalCluster(root, brokers=1) as cluster:
+            asyncio.run(fill(cluster.bootstrap, int(a.client_fetch_mb * 1e6)))
+            for r in range(a.rounds + 1):
+                order = list(variants.items()) if r % 2 == 0 else list(reversed(variants.items()))
+                for name, cls in order:
+                    cluster_mod.BrokerConnection = cls
+                    c0, w0 = time.process_time(), time.perf_counter()
+                    nbytes = asyncio.run(read_all(cluster.bootstrap))
+                    if r:       # round 0 warms the page cache
+                        res[name]["cpu_s"].append(round(time.process_time() - c0, 4))
+                        res[name]["wall_s"].append(round(time.perf_counter() - w0, 4))
+    finally:
+        cluster_mod.BrokerConnection = variants["new"]
+        shutil.rmtree(root, ignore_errors=True)
+    out: dict = {"bytes": nbytes, "variants": res}
+    for name, v in res.items():
+        out[f"{name}_cpu_s_median"] = statistics.median(v["cpu_s"])
+        out[f"{name}_wall_s_median"] = statistics.median(v["wall_s"])
+    if "old" in res:
+        out["cpu_old_over_new"] = _ratios(res["old"]["cpu_s"], res["new"]["cpu_s"])
+        out["wall_old_over_new"] = _ratios(res["old"]["wall_s"], res["new"]["wall_s"])
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="kbroker.perf.spark_bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--mb", type=float, default=200, help="MB of values per record size (default 200)")
     p.add_argument("--sizes", default="100,1024", help="record sizes in bytes (default 100,1024)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved timed rounds of the reads (default 3)")
-    p.add_argument("--only", choices=["all", "read", "write", "throughput"], default="all",
+    p.add_argument("--only", choices=["all", "read", "write", "throughput", "clientfetch"], default="all",
                    help="read: skip the confluent-kafka write comparison; write: skip the reads; "
-                        "throughput: only the --throughput-gb runs")
+                        "throughput: only the --throughput-gb runs; clientfetch: only the --client-fetch-mb run")
     p.add_argument("--no-tuples", action="store_true", help="skip the (slow) tuple-yielding read")
     p.add_argument("--out", default="spark_bench.json")
     p.add_argument("--disk-gb", type=float, default=0, help="also a disk-bound write of this many GB (0 = skip)")
@@ -423,10 +500,18 @@ def main(argv=None):
                                                       "(with --only throughput: nothing else)")
     p.add_argument("--throughput-rounds", type=int, default=2, help="rounds of the throughput sizes (default 2)")
     p.add_argument("--throughput-partitions", type=int, default=4, help="topic partitions of the throughput job")
+    p.add_argument("--client-fetch-mb", type=float, default=0,
+                   help="also time kbroker's client fetching this many MB of one partition (0 = skip)")
+    p.add_argument("--client-fetch-old", default="",
+                   help="with --client-fetch-mb: an older kbroker/client/connection.py to compare in the same rounds")
     a = p.parse_args(argv)
     a.sizes = [int(s) for s in a.sizes.split(",")]
     a.throughput_gb = [float(g) for g in a.throughput_gb.split(",") if g]
-    res = run(a) if a.only != "throughput" else {"settings": vars(a)}
+    res = run(a) if a.only not in ("throughput", "clientfetch") else {"settings": vars(a)}
+    if a.client_fetch_mb:
+        res["client_fetch"] = run_client_fetch(a)
+        print(json.dumps({"client_fetch": {k: v for k, v in res["client_fetch"].items() if k != "variants"}}),
+              flush=True)
     if a.throughput_gb:
         res["throughput"] = run_throughput(a)
         print(json.dumps({"throughput": {k: v for k, v in res["throughput"].items() if k != "runs"}}), flush=True)

@@ -224,10 +224,11 @@ _BUFFERS = _Buffers()
 
 class _FetchChannel:
     """Fetch requests to partition leaders over plain blocking sockets, the response read with
-    recv_into straight into a reusable buffer: one copy from the kernel. kbroker's client (asyncio
-    streams) copied each response byte three times (recv chunk, stream buffer, frame), which was
-    most of a read task's CPU (0.10-0.18 s of 0.16-0.22 s per 110 MB of 100 B records, measured).
-    The client still finds the leader, negotiates the Fetch version and drives the retries
+    recv_into straight into a reusable buffer: one copy from the kernel, into pages already
+    mapped. kbroker's client once copied each response byte three times (asyncio streams: 0.10-0.18
+    s of a read task's 0.16-0.22 s per 110 MB of 100 B records, measured); it now receives into
+    one buffer per frame too, but a fresh one (a page fault per 4 KiB), and from the event loop's
+    thread. The client still finds the leader, negotiates the Fetch version and drives the retries
     across leader moves (Consumer.with_leader): a socket failure raises KafkaConnectionError
     like a broken client connection does, so the leader's connection is invalidated, metadata
     refreshed and the fetch retried."""
@@ -335,8 +336,8 @@ class _FetchChannel:
 
 
 class _ClientChannel:
-    """The same fetches through kbroker's client (asyncio streams, three copies per byte): kept
-    only so perf/spark_bench.py can show what _FetchChannel buys in the same run."""
+    """The same fetches through kbroker's client (a fresh frame buffer per response): kept only
+    so perf/spark_bench.py can show what _FetchChannel buys in the same run."""
 
     def __init__(self, consumer, buffers: _Buffers, client_id: str):
         self.consumer = consumer
