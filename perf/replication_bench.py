@@ -20,7 +20,8 @@
 --rate 0 (default) runs the latency pair at half of RF=1's peak rate, measured first in the same run
 (acks=1, RF=1, --peak-records records of 100 B at full speed).
 
---compare K=V[,K=V...] starts a second three-broker cluster with those broker settings beside the
+--compare K=V[,K=V...] starts a second three-broker cluster with those broker settings (and
+--compare-env K=V,... with that environment, e.g. PYTHONPATH of a changed copy of the tree) beside the
 first (Kafka's defaults) and interleaves the two in every CPU round (A RF=3, A RF=1, B RF=3, B RF=1,
 then reversed), so a setting such as replica.fetch.min.bytes / replica.fetch.wait.max.ms is judged
 against the defaults under the same load; --pairs then also runs the latency pairs on both.
@@ -473,16 +474,22 @@ def main(argv=None):
     ap.add_argument("--compare", default="", metavar="K=V,K=V",
                     help="broker settings of a second cluster run beside the first in the latency pairs and "
                          "CPU rounds (e.g. replica.fetch.min.bytes=1048576,replica.fetch.wait.max.ms=20)")
+    ap.add_argument("--compare-env", default="", metavar="K=V,K=V",
+                    help="environment of the second cluster's brokers (e.g. PYTHONPATH=<a copy of the tree "
+                         "with a change>, to compare code side by side); implies the second cluster")
     args = ap.parse_args(argv)
     base = {"log.segment.bytes": 256 << 20}
     compare = parse_settings(args.compare)
+    compare_env = parse_settings(args.compare_env)
     with contextlib.ExitStack() as stack:
         root = stack.enter_context(tempfile.TemporaryDirectory(prefix="replbench-"))
         c = stack.enter_context(LocalCluster(Path(root) / "a", brokers=3, overrides=base))
         clusters = {"": (c, AdminClient({"bootstrap.servers": c.bootstrap}))}
-        if compare:
-            print(f"[B] = a second cluster with {compare}; unlabelled = Kafka's defaults")
-            cb = stack.enter_context(LocalCluster(Path(root) / "b", brokers=3, overrides={**base, **compare}))
+        if compare or compare_env:
+            print(f"[B] = a second cluster with settings {compare} and environment {compare_env}; "
+                  "unlabelled = Kafka's defaults")
+            cb = stack.enter_context(LocalCluster(Path(root) / "b", brokers=3, overrides={**base, **compare},
+                                                  env=compare_env or None))
             clusters[" [B]"] = (cb, AdminClient({"bootstrap.servers": cb.bootstrap}))
         admin = clusters[""][1]
         rate = args.rate

@@ -1,0 +1,98 @@
+"""replica/longpoll.py: the Fetch long poll as callbacks, driven by the broker's real AppendNotifier on a
+real event loop (the read is a counter standing in for the handler's partition read)."""
+from __future__ import annotations
+
+import asyncio
+
+from kbroker.replica.longpoll import long_poll
+from kbroker.server.notify import AppendNotifier
+
+TP = ("t", 0)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+class Data:
+    """What the handler's read would find: bytes appended so far."""
+
+    def __init__(self):
+        self.size = 0
+        self.reads = 0
+
+    def read(self):
+        self.reads += 1
+        return self.size
+
+
+def test_an_append_completes_the_poll_at_once():
+    async def main():
+        n, d = AppendNotifier(), Data()
+        loop = asyncio.get_running_loop()
+        fut = long_poll(n, [TP], n.waiter([TP]), 5.0, d.read, lambda size: size >= 1)
+        t0 = loop.time()
+        await asyncio.sleep(0.01)
+        d.size = 100
+        n.appended(TP)
+        assert await asyncio.wait_for(fut, 1.0) == 100
+        assert loop.time() - t0 < 1.0
+        assert d.reads == 1
+        assert not n._waiters          # nothing left registered
+    run(main())
+
+
+def test_too_little_waits_for_the_next_append():
+    async def main():
+        n, d = AppendNotifier(), Data()
+        fut = long_poll(n, [TP], n.waiter([TP]), 5.0, d.read, lambda size: size >= 200)
+        d.size = 100
+        n.appended(TP)
+        await asyncio.sleep(0.01)
+        assert not fut.done() and d.reads == 1
+        assert n._waiters[TP]          # re-registered for the next append
+        d.size = 250
+        n.appended(TP)
+        assert await asyncio.wait_for(fut, 1.0) == 250
+        assert d.reads == 2 and not n._waiters
+    run(main())
+
+
+def test_the_deadline_answers_with_what_there_is():
+    async def main():
+        n, d = AppendNotifier(), Data()
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        fut = long_poll(n, [TP], n.waiter([TP]), 0.1, d.read, lambda size: size >= 1)
+        assert await asyncio.wait_for(fut, 2.0) == 0
+        assert loop.time() - t0 >= 0.09
+        assert d.reads == 1 and not n._waiters
+    run(main())
+
+
+def test_an_append_before_the_call_is_not_missed():
+    async def main():
+        n, d = AppendNotifier(), Data()
+        w = n.waiter([TP])             # registered by the handler before it returned
+        d.size = 10
+        n.appended(TP)                 # resolves w before long_poll sees it
+        fut = long_poll(n, [TP], w, 5.0, d.read, lambda size: size >= 1)
+        assert await asyncio.wait_for(fut, 1.0) == 10
+    run(main())
+
+
+def test_a_cancelled_poll_leaves_nothing_behind():
+    async def main():
+        n, d = AppendNotifier(), Data()
+        loop = asyncio.get_running_loop()
+        fut = long_poll(n, [TP, ("t", 1)], n.waiter([TP, ("t", 1)]), 5.0, d.read, lambda size: size >= 1)
+        assert n._waiters
+        timers = len(loop._scheduled)
+        fut.cancel()
+        await asyncio.sleep(0)
+        assert not n._waiters
+        assert sum(not h.cancelled() for h in loop._scheduled) <= timers - 1
+        n.appended(TP)                 # a later append finds nothing to wake
+        await asyncio.sleep(0)
+        assert d.reads == 0
+    run(main())
