@@ -17,6 +17,7 @@ SUBCOMMANDS = (
     "kbroker.cli.topics",
     "kbroker.cli.leader_election",
     "kbroker.cli.reassign_partitions",
+    "kbroker.cli.configs",
     "kbroker.cli.console",
     "kbroker.cli.consumer_groups",
     "kbroker.cli.perf_test",

@@ -1,0 +1,151 @@
+"""``kbroker configs``: kafka-configs.sh for topics and brokers, through the admin API.
+
+    kbroker configs --bootstrap-server H:P --entity-type brokers --entity-name 1 --describe [--all]
+    kbroker configs --bootstrap-server H:P --entity-type brokers --entity-default --alter \\
+        --add-config follower.replication.throttled.rate=1000000 [--delete-config k1,k2]
+    kbroker configs --bootstrap-server H:P --entity-type topics --entity-name t --alter --add-config 'k=[a,b]'
+
+Describe prints Kafka's ConfigCommand layout: ``Dynamic configs for broker 1 are:`` (``All configs`` with
+--all, ``Default configs for brokers in the cluster are:`` for --entity-default) and one line per key,
+``  key=value sensitive=false synonyms={SOURCE:key=value, ...}``. Alter sends IncrementalAlterConfigs
+(SET for --add-config, DELETE for --delete-config) to the broker named (a broker resource goes to that
+broker, the default to any) and prints ``Completed updating config for broker 1.``; an error answer
+is printed with its message and exits 1.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from kbroker.client.admin import Admin, ConfigResource
+from kbroker.client.connection import KafkaError
+
+DESCRIBE_CONFIGS = 32
+TOPIC, BROKER = 2, 4
+SET, DELETE = 0, 1
+SOURCES = {0: "UNKNOWN", 1: "DYNAMIC_TOPIC_CONFIG", 2: "DYNAMIC_BROKER_CONFIG", 3: "DYNAMIC_DEFAULT_BROKER_CONFIG",
+           4: "STATIC_BROKER_CONFIG", 5: "DEFAULT_CONFIG", 6: "DYNAMIC_BROKER_LOGGER_CONFIG"}
+DYNAMIC = {1, 2, 3, 6}
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("configs", help="describe and alter topic and broker configs (kafka-configs.sh)",
+                              description="Change configs for topics and brokers, or describe them.")
+    p.add_argument("--bootstrap-server", required=True, help="The broker to connect to.")
+    p.add_argument("--entity-type", required=True, choices=("topics", "brokers"), help="Type of entity.")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--entity-name", help="Name of the entity (topic name / broker id).")
+    which.add_argument("--entity-default", action="store_true",
+                       help="The cluster-wide default broker configs (/config/brokers/<default>).")
+    action = p.add_mutually_exclusive_group(required=True)
+    action.add_argument("--describe", action="store_true", help="List configs for the given entity.")
+    action.add_argument("--alter", action="store_true", help="Alter the configuration for the entity.")
+    p.add_argument("--all", action="store_true", help="With --describe: every config, not only the dynamic ones.")
+    p.add_argument("--add-config", default="",
+                   help="k1=v1,k2=[v1,v2,v2],... : keys to set (square brackets group a list value).")
+    p.add_argument("--delete-config", default="", help="k1,k2,... : keys to remove.")
+    p.set_defaults(func=main)
+
+
+def parse_add_config(text: str) -> dict[str, str]:
+    """Kafka's --add-config syntax: comma-separated k=v, a value in [...] may hold commas."""
+    out, i, n = {}, 0, len(text)
+    while i < n:
+        eq = text.find("=", i)
+        if eq < 0:
+            raise ValueError(f"--add-config: {text[i:]!r} is not key=value")
+        key = text[i:eq].strip()
+        if not key:
+            raise ValueError(f"--add-config: an entry has no key in {text!r}")
+        j = eq + 1
+        if j < n and text[j] == "[":
+            close = text.find("]", j)
+            if close < 0:
+                raise ValueError(f"--add-config: unclosed '[' in the value of {key}")
+            value, i = text[j + 1:close], close + 1
+            if i < n and text[i] != ",":
+                raise ValueError(f"--add-config: ',' expected after the value of {key}")
+            i += 1
+        else:
+            comma = text.find(",", j)
+            comma = n if comma < 0 else comma
+            value, i = text[j:comma], comma + 1
+        out[key] = value.strip()
+    return out
+
+
+def _resource(args) -> ConfigResource:
+    rtype = BROKER if args.entity_type == "brokers" else TOPIC
+    if args.entity_default:
+        if rtype != BROKER:
+            raise ValueError("--entity-default is for --entity-type brokers only")
+        return ConfigResource(BROKER, "")
+    if rtype == BROKER and not args.entity_name.isdigit():
+        raise ValueError(f"--entity-name of a broker must be its id, not {args.entity_name!r}")
+    return ConfigResource(rtype, args.entity_name)
+
+
+def _title(res: ConfigResource, all_: bool) -> str:
+    kind = "All" if all_ else "Dynamic"
+    if res.type == BROKER and res.name == "":
+        return "Default configs for brokers in the cluster are:"
+    return f"{kind} configs for {'broker' if res.type == BROKER else 'topic'} {res.name} are:"
+
+
+async def describe(admin: Admin, res: ConfigResource, all_: bool, out) -> int:
+    conn = await (admin.cluster.connection(int(res.name)) if res.type == BROKER and res.name
+                  else admin.cluster.any_connection())
+    version = min(conn.version_for(DESCRIBE_CONFIGS), 3)
+    if version < 1:
+        raise KafkaError(-1, "the broker does not answer DescribeConfigs v1 (synonyms)", "describe")
+    _, resp = await conn.send(DESCRIBE_CONFIGS, {
+        "resources": [{"resource_type": res.type, "resource_name": res.name, "configuration_keys": None}],
+        "include_synonyms": True, "include_documentation": False}, version)
+    r = resp["results"][0]
+    if r["error_code"]:
+        raise KafkaError(r["error_code"], r.get("error_message"), f"describe configs {res.name}")
+    print(_title(res, all_), file=out)
+    for c in sorted(r["configs"], key=lambda c: c["name"]):
+        if not all_ and c["config_source"] not in DYNAMIC:
+            continue
+        value = "" if c["value"] is None else c["value"]
+        syns = ", ".join(f"{SOURCES.get(s['source'], s['source'])}:{s['name']}={'' if s['value'] is None else s['value']}"
+                         for s in c["synonyms"])
+        print(f"  {c['name']}={value} sensitive={'true' if c['is_sensitive'] else 'false'} synonyms={{{syns}}}",
+              file=out)
+    return 0
+
+
+async def alter(admin: Admin, res: ConfigResource, add: dict[str, str], delete: list[str], out) -> int:
+    ops = {k: (SET, v) for k, v in add.items()}
+    for k in delete:
+        if k in ops:
+            raise ValueError(f"{k} is both added and deleted")
+        ops[k] = (DELETE, None)
+    if not ops:
+        raise ValueError("--alter needs --add-config and/or --delete-config")
+    await admin.incremental_alter_configs({res: ops})
+    if res.type == BROKER and res.name == "":
+        print("Completed updating default config for brokers in the cluster.", file=out)
+    else:
+        print(f"Completed updating config for {'broker' if res.type == BROKER else 'topic'} {res.name}.", file=out)
+    return 0
+
+
+async def run(args, out) -> int:
+    res = _resource(args)
+    async with Admin(args.bootstrap_server, client_id="kbroker-configs") as admin:
+        if args.describe:
+            return await describe(admin, res, args.all, out)
+        add = parse_add_config(args.add_config) if args.add_config else {}
+        delete = [k.strip() for k in args.delete_config.split(",") if k.strip()]
+        return await alter(admin, res, add, delete, out)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(run(args, sys.stdout))
+    except (KafkaError, OSError, ValueError) as e:
+        print(f"Error while executing config command with args '{' '.join(sys.argv[1:])}': {e}", file=sys.stderr)
+        return 1
