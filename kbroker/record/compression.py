@@ -17,7 +17,11 @@ bytes, and lz4/zstd decode into a buffer sized from their frame/block headers
 (at most ``max_size + 1``), so a decompression bomb costs at most the cap in
 memory before it is refused.
 
-``decompress_view`` is the validation path (kbroker._native.batch): it decodes
+Validating a producer's compressed batch normally decodes nothing here: gzip, lz4
+and zstd sections are streamed through a small window and walked as they decode
+(kbroker._native.codec.check_section). ``decompress_view`` is the validation path
+for the rest (snappy; lz4 frames with linked or > 256 KiB blocks; zstd frames with
+windows > 16 MiB; KBROKER_CODEC_STREAMING=0): it decodes
 into this thread's reusable scratch buffer instead of fresh memory (fresh
 multi-MiB buffers cost page faults and zero-filling on every batch, more than
 lz4 itself) and returns a view that stays valid until the thread's next call.
