@@ -167,3 +167,34 @@ def test_large_reads_load_no_blocks(tmp_path, monkeypatch):
     without = reads()
     assert with_blocks == without and segment_mod._blocks.get(log.segments[-1]) is None
     log.close()
+
+
+def test_a_broker_serves_batch_by_batch_readers_the_records_written(bootstrap):
+    """A real broker, raw Fetch v11 one batch at a time (partition_max_bytes 1: KIP-74's first batch)
+    while more is produced: every answer is the next batch, CRC-checked, with the value written. With
+    one byte of a read block wrong the answers would carry it (test_the_checker_sees_a_stale_block)."""
+    from test_broker_fetch import Raw, create_topic, fetch_records, produce, unique
+
+    topic = create_topic(bootstrap, unique("read-block"))
+    rng = random.Random(13)
+    values = []
+
+    def write(n):
+        for _ in range(n):
+            v = f"v{len(values)}-".encode() + b"x" * rng.randrange(0, 300)
+            values.append(v)
+            assert produce(raw, topic, 0, [(T0 + len(values), None, v)])["error_code"] == 0
+
+    with Raw(bootstrap) as raw:
+        write(400)
+        for offset in range(400):
+            if offset % 50 == 0:
+                write(6)                          # appends between the reads
+            p, records = fetch_records(raw, topic, 0, offset, partition_max_bytes=1)
+            assert p["error_code"] == 0
+            assert [(r[0], r[3]) for r in records] == [(offset, values[offset])], offset
+            assert p["high_watermark"] == len(values)
+        # a limit below two batches: whole batches only, never past the high watermark
+        p, records = fetch_records(raw, topic, 0, len(values) - 3, partition_max_bytes=700)
+        assert [r[0] for r in records] == list(range(len(values) - 3, len(values)))[:len(records)]
+        assert records and records[-1][0] < p["high_watermark"]
