@@ -371,7 +371,9 @@ def run_throughput(a) -> dict:
     """The throughput job (kbroker.spark.throughput) at each of ``throughput_gb`` sizes, in
     ``throughput_rounds`` rounds (sizes in alternating order per round) in one SparkSession against
     one broker: seconds per GB per phase and size (median of the rounds), the spread across sizes
-    (max / min, target <= 1.15) and the marginal cost (least-squares slope of seconds over GB)."""
+    (max / min, target <= 1.15) and the marginal cost (least-squares slope of seconds over GB); the
+    same for the CPU seconds of the local process tree (``cpu_*``: Spark, its Python workers and
+    the broker), which other work on the machine does not stretch as it stretches wall time."""
     import shutil
     import statistics
 
@@ -392,22 +394,28 @@ def run_throughput(a) -> dict:
                     rep = throughput.run(args)
                     assert rep["ok"], rep.get("verify")
                     runs.setdefault(str(gb), []).append(
-                        {ph: v["seconds"] for ph, v in rep["phases"].items()} | {"warmup": rep.get("warmup_seconds")})
+                        {ph: v["seconds"] for ph, v in rep["phases"].items()} | {"warmup": rep.get("warmup_seconds")}
+                        | {f"{ph}_cpu": v["cpu_seconds_local"] for ph, v in rep["phases"].items()})
                     print(json.dumps({"gb": gb, "round": r, **runs[str(gb)][-1]}), flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    out: dict = {"runs": runs, "seconds_per_GB": {}, "spread": {}, "marginal_s_per_GB": {}}
+    out: dict = {"runs": runs}
     gbs = [float(g) for g in runs]
-    for ph in ("write", "read", "expected"):
-        med = {g: statistics.median(x[ph] for x in runs[g]) for g in runs}
-        out["seconds_per_GB"][ph] = {g: round(med[g] / float(g), 3) for g in runs}
-        spg = list(out["seconds_per_GB"][ph].values())
-        out["spread"][ph] = round(max(spg) / min(spg), 3)
-        ys = [med[g] for g in runs]
-        mx, my = statistics.mean(gbs), statistics.mean(ys)
-        slope = sum((x - mx) * (y - my) for x, y in zip(gbs, ys)) / sum((x - mx) ** 2 for x in gbs)
-        out["marginal_s_per_GB"][ph] = round(slope, 3)
-        out.setdefault("fixed_s", {})[ph] = round(my - slope * mx, 3)
+    # wall seconds, and CPU seconds of the whole local process tree (Spark, Python workers, the
+    # broker): the same linearity figures for a cost that the machine's other load does not stretch
+    for key, suffix in (("", ""), ("_cpu", "cpu_")):
+        for ph in ("write", "read", "expected"):
+            if any(x.get(ph + key) is None for g in runs for x in runs[g]):
+                continue
+            med = {g: statistics.median(x[ph + key] for x in runs[g]) for g in runs}
+            spg = {g: round(med[g] / float(g), 3) for g in runs}
+            out.setdefault(f"{suffix}seconds_per_GB", {})[ph] = spg
+            out.setdefault(f"{suffix}spread", {})[ph] = round(max(spg.values()) / min(spg.values()), 3)
+            ys = [med[g] for g in runs]
+            mx, my = statistics.mean(gbs), statistics.mean(ys)
+            slope = sum((x - mx) * (y - my) for x, y in zip(gbs, ys)) / sum((x - mx) ** 2 for x in gbs)
+            out.setdefault(f"{suffix}marginal_s_per_GB", {})[ph] = round(slope, 3)
+            out.setdefault(f"{suffix}fixed_s", {})[ph] = round(my - slope * mx, 3)
     return out
 
 

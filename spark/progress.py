@@ -26,6 +26,39 @@ def session(app: str, master: str | None = None, conf: dict | None = None):
     return spark
 
 
+def tree_cpu_seconds(root: int | None = None) -> float | None:
+    """CPU seconds (user + system) of process ``root`` (default: this one) and every live
+    descendant, plus what their reaped children used; None where /proc is missing. Run with a
+    local master this covers the whole of Spark (driver JVM, executors, Python workers) and any
+    broker this process started: a cost that, unlike wall time, does not grow when other work
+    takes the cores."""
+    root = os.getpid() if root is None else root
+    try:
+        pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return None
+    parent, ticks = {}, {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue        # exited meanwhile
+        parent[pid] = int(fields[1])
+        ticks[pid] = sum(int(x) for x in fields[11:15])   # utime stime cutime cstime
+    if root not in ticks:
+        return None
+    children: dict = {}
+    for pid, pp in parent.items():
+        children.setdefault(pp, []).append(pid)
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += ticks.get(pid, 0)
+        todo.extend(children.get(pid, ()))
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 class Progress:
     """Prints ``phase [#####.....] done/total tasks, MB/s`` to stderr while a phase runs, from
     the status tracker of the stages started since ``start``. Quiet when stderr is not a tty
@@ -43,8 +76,11 @@ class Progress:
         self._thread = None
         self.t0 = 0.0
         self.seconds = 0.0
+        self.cpu0 = None
+        self.cpu_seconds = None     # tree_cpu_seconds() over the phase, when /proc tells
 
     def __enter__(self):
+        self.cpu0 = tree_cpu_seconds()
         self.t0 = time.monotonic()
         if self.enabled:
             self._thread = threading.Thread(target=self._run, daemon=True)
@@ -77,6 +113,9 @@ class Progress:
 
     def __exit__(self, *exc):
         self.seconds = time.monotonic() - self.t0
+        cpu1 = tree_cpu_seconds()
+        if self.cpu0 is not None and cpu1 is not None:
+            self.cpu_seconds = cpu1 - self.cpu0
         self._stop.set()
         if self._thread is not None:
             self._thread.join()

@@ -164,13 +164,13 @@ def run(args) -> dict:
             report["warmup_seconds"] = round(time.monotonic() - t0, 3)
         with Progress(spark, "write", nbytes, force=args.progress) as pw:
             write(gen, topic)
-        report["phases"]["write"] = _phase(pw.seconds, nbytes, records)
+        report["phases"]["write"] = _phase(pw.seconds, nbytes, records, pw.cpu_seconds)
         with Progress(spark, "read", nbytes, force=args.progress) as pr:
             got = per_partition(reader(topic))
-        report["phases"]["read"] = _phase(pr.seconds, nbytes, records)
+        report["phases"]["read"] = _phase(pr.seconds, nbytes, records, pr.cpu_seconds)
         with Progress(spark, "expected", nbytes, force=args.progress) as pe:
             want = per_partition(gen)
-        report["phases"]["expected"] = _phase(pe.seconds, nbytes, records)
+        report["phases"]["expected"] = _phase(pe.seconds, nbytes, records, pe.cpu_seconds)
         verify = {}
         for p in range(args.partitions):
             w, g = want.get(p, (0, 0)), got.get(p, (0, 0))
@@ -190,10 +190,14 @@ def run(args) -> dict:
     return report
 
 
-def _phase(seconds: float, nbytes: int, records: int) -> dict:
+def _phase(seconds: float, nbytes: int, records: int, cpu_seconds: float | None = None) -> dict:
+    # cpu_seconds_local: CPU of this process and its descendants over the phase (with a local
+    # master all of Spark, plus a broker this process started; executors on other hosts are not
+    # counted). Unlike seconds, it does not stretch when other work takes the cores.
     return {"seconds": round(seconds, 3), "MB_per_s": round(nbytes / 1e6 / seconds, 2) if seconds else None,
             "records_per_s": round(records / seconds) if seconds else None,
-            "seconds_per_GB": round(seconds / (nbytes / 1e9), 3) if nbytes else None}
+            "seconds_per_GB": round(seconds / (nbytes / 1e9), 3) if nbytes else None,
+            "cpu_seconds_local": round(cpu_seconds, 2) if cpu_seconds is not None else None}
 
 
 def main(argv=None) -> int:

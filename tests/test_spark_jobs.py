@@ -109,6 +109,7 @@ def test_throughput_job_on_standalone_cluster_three_brokers(spark_standalone, tm
     assert s["spark_master"] == spark_standalone["master"] and s["replication_factor"] == 3
     assert s["records"] == 100_000 and sum(v["read_records"] for v in rep["verify"].values()) == 100_000
     assert set(rep["phases"]) == {"write", "read", "expected"}
+    assert all("cpu_seconds_local" in v for v in rep["phases"].values())
     # both workers ran executors of the job
     with urllib.request.urlopen(f"http://127.0.0.1:{spark_standalone['ui']}/json/", timeout=5) as resp:
         state = json.load(resp)
@@ -116,3 +117,25 @@ def test_throughput_job_on_standalone_cluster_three_brokers(spark_standalone, tm
     assert app["cores"] >= 2, app
     print("throughput on standalone (2 workers, 3 brokers, RF 3):",
           {k: v["MB_per_s"] for k, v in rep["phases"].items()})
+
+
+def test_tree_cpu_seconds_counts_descendants():
+    # The throughput report's cpu_seconds_local: a descendant's CPU must show while it lives
+    # (Spark's JVM and Python workers) and after it is reaped.
+    from kbroker.spark.progress import tree_cpu_seconds
+    before = tree_cpu_seconds()
+    burn = ("import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.3:\n    pass\n"
+            "print('burnt', flush=True)\nsys.stdin.read()\n")
+    p = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "burnt"
+        alive = tree_cpu_seconds()
+        p.stdin.close()
+        assert p.wait(60) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    reaped = tree_cpu_seconds()
+    assert before is not None and alive - before >= 0.25, (before, alive)
+    assert reaped - before >= 0.25, (before, reaped)
