@@ -35,8 +35,6 @@ cdef extern from "lz4.h" nogil:
     int LZ4_decompress_safe(const char *src, char *dst, int compressedSize, int dstCapacity)
 
 cdef extern from "zstd.h" nogil:
-    ctypedef struct ZSTD_DCtx:
-        pass
     ctypedef struct ZSTD_inBuffer:
         const void *src
         size_t size
@@ -475,8 +473,6 @@ cdef int walk_stream(Stream *s, int32_t count, bint need_keys) noexcept nogil:
 @cython.final
 cdef class Workspace:
     """A decode window and a zstd context, reused across calls (pooled, one user at a time)."""
-    cdef unsigned char *window
-    cdef ZSTD_DCtx *dctx
 
     def __cinit__(self):
         self.window = <unsigned char *>malloc(CARRY + WINDOW)
