@@ -472,7 +472,8 @@ class LogSegment:
                 # Batch boundaries from the read block: the first batch crossing the limit. A small
                 # read (its bytes will be copied from a block) reads a block at ``start`` when none
                 # holds the limit's batch; a large one (sent with sendfile) walks the file as before.
-                if block is None or start < block[0] or limit + _HEADER > block[0] + len(block[1]):
+                if block is None or start < block[0] or (limit + _HEADER > block[0] + len(block[1])
+                                                         and block[0] + len(block[1]) < end):
                     block = self._load_block(start) if max_bytes < READ_BLOCK else None
                 r = (start, 0) if block is None else _native.seek_batch_in(
                     block[1], block[0], start, end, INT64_MAX, limit)
