@@ -14,6 +14,7 @@ Produce v3-8 are non-flexible (Kafka's Produce is flexible from v9): int16-lengt
 int32-length arrays and records, request header v1 (client_id nullable string), response header
 v0 (correlation id only).
 """
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.errno cimport errno
 from posix.unistd cimport pread
@@ -372,7 +373,7 @@ def encode_fetch_response(int version, int32_t correlation_id, int16_t error_cod
     cdef Py_ssize_t size = 0, copied = 0, rsize
     cdef list parts, res
     cdef object name, records, region
-    cdef const unsigned char[::1] raw
+    cdef Py_buffer raw                               # bytes records (a segment read block's slice)
     w.pos = 0
     w.reserve(4 + 4 + 4 + 2 + 4 + 4)
     w.pos = 4
@@ -414,13 +415,17 @@ def encode_fetch_response(int version, int32_t correlation_id, int16_t error_cod
             elif records is None:
                 w.i32(-1)
             else:
-                raw = records
-                rsize = raw.shape[0]
-                w.i32(<int32_t>rsize)
-                if rsize:
-                    w.reserve(rsize)
-                    memcpy(w.p + w.pos, &raw[0], rsize)
-                    w.pos += rsize
+                # the plain buffer protocol: a typed memoryview costs ~1,500 instructions to set up
+                PyObject_GetBuffer(records, &raw, PyBUF_SIMPLE)
+                try:
+                    rsize = raw.len
+                    w.i32(<int32_t>rsize)
+                    if rsize:
+                        w.reserve(rsize)
+                        memcpy(w.p + w.pos, raw.buf, rsize)
+                        w.pos += rsize
+                finally:
+                    PyBuffer_Release(&raw)
     if not chunks:                                   # the common small answer: one chunk, no copy
         if w.pos - 4 > 0x7FFFFFFF:
             raise ValueError("Fetch response over 2^31-1 bytes")
