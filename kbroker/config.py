@@ -282,6 +282,12 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _impl("controlled.shutdown.max.retries", "int", 3),
     _impl("controlled.shutdown.retry.backoff.ms", "long", 5000),
     _impl("producer.id.expiration.ms", "int", 86400000, at_least(1)),
+    _impl("replica.fetch.max.bytes", "int", 1024 * 1024, at_least(0)),
+    _impl("replica.fetch.min.bytes", "int", 1),
+    _impl("replica.fetch.wait.max.ms", "int", 500),
+    _impl("replica.fetch.backoff.ms", "int", 1000, at_least(0)),
+    _impl("replica.fetch.response.max.bytes", "int", 10 * 1024 * 1024, at_least(0)),
+    _impl("replica.socket.timeout.ms", "int", 30000),
     # kbroker's own keys.
     _impl("log.segment.delete.delay.ms", "long", 60000, at_least(0),
           doc="deleted segments and partitions keep their files this long (own timer, 200 ms resolution)"),
@@ -320,12 +326,6 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _known("num.replica.fetchers", "int", 1),
     _known("num.replica.alter.log.dirs.threads", "int", None),
     _known("controller.socket.timeout.ms", "int", 30000),
-    _known("replica.fetch.max.bytes", "int", 1024 * 1024, at_least(0)),
-    _known("replica.fetch.min.bytes", "int", 1),
-    _known("replica.fetch.wait.max.ms", "int", 500),
-    _known("replica.fetch.backoff.ms", "int", 1000, at_least(0)),
-    _known("replica.fetch.response.max.bytes", "int", 10 * 1024 * 1024, at_least(0)),
-    _known("replica.socket.timeout.ms", "int", 30000),
     _known("replica.socket.receive.buffer.bytes", "int", 64 * 1024),
     _known("replica.high.watermark.checkpoint.interval.ms", "long", 5000),
     _known("replica.selector.class", "string", None),
@@ -477,6 +477,8 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {k.name: k for k in (
     _topic("min.insync.replicas", "int", 1, at_least(1), ["min.insync.replicas"]),
     _topic("cleanup.policy", "list", ["delete"], list_of(*CLEANUP_POLICIES), ["log.cleanup.policy"]),
     _topic("unclean.leader.election.enable", "boolean", False, None, ["unclean.leader.election.enable"]),
+    _topic("leader.replication.throttled.replicas", "list", [], throttled_replicas),
+    _topic("follower.replication.throttled.replicas", "list", [], throttled_replicas),
     # Known topic keys kbroker does not act on yet; accepted and stored so tools round-trip them.
     _topic("segment.jitter.ms", "long", 0, at_least(0), ["log.roll.jitter.ms", "log.roll.jitter.hours"], False),
     _topic("delete.retention.ms", "long", 86400000, at_least(0), ["log.cleaner.delete.retention.ms"]),
@@ -498,8 +500,6 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {k.name: k for k in (
     _topic("message.timestamp.after.max.ms", "long", LONG_MAX, at_least(0),
            ["log.message.timestamp.after.max.ms"], False),
     _topic("message.downconversion.enable", "boolean", True, None, ["log.message.downconversion.enable"], False),
-    _topic("leader.replication.throttled.replicas", "list", [], throttled_replicas, (), False),
-    _topic("follower.replication.throttled.replicas", "list", [], throttled_replicas, (), False),
     _topic("local.retention.ms", "long", -2, None, ["log.local.retention.ms"], False),
     _topic("local.retention.bytes", "long", -2, None, ["log.local.retention.bytes"], False),
     _topic("remote.storage.enable", "boolean", False, None, (), False),
@@ -796,6 +796,9 @@ class BrokerConfig:
             "min.cleanable.dirty.ratio": v["log.cleaner.min.cleanable.ratio"],
             "unclean.leader.election.enable": v["unclean.leader.election.enable"],
             "file.delete.delay.ms": v["log.segment.delete.delay.ms"],
+            # No broker synonym: the throttle reads them per topic (replica/throttle.py).
+            "leader.replication.throttled.replicas": [],
+            "follower.replication.throttled.replicas": [],
         }
 
     def cleaner_config(self) -> dict[str, Any]:

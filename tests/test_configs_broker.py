@@ -320,3 +320,26 @@ def test_rate_set_through_the_api_throttles_a_follower_and_delete_lifts_it(clust
           f"(size/rate {expected:.1f}s); after DELETE {free_s:.1f}s")
     assert slow_s >= 0.5 * expected, (slow_s, expected)
     assert free_s < 0.5 * expected and free_s < slow_s / 2, (free_s, slow_s)
+
+
+def test_flexible_versions_describe_v4_and_alter_v2(cluster):
+    """DescribeConfigs v4 and AlterConfigs v2 (the flexible versions Kafka 2.4+ advertises) answer as
+    the older versions do: a broker's dynamic key set and read back through them."""
+    resp = raw(cluster, 0, 33, 2, {"resources": [{"resource_type": 4, "resource_name": "0", "configs": [
+        {"name": FOLLOWER_RATE, "value": "7340032"}]}], "validate_only": False})
+    assert [(r["error_code"], r["resource_name"]) for r in resp["responses"]] == [(0, "0")], resp
+    resp = raw(cluster, 0, 32, 4, {"resources": [{"resource_type": 4, "resource_name": "0",
+                                                  "configuration_keys": [FOLLOWER_RATE]}],
+                                   "include_synonyms": True, "include_documentation": False})
+    res = resp["results"][0]
+    assert res["error_code"] == 0, res
+    [entry] = res["configs"]
+    assert (entry["name"], entry["value"], entry["config_source"]) == (FOLLOWER_RATE, "7340032", 2)   # DYNAMIC_BROKER_CONFIG
+    # AlterConfigs replaces the entity's whole set: an empty set removes the key again.
+    resp = raw(cluster, 0, 33, 2, {"resources": [{"resource_type": 4, "resource_name": "0", "configs": []}],
+                                   "validate_only": False})
+    assert resp["responses"][0]["error_code"] == 0, resp
+    res = raw(cluster, 0, 32, 4, {"resources": [{"resource_type": 4, "resource_name": "0",
+                                                 "configuration_keys": [FOLLOWER_RATE]}],
+                                  "include_synonyms": False, "include_documentation": False})["results"][0]
+    assert res["configs"][0]["config_source"] == 5, res    # DEFAULT_CONFIG
