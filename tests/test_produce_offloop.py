@@ -141,7 +141,11 @@ def _bomb_run(threads: int, same_partition: bool = False) -> tuple[float, float,
     steady producer's partition. -> (quiet gap, attack gap, codes)."""
     bomb = _bomb()
     with tempfile.TemporaryDirectory(prefix="offloop-bomb-") as root:
-        with LocalCluster(root, num_partitions=1, overrides={"kbroker.log.validation.threads": threads}) as c:
+        # The general decode path (the whole batch decompressed up to the cap: ~60 ms a bomb), so that
+        # validation has a cost worth moving off the loop; the default streaming check refuses a bomb
+        # in a few ms whichever thread runs it (tests/test_codec.py).
+        with LocalCluster(root, num_partitions=1, overrides={"kbroker.log.validation.threads": threads},
+                          env={"KBROKER_CODEC_STREAMING": "0"}) as c:
             steady_topic, bomb_topic = f"steady-{uuid.uuid4().hex[:6]}", f"bombs-{uuid.uuid4().hex[:6]}"
             create_topic(c.bootstrap, steady_topic, 1)
             create_topic(c.bootstrap, bomb_topic, 1, {"max.message.bytes": 8 << 20})
