@@ -96,3 +96,23 @@ def test_a_cancelled_poll_leaves_nothing_behind():
         await asyncio.sleep(0)
         assert d.reads == 0
     run(main())
+
+
+def test_a_failing_read_fails_the_future_instead_of_hanging():
+    """An exception in a done-callback reaches no awaiter: the poll must carry it to its future so the
+    connection answers or closes (issue 9: never a silent hang); the deadline timer goes with it."""
+    async def main():
+        n = AppendNotifier()
+
+        def read():
+            raise RuntimeError("read failed on purpose")
+        fut = long_poll(n, [TP], n.waiter([TP]), 30.0, read, lambda size: True)
+        n.appended(TP)
+        try:
+            await asyncio.wait_for(fut, 1.0)
+        except RuntimeError as exc:
+            assert "on purpose" in str(exc)
+        else:
+            raise AssertionError("the poll answered although its read failed")
+        assert not n._waiters
+    run(main())

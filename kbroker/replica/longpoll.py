@@ -12,7 +12,8 @@ the whole poll.
 ``waiter`` (registered by the caller before it returned, so no append in between is missed) wakes an
 attempt; an attempt forgets its waiter, calls ``read()``, and resolves the future when ``enough(result)``
 or the deadline has passed, else registers a new waiter. The deadline runs a last attempt. If the future
-is cancelled (the connection went away) the waiter and the timer are dropped with it.
+is cancelled (the connection went away) the waiter and the timer are dropped with it; an exception
+in ``read``/``enough``/``answer`` fails the future (never a silent hang).
 
 Threads: the event-loop thread.
 """
@@ -34,13 +35,22 @@ def long_poll(notifier, tps, waiter, max_wait_s: float, read, enough, answer=Non
         if current is not None:
             notifier.forget(tps, current)
             state[0] = None
-        res = read()
-        if final or enough(res) or loop.time() >= deadline:
+        try:
+            res = read()
+            done = final or enough(res) or loop.time() >= deadline
+            if done:
+                res = res if answer is None else answer(res)
+        except BaseException as exc:    # a callback's exception would reach no one: the fetch would hang
+            done, res = True, exc
+        if done:
             timer = state[1]
             if timer is not None:
                 timer.cancel()
                 state[1] = None
-            result.set_result(res if answer is None else answer(res))
+            if isinstance(res, BaseException):
+                result.set_exception(res)   # the connection answers or closes, as for a failed handler
+            else:
+                result.set_result(res)
             return
         w = state[0] = notifier.waiter(tps)
         w.add_done_callback(attempt)

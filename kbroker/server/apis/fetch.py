@@ -16,6 +16,7 @@ from ...network.connection import EncodeOffLoop
 from ...protocol.errors import Errors
 from ...protocol.types import FileRegions
 from ...record import BatchError
+from ...replica.longpoll import long_poll
 from ...replica.partition import follower_key
 
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
@@ -128,27 +129,9 @@ def execute(broker, req):
         tps = [follower_key(name, p[0]) for name, parts in req.topics for p in parts]
     else:
         tps = [(name, p[0]) for name, parts in req.topics for p in parts]
-    return _long_poll(broker, req, tps, broker.notifier.waiter(tps))
-
-
-async def _long_poll(broker, req, tps, fut):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + req.max_wait_ms / 1000
-    while True:
-        remaining = deadline - loop.time()
-        if fut is None:
-            fut = broker.notifier.waiter(tps)
-        try:
-            if remaining > 0:
-                await asyncio.wait_for(asyncio.shield(fut), remaining)
-        except asyncio.TimeoutError:
-            pass
-        finally:
-            broker.notifier.forget(tps, fut)
-            fut = None
-        rows, size, errors = _read(broker, req)
-        if size >= req.min_bytes or errors or loop.time() >= deadline:
-            return (0, rows)
+    return long_poll(broker.notifier, tps, broker.notifier.waiter(tps), req.max_wait_ms / 1000,
+                     lambda: _read(broker, req), lambda res: res[1] >= req.min_bytes or bool(res[2]),
+                     lambda res: (0, res[0]))
 
 
 def _record_follower(broker, req, replica_id):
