@@ -60,21 +60,7 @@ cdef extern from "zstd_errors.h" nogil:
         ZSTD_error_frameParameter_windowTooLarge
     ZSTD_ErrorCode ZSTD_getErrorCode(size_t functionResult)
 
-cdef extern from "zlib.h" nogil:
-    ctypedef struct z_stream:
-        const unsigned char *next_in
-        unsigned int avail_in
-        unsigned char *next_out
-        unsigned int avail_out
-    int inflateInit2(z_stream *strm, int window_bits)
-    int inflate(z_stream *strm, int flush)
-    int inflateReset(z_stream *strm)
-    int inflateEnd(z_stream *strm)
-    enum:
-        Z_OK
-        Z_STREAM_END
-        Z_NO_FLUSH
-        Z_BUF_ERROR
+from czlib cimport *
 
 
 # Outcomes of check_section (mirrored in codec.pyi and used by batch.check_compressed).
