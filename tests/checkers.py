@@ -645,3 +645,19 @@ def read_all_confluent(bootstrap: str, topic: str, partitions: int, history: His
     finally:
         c.close()
     return ends
+
+
+def fill_partition(bootstrap: str, topic: str, records: int, value_size: int) -> None:
+    """Produce ``records`` keyed records of ``value_size`` bytes to partition 0 with acks=all (confluent-kafka),
+    waiting out a full local queue; every record acknowledged or the assert fails."""
+    from confluent_kafka import Producer
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 20, "batch.size": 1 << 20})
+    value = b"x" * value_size
+    for i in range(records):
+        while True:
+            try:
+                p.produce(topic, value=value, key=b"%d" % i, partition=0)
+                break
+            except BufferError:
+                p.poll(0.05)
+    assert p.flush(60) == 0

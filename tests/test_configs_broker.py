@@ -16,14 +16,14 @@ import sys
 import time
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource,
                                    NewTopic)
 from kafka.admin import ConfigResource as KpConfigResource
 from kafka.admin import ConfigResourceType, KafkaAdminClient
 from kazoo.client import KazooClient
 
-from checkers import RawConn, partition_dir
+from checkers import RawConn, fill_partition, partition_dir
 from kbroker.testing import LocalCluster, wait_until
 from kbroker.zk import layout as L
 
@@ -273,16 +273,7 @@ def test_malformed_throttled_replica_lists_refused(cluster, admin):
 
 
 def fill(c, name):
-    p = Producer({"bootstrap.servers": c.bootstrap, "acks": "all", "linger.ms": 20, "batch.size": 1 << 20})
-    value = b"x" * VALUE
-    for i in range(RECORDS):
-        while True:
-            try:
-                p.produce(name, value=value, key=b"%d" % i, partition=0)
-                break
-            except BufferError:
-                p.poll(0.05)
-    assert p.flush(60) == 0
+    fill_partition(c.bootstrap, name, RECORDS, VALUE)
 
 
 def move_to_both(c, zk, tmp_path, name) -> float:

@@ -18,11 +18,10 @@ import sys
 import time
 
 import pytest
-from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kazoo.client import KazooClient
 
-from checkers import History, RawConn, partition_dir, read_all_confluent
+from checkers import History, RawConn, fill_partition, partition_dir, read_all_confluent
 from kbroker.testing import LocalCluster, wait_until
 from kbroker.zk import layout as L
 from test_replication import TOPIC, LoadProducer
@@ -37,16 +36,7 @@ def tool(c, *args):
 
 
 def fill(c, name):
-    p = Producer({"bootstrap.servers": c.bootstrap, "acks": "all", "linger.ms": 20, "batch.size": 1 << 20})
-    value = b"x" * VALUE
-    for i in range(RECORDS):
-        while True:
-            try:
-                p.produce(name, value=value, key=b"%d" % i, partition=0)
-                break
-            except BufferError:
-                p.poll(0.05)
-    assert p.flush(60) == 0
+    fill_partition(c.bootstrap, name, RECORDS, VALUE)
 
 
 def stored_bytes(c, broker, name):
