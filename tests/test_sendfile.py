@@ -6,6 +6,8 @@ sendfile add up to at least 90% of the partition's log bytes it serves.
 Measured two independent ways: Debian's ``strace -f -e trace=sendfile`` attached to the broker's PID
 (adding up the syscalls' return values; the test fails if strace is missing), and the broker's own
 counters (fetch_sendfile_calls/bytes, fetch_copy_bytes) on its ``kbroker.metrics.port`` /metrics.
+The counter test and the vanishing-client test run on both event loops (kbroker.event.loop): uvloop has
+no loop.sendfile, so there the broker calls os.sendfile itself and waits on a dup() of the socket.
 """
 from __future__ import annotations
 
@@ -120,13 +122,23 @@ def _metrics(port) -> dict[str, float]:
     return out
 
 
-def test_fetch_uses_sendfile_by_broker_counters(tmp_path):
+LOOPS = ["asyncio", "uvloop"]
+
+
+def _loop_env(c, loop):
+    assert f"event loop: {loop} (kbroker.event.loop)" in c.brokers[0].log_path.read_text(errors="replace")
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_fetch_uses_sendfile_by_broker_counters(tmp_path, loop):
     """The same invariant from the broker's own counters on its /metrics endpoint."""
     from kbroker.testing import LocalCluster, free_port
     import confluent_kafka as ck
 
     mport = free_port()
-    with LocalCluster(tmp_path / "cluster", num_partitions=1, overrides={"kbroker.metrics.port": mport}) as c:
+    with LocalCluster(tmp_path / "cluster", num_partitions=1, overrides={"kbroker.metrics.port": mport},
+                      env={"KBROKER_EVENT_LOOP": loop}) as c:
+        _loop_env(c, loop)
         topic = f"sendfile-m-{uuid.uuid4().hex[:8]}"
         wait_for_topic(c.bootstrap, topic, 1)
         p = ck.Producer({"bootstrap.servers": c.bootstrap, "linger.ms": 20})
@@ -148,12 +160,13 @@ def test_fetch_uses_sendfile_by_broker_counters(tmp_path):
     d = {k.replace("kbroker_network_fetch_", ""): after[k] - before.get(k, 0) for k in after}
     sent, copied = d["sendfile_bytes_total"], d["copy_bytes_total"]
     print(f"T-sendfile-metrics log_bytes={log_bytes} sendfile_bytes={sent:.0f} copy_bytes={copied:.0f} "
-          f"calls={d['sendfile_calls_total']:.0f}")
+          f"calls={d['sendfile_calls_total']:.0f} loop={loop}")
     assert sent >= 0.90 * (sent + copied)
     assert sent >= 0.90 * log_bytes
 
 
-def test_client_vanishing_mid_fetch_leaves_no_stuck_send(tmp_path):
+@pytest.mark.parametrize("loop", LOOPS)
+def test_client_vanishing_mid_fetch_leaves_no_stuck_send(tmp_path, loop):
     """Invariant: a consumer that disconnects while a large fetch response is being sent (the socket
     buffer full, the broker waiting to write) leaves nothing behind: no send waiting forever, no stale
     event-loop registration for its fd; the broker keeps serving, and its open-connection gauge returns
@@ -167,7 +180,8 @@ def test_client_vanishing_mid_fetch_leaves_no_stuck_send(tmp_path):
     from kbroker.testing import LocalCluster, free_port, wait_until
 
     mport = free_port()
-    with LocalCluster(tmp_path, overrides={"kbroker.metrics.port": mport}) as c:
+    with LocalCluster(tmp_path, overrides={"kbroker.metrics.port": mport}, env={"KBROKER_EVENT_LOOP": loop}) as c:
+        _loop_env(c, loop)
         p = ck.Producer({"bootstrap.servers": c.bootstrap, "linger.ms": 20})
         for _ in range(8000):
             p.produce("vanish", value=b"x" * 1000, partition=0)

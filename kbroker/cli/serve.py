@@ -26,9 +26,13 @@ def _log_level(text: str) -> str:
 
 
 def install_event_loop(name: str) -> None:
-    """Make asyncio.run() (the broker's entry point) build the configured loop (kbroker.event.loop: the
-    config accepts only asyncio's selector loop, which kbroker/network drives directly)."""
-    asyncio.set_event_loop_policy(None)     # the standard library's default policy: selector loop
+    """Make asyncio.run() (the broker's entry point) build the configured loop (kbroker.event.loop).
+    ImportError when uvloop is chosen and cannot be imported (the caller reports it as a config error)."""
+    if name == "uvloop":
+        import uvloop
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    else:
+        asyncio.set_event_loop_policy(None)     # the standard library's default policy: selector loop
     log.info("event loop: %s (%s)", name, EVENT_LOOP_KEY)
 
 

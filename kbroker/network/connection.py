@@ -15,9 +15,14 @@ sweeper closes the connection otherwise).
 
 Sending: requests may complete out of order (a long-polling Fetch, an acks=all Produce), but their
 responses leave in request order (clients match correlation ids FIFO). Response chunks are bytes or
-``FileRegions``; regions go out with ``loop.sendfile`` (``os.sendfile`` on plain TCP) or, when tiny,
-through an explicit counted copy. A short sendfile (file truncated underneath) closes the connection
-because the response's size was already promised.
+``FileRegions``; regions go out with direct ``os.sendfile`` on the socket once the transport's buffer is
+empty, waiting for writability between calls when the socket is full (asyncio's selector loop: the
+socket's own descriptor registered through its writer hook; uvloop, which refuses a writer on a
+descriptor its transport owns: a dup() of it, registered with the public ``add_writer``). When earlier
+bytes are still in the transport's buffer, asyncio's ``loop.sendfile`` orders them (tiny ranges through
+an explicit counted copy); uvloop has no ``loop.sendfile``, so there the send first waits for the buffer
+to drain. A short sendfile (file truncated underneath) closes the connection because the response's size
+was already promised.
 """
 from __future__ import annotations
 
@@ -162,7 +167,8 @@ class Connection(asyncio.BufferedProtocol):
         self._pending: deque[_Slot] = deque()
         self._writing = False
         self._write_waiter = None # future of a direct send waiting for the socket to drain
-        self._write_fd = -1       # fd we registered for writability (-1: none)
+        self._write_fd = -1       # fd we registered for writability (-1: none; a dup of ours on uvloop)
+        self._selector = server.selector_loop
         self._send_rest = None    # (slot, chunks) of an answer waiting for the socket (_on_writable)
         self._in_read = False     # dispatching the frames of one read: defer writes to its end
         self._read_at = 0.0       # monotonic time of the last read (when its frames became complete)
@@ -604,9 +610,7 @@ class Connection(asyncio.BufferedProtocol):
                 # socket buffer waits ~20 times).
                 self._writing = True
                 self._send_rest = (slot, rest)
-                sock_fd = self.transport.get_extra_info("socket").fileno()
-                self.loop._add_writer(sock_fd, self._on_writable)
-                self._write_fd = sock_fd
+                self._register_writer(self._on_writable)
                 return
             self._writing = True
             self.loop.create_task(self._write_regions(slot, chunks))
@@ -650,7 +654,23 @@ class Connection(asyncio.BufferedProtocol):
             self._flush()
 
     def _direct_ok(self):
-        return self.transport.get_write_buffer_size() == 0 and hasattr(self.loop, "_add_writer")
+        return self.transport.get_write_buffer_size() == 0
+
+    def _register_writer(self, callback):
+        sock_fd = self.transport.get_extra_info("socket").fileno()
+        if self._selector:
+            self.loop._add_writer(sock_fd, callback)
+            self._write_fd = sock_fd
+            return
+        # uvloop refuses add_writer on the transport's descriptor; a dup() shares the socket (epoll
+        # reports its writability the same) and is ours to register and close.
+        fd = os.dup(sock_fd)
+        try:
+            self.loop.add_writer(fd, callback)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._write_fd = fd
 
     def _send_now(self, chunks):
         """Write ``chunks`` (bytes and FileRegions) straight to the non-blocking socket until it would
@@ -689,10 +709,15 @@ class Connection(asyncio.BufferedProtocol):
 
     async def _write_regions(self, slot, chunks):
         try:
-            if self.transport.get_write_buffer_size() == 0 and hasattr(self.loop, "_add_writer"):
+            if self.transport.get_write_buffer_size() == 0:
                 await self._write_direct(chunks)
-            else:
+            elif self._selector:
                 await self._write_via_transport(chunks)
+            else:
+                # no loop.sendfile here: let the transport drain its buffer, then send directly
+                while self.transport.get_write_buffer_size():
+                    await self._writable()
+                await self._write_direct(chunks)
         except (OSError, ConnectionError, RuntimeError) as e:
             hostile_log(logging.WARNING, "closing %s: fetch send failed: %s", self.peer, e)
             self.close()
@@ -707,18 +732,16 @@ class Connection(asyncio.BufferedProtocol):
         (responses are serialized by ``_writing``): ``_send_now`` writes until the socket would block,
         and the socket is registered for writability only while its buffer is full (asyncio's own
         sendfile registers and unregisters per call)."""
-        sock_fd = self.transport.get_extra_info("socket").fileno()
         rest = self._send_now(chunks)
         while rest is not None:
-            await self._writable(sock_fd)     # raises once the connection is closing
+            await self._writable()            # raises once the connection is closing
             rest = self._send_now(rest)
 
-    async def _writable(self, sock_fd):
+    async def _writable(self):
         if self.closed or self.transport.is_closing():
             raise ConnectionError("connection closed during a fetch send")
         fut = self._write_waiter = self.loop.create_future()
-        self.loop._add_writer(sock_fd, lambda: fut.done() or fut.set_result(None))
-        self._write_fd = sock_fd
+        self._register_writer(lambda: fut.done() or fut.set_result(None))
         try:
             await fut
         finally:
@@ -726,9 +749,14 @@ class Connection(asyncio.BufferedProtocol):
             self._unregister_writer()    # no-op if connection_lost already did it
 
     def _unregister_writer(self):
-        if self._write_fd >= 0:
-            self.loop._remove_writer(self._write_fd)
+        fd = self._write_fd
+        if fd >= 0:
             self._write_fd = -1
+            if self._selector:
+                self.loop._remove_writer(fd)
+            else:
+                self.loop.remove_writer(fd)
+                os.close(fd)
 
     async def _write_via_transport(self, chunks):
         """Earlier responses are still in the transport's buffer: let asyncio order the bytes

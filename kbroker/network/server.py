@@ -12,6 +12,12 @@ Limits, with Kafka's semantics where Kafka has the key:
   frame must arrive in full within this time of its first byte, or its connection is closed.
 - ``connections.max.idle.ms`` closes idle connections and also connections whose oldest request has
   been pending that long (an answer that will never come must end in a close, not a hang).
+
+Loops (``kbroker.event.loop``): on asyncio's selector loop the listening sockets come from
+``create_server`` and the accept loop is swapped in through the selector loop's own reader hooks; on any
+other loop (uvloop) the server binds its own listening sockets, watches them with the public
+``loop.add_reader`` and hands each accepted socket to ``loop.connect_accepted_socket``. The same limits
+apply on both.
 """
 from __future__ import annotations
 
@@ -144,13 +150,28 @@ class KafkaServer:
         self.connections: set[Connection] = set()
         self.memory_paused: set[Connection] = set()   # stopped reading until pool memory frees up
         self.loop = None
+        self.selector_loop = False   # asyncio's selector loop (its private reader/writer hooks are used)
         self._server = None
+        self._serving = False
+        self._handshakes = 0         # accepted sockets whose connection_made has not run yet (uvloop)
         self._sweeper = None
         self._hangup_watch = None
 
     async def start(self):
-        self.loop = asyncio.get_running_loop()
+        self.loop = loop = asyncio.get_running_loop()
         _tune_gc()
+        self.selector_loop = all(hasattr(loop, a) for a in ("_add_reader", "_remove_reader", "_add_writer",
+                                                             "_remove_writer", "_make_socket_transport"))
+        if not self.selector_loop:
+            self._listen = self._bind()
+            self.port = self._listen[0].getsockname()[1]
+            self._serving = True
+            for sock in self._listen:
+                loop.add_reader(sock.fileno(), self._accept_ready, sock)
+            self._sweeper = loop.create_task(self._sweep())
+            self._hangup_watch = loop.create_task(self._watch_hangups())
+            log.info("listening on %s:%d (%s)", self.host or "*", self.port, type(loop).__module__)
+            return
         self._server = await self.loop.create_server(
             # backlog also bounds how many accepts asyncio tries per readiness event
             self._new_connection, self.host or None, self.port, reuse_address=True, backlog=128)
@@ -165,6 +186,47 @@ class KafkaServer:
         self._sweeper = self.loop.create_task(self._sweep())
         self._hangup_watch = self.loop.create_task(self._watch_hangups())
         log.info("listening on %s:%d", self.host or "*", self.port)
+
+    def _bind(self) -> list[socket.socket]:
+        """Listening sockets as create_server makes them: one per address of the host (all interfaces
+        when it is empty), SO_REUSEADDR, IPv6 sockets v6-only, backlog 128, non-blocking. With port 0
+        the first socket's port is reused for the others."""
+        port = self.port
+        infos = socket.getaddrinfo(self.host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        socks, seen = [], set()
+        try:
+            for family, type_, proto, _name, addr in infos:
+                if (family, addr) in seen:
+                    continue
+                seen.add((family, addr))
+                sock = socket.socket(family, type_, proto)
+                socks.append(sock)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                if port == 0 and len(socks) > 1:
+                    addr = (addr[0], socks[0].getsockname()[1]) + tuple(addr[2:])
+                sock.bind(addr)
+                sock.listen(128)
+                sock.setblocking(False)
+        except OSError:
+            for sock in socks:
+                sock.close()
+            raise
+        return socks
+
+    async def _adopt(self, conn: socket.socket, addr) -> None:
+        """uvloop: the accepted socket becomes a transport; connection_made (which counts it) has run
+        when this returns."""
+        try:
+            await self.loop.connect_accepted_socket(self._new_connection, conn)
+        except Exception as e:
+            conn.close()
+            hostile_log(logging.WARNING, "cannot set up the connection from %s: %s", addr, e)
+        finally:
+            self._handshakes -= 1
+            if not self._accepting and not self._fd_paused:
+                self._resume_accepting()
 
     def _new_connection(self):
         return Connection(self)
@@ -209,9 +271,12 @@ class KafkaServer:
     ACCEPT_BURST = 16    # accepts per wake-up of the listening socket (then other work gets a turn)
 
     def _accept_ready(self, sock) -> None:
+        selector = self.selector_loop
         for i in range(self.ACCEPT_BURST):
-            # connection_made (which counts a connection) runs after this burst: count the burst too
-            if not self._accepting or len(self.connections) + i >= self.max_connections:
+            # connection_made (which counts a connection) runs after this burst (after the adoption task
+            # on uvloop): count the burst (the adoptions in flight) too
+            if not self._accepting or \
+                    len(self.connections) + (i if selector else self._handshakes) >= self.max_connections:
                 return
             try:
                 conn, addr = sock.accept()
@@ -227,8 +292,12 @@ class KafkaServer:
                 self._pause_accepting(retry_s=1.0)
                 return
             self._accept_failing = False
-            self.loop._make_socket_transport(conn, self._new_connection(), extra={"peername": addr},
-                                             server=self._server)
+            if selector:
+                self.loop._make_socket_transport(conn, self._new_connection(), extra={"peername": addr},
+                                                 server=self._server)
+            else:
+                self._handshakes += 1
+                self.loop.create_task(self._adopt(conn, addr))
             if conn.fileno() >= self.fd_limit:
                 # this one is served; nothing more is accepted until descriptors are free again
                 log.warning("descriptors nearly exhausted (fd %d of %d): not accepting until some close",
@@ -239,11 +308,12 @@ class KafkaServer:
                 return
 
     def _pause_accepting(self, retry_s: float | None = None) -> None:
-        if self._accepting and self._server is not None:
+        if self._accepting and (self._server is not None or self._serving):
             self._accepting = False
             self.metrics.accept_pauses += 1
+            remove = self.loop._remove_reader if self.selector_loop else self.loop.remove_reader
             for sock in self._listen:
-                self.loop._remove_reader(sock.fileno())
+                remove(sock.fileno())
         if retry_s is not None:
             self.loop.call_later(retry_s, self._resume_accepting)
 
@@ -260,13 +330,19 @@ class KafkaServer:
             self.loop.call_later(0.5, self._recheck_fds)
 
     def _resume_accepting(self) -> None:
-        if self._accepting or self._server is None or not self._server.is_serving():
+        if self._accepting:
+            return
+        if self.selector_loop:
+            if self._server is None or not self._server.is_serving():
+                return
+        elif not self._serving:
             return
         if len(self.connections) >= self.max_connections or self._fd_paused:
             return   # connection_closed resumes us
         self._accepting = True
+        add = self.loop._add_reader if self.selector_loop else self.loop.add_reader
         for sock in self._listen:
-            self.loop._add_reader(sock.fileno(), self._accept_ready, sock)
+            add(sock.fileno(), self._accept_ready, sock)
 
     async def _sweep(self):
         """connections.max.idle.ms: a connection with no request for that long is closed, and so is one
@@ -346,6 +422,12 @@ class KafkaServer:
                 task.cancel()
         if self._server:
             self._server.close()
+        elif self._serving:
+            self._serving = False
+            for sock in self._listen:
+                if self._accepting:
+                    self.loop.remove_reader(sock.fileno())
+                sock.close()
         for conn in list(self.connections):
             conn.close()
         self.heavy_executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,230 @@
+"""The network layer's rules on each event loop (kbroker.event.loop: asyncio's selector loop and uvloop),
+against a real KafkaServer on 127.0.0.1 with real client sockets.
+
+Invariants, on both loops:
+- the server runs the loop it was given (uvloop: its own listening socket, connect_accepted_socket);
+- max.connections.per.ip closes the extra connection at once; max.connections keeps new clients in the
+  listen backlog until a slot frees (then they are served);
+- a frame that does not complete within kbroker.socket.request.frame.timeout.ms closes its connection,
+  and trickled bytes do not extend the deadline;
+- a large frame reserves pool memory only as its bytes arrive, and all of it comes back;
+- the listening socket is closed at stop (a new connection is refused).
+"""
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import threading
+import time
+
+import pytest
+
+from kbroker.network.connection import FRAME_STEP
+from kbroker.network.server import KafkaServer
+from kbroker.protocol import api
+
+LOOPS = ["asyncio", "uvloop"]
+
+
+def _new_loop(name):
+    if name == "uvloop":
+        import uvloop
+        return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
+class ServerThread:
+    def __init__(self, loop_name, handlers, **kw):
+        self.loop_name = loop_name
+        self.loop = _new_loop(loop_name)
+        self.handlers = handlers
+        self.kw = dict(max_request_bytes=8 << 20, pool_bytes=32 << 20, idle_ms=60_000) | kw
+        self.server = None
+        self.error = None
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.server = KafkaServer("127.0.0.1", 0, self.handlers, **self.kw)
+            self.loop.run_until_complete(self.server.start())
+        except BaseException as e:     # reported by __enter__
+            self.error = e
+            self.ready.set()
+            return
+        self.ready.set()
+        self.loop.run_forever()
+
+    def __enter__(self):
+        self.thread.start()
+        assert self.ready.wait(10)
+        if self.error is not None:
+            raise self.error
+        return self
+
+    def __exit__(self, *exc):
+        fut = asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop)
+        fut.result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+    def call(self, fn):
+        async def run():
+            return fn()
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(10)
+
+    @property
+    def port(self):
+        return self.server.port
+
+
+def _api_versions(conn, header, body):
+    return {"error_code": 0, "api_keys": [{"api_key": 18, "min_version": 0, "max_version": 3}],
+            "throttle_time_ms": 0}
+
+
+@pytest.fixture(autouse=True)
+def _advertise():
+    saved = dict(api.SUPPORTED)
+    api.advertise(18, 0, 3)
+    yield
+    api.SUPPORTED.clear()
+    api.SUPPORTED.update(saved)
+
+
+def _conn(port):
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+def _answered(s, timeout=5.0) -> bool:
+    s.sendall(api.encode_request(18, 0, 1, "t", {}))
+    s.settimeout(timeout)
+    data = b""
+    while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
+        chunk = s.recv(65536)
+        if not chunk:
+            return False
+        data += chunk
+    return struct.unpack(">i", data[4:8])[0] == 1
+
+
+def _closed_within(s, bound) -> float | None:
+    t0 = time.monotonic()
+    s.settimeout(bound)
+    try:
+        while True:
+            if not s.recv(65536):
+                return time.monotonic() - t0
+    except (socket.timeout, TimeoutError):
+        return None
+    except OSError:
+        return time.monotonic() - t0
+
+
+@pytest.mark.parametrize("loop_name", LOOPS)
+def test_runs_on_the_given_loop_and_closes_its_listener(loop_name):
+    with ServerThread(loop_name, {18: _api_versions}) as srv:
+        assert type(srv.loop).__module__.split(".")[0] == loop_name
+        assert srv.server.selector_loop == (loop_name == "asyncio")
+        socks = [_conn(srv.port) for _ in range(5)]
+        assert all(_answered(s) for s in socks)
+        assert srv.call(lambda: len(srv.server.connections)) == 5
+        for s in socks:
+            s.close()
+        port = srv.port
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+@pytest.mark.parametrize("loop_name", LOOPS)
+def test_max_connections_per_ip_and_total(loop_name):
+    with ServerThread(loop_name, {18: _api_versions}, max_connections_per_ip=3) as srv:
+        socks = [_conn(srv.port) for _ in range(3)]
+        for s in socks:
+            assert _answered(s)
+        extra = _conn(srv.port)
+        assert _closed_within(extra, 3.0) is not None, "4th connection from one address stayed open"
+        assert srv.server.metrics.connections_rejected == 1
+        socks[0].close()
+        time.sleep(0.2)
+        again = _conn(srv.port)
+        assert _answered(again)
+        for s in socks[1:] + [again, extra]:
+            s.close()
+    with ServerThread(loop_name, {18: _api_versions}, max_connections=2) as srv:
+        a, b = _conn(srv.port), _conn(srv.port)
+        assert _answered(a) and _answered(b)
+        waiting = _conn(srv.port)          # connects (kernel backlog) but is not accepted yet
+        waiting.sendall(api.encode_request(18, 0, 1, "t", {}))
+        waiting.settimeout(0.7)
+        with pytest.raises((socket.timeout, TimeoutError)):
+            waiting.recv(8)
+        assert srv.server.metrics.connections_rejected == 0   # it waited; it was not accepted and closed
+        a.close()                          # a slot frees: the waiting client is accepted and served
+        waiting.settimeout(5)
+        head = waiting.recv(8)
+        assert len(head) == 8 and struct.unpack(">i", head[4:])[0] == 1, head
+        for s in (b, waiting):
+            s.close()
+
+
+@pytest.mark.parametrize("loop_name", LOOPS)
+def test_max_connections_holds_under_a_burst(loop_name):
+    """20 clients connect at once to a server allowing 4: never more than 4 are served at a time (the
+    burst is counted before connection_made runs), and the rest are served as slots free up."""
+    with ServerThread(loop_name, {18: _api_versions}, max_connections=4) as srv:
+        socks = [_conn(srv.port) for _ in range(20)]
+        try:
+            time.sleep(0.5)
+            assert srv.call(lambda: len(srv.server.connections)) == 4
+            assert srv.server.metrics.connections_rejected == 0
+            served = 0
+            for s in socks:
+                assert _answered(s)           # served once the ones before it have gone
+                s.close()
+                served += 1
+                assert srv.call(lambda: len(srv.server.connections)) <= 4
+            assert served == 20
+        finally:
+            for s in socks:
+                s.close()
+
+
+@pytest.mark.parametrize("loop_name", LOOPS)
+def test_incomplete_frame_closed_at_the_frame_deadline(loop_name):
+    with ServerThread(loop_name, {18: _api_versions}, frame_timeout_ms=1000) as srv:
+        with _conn(srv.port) as slow, _conn(srv.port) as ok:
+            slow.sendall(struct.pack(">i", 100_000) + b"\0" * 10)
+            t0 = time.monotonic()
+            for _ in range(3):               # trickling bytes does not extend the deadline
+                time.sleep(0.3)
+                slow.sendall(b"\0")
+            took = _closed_within(slow, 3.0)
+            assert took is not None and 0.8 <= time.monotonic() - t0 <= 2.5
+            assert _answered(ok)
+        assert srv.server.metrics.frame_timeouts == 1
+
+
+@pytest.mark.parametrize("loop_name", LOOPS)
+def test_large_frame_reserves_only_what_arrived(loop_name):
+    with ServerThread(loop_name, {18: _api_versions}) as srv:
+        socks = [_conn(srv.port) for _ in range(10)]
+        try:
+            for s in socks:
+                s.sendall(struct.pack(">i", (8 << 20) - 100) + b"\1" * 200_000)
+            time.sleep(0.5)
+            used = srv.call(lambda: srv.server.pool.used)
+            bound = 10 * (32 * 1024 + 200_000 + max(FRAME_STEP, 100_000) + FRAME_STEP)
+            assert 0 < used <= bound, (used, bound)
+        finally:
+            for s in socks:
+                s.close()
+        wait = time.monotonic() + 5
+        while srv.call(lambda: srv.server.pool.used) and time.monotonic() < wait:
+            time.sleep(0.05)
+        assert srv.call(lambda: srv.server.pool.used) == 0
