@@ -1,0 +1,115 @@
+"""BrokerConnection's receive path against a peer that chunks its answers arbitrarily: frames
+coalesced, split byte by byte, length prefixes cut at the staging buffer's end, frames larger
+than the staging buffer. Each answer is an ApiVersions v0 body whose entries encode the request's
+number, so a frame matched to the wrong request or corrupted shows."""
+import asyncio
+import random
+import struct
+
+import pytest
+
+from kbroker.client.connection import BrokerConnection, KafkaConnectionError
+
+
+def _answer(cid: int, n_entries: int, tag: int) -> bytes:
+    body = struct.pack(">ih", cid, 0) + struct.pack(">i", n_entries) + b"".join(
+        struct.pack(">hhh", tag & 0x7FFF, i & 0x7FFF, (tag + i) & 0x7FFF) for i in range(n_entries))
+    return struct.pack(">i", len(body)) + body
+
+
+async def _serve(sizes, chunking, seed):
+    rnd = random.Random(seed)
+
+    async def handle(reader, writer):
+        out = bytearray()
+        for i, n in enumerate(sizes):
+            head = await reader.readexactly(4)
+            req = await reader.readexactly(struct.unpack(">i", head)[0])
+            cid = struct.unpack_from(">i", req, 4)[0]
+            out += _answer(cid, n, i)
+        # every answer at once, cut as ``chunking`` says
+        pos = 0
+        while pos < len(out):
+            k = chunking(rnd, pos, len(out))
+            writer.write(bytes(out[pos:pos + k]))
+            await writer.drain()
+            pos += k
+            if rnd.random() < 0.3:
+                await asyncio.sleep(0)
+        await reader.read()   # until the client closes
+        writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+@pytest.mark.parametrize("name,chunking", [
+    ("whole", lambda r, pos, n: n),
+    ("bytes", lambda r, pos, n: 1),
+    ("random", lambda r, pos, n: r.randint(1, 70000)),
+    ("stage-edge", lambda r, pos, n: 65534 if pos == 0 else r.choice([1, 2, 3, 65536, 65537, 200000])),
+])
+def test_frames_any_chunking(name, chunking):
+    rnd = random.Random(7)
+    sizes = [rnd.choice([0, 1, 5, 100, 3000, 10922, 10923, 200000]) for _ in range(60)]
+    if name == "bytes":
+        sizes = [s for s in sizes if s < 3000][:20]
+
+    async def go():
+        server = await _serve(sizes, chunking, 1)
+        port = server.sockets[0].getsockname()[1]
+        conn = await BrokerConnection.open("127.0.0.1", port, negotiate=False)
+        try:
+            futs = [asyncio.ensure_future(conn.send(18, {}, version=0)) for _ in sizes]
+            results = await asyncio.gather(*futs)
+        finally:
+            await conn.wait_closed()
+            server.close()
+            await server.wait_closed()
+        for i, ((_, resp), n) in enumerate(zip(results, sizes)):
+            keys = resp["api_keys"]
+            assert len(keys) == n, (i, len(keys), n)
+            for j, k in enumerate(keys):
+                assert (k["api_key"], k["min_version"], k["max_version"]) == (i, j & 0x7FFF, (i + j) & 0x7FFF)
+        assert conn.closed
+
+    asyncio.run(go())
+
+
+def test_wrong_correlation_id_fails_connection():
+    async def go():
+        async def handle(reader, writer):
+            head = await reader.readexactly(4)
+            req = await reader.readexactly(struct.unpack(">i", head)[0])
+            cid = struct.unpack_from(">i", req, 4)[0]
+            writer.write(_answer(cid + 1, 0, 0))
+            await writer.drain()
+            await reader.read()
+            writer.close()
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        conn = await BrokerConnection.open("127.0.0.1", server.sockets[0].getsockname()[1], negotiate=False)
+        with pytest.raises(KafkaConnectionError, match="correlation id"):
+            await conn.send(18, {}, version=0)
+        assert conn.closed
+        await conn.wait_closed()
+        server.close()
+        await server.wait_closed()
+    asyncio.run(go())
+
+
+def test_peer_close_mid_frame_fails_pending():
+    async def go():
+        async def handle(reader, writer):
+            head = await reader.readexactly(4)
+            req = await reader.readexactly(struct.unpack(">i", head)[0])
+            cid = struct.unpack_from(">i", req, 4)[0]
+            writer.write(_answer(cid, 100000, 0)[:300000])
+            await writer.drain()
+            writer.close()
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        conn = await BrokerConnection.open("127.0.0.1", server.sockets[0].getsockname()[1], negotiate=False)
+        with pytest.raises(KafkaConnectionError, match="closed by the broker"):
+            await conn.send(18, {}, version=0)
+        await conn.wait_closed()
+        server.close()
+        await server.wait_closed()
+    asyncio.run(go())
