@@ -8,6 +8,7 @@ Invariants, on both loops:
 - a frame that does not complete within kbroker.socket.request.frame.timeout.ms closes its connection,
   and trickled bytes do not extend the deadline;
 - a large frame reserves pool memory only as its bytes arrive, and all of it comes back;
+- accepting stops a reserve of descriptors before RLIMIT_NOFILE and resumes once they are free;
 - the listening socket is closed at stop (a new connection is refused).
 """
 from __future__ import annotations
@@ -228,3 +229,47 @@ def test_large_frame_reserves_only_what_arrived(loop_name):
         while srv.call(lambda: srv.server.pool.used) and time.monotonic() < wait:
             time.sleep(0.05)
         assert srv.call(lambda: srv.server.pool.used) == 0
+
+
+@pytest.mark.parametrize("loop_name", LOOPS)
+def test_accept_backs_off_before_the_descriptor_limit(loop_name):
+    """RLIMIT_NOFILE = open + 120 at start: accepting stops a reserve (30 here) before the limit, so a
+    flood of 140 clients (another process) leaves this process able to open files; a client waiting in
+    the backlog is served once the flood hangs up."""
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = len(os.listdir("/proc/self/fd")) + 120
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+    flood = None
+    try:
+        with ServerThread(loop_name, {18: _api_versions}) as srv:
+            flood = subprocess.Popen([sys.executable, "-c", (
+                "import resource, socket, sys\n"
+                "h = resource.getrlimit(resource.RLIMIT_NOFILE)[1]\n"
+                "resource.setrlimit(resource.RLIMIT_NOFILE, (h, h))\n"
+                f"s = [socket.create_connection(('127.0.0.1', {srv.port})) for _ in range(140)]\n"
+                "print('connected', flush=True)\n"
+                "sys.stdin.read()\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            assert flood.stdout.readline().strip() == "connected"
+            time.sleep(1.0)
+            open_now = len(os.listdir("/proc/self/fd"))
+            served = srv.call(lambda: len(srv.server.connections))
+            with open(os.devnull) as f:
+                assert f.fileno() < limit
+            assert 0 < served < 140 and open_now <= limit - 20, (served, open_now, limit)
+            assert srv.server.metrics.accept_pauses >= 1
+            with _conn(srv.port) as waiting:
+                waiting.sendall(api.encode_request(18, 0, 1, "t", {}))
+                flood.stdin.close()
+                flood.wait(10)
+                waiting.settimeout(10)
+                head = waiting.recv(8)
+                assert len(head) == 8 and struct.unpack(">i", head[4:])[0] == 1, head
+    finally:
+        if flood is not None and flood.poll() is None:
+            flood.kill()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
