@@ -168,3 +168,23 @@ def test_log_of_an_earlier_topic_with_the_same_name_is_replaced(node):
         assert rm.partitions[TP].log is new and new.log_end_offset == 2
         await rm.stop()
     run(go())
+
+
+def test_a_follower_outside_the_isr_rechecks_an_hw_freed_by_a_lowered_min_isr(node):
+    """record_follower_fetch skips the HW check for an ISR follower fetching at or below the HW (it
+    cannot move it); a follower outside the ISR still runs it at any offset, which is what moves an HW
+    held only by min.insync.replicas once that is lowered (no append needed)."""
+    async def go():
+        rm = ReplicaManager(node)
+        rm.loop = asyncio.get_running_loop()
+        p = lead(rm, isr=(0,), min_isr=2)
+        r = rm.append_records({TP: batch(3)}, 1, 1000)
+        assert r[TP].error_code == 0 and p.log.high_watermark == 0     # ISR [0] < min.insync.replicas 2
+        # Follower 1 at offset 0 (no leader epoch in its fetch: it cannot join the ISR here).
+        rm.record_follower_fetch(p, 1, 0, -1)
+        assert p.log.high_watermark == 0 and p.isr == [0]
+        node.logs.set_topic_config("t", {"min.insync.replicas": 1})
+        rm.record_follower_fetch(p, 1, 0, -1)
+        assert p.log.high_watermark == 3
+        await rm.stop()
+    run(go())

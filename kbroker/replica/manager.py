@@ -403,9 +403,13 @@ class ReplicaManager:
     def record_follower_fetch(self, p: Partition, replica_id: int, fetch_offset: int, fetch_epoch: int) -> None:
         if not p.update_follower(replica_id, fetch_offset, fetch_epoch, _now_ms()):
             return
-        if p.maybe_increment_hw():
+        # HW = min(LEO over the ISR): an ISR follower fetching at or below the HW cannot move it (the
+        # fetch that long-polls at a log end the HW has reached). A follower outside the ISR still
+        # tries, as before: its fetch is what re-checks an HW held by a since lowered min.insync.replicas.
+        isr = p.isr
+        if (fetch_offset > p.log.high_watermark or replica_id not in isr) and p.maybe_increment_hw():
             self._complete(p)
-        if not p.isr_in_flight and not p.stale and p.can_join_isr(replica_id):
+        if replica_id not in isr and not p.isr_in_flight and not p.stale and p.can_join_isr(replica_id):
             self._change_isr(p, sorted(p.isr + [replica_id]), expand=True)
 
     # -- LeaderAndIsr / StopReplica ------------------------------------------------------------

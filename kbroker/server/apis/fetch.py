@@ -66,14 +66,10 @@ class _Args:
 
 def fetch(broker, header, body):
     """The reference path: the generic codec's dict in, a response dict out."""
-    out = execute(broker, _Args(body))
-    if isinstance(out, tuple):
+    out = execute(broker, _Args(body), _as_dict)
+    if type(out) is tuple:
         return _as_dict(out)
-    return _as_dict_later(out)
-
-
-async def _as_dict_later(awaitable):
-    return _as_dict(await awaitable)
+    return out
 
 
 def _as_dict(out):
@@ -89,13 +85,13 @@ def _as_dict(out):
 
 def handle_native(broker, conn, req):
     """Fetch v4-11 parsed natively (kbroker._native.request.FetchRequest) -> the encoded response
-    chunks, or an awaitable of them (long poll). Same policy as ``fetch`` (``execute``); record
+    chunks, or a future of them (long poll). Same policy as ``fetch`` (``execute``); record
     ranges below the server's sendfile threshold are copied into the response so that small fetches
     leave in one write with the other responses of their read."""
-    out = execute(broker, req)
-    if isinstance(out, tuple):
+    out = execute(broker, req, lambda out: _encode(conn, req, out))
+    if type(out) is tuple:
         return _encode(conn, req, out)
-    return _encode_later(conn, req, out)
+    return out
 
 
 def _encode(conn, req, out):
@@ -106,42 +102,36 @@ def _encode(conn, req, out):
     return chunks
 
 
-async def _encode_later(conn, req, awaitable):
-    return _encode(conn, req, await awaitable)
-
-
-def execute(broker, req):
+def execute(broker, req, answer=None):
     """Policy of one Fetch request, whichever path parsed it. -> (error_code, rows) with rows =
     [(topic, [[partition_index, error_code, high_watermark, last_stable_offset, log_start_offset,
-    records], ...]), ...] (records: b"" or FileRegions), or an awaitable of that (long poll)."""
+    records], ...]), ...] (records: b"" or FileRegions), or a future of ``answer((error_code, rows))``
+    (of the pair itself without ``answer``) when the request long-polls: the long poll's answer is
+    built (encoded, for the native path) in the poll's last callback, with no coroutine around it."""
     if req.session_id != 0:
         # We never hand out fetch sessions (KIP-227 lets a broker answer every fetch in full).
         return (int(Errors.FETCH_SESSION_ID_NOT_FOUND), [])
-    replica_id = req.replica_id
-    if replica_id >= 0:
-        _record_follower(broker, req, replica_id)
-    rows, size, errors = _read(broker, req)
+    follower = req.replica_id >= 0
+    # A follower's fetch offset is its log end offset: the first read records it (HW and ISR
+    # bookkeeping) for each partition it may read; the long poll's re-reads do not.
+    rows, size, errors = _read(broker, req, follower)
     if size >= req.min_bytes or req.max_wait_ms <= 0 or errors:
         return (0, rows)
-    # Register for wake-ups now: the coroutine below starts only on a later loop turn, and an
+    # Register for wake-ups now: the poll's first attempt runs only on a later loop turn, and an
     # append (or HW move) in between must not leave this fetch asleep for max_wait_ms.
-    if replica_id >= 0:     # a follower waits for appends, a consumer for the high watermark
+    if follower:            # a follower waits for appends, a consumer for the high watermark
         tps = [follower_key(name, p[0]) for name, parts in req.topics for p in parts]
     else:
         tps = [(name, p[0]) for name, parts in req.topics for p in parts]
+    min_bytes = req.min_bytes
+    if answer is None:
+        def done(res):
+            return (0, res[0])
+    else:
+        def done(res):
+            return answer((0, res[0]))
     return long_poll(broker.notifier, tps, broker.notifier.waiter(tps), req.max_wait_ms / 1000,
-                     lambda: _read(broker, req), lambda res: res[1] >= req.min_bytes or bool(res[2]),
-                     lambda res: (0, res[0]))
-
-
-def _record_follower(broker, req, replica_id):
-    """A follower's fetch offset is its log end offset: HW and ISR bookkeeping on the leader."""
-    rm = broker.replica_manager
-    for name, parts in req.topics:
-        for index, leader_epoch, fetch_offset, _start, _max in parts:
-            part, err = rm.fetch_partition((name, index), leader_epoch)
-            if not err:
-                rm.record_follower_fetch(part, replica_id, fetch_offset, leader_epoch)
+                     lambda: _read(broker, req), lambda res: res[1] >= min_bytes or res[2], done)
 
 
 # Room kept below 2^31-1 for the response's own fields (about 100 bytes a partition): record data
@@ -149,8 +139,10 @@ def _record_follower(broker, req, replica_id):
 _RESPONSE_DATA_CEILING = 0x7FFFFFFF - (64 << 20)
 
 
-def _read(broker, req):
-    """Read every requested partition -> (rows, total bytes, any error)."""
+def _read(broker, req, record=False):
+    """Read every requested partition -> (rows, total bytes, any error). ``record``: first read of
+    a follower's fetch, recorded (ReplicaManager.record_follower_fetch) before the partition is read,
+    so the answer carries the high watermark that fetch moved."""
     replica_id = req.replica_id
     follower = replica_id >= 0
     # As Kafka: the request's max_bytes, capped by fetch.max.bytes for consumers and by
@@ -166,6 +158,7 @@ def _read(broker, req):
     errors = False
     rows = []
     fetched = broker.metrics.fetched
+    rm = broker.replica_manager
     # Ranges below the sendfile threshold (while the answer's copied bytes stay under it too, as
     # encode_fetch_response decides) are copied from the segment's read block: no pread per fetch.
     server = broker.server
@@ -176,18 +169,23 @@ def _read(broker, req):
             # records never null: librdkafka rejects MessageSetSize -1
             res = [index, 0, -1, -1, -1, b""]
             parts.append(res)
-            lg, part, err = _leader_log(broker, name, index, leader_epoch)
+            part, err = rm.fetch_partition((name, index), leader_epoch)     # KIP-320 epoch checks
             if not err and follower and replica_id not in part.replicas:
                 err = Errors.NOT_LEADER_OR_FOLLOWER      # only assigned replicas read past the HW
             if err:
+                if part is None and broker.metadata.partition(name, index) is None:
+                    err = Errors.UNKNOWN_TOPIC_OR_PARTITION
                 res[1] = int(err)
                 errors = True
                 continue
+            if record:
+                rm.record_follower_fetch(part, replica_id, fetch_offset, leader_epoch)
+            lg = part.log
             hw = lg.high_watermark
             res[2] = hw
             res[3] = hw                              # no transactions: LSO = HW (read_committed too)
             res[4] = lg.log_start_offset
-            if follower and broker.replica_manager.leader_throttled(part, replica_id):
+            if follower and rm.leader_throttled(part, replica_id):
                 continue        # throttled replica over the leader quota: no records this time (Kafka)
             limit = partition_max if partition_max < budget else budget
             try:
@@ -201,7 +199,7 @@ def _read(broker, req):
             size = data.size
             if size:
                 if follower:
-                    broker.replica_manager.record_leader_bytes(part, size)
+                    rm.record_leader_bytes(part, size)
                 fetched(name, size)
                 regions = data.regions
                 if size < inline_left and len(regions) == 1:
