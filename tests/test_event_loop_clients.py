@@ -1,0 +1,33 @@
+"""The client round-trip suite (tests/test_clients_roundtrip.py: confluent-kafka, kafka-python, aiokafka,
+kcat against a real broker) on uvloop: run in a child pytest with KBROKER_EVENT_LOOP=uvloop, which every
+broker it starts inherits. Invariant: every test passes there too, and the brokers it started ran uvloop
+(their logs say so; none says asyncio)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_client_roundtrips_on_uvloop(tmp_path):
+    base = tmp_path / "run"
+    env = dict(os.environ, KBROKER_EVENT_LOOP="uvloop")
+    r = subprocess.run([sys.executable, "-m", "pytest", "tests/test_clients_roundtrip.py", "-q", "-x",
+                        "-p", "no:cacheprovider", "--basetemp", str(base)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=380)
+    tail = (r.stdout + r.stderr)[-3000:]
+    assert r.returncode == 0, tail
+    assert " passed" in r.stdout and " failed" not in r.stdout, tail
+    loops = []
+    for log in base.rglob("*.log"):
+        for line in log.read_text(errors="replace").splitlines():
+            if "event loop: " in line and "(kbroker.event.loop)" in line:
+                loops.append(line.split("event loop: ")[1].split()[0])
+    assert loops and set(loops) == {"uvloop"}, loops
