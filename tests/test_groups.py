@@ -133,6 +133,15 @@ class Runner:
                           session_timeout_ms=SESSION_MS, heartbeat_interval_ms=1000,
                           partition_assignment_strategy=[a], **self.extra)
         try:
+            # Join only once the client's metadata holds the topic's partitions. A leader that assigned
+            # without them (nothing to assign) rejoins when its metadata catches up, and kafka-python
+            # 3.0.12 can strand that rejoin: when the JoinGroup/SyncGroup task finishes between two
+            # poll() calls (a loaded machine), the next poll() only looks at need_rejoin(), which the
+            # leader's own assignment inside that task has made False, so the result is never applied:
+            # no heartbeat, no fetch, and the coordinator rightly expires the member after
+            # session.timeout.ms (counts [284, 316, 0]; broker log: SyncGroup answered in 20 ms, then no
+            # heartbeat for 6.0 s; client log: no "Enabling heartbeat" for that member).
+            wait_until(lambda: c.partitions_for_topic(self.topic), 30, f"kafka-python metadata of {self.topic}")
             while not self.stop.is_set():
                 for tp, msgs in c.poll(200).items():
                     self.seen += [(tp.partition, m.offset, m.value) for m in msgs]
