@@ -22,6 +22,7 @@ PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS = 0, 1, 2, 3, 18
 FETCH_V, LIST_OFFSETS_V, PRODUCE_V, METADATA_V = 11, 5, 8, 8
 NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, KAFKA_STORAGE_ERROR = 0, 1, 3, 56
 LATEST, EARLIEST = -1, -2
+QUIET_WINDOW_S = 2.0      # the probe alone, before a huge request: its worst answer sets a floor
 
 
 # ---- raw protocol helpers ---------------------------------------------------------------------------
@@ -619,6 +620,12 @@ def test_huge_admin_requests_do_not_hold_the_loop(bootstrap, what):
     th.start()
     try:
         wait_for(lambda: len(probe_latency) >= 5, 30, "the probe to get going")
+        # The probe's worst answer with nothing else asked of the broker (as gap_bound's quiet window):
+        # tells a loaded machine from a stall. Measured 0.009-0.080 s at load 10-13, so the bound
+        # below stays at its floor there and a 1.2 s probe wait during the request is a real stall.
+        q0 = time.monotonic()
+        time.sleep(QUIET_WINDOW_S)
+        quiet = max((lat for t, lat in probe_latency if t + lat >= q0), default=QUIET_WINDOW_S)
         with Raw(bootstrap, timeout=180) as raw:
             t0 = time.monotonic()
             resp = raw.call(key, version, body, timeout=180)
@@ -632,6 +639,9 @@ def test_huge_admin_requests_do_not_hold_the_loop(bootstrap, what):
     else:
         assert len(resp["topics"]) == n and {t["error_code"] for t in resp["topics"]} == {NONE}
     during = [lat for t, lat in probe_latency if t0 <= t <= t1]
+    bound = max(0.3, 0.1 * (t1 - t0), 2 * quiet)
     print(f"{what} answered in {t1 - t0:.2f}s; probe answers during it {len(during)} "
-          f"max {max(during, default=0):.3f}s")
-    assert during and max(during) < max(0.3, 0.1 * (t1 - t0)), during
+          f"max {max(during, default=0):.3f}s; quiet max {quiet:.3f}s; bound {bound:.3f}s")
+    # Built in one turn, the answer holds the probe for its whole build (slicing switched off:
+    # 1.1 s / 0.62 s, 3884b96); sliced, a probe waits a few turns.
+    assert during and max(during) < bound, (bound, quiet, during)
