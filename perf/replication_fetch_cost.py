@@ -6,7 +6,7 @@ interleaved rounds of a full-speed acks=1 run of --mb MB on an RF=3 and an RF=1 
 Per run: the leader's user/system CPU (/proc), its Fetch requests (the metrics endpoint's request
 counter; at RF=1 the only fetches are the idle polls of the other topic's followers) and, with
 --py-spy, the leader's event-loop samples outside the selector's wait (py-spy record --nonblocking). Per round
-and variant: (RF=3 - RF=1) leader user ms and busy samples per follower fetch added by RF=3 — figures
+and variant: (RF=3 - RF=1) leader user µs, loop-thread CPU µs (schedstat) and busy samples per follower fetch added by RF=3 — figures
 that depend on the machine's load far less than a ratio of CPU seconds.
 
     .venv/bin/python -m kbroker.perf.replication_fetch_cost --env-b PYTHONPATH=/tmp/copy --mb 256 --rounds 3
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import re
 import signal
 import subprocess
@@ -29,7 +28,7 @@ from confluent_kafka.admin import AdminClient
 
 from kbroker.testing import LocalCluster, free_port
 
-from .replication_bench import cpu_run, cpu_split, create, parse_settings
+from .replication_bench import TICK, cpu_run, cpu_split, create, parse_settings
 
 RATE = 500          # py-spy samples per second
 IDLE = ("EpollSelector.select", "select (selectors.py")   # the loop's wait (py-spy --idle off is not enough)
@@ -68,6 +67,13 @@ def loop_cpu_ns(pid: int) -> int:
         return int(f.read().split()[0])
 
 
+def loop_split(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of the process's main (event-loop) thread alone."""
+    with open(f"/proc/{pid}/task/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) / TICK, int(fields[12]) / TICK
+
+
 def strace_start(pid: int, out: Path):
     return subprocess.Popen(["strace", "-c", "-f", "-o", str(out), "-p", str(pid)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -92,6 +98,7 @@ def one_run(c, metrics_port, topic, mb, spy: bool, tmp: Path, trace: bool = Fals
     f0 = fetch_requests(metrics_port)
     u0, s0 = cpu_split(pid)
     n0 = loop_cpu_ns(pid)
+    lu0, ls0 = loop_split(pid)
     out = tmp / f"spy-{one_run.n}-{topic}.txt"
     one_run.n += 1
     proc = spy_start(pid, out) if spy else None
@@ -103,8 +110,9 @@ def one_run(c, metrics_port, topic, mb, spy: bool, tmp: Path, trace: bool = Fals
     syscalls = strace_stop(tr, tmp / f"strace-{one_run.n}-{topic}.txt") if tr else {}
     u1, s1 = cpu_split(pid)
     n1 = loop_cpu_ns(pid)
+    lu1, ls1 = loop_split(pid)
     f1 = fetch_requests(metrics_port)
-    return {"user": u1 - u0, "sys": s1 - s0, "loop": (n1 - n0) / 1e9, "fetches": f1 - f0, "samples": samples,
+    return {"user": u1 - u0, "sys": s1 - s0, "loop": (n1 - n0) / 1e9, "loop_user": lu1 - lu0, "loop_sys": ls1 - ls0, "fetches": f1 - f0, "samples": samples,
             "syscalls": syscalls}
 
 
@@ -156,7 +164,9 @@ def main(argv=None):
                       f"{r3['loop']:.3f} s, {r3['fetches']} fetches, {r3['samples']} busy samples; RF=1 user/sys "
                       f"{r1['user']:.2f}/{r1['sys']:.2f} s, loop thread {r1['loop']:.3f} s, {r1['fetches']} fetches, "
                       f"{r1['samples']} busy samples; added per follower fetch: user {du:.1f} us, loop thread "
-                      f"{dl:.1f} us, busy samples {ds:.4f} ({ds * 1e6 / RATE:.1f} us)", flush=True)
+                      f"{dl:.1f} us, busy samples {ds:.4f} ({ds * 1e6 / RATE:.1f} us); loop thread user/sys RF=3 "
+                      f"{r3['loop_user']:.2f}/{r3['loop_sys']:.2f} s, RF=1 {r1['loop_user']:.2f}/{r1['loop_sys']:.2f} s",
+                      flush=True)
                 if args.strace:
                     names = sorted(set(r3["syscalls"]) | set(r1["syscalls"]),
                                    key=lambda k: -r3["syscalls"].get(k, (0, 0))[0])
