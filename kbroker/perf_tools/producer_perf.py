@@ -443,6 +443,13 @@ async def run(cfg: RunConfig, out=None, err=None) -> Stats:
         await producer.start()
         await cluster.wait_for_topic(cfg.topic, s.delivery_timeout_ms / 1000)
         partitions = cluster.partitions_for(cfg.topic)
+        # Open the leaders' connections before the first batch. Sends that wait on a connection still
+        # being opened resume (through the shared open future) after sends started once it is open,
+        # so a partition's second batch could be written before its first one; the broker, knowing no
+        # state for the new producer id, takes the second (KIP-360) and then refuses the first as
+        # OUT_OF_ORDER_SEQUENCE_NUMBER: a whole batch lost (221 of 30,000 records under load).
+        for node in sorted({cluster.leader_for(cfg.topic, p) for p in partitions}):
+            await cluster.connection(node)
         biggest = (cfg.record_size if cfg.record_size is not None
                    else max(map(len, cfg.payloads)) if cfg.payloads else len(str(cfg.num_records)))
         if BATCH_HEADER + RECORD_OVERHEAD_MAX + biggest > s.max_request_size:
