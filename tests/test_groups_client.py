@@ -146,3 +146,37 @@ def test_group_consumer_shares_a_group_with_kafka_python(bs, first):
         if runner is not None:
             runner.close()
     assert errors == []
+
+
+def test_group_consumer_close_is_bounded_when_the_coordinator_does_not_answer(tmp_path):
+    """Invariant: close() returns within its timeout (Kafka's KafkaConsumer.close(Duration)) even when
+    the coordinator never answers the commit / LeaveGroup; the console consumer relies on it to exit
+    on Ctrl-C. The broker is SIGSTOPped (alive, socket open, no answers) after the member joined."""
+    import asyncio
+    from kbroker.client.group import GroupConsumer
+    with LocalCluster(tmp_path, brokers=1, num_partitions=1,
+                      overrides={"offsets.topic.num.partitions": 1, "group.initial.rebalance.delay.ms": 0}) as c:
+        topic, group = f"cl-{uuid.uuid4().hex[:8]}", f"clg-{uuid.uuid4().hex[:8]}"
+        create_topic(c.bootstrap, topic, 1)
+        produce(c.bootstrap, topic, 10)
+        wait_until(lambda: coordinator_ready(c.bootstrap, group), 30, "coordinator")
+        pid = c.brokers[0].pid
+
+        async def main():
+            consumer = GroupConsumer(c.bootstrap, group, [topic], session_timeout_ms=6000,
+                                     heartbeat_interval_ms=1000, auto_offset_reset="earliest")
+            got = []
+            deadline = time.monotonic() + 30
+            while len(got) < 10 and time.monotonic() < deadline:
+                got += await consumer.poll(200)
+            assert len(got) == 10
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                t0 = time.monotonic()
+                await consumer.close(timeout_ms=1500)
+                return time.monotonic() - t0
+            finally:
+                os.kill(pid, signal.SIGCONT)
+        took = asyncio.run(main())
+        print(f"close() with a stopped coordinator took {took:.2f} s (timeout 1.5 s)")
+        assert took < 5.0, took

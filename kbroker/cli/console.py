@@ -18,6 +18,10 @@ import time
 
 from kbroker.client import Consumer, KafkaError, Producer
 
+# A group member's commit and LeaveGroup on exit get this long before the process exits anyway
+# (Kafka's consumer close timeout is 30 s; an operator's Ctrl-C should not wait that long).
+CLOSE_TIMEOUT_MS = 10000
+
 
 def _properties(items: list[str]) -> dict[str, str]:
     props = {}
@@ -236,7 +240,8 @@ async def _consume_group(args, out, seen, fmt) -> int:
                 break
         out.flush()
     finally:
-        await consumer.close()
+        # kafka-console-consumer.sh exits on Ctrl-C even when the coordinator is slow to answer
+        await consumer.close(timeout_ms=CLOSE_TIMEOUT_MS)
     return 0
 
 

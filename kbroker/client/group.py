@@ -478,6 +478,16 @@ class GroupConsumer:
                 raise_for_error(c, None, f"OffsetCommit {tp[0]}-{tp[1]}")
         self._committed.update(offsets)
 
+    async def _commit_and_leave(self) -> None:
+        if self.generation >= 0 and not self._need_rejoin:
+            if self.auto_commit:
+                await self._commit_quietly()
+            if self.instance_id is None and self.member_id:
+                # static members do not leave: a restart within the session keeps the assignment
+                conn = await self._coordinator_conn()
+                await conn.send(LEAVE_GROUP, {"group_id": self.group_id, "member_id": self.member_id,
+                                              "members": [{"member_id": self.member_id}]})
+
     async def _commit_quietly(self) -> None:
         pending = {tp: o for tp, o in self.positions.items() if self._committed.get(tp) != o}
         if not pending:
@@ -488,18 +498,18 @@ class GroupConsumer:
         except KafkaError as e:
             log.info("auto-commit for group %s failed: %s", self.group_id, e)
 
-    async def close(self) -> None:
+    async def close(self, timeout_ms: int = 30000) -> None:
+        """Commit (auto-commit) and leave the group, within ``timeout_ms`` as Kafka's
+        ``KafkaConsumer.close(Duration)`` (default 30 s): a coordinator that does not answer in time
+        (moving, overloaded) must not keep the process from exiting; the session timeout then
+        removes the member."""
+        if self._hb_task is not None:
+            self._hb_task.cancel()
         try:
-            if self._hb_task is not None:
-                self._hb_task.cancel()
-            if self.generation >= 0 and not self._need_rejoin:
-                if self.auto_commit:
-                    await self._commit_quietly()
-                if self.instance_id is None and self.member_id:
-                    # static members do not leave: a restart within the session keeps the assignment
-                    conn = await self._coordinator_conn()
-                    await conn.send(LEAVE_GROUP, {"group_id": self.group_id, "member_id": self.member_id,
-                                                  "members": [{"member_id": self.member_id}]})
+            await asyncio.wait_for(self._commit_and_leave(), timeout_ms / 1000)
+        except asyncio.TimeoutError:
+            log.warning("closing consumer of group %s: commit/leave not answered within %d ms",
+                        self.group_id, timeout_ms)
         except (KafkaError, KafkaConnectionError, socket.error) as e:
             log.info("leaving group %s failed: %s", self.group_id, e)
         finally:
