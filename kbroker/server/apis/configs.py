@@ -94,7 +94,10 @@ def _describe_resource(broker, header, body, r):
             continue
         e["is_default"] = e["config_source"] == DEFAULT_CONFIG   # v0's only notion of source
         if not synonyms or version < 1:
-            e["synonyms"] = []
+            # An empty tuple, not a new list: an entry holding only atomic values is untracked by the
+            # garbage collector, so a 5,000-resource answer being built does not make full
+            # collections scan ~200,000 entries on the loop (0.1-0.2 s pauses seen under load).
+            e["synonyms"] = ()
         if not docs:
             e["documentation"] = None
         res["configs"].append(e)
