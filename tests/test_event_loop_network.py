@@ -13,73 +13,16 @@ Invariants, on both loops:
 """
 from __future__ import annotations
 
-import asyncio
 import socket
 import struct
-import threading
 import time
 
 import pytest
 
 from kbroker.network.connection import FRAME_STEP
-from kbroker.network.server import KafkaServer
 from kbroker.protocol import api
 
-LOOPS = ["asyncio", "uvloop"]
-
-
-def _new_loop(name):
-    if name == "uvloop":
-        import uvloop
-        return uvloop.new_event_loop()
-    return asyncio.new_event_loop()
-
-
-class ServerThread:
-    def __init__(self, loop_name, handlers, **kw):
-        self.loop_name = loop_name
-        self.loop = _new_loop(loop_name)
-        self.handlers = handlers
-        self.kw = dict(max_request_bytes=8 << 20, pool_bytes=32 << 20, idle_ms=60_000) | kw
-        self.server = None
-        self.error = None
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        asyncio.set_event_loop(self.loop)
-        try:
-            self.server = KafkaServer("127.0.0.1", 0, self.handlers, **self.kw)
-            self.loop.run_until_complete(self.server.start())
-        except BaseException as e:     # reported by __enter__
-            self.error = e
-            self.ready.set()
-            return
-        self.ready.set()
-        self.loop.run_forever()
-
-    def __enter__(self):
-        self.thread.start()
-        assert self.ready.wait(10)
-        if self.error is not None:
-            raise self.error
-        return self
-
-    def __exit__(self, *exc):
-        fut = asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop)
-        fut.result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
-
-    def call(self, fn):
-        async def run():
-            return fn()
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(10)
-
-    @property
-    def port(self):
-        return self.server.port
+from netserver import LOOPS, ServerThread, _answered, _closed_within, _conn
 
 
 def _api_versions(conn, header, body):
@@ -96,40 +39,9 @@ def _advertise():
     api.SUPPORTED.update(saved)
 
 
-def _conn(port):
-    s = socket.create_connection(("127.0.0.1", port), timeout=5)
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return s
-
-
-def _answered(s, timeout=5.0) -> bool:
-    s.sendall(api.encode_request(18, 0, 1, "t", {}))
-    s.settimeout(timeout)
-    data = b""
-    while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
-        chunk = s.recv(65536)
-        if not chunk:
-            return False
-        data += chunk
-    return struct.unpack(">i", data[4:8])[0] == 1
-
-
-def _closed_within(s, bound) -> float | None:
-    t0 = time.monotonic()
-    s.settimeout(bound)
-    try:
-        while True:
-            if not s.recv(65536):
-                return time.monotonic() - t0
-    except (socket.timeout, TimeoutError):
-        return None
-    except OSError:
-        return time.monotonic() - t0
-
-
 @pytest.mark.parametrize("loop_name", LOOPS)
 def test_runs_on_the_given_loop_and_closes_its_listener(loop_name):
-    with ServerThread(loop_name, {18: _api_versions}) as srv:
+    with ServerThread({18: _api_versions}, loop_name=loop_name) as srv:
         assert type(srv.loop).__module__.split(".")[0] == loop_name
         assert srv.server.selector_loop == (loop_name == "asyncio")
         socks = [_conn(srv.port) for _ in range(5)]
@@ -144,7 +56,7 @@ def test_runs_on_the_given_loop_and_closes_its_listener(loop_name):
 
 @pytest.mark.parametrize("loop_name", LOOPS)
 def test_max_connections_per_ip_and_total(loop_name):
-    with ServerThread(loop_name, {18: _api_versions}, max_connections_per_ip=3) as srv:
+    with ServerThread({18: _api_versions}, loop_name=loop_name, max_connections_per_ip=3) as srv:
         socks = [_conn(srv.port) for _ in range(3)]
         for s in socks:
             assert _answered(s)
@@ -157,7 +69,7 @@ def test_max_connections_per_ip_and_total(loop_name):
         assert _answered(again)
         for s in socks[1:] + [again, extra]:
             s.close()
-    with ServerThread(loop_name, {18: _api_versions}, max_connections=2) as srv:
+    with ServerThread({18: _api_versions}, loop_name=loop_name, max_connections=2) as srv:
         a, b = _conn(srv.port), _conn(srv.port)
         assert _answered(a) and _answered(b)
         waiting = _conn(srv.port)          # connects (kernel backlog) but is not accepted yet
@@ -178,7 +90,7 @@ def test_max_connections_per_ip_and_total(loop_name):
 def test_max_connections_holds_under_a_burst(loop_name):
     """20 clients connect at once to a server allowing 4: never more than 4 are served at a time (the
     burst is counted before connection_made runs), and the rest are served as slots free up."""
-    with ServerThread(loop_name, {18: _api_versions}, max_connections=4) as srv:
+    with ServerThread({18: _api_versions}, loop_name=loop_name, max_connections=4) as srv:
         socks = [_conn(srv.port) for _ in range(20)]
         try:
             time.sleep(0.5)
@@ -198,7 +110,7 @@ def test_max_connections_holds_under_a_burst(loop_name):
 
 @pytest.mark.parametrize("loop_name", LOOPS)
 def test_incomplete_frame_closed_at_the_frame_deadline(loop_name):
-    with ServerThread(loop_name, {18: _api_versions}, frame_timeout_ms=1000) as srv:
+    with ServerThread({18: _api_versions}, loop_name=loop_name, frame_timeout_ms=1000) as srv:
         with _conn(srv.port) as slow, _conn(srv.port) as ok:
             slow.sendall(struct.pack(">i", 100_000) + b"\0" * 10)
             t0 = time.monotonic()
@@ -213,7 +125,7 @@ def test_incomplete_frame_closed_at_the_frame_deadline(loop_name):
 
 @pytest.mark.parametrize("loop_name", LOOPS)
 def test_large_frame_reserves_only_what_arrived(loop_name):
-    with ServerThread(loop_name, {18: _api_versions}) as srv:
+    with ServerThread({18: _api_versions}, loop_name=loop_name) as srv:
         socks = [_conn(srv.port) for _ in range(10)]
         try:
             for s in socks:
@@ -246,7 +158,7 @@ def test_accept_backs_off_before_the_descriptor_limit(loop_name):
     resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
     flood = None
     try:
-        with ServerThread(loop_name, {18: _api_versions}) as srv:
+        with ServerThread({18: _api_versions}, loop_name=loop_name) as srv:
             flood = subprocess.Popen([sys.executable, "-c", (
                 "import resource, socket, sys\n"
                 "h = resource.getrlimit(resource.RLIMIT_NOFILE)[1]\n"
