@@ -317,10 +317,16 @@ class BrokerConnection:
     def close(self):
         self._fail(KafkaConnectionError(f"{self} closed"))
 
-    async def wait_closed(self):
+    async def wait_closed(self, timeout: float = 5.0):
+        """Close and wait until the transport reports the connection lost; a close that does not
+        complete in ``timeout`` s (unsent bytes the peer never reads) aborts the transport."""
         self.close()
         if self._protocol is not None:
-            await self._protocol.lost
+            try:
+                await asyncio.wait_for(asyncio.shield(self._protocol.lost), timeout)
+            except asyncio.TimeoutError:
+                if self._transport is not None:
+                    self._transport.abort()
 
 
 class _ResponseProtocol(asyncio.BufferedProtocol):
