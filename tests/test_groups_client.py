@@ -24,7 +24,11 @@ def bs(tmp_path_factory):
 
 
 def kbroker(*args, **kw):
-    return subprocess.Popen([sys.executable, "-m", "kbroker", *args], **kw)
+    # SIGINT back to its default in the child: a test run started in the background by a
+    # non-interactive shell (CI) inherits SIGINT ignored, and Python then never installs its
+    # KeyboardInterrupt handler, so the Ctrl-C this test sends would be lost.
+    return subprocess.Popen([sys.executable, "-m", "kbroker", *args],
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **kw)
 
 
 def test_console_consumers_in_one_group_share_the_topic(bs, tmp_path):

@@ -58,7 +58,9 @@ def test_fetch_uses_sendfile(kafka_cluster, tmp_path):
     trace_out = tmp_path / "strace.out"
     tracer = subprocess.Popen([strace, "-f", "-qq", "-e", "trace=sendfile", "-o", str(trace_out),
                                "-p", str(kafka_cluster.brokers[0].pid)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              # SIGINT detaches strace; a background CI run inherits it ignored
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         # attached once a syscall we provoke shows up: strace has no readiness signal of its own
         def attached():
