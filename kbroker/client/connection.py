@@ -317,16 +317,10 @@ class BrokerConnection:
     def close(self):
         self._fail(KafkaConnectionError(f"{self} closed"))
 
-    async def wait_closed(self, timeout: float = 5.0):
-        """Close and wait until the transport reports the connection lost; a close that does not
-        complete in ``timeout`` s (unsent bytes the peer never reads) aborts the transport."""
+    async def wait_closed(self):
         self.close()
         if self._protocol is not None:
-            try:
-                await asyncio.wait_for(asyncio.shield(self._protocol.lost), timeout)
-            except asyncio.TimeoutError:
-                if self._transport is not None:
-                    self._transport.abort()
+            await self._protocol.lost
 
 
 class _ResponseProtocol(asyncio.BufferedProtocol):
