@@ -89,7 +89,8 @@ class Cluster:
         self.last_refresh = 0.0
         self._wanted: set[str] = set()      # topics the client uses: kept in every refresh
         self._conns: dict[object, BrokerConnection] = {}
-        self._connecting: dict[object, asyncio.Future] = {}
+        self._connect_locks: dict[object, asyncio.Lock] = {}
+        self._attempts: dict[object, tuple[int, BaseException | None]] = {}   # key -> (count, last failure)
         self._refresh: asyncio.Task | None = None
         self._closed = False
 
@@ -106,29 +107,37 @@ class Cluster:
         return await self._connect(node_id, b.host, b.port)
 
     async def _connect(self, key, host, port) -> BrokerConnection:
+        """The connection for ``key``, in call order: callers queue on a FIFO lock, so a caller that
+        writes as soon as it has the connection (the producer's sender does) writes after every earlier
+        caller, even those that waited for the connection to open. (Before, a caller arriving just after
+        the open took a fast path ahead of the waiters still being woken, and an idempotent sequence
+        could reach the broker out of order.) Callers queued behind a failed attempt share its error
+        instead of each waiting out a connect timeout of its own."""
         if self._closed:
             raise KafkaConnectionError("client closed")
-        conn = self._conns.get(key)
-        if conn is not None and not conn.closed and (conn.host, conn.port) == (host, port):
-            return conn
-        pending = self._connecting.get(key)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        fut = asyncio.get_running_loop().create_future()
-        self._connecting[key] = fut
-        try:
-            conn = await BrokerConnection.open(
-                host, port, node_id=key if isinstance(key, int) else -1, client_id=self.client_id,
-                request_timeout_ms=self.request_timeout_ms, client_versions=self.client_versions)
+        lock = self._connect_locks.get(key)
+        if lock is None:
+            lock = self._connect_locks[key] = asyncio.Lock()
+        seen = self._attempts.get(key, (0, None))[0]
+        async with lock:   # uncontended: no suspension, so the open connection costs no loop turn
+            conn = self._conns.get(key)
+            if conn is not None and not conn.closed and (conn.host, conn.port) == (host, port):
+                return conn
+            count, failure = self._attempts.get(key, (0, None))
+            if count > seen and failure is not None:
+                raise failure   # an attempt made while we queued failed: do not repeat it at once
+            if self._closed:
+                raise KafkaConnectionError("client closed")
+            try:
+                conn = await BrokerConnection.open(
+                    host, port, node_id=key if isinstance(key, int) else -1, client_id=self.client_id,
+                    request_timeout_ms=self.request_timeout_ms, client_versions=self.client_versions)
+            except KafkaError as e:
+                self._attempts[key] = (count + 1, e)
+                raise   # (a cancelled opener records nothing: the next caller in line tries again)
+            self._attempts[key] = (count + 1, None)
             self._conns[key] = conn
-            fut.set_result(conn)
             return conn
-        except BaseException as e:
-            fut.set_exception(e)
-            fut.exception()
-            raise
-        finally:
-            del self._connecting[key]
 
     async def any_connection(self) -> BrokerConnection:
         """A connection to some live broker: known brokers first, then the bootstrap list."""
