@@ -36,6 +36,7 @@ import contextlib
 import os
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -47,6 +48,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from kbroker.protocol import api
 from kbroker.testing import LocalCluster, wait_until
+from kbroker.zk.local import start_zookeeper
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -113,12 +115,22 @@ def pct(sorted_vals, q):
     return sorted_vals[min(len(sorted_vals) - 1, int(q * len(sorted_vals)))] * 1000
 
 
+def tcp_out_segs(pid: int) -> int:
+    """Tcp OutSegs of the network namespace of ``pid``."""
+    with open(f"/proc/{pid}/net/snmp") as f:
+        rows = [line.split() for line in f if line.startswith("Tcp:")]
+    return int(rows[1][rows[0].index("OutSegs")])
+
+
 def cpu_run(c, bootstrap, topic, leader, mb, size=1000):
     p = Producer({"bootstrap.servers": bootstrap, "acks": 1, "linger.ms": 5, "batch.size": 262144,
                   "queue.buffering.max.kbytes": 262144})
     n = mb * 1024 * 1024 // size
     payload = b"y" * size
     pids = {b: c.brokers[b].pid for b in c.brokers}
+    napi = sorted(getattr(getattr(c, "net", None), "napi", ()))
+    napi_before = sum(cpu_seconds(t) for t in napi)
+    segs_before = tcp_out_segs(pids[leader]) if napi else 0
     before = {b: cpu_seconds(pid) for b, pid in pids.items()}
     leader_before = cpu_split(pids[leader])
     t0 = time.monotonic()
@@ -139,7 +151,365 @@ def cpu_run(c, bootstrap, topic, leader, mb, size=1000):
     gb = n * size / 1e9
     used = {b: after[b] - before[b] for b in pids}
     cpu_run.leader_user_sys = tuple((a - b) / gb for a, b in zip(leader_after, leader_before))
+    # --netns: the receive processing the brokers' namespaces moved into napi kernel threads.
+    cpu_run.napi = (sum(cpu_seconds(t) for t in napi) - napi_before) / gb
+    # The leader's namespace holds only its own sockets: its TCP segments sent, a count no load disturbs.
+    cpu_run.out_segs = (tcp_out_segs(pids[leader]) - segs_before) / gb if napi else 0
     return used[leader] / gb, sum(used.values()) / gb, wall
+
+
+# ---- --netns: every broker in a network namespace of its own, as on separate hosts ----------------
+CLONE_NEWNET = 0x40000000
+_libc = None
+
+
+def _setns(fd: int) -> None:
+    """setns(2) of the calling thread's network namespace (only this thread moves; children it
+    starts inherit it)."""
+    global _libc
+    if _libc is None:
+        import ctypes
+        _libc = ctypes.CDLL(None, use_errno=True)
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        import ctypes
+        raise OSError(ctypes.get_errno(), "setns")
+
+
+@contextlib.contextmanager
+def in_netns(name: str):
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    target = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        _setns(target)
+        try:
+            yield
+        finally:
+            _setns(own)
+    finally:
+        os.close(target)
+        os.close(own)
+
+
+def ethtool_flag(dev: str, cmd: int, on: bool) -> None:
+    """A legacy ethtool set-flag ioctl (SIOCETHTOOL) on ``dev`` of the calling thread's namespace."""
+    import ctypes
+    import fcntl
+    import struct
+
+    val = ctypes.create_string_buffer(struct.pack("II", cmd, int(on)), 8)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sk:
+        fcntl.ioctl(sk, 0x8946, struct.pack("16sP", dev.encode(), ctypes.addressof(val)) + bytes(16))
+
+
+ETHTOOL_STSO, ETHTOOL_SGRO = 0x1f, 0x2c
+
+
+def veth_napi(dev: str) -> None:
+    """A veth receives through NAPI (GRO on) only segments its peer sent without TSO; with both, and
+    /sys/class/net/<dev>/threaded, its receive processing runs in a napi/<dev> kernel thread."""
+    ethtool_flag(dev, ETHTOOL_SGRO, True)
+    ethtool_flag(dev, ETHTOOL_STSO, False)
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+def napi_threads() -> set[int]:
+    out = set()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/comm") as f:
+                    if f.read().startswith("napi/"):
+                        out.add(int(d))
+            except OSError:
+                pass
+    return out
+
+
+class NetnsNet:
+    """A bridge in this namespace (10.77.<k>.1/24) and ``n`` namespaces, each joined to it by a veth
+    pair (10.77.<k>.<i + 2>). Both ends of every veth have GRO on, TSO off (MTU 65000) and threaded NAPI, so a segment's
+    receive processing (bridge forwarding, ip_rcv, tcp_v4_rcv, queueing, the reader's wakeup) runs
+    in a napi/* kernel thread instead of the sender's softirq: the sender pays its transmit only, as
+    across hosts. ``close`` removes all of it (the ExitStack of main calls it on every exit path)."""
+
+    def __init__(self, n: int, k: int):
+        self.tag = f"rb{os.getpid() % 10000}{chr(97 + k)}"
+        self.net = f"10.77.{(os.getpid() + k) % 200 + 20}"
+        self.names = [f"{self.tag}-{i}" for i in range(n)]
+        self.bridge = f"{self.tag}br"
+        self.made: list[tuple[str, str]] = []
+        self.napi: set[int] = set()
+        try:
+            self._up(n)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def gateway(self) -> str:
+        return f"{self.net}.1"
+
+    def addr(self, i: int) -> str:
+        return f"{self.net}.{i + 2}"
+
+    def _up(self, n: int) -> None:
+        if self.net + "." in subprocess.run(["ip", "-4", "-br", "addr"], capture_output=True, text=True).stdout:
+            raise SystemExit(f"--netns: {self.net}.0/24 is in use here")
+        before = napi_threads()
+        _ip("link", "add", self.bridge, "type", "bridge")
+        self.made.append(("link", self.bridge))
+        _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "mtu", "65000")
+        _ip("link", "set", self.bridge, "up")
+        for i, ns in enumerate(self.names):
+            _ip("netns", "add", ns)
+            self.made.append(("netns", ns))
+            host = f"{self.tag}v{i}"
+            _ip("link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            _ip("link", "set", host, "master", self.bridge, "up")
+            _ip("-n", ns, "addr", "add", f"{self.addr(i)}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+            # MTU 65000 without TSO: segments as large as loopback's 64 KiB ones, each one packet.
+            _ip("link", "set", host, "mtu", "65000")
+            _ip("-n", ns, "link", "set", "eth0", "mtu", "65000")
+            veth_napi(host)
+            with in_netns(ns):
+                veth_napi("eth0")
+            with open(f"/sys/class/net/{host}/threaded", "w") as f:
+                f.write("1")
+            # /sys shows the namespace it was mounted in: ip netns exec mounts the namespace's own.
+            subprocess.run(["ip", "netns", "exec", ns, "sh", "-c", "echo 1 > /sys/class/net/eth0/threaded"],
+                           check=True, capture_output=True)
+        self.napi = napi_threads() - before
+
+    def close(self) -> None:
+        for kind, name in reversed(self.made):
+            if kind == "netns":
+                subprocess.run(["ip", "netns", "del", name], capture_output=True)
+            else:
+                subprocess.run(["ip", "link", "del", name], capture_output=True)
+        self.made.clear()
+
+
+class ZkForwarder:
+    """ZooKeeper listens on 127.0.0.1 of this namespace only; the brokers in their namespaces reach
+    it through this TCP forwarder on the bridge's address (same port)."""
+
+    def __init__(self, host: str, port: int):
+        self.port = port
+        self.srv = socket.create_server((host, port))
+        self.srv.settimeout(0.5)
+        self.stop = threading.Event()
+        self.th = threading.Thread(target=self._accept, daemon=True)
+        self.th.start()
+
+    def _accept(self):
+        while not self.stop.is_set():
+            try:
+                a, _ = self.srv.accept()
+            except (socket.timeout, OSError):
+                continue
+            try:
+                b = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+            except OSError:
+                a.close()
+                continue
+            b.settimeout(None)
+            a.settimeout(None)
+            for x, y in ((a, b), (b, a)):
+                threading.Thread(target=self._pump, args=(x, y), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst):
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sk in (src, dst):
+                with contextlib.suppress(OSError):
+                    sk.shutdown(socket.SHUT_RDWR)
+
+    def close(self):
+        self.stop.set()
+        self.srv.close()
+        self.th.join(5)
+
+
+class NetnsCluster(LocalCluster):
+    """LocalCluster with broker i started in namespace i of ``net`` (listening on every interface of
+    its namespace, advertising its veth address) against a ZooKeeper reached through ``zk_connect``."""
+
+    def __init__(self, root, net: NetnsNet, zk_connect: str, **kw):
+        super().__init__(root, brokers=len(net.names), zookeeper_connect=zk_connect, **kw)
+        self.net = net
+
+    def start_broker(self, broker_id: int, timeout: float = 60.0, extra: dict | None = None):
+        port = self.brokers[broker_id].port
+        extra = {"listeners": f"PLAINTEXT://:{port}",
+                 "advertised.listeners": f"PLAINTEXT://{self.net.addr(broker_id)}:{port}", **(extra or {})}
+        with in_netns(self.net.names[broker_id]):      # the broker and its readiness checks
+            return super().start_broker(broker_id, timeout, extra)
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(f"{self.net.addr(i)}:{b.port}" for i, b in self.brokers.items())
+
+
+def start_cluster(stack, root: Path, k: int, netns: bool, **kw):
+    """A three-broker LocalCluster on loopback, or (netns) a NetnsCluster with its network,
+    ZooKeeper and forwarder, all torn down by ``stack``."""
+    if not netns:
+        return stack.enter_context(LocalCluster(root, brokers=3, **kw))
+    net = NetnsNet(3, k)
+    stack.callback(net.close)
+    zk = start_zookeeper(root / "zookeeper", port=0, tick_time_ms=1000, die_with_parent=True)
+    stack.callback(zk.stop)
+    fwd = ZkForwarder(net.gateway, zk.port)
+    stack.callback(fwd.close)
+    c = stack.enter_context(NetnsCluster(root, net, f"{net.gateway}:{zk.port}", **kw))
+    print(f"netns cluster: brokers at {c.bootstrap}, receive processing in napi threads {sorted(net.napi)}")
+    return c
+
+
+# ---- where the leader's CPU goes (perf record -g of the leader, kernel stacks classified) -------------
+PERF_FREQ = 1999     # cpu-clock samples per second of the leader's CPU time
+# First matching class wins, tested in this order on the whole kernel stack of a sample. On loopback a
+# sent segment is received (ip_rcv, tcp_v4_rcv, queueing, the reader's wakeup) in the net_rx softirq
+# run by the sender's local_bh_enable; with tick accounting (no CONFIG_IRQ_TIME_ACCOUNTING) that time
+# is the sender's system time.
+PERF_CLASSES = (
+    # The receiving socket's side of a segment: queueing the data, waking its reader (the follower's
+    # loop at RF=3, the producer's at RF=1 for its answers): work of the receiving process.
+    ("rx softirq: reader wakeups", ("net_rx_action", "process_backlog"), ("try_to_wake_up", "__wake_up",
+                                                                          "sock_def_readable")),
+    ("rx softirq: ack processing", ("net_rx_action", "process_backlog"), ("tcp_ack", "tcp_clean_rtx_queue")),
+    ("rx softirq: ip/tcp data receive", ("net_rx_action", "process_backlog", "__netif_receive_skb"), ()),
+    ("other softirq", ("handle_softirqs", "__do_softirq"), ()),
+    ("tcp transmit", ("tcp_sendmsg_locked", "tcp_write_xmit", "__tcp_transmit_skb", "tcp_push",
+                      "__tcp_push_pending_frames", "ip_queue_xmit", "dev_queue_xmit", "tcp_sendmsg"), ()),
+    ("sendfile/splice/page cache", ("do_sendfile", "splice_direct_to_actor", "do_splice_direct",
+                                    "filemap_splice_read", "__x64_sys_sendfile64"), ()),
+    ("epoll", ("do_epoll_wait", "do_epoll_ctl", "ep_poll", "__x64_sys_epoll_wait", "__x64_sys_epoll_ctl"), ()),
+    ("own socket receive", ("tcp_recvmsg", "__sys_recvfrom", "sock_recvmsg", "__x64_sys_recvfrom"), ()),
+    ("file write/read", ("vfs_write", "vfs_read", "ksys_write", "ksys_read", "ksys_pwrite64", "ksys_pread64",
+                         "vfs_writev"), ()),
+    ("scheduler", ("schedule", "__schedule", "finish_task_switch"), ()),
+)
+
+
+def perf_start(pid: int, out: Path):
+    """perf record of ``pid``, started disabled and enabled through its control fifo: returns once
+    perf has acknowledged, so the run that follows is sampled from its first record."""
+    ctl, ack = out.with_suffix(".ctl"), out.with_suffix(".ack")
+    for f in (ctl, ack):
+        f.unlink(missing_ok=True)
+        os.mkfifo(f)
+    proc = subprocess.Popen(["perf", "record", "-q", "-e", "cpu-clock", "-F", str(PERF_FREQ), "-g", "-D", "-1",
+                             f"--control=fifo:{ctl},{ack}", "-p", str(pid), "-o", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with open(ctl, "w") as w:              # opens once perf has opened its end
+            w.write("enable\n")
+        with open(ack) as r:
+            got = r.readline()
+        if not got.startswith("ack"):
+            raise RuntimeError(f"perf record control answered {got!r}")
+    except BaseException:
+        perf_stop(proc)
+        raise
+    return proc
+
+
+def perf_stop(proc):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    proc.wait(120)
+
+
+def classify_stack(frames: list[str]) -> str:
+    """Class of one sample from its callchain's symbols (leaf first); user space when the leaf is not
+    a kernel symbol (perf marks kernel frames with the [kernel.kallsyms] dso)."""
+    if not frames or not frames[0][1]:
+        return "user"
+    names = {f for f, _k in frames}
+    for label, any_of, also in PERF_CLASSES:
+        if names.intersection(any_of) and (not also or names.intersection(also)):
+            return label
+    return "other kernel (syscall entry, faults, ...)"
+
+
+def classify_script(text: str) -> dict[str, int]:
+    """Samples per class of ``perf script -F ip,sym,dso`` output: a sample is its callchain's lines
+    (address, symbol, (dso)), leaf first, samples separated by blank lines."""
+    counts: dict[str, int] = {}
+    frames: list[tuple[str, bool]] = []
+    for line in text.splitlines() + [""]:
+        line = line.strip()
+        if not line:
+            if frames:
+                label = classify_stack(frames)
+                counts[label] = counts.get(label, 0) + 1
+            frames = []
+            continue
+        parts = line.split(None, 1)
+        if len(parts) < 2:
+            continue
+        sym, _, dso = parts[1].rpartition(" (")
+        # tcp_ack+0x1f, finish_task_switch.isra.0: the function's name
+        name = sym.split("+", 1)[0].split(".", 1)[0].strip()
+        frames.append((name, dso.startswith("[kernel.kallsyms]")))
+    return counts
+
+
+def perf_classes(data: Path) -> dict[str, int]:
+    """Samples per class of a perf.data file."""
+    return classify_script(subprocess.run(["perf", "script", "-i", str(data), "-F", "ip,sym,dso"],
+                                          capture_output=True, text=True, check=True).stdout)
+
+
+def perf_profile(clusters, rounds, mb, out_dir: Path):
+    """--perf-rounds: RF=3 and RF=1 runs under perf record of the leader (after the timed rounds, on
+    the topics they created), s/GB per class of kernel work: samples / PERF_FREQ / GB."""
+    leader = 0
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gb = mb * 1024 * 1024 // 1000 * 1000 / 1e9
+    table = {}
+    runs = [(label, name) for label in clusters for name in ("cpu3", "cpu1")]
+    for rnd in range(rounds):
+        for label, name in (runs if rnd % 2 == 0 else runs[::-1]):
+            c, _admin = clusters[label]
+            data = out_dir / f"{name}{label.strip(' []')}-{rnd + 1}.data"
+            proc = perf_start(c.brokers[leader].pid, data)
+            try:
+                cpu_run(c, c.bootstrap, name, leader, mb)
+            finally:
+                perf_stop(proc)
+            us = cpu_run.leader_user_sys
+            counts = perf_classes(data)
+            table.setdefault((label, name), []).append({k: v / PERF_FREQ / gb for k, v in counts.items()})
+            print(f"perf round {rnd + 1}{label} {name}: leader /proc user/system per GB {us[0]:.2f}/{us[1]:.2f} s; "
+                  f"perf samples {sum(counts.values())} = {sum(counts.values()) / PERF_FREQ / gb:.2f} s/GB")
+    labels = sorted({k for rows in table.values() for r in rows for k in r})
+    for label in clusters:
+        print(f"leader s/GB per class{label}, median of {rounds} (range) RF=3 | RF=1 | RF=3 - RF=1:")
+        for k in labels + ["kernel total", "all"]:
+            def vals(name):
+                rows = table[label, name]
+                if k == "all":
+                    return sorted(sum(r.values()) for r in rows)
+                if k == "kernel total":
+                    return sorted(sum(v for kk, v in r.items() if kk != "user") for r in rows)
+                return sorted(r.get(k, 0.0) for r in rows)
+            v3, v1 = vals("cpu3"), vals("cpu1")
+            m3, m1 = v3[len(v3) // 2], v1[len(v1) // 2]
+            print(f"  {k:<42} {m3:5.2f} ({v3[0]:.2f}-{v3[-1]:.2f}) | {m1:5.2f} ({v1[0]:.2f}-{v1[-1]:.2f}) | {m3 - m1:+.2f}")
+    return table
 
 
 def metadata_state(c, topic, partition=0):
@@ -430,6 +800,9 @@ def cpu_rounds(clusters, rounds, mb):
             c, _admin = clusters[label]
             got[label, name] = cpu_run(c, c.bootstrap, name, leader, mb)
             split[label, name] = cpu_run.leader_user_sys
+            if getattr(c, "net", None):
+                print(f"  {label.strip() or '[A]'} RF={name[-1]}: napi threads (receive work) {cpu_run.napi:.2f} s/GB, "
+                      f"leader TCP segments sent {cpu_run.out_segs:,.0f} per GB")
         for label in clusters:
             (l3, total3, wall3), (l1, total1, wall1) = got[label, "cpu3"], got[label, "cpu1"]
             ratios[label].append(l3 / l1)
@@ -477,19 +850,34 @@ def main(argv=None):
     ap.add_argument("--compare-env", default="", metavar="K=V,K=V",
                     help="environment of the second cluster's brokers (e.g. PYTHONPATH=<a copy of the tree "
                          "with a change>, to compare code side by side); implies the second cluster")
+    ap.add_argument("--perf-rounds", type=int, default=0,
+                    help="after the timed rounds, rounds of RF=3 and RF=1 runs under `perf record -g` of the "
+                         "leader (root), its CPU per GB split by kernel path (0: none)")
+    ap.add_argument("--perf-dir", default="", help="keep the perf.data files there (default: the run's temp dir)")
+    ap.add_argument("--netns", action="store_true",
+                    help="every broker in a network namespace of its own joined by veth pairs and a bridge, "
+                         "receive processing in threaded NAPI kernel threads (root; CPU rounds only)")
+    ap.add_argument("--netns-b", action="store_true",
+                    help="only the second cluster in namespaces (implies it): loopback and namespaces side by side")
     args = ap.parse_args(argv)
+    if (args.netns or args.netns_b) and (args.pairs or args.catchup_mb or args.failovers):
+        raise SystemExit("--netns runs the CPU rounds only: add --pairs 0 --catchup-mb 0 --failovers 0")
+    if args.perf_rounds > 0 and (args.skip_cpu or args.cpu_rounds < 1):
+        raise SystemExit("--perf-rounds profiles the topics of the CPU rounds: needs --cpu-rounds >= 1")
     base = {"log.segment.bytes": 256 << 20}
     compare = parse_settings(args.compare)
     compare_env = parse_settings(args.compare_env)
     with contextlib.ExitStack() as stack:
         root = stack.enter_context(tempfile.TemporaryDirectory(prefix="replbench-"))
-        c = stack.enter_context(LocalCluster(Path(root) / "a", brokers=3, overrides=base))
+        # SIGTERM unwinds the stack like Ctrl-C: brokers stopped, namespaces and bridges removed.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        c = start_cluster(stack, Path(root) / "a", 0, args.netns, overrides=base)
         clusters = {"": (c, AdminClient({"bootstrap.servers": c.bootstrap}))}
-        if compare or compare_env:
+        if compare or compare_env or args.netns_b:
             print(f"[B] = a second cluster with settings {compare} and environment {compare_env}; "
                   "unlabelled = Kafka's defaults")
-            cb = stack.enter_context(LocalCluster(Path(root) / "b", brokers=3, overrides={**base, **compare},
-                                                  env=compare_env or None))
+            cb = start_cluster(stack, Path(root) / "b", 1, args.netns or args.netns_b,
+                               overrides={**base, **compare}, env=compare_env or None)
             clusters[" [B]"] = (cb, AdminClient({"bootstrap.servers": cb.bootstrap}))
         admin = clusters[""][1]
         rate = args.rate
@@ -502,6 +890,8 @@ def main(argv=None):
             latency_pairs(clusters, rate, args.pairs, args.seconds)
         if not args.skip_cpu:
             cpu_rounds(clusters, args.cpu_rounds, args.mb)
+        if args.perf_rounds > 0:
+            perf_profile(clusters, args.perf_rounds, args.mb, Path(args.perf_dir or Path(root) / "perf"))
         if args.catchup_mb > 0:
             catch_up(c, admin, args.catchup_mb)
         if args.failovers > 0:

@@ -1,0 +1,100 @@
+"""perf/replication_bench.py's measurement plumbing: the classes of the leader's kernel stacks
+(--perf-rounds) and the per-broker network namespaces (--netns)."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import threading
+
+import pytest
+
+from kbroker.perf.replication_bench import NetnsNet, classify_script, classify_stack, in_netns
+
+K = "[kernel.kallsyms]"
+
+
+def script(*samples):
+    """perf script -F ip,sym,dso text of ``samples`` (each a list of (symbol, dso), leaf first)."""
+    return "".join("\n" + "".join(f"\tffffffff81000000 {sym} ({dso})\n" for sym, dso in s) + "\n" for s in samples)
+
+
+# A follower's data segment received in the leader's softirq on loopback (sendfile -> tcp transmit ->
+# loopback -> local_bh_enable -> net_rx_action -> tcp_v4_rcv -> the follower's wakeup).
+FOLLOWER_WAKEUP = ["try_to_wake_up", "__wake_up_sync_key", "sock_def_readable", "tcp_data_queue",
+                   "tcp_rcv_established", "tcp_v4_rcv", "ip_local_deliver", "process_backlog", "__napi_poll",
+                   "net_rx_action", "handle_softirqs", "__local_bh_enable_ip", "__dev_queue_xmit",
+                   "__tcp_transmit_skb", "tcp_write_xmit", "tcp_sendmsg_locked", "splice_to_socket",
+                   "do_splice_direct", "do_sendfile", "__x64_sys_sendfile64", "do_syscall_64"]
+
+
+def test_classes_of_kernel_stacks():
+    k = lambda names: [(n, True) for n in names]     # noqa: E731
+    assert classify_stack(k(FOLLOWER_WAKEUP)) == "rx softirq: reader wakeups"
+    assert classify_stack(k(["tcp_clean_rtx_queue", "tcp_ack"] + FOLLOWER_WAKEUP[4:])) == "rx softirq: ack processing"
+    assert classify_stack(k(["tcp_data_queue"] + FOLLOWER_WAKEUP[4:])) == "rx softirq: ip/tcp data receive"
+    # The same transmit without the receive below it is the sender's own.
+    assert classify_stack(k(FOLLOWER_WAKEUP[14:])) == "tcp transmit"
+    assert classify_stack(k(["filemap_splice_read", "splice_direct_to_actor"] + FOLLOWER_WAKEUP[17:])) == \
+        "sendfile/splice/page cache"
+    assert classify_stack(k(["copy_folio_from_iter_atomic", "generic_perform_write", "ext4_buffered_write_iter",
+                             "vfs_write", "ksys_write", "do_syscall_64"])) == "file write/read"
+    assert classify_stack(k(["ep_poll", "do_epoll_wait", "do_syscall_64"])) == "epoll"
+    assert classify_stack(k(["run_timer_softirq", "handle_softirqs", "irq_exit_rcu"])) == "other softirq"
+    assert classify_stack([("_PyEval_EvalFrameDefault", False), ("[unknown]", False)]) == "user"
+
+
+def test_script_parsing_counts_samples_and_strips_suffixes():
+    text = script([(f"{n}+0x1f", K) for n in FOLLOWER_WAKEUP],
+                  [("finish_task_switch.isra.0", K), ("do_nanosleep", K), ("hrtimer_nanosleep", K)],
+                  [("_PyEval_EvalFrameDefault", "/usr/lib/libpython3.11.so.1.0"), ("[unknown]", "[unknown]")],
+                  [("_PyEval_EvalFrameDefault", "/usr/lib/libpython3.11.so.1.0")])
+    assert classify_script(text) == {"rx softirq: reader wakeups": 1, "scheduler": 1, "user": 2}
+
+
+def _ns_exists(name: str) -> bool:
+    return os.path.exists(f"/run/netns/{name}")
+
+
+def _schedstat_ns(pid: int) -> int:
+    with open(f"/proc/{pid}/schedstat") as f:
+        return int(f.read().split()[0])
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and iproute2")
+def test_netns_receive_runs_in_napi_threads_and_close_removes_everything():
+    net = NetnsNet(2, 7)
+    names, bridge = list(net.names), net.bridge
+    try:
+        assert all(_ns_exists(n) for n in names) and len(net.napi) == 4
+        with in_netns(names[1]):
+            srv = socket.create_server(("", 0))
+        port = srv.getsockname()[1]
+        got = []
+
+        def rx():
+            c, _ = srv.accept()
+            with c:
+                n = 0
+                while d := c.recv(1 << 20):
+                    n += len(d)
+                got.append(n)
+        th = threading.Thread(target=rx)
+        th.start()
+        before = {t: _schedstat_ns(t) for t in net.napi}
+        with in_netns(names[0]):
+            s = socket.create_connection((net.addr(1), port), timeout=10)
+        with s:
+            for _ in range(64):
+                s.sendall(bytes(1 << 20))
+        th.join(30)
+        srv.close()
+        assert got == [64 << 20]
+        # The segments crossed the bridge and were received by the napi kernel threads (not the
+        # sender's softirq): every veth end's thread ran.
+        assert all(_schedstat_ns(t) > before[t] for t in net.napi)
+    finally:
+        net.close()
+    assert not any(_ns_exists(n) for n in names)
+    assert subprocess.run(["ip", "link", "show", bridge], capture_output=True).returncode != 0
