@@ -42,13 +42,19 @@ _CORR = struct.Struct(">i")
 
 
 # ---- measurement helpers --------------------------------------------------------------------------
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of the process (the kernel sums them over all its threads), in seconds."""
+def cpu_user_system(pid: int) -> tuple[float, float]:
+    """(utime, stime) of the process (the kernel sums them over all its threads), in seconds."""
     with open(f"/proc/{pid}/stat", "rb") as f:
         raw = f.read()
     # The command name (field 2) may hold spaces: split after its closing parenthesis.
     fields = raw[raw.rindex(b")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK   # fields 14 and 15 of stat(5)
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK   # fields 14 and 15 of stat(5)
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of the process, in seconds."""
+    user, system = cpu_user_system(pid)
+    return user + system
 
 
 def summary(values) -> dict:

@@ -3,6 +3,7 @@ of one kbroker broker serving request_bench's producer (linger.ms=0, batch.num.m
 
     python -m kbroker.perf.profile_request pyspy     [--requests 200000] [--seconds 6] [--out DIR]
     python -m kbroker.perf.profile_request callgrind [--requests 3000] [--out DIR]
+    python -m kbroker.perf.profile_request capacity  [--batches 1024] [--rounds 3] [--variant NAME:k=v,..:ENV=v,..]
     ... [--workload fetch]: small Fetch v11 requests with 1 in flight (request_bench's fetch, one ~170 B
     batch per answer) over records written first, instead of Produce requests
 
@@ -16,8 +17,17 @@ of one kbroker broker serving request_bench's producer (linger.ms=0, batch.num.m
   and off after the last delivery report, so the profile is the request path alone. Prints instructions
   per request (user space) and ``callgrind_annotate``'s top functions, self and inclusive (``DIR/callgrind-produce.txt``).
 
+* ``capacity``: where the broker's CPU per GB of the suite's capacity produce goes (``broker_bench``'s
+  ~512 KiB RecordBatches as Produce v7 over two raw-socket connections). Interleaved rounds of the broker
+  and of the in-memory ``recv_into`` sink (the suite's baseline, the same client code), each timed by
+  ``/proc`` (user and system CPU-seconds per GB); then one run under ``strace -c -f`` (syscalls per
+  request) and one under ``perf record -g`` (samples put in buckets: segment write, receive, send, epoll,
+  other kernel, CRC32C, other native batch/segment/request code, interpreter), the buckets' shares
+  scaled to the CPU-seconds per GB of that run (``DIR/capacity-produce.txt``). ``--variant`` runs several
+  brokers side by side (settings or environment, e.g. ``PYTHONPATH`` of a changed tree), the first profiled.
+
 One broker with real ZooKeeper (``kbroker.testing.LocalCluster``), log dir on tmpfs, stopped by its PID;
-every wait is bounded. Needs py-spy (in the venv) / valgrind (Debian's package).
+every wait is bounded. Needs py-spy (in the venv) / valgrind (Debian's package) / perf and strace (capacity).
 """
 from __future__ import annotations
 
@@ -25,6 +35,7 @@ import argparse
 import collections
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -280,14 +291,241 @@ def _top(annotate: str, n: int) -> str:
     return "\n".join(lines[start - 1:start + 1] + rows) + "\n"
 
 
+# ---- capacity: CPU per GB of the suite's large-batch produce, by where it goes -----------------------
+# Buckets of a perf sample, by the first rule whose frame is in its stack (syscall entry points are
+# matched anywhere in the stack: softirq work run inside a syscall is charged to that syscall, as the
+# kernel charges it to the process), else by the sampled (top) frame's object.
+_SYSCALL_BUCKETS = (
+    ("segment write (page-cache allocation + copy)", ("ksys_write", "__x64_sys_write")),
+    ("index pwrite", ("ksys_pwrite64", "__x64_sys_pwrite64")),
+    ("recv (copy + loopback TCP, ACKs)", ("__sys_recvfrom", "__x64_sys_recvfrom", "sock_recvmsg")),
+    ("send (answers)", ("__sys_sendto", "__x64_sys_sendto", "tcp_sendmsg")),
+    ("epoll", ("do_epoll_wait", "do_epoll_ctl", "__x64_sys_epoll_wait", "__x64_sys_epoll_ctl")),
+)
+CAPACITY_BUCKETS = (*(b for b, _ in _SYSCALL_BUCKETS), "other kernel", "crc32c", "other native (ext/*.so)",
+                    "interpreter (libpython)", "other user")
+
+
+def bucket_of(frames: list[tuple[str, str]]) -> str:
+    """One perf sample's stack, [(symbol, object)] sampled frame first -> its CAPACITY_BUCKETS name."""
+    syms = {s for s, _ in frames}
+    for name, entries in _SYSCALL_BUCKETS:
+        if not syms.isdisjoint(entries):
+            return name
+    if not frames:
+        return "other user"
+    sym, obj = frames[0]
+    if obj == "[kernel.kallsyms]" or obj.startswith("[kernel"):
+        return "other kernel"
+    if sym.startswith("crc32c"):
+        return "crc32c"
+    base = os.path.basename(obj)
+    if base.startswith(("batch.", "segment.", "request.", "codec.", "crc.")):
+        return "other native (ext/*.so)"
+    if base.startswith("libpython"):
+        return "interpreter (libpython)"
+    return "other user"
+
+
+def bucket_perf_script(text: str, loop_tid: int) -> dict:
+    """``perf script -F tid,ip,sym,dso`` output (a "tid" line, then one "ip sym (object)" line per frame,
+    samples separated by blank lines) -> {"all": Counter(bucket -> samples), "loop": the same for the
+    thread ``loop_tid`` (the event loop: the process's main thread)}."""
+    out = {"all": collections.Counter(), "loop": collections.Counter()}
+
+    def flush(tid, frames):
+        if tid is None:
+            return
+        b = bucket_of(frames)
+        out["all"][b] += 1
+        if tid == loop_tid:
+            out["loop"][b] += 1
+
+    tid, frames = None, []
+    for line in text.splitlines():
+        if not line.strip():
+            flush(tid, frames)
+            tid, frames = None, []
+        elif not line[0].isspace():
+            flush(tid, frames)
+            head = line.split()
+            tid, frames = (int(head[0]) if head[0].isdigit() else -1), []
+        else:
+            _ip, _, rest = line.strip().partition(" ")
+            sym, _, obj = rest.rpartition(" (")
+            frames.append((sym.split("+0x")[0], obj.rstrip(")")))
+    flush(tid, frames)
+    return out
+
+
+def _timed_produce(pid: int, addr: tuple[str, int], sets: list) -> dict:
+    """One capacity produce run against ``addr`` -> MB/s and the user / system CPU-seconds per GB that
+    ``pid`` spent over it."""
+    u0, s0 = H.cpu_user_system(pid)
+    r = H.produce_frames(addr, sets, timeout=300)
+    u1, s1 = H.cpu_user_system(pid)
+    gb = r["bytes"] / 1e9
+    return {"mb_per_s": r["bytes"] / 1e6 / r["seconds"], "user_s_per_gb": (u1 - u0) / gb,
+            "system_s_per_gb": (s1 - s0) / gb}
+
+
+def parse_variant(spec: str) -> tuple[str, dict, dict]:
+    """``NAME[:key=value,...[:ENV=value,...]]`` -> (name, broker config overrides, environment)."""
+    name, overrides, env = (spec.split(":", 2) + ["", ""])[:3]
+    if not name:
+        raise ValueError(f"variant {spec!r} has no name")
+    return (name, dict(kv.split("=", 1) for kv in overrides.split(",") if kv),
+            dict(kv.split("=", 1) for kv in env.split(",") if kv))
+
+
+def capacity(out: Path, batches: int, rounds: int, variants: list[str] | None = None) -> str:
+    """The broker variants (the first is profiled; default one broker as configured, named "kbroker")
+    and the sink, in interleaved rounds, then strace and perf runs of the first variant."""
+    from . import broker_bench as B
+    from .targets import KbrokerTarget
+    perf, strace = shutil.which("perf"), shutil.which("strace")
+    if not (perf and strace):
+        raise SystemExit("capacity needs perf and strace")
+    specs = [parse_variant(v) for v in (variants or ["kbroker"])]
+    if len({n for n, _, _ in specs} | {"sink"}) != len(specs) + 1:
+        raise SystemExit("variant names must differ from each other and from 'sink'")
+    work = Path(tempfile.mkdtemp(prefix="kbroker-profile-", dir="/dev/shm"))
+    batch, _per = B.build_batch()
+    targets = {n: KbrokerTarget("shm", work, name=n, overrides=ov, env=env) for n, ov, env in specs}
+    rows = {**{n: [] for n in targets}, "sink": []}
+    extra = {}
+    sink = None
+    n_topics = 0
+
+    def broker_run(t, tool: list[str] | None = None):
+        nonlocal n_topics
+        n_topics += 1
+        topic = f"capacity-{n_topics}-{uuid.uuid4().hex[:6]}"
+        t.create_topic(topic, B.PARTITIONS)
+        host, port = t.bootstrap.split(":")
+        addr = (host, int(port))
+        sets = B.produce_frame_sets(topic, batch, batches)
+        H.produce_frames(addr, [s[:2] for s in sets], timeout=120)    # open the segments, warm up
+        proc = None
+        if tool:
+            with open(work / "tool.log", "ab") as log:
+                proc = subprocess.Popen([*tool, "-p", str(t.pid)], stdin=subprocess.DEVNULL, stdout=log,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+            time.sleep(1.0)         # attach (perf and strace give no readiness signal)
+        try:
+            return {**_timed_produce(t.pid, addr, sets), "requests": sum(map(len, sets))}
+        finally:
+            if proc is not None:
+                proc.send_signal(2)
+                try:
+                    proc.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=10)
+
+    try:
+        for t in targets.values():
+            t.start()
+        sink, sport = B.start_sink("produce")
+        order = [*targets, "sink"]
+        for i in range(rounds):
+            k = i % len(order)
+            for side in order[k:] + order[:k]:
+                if side == "sink":
+                    rows[side].append(_timed_produce(sink.pid, ("127.0.0.1", sport),
+                                                     B.produce_frame_sets("sink", batch, batches)))
+                else:
+                    rows[side].append(broker_run(targets[side]))
+                H.progress(f"round {i + 1}/{rounds} {side}: {rows[side][-1]['mb_per_s']:.0f} MB/s, "
+                           f"{rows[side][-1]['user_s_per_gb'] + rows[side][-1]['system_s_per_gb']:.2f} CPU-s/GB")
+        first = targets[specs[0][0]]
+        st_file = work / "strace.txt"
+        extra["strace"] = broker_run(first, [strace, "-c", "-f", "-o", str(st_file)])
+        extra["strace_text"] = st_file.read_text()
+        data = work / "perf.data"
+        extra["perf"] = broker_run(first, [perf, "record", "-g", "-F", "999", "-o", str(data)])
+        script = subprocess.run([perf, "script", "-i", str(data), "-F", "tid,ip,sym,dso"], capture_output=True,
+                                text=True, timeout=600).stdout
+        extra["buckets"] = bucket_perf_script(script, first.pid)
+    finally:
+        if sink is not None:
+            B.stop_proc(sink)
+        for t in targets.values():
+            t.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    text = _capacity_report(rows, extra, batches, len(batch), specs)
+    (out / "capacity-produce.txt").write_text(text)
+    return text
+
+
+def _capacity_report(rows: dict, extra: dict, batches: int, batch_bytes: int, specs: list) -> str:
+    def rng(v):
+        return f"{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})"
+
+    def med(side, key):
+        return rng([r[key] for r in rows[side]])
+
+    def cpu(r):
+        return r["user_s_per_gb"] + r["system_s_per_gb"]
+
+    names = [n for n, _, _ in specs]
+    lines = [f"Produce capacity, {batches} Produce v7 requests of one {batch_bytes:,} B RecordBatch (1 KiB records) "
+             f"per run over 2 connections, {len(rows['sink'])} interleaved rounds; median (min-max)", ""]
+    for n, ov, env in specs:
+        if ov or env:
+            lines.append(f"- {n}: broker settings {ov or '{}'}, environment {env or '{}'}")
+    lines += ["", "| side | MB/s | user CPU-s/GB | system CPU-s/GB | MB/s ÷ sink, same round |",
+              "|---|---|---|---|---|"]
+    for side in [*names, "sink"]:
+        ratio = rng([k["mb_per_s"] / s["mb_per_s"] for k, s in zip(rows[side], rows["sink"])])
+        lines.append(f"| {side} | {med(side, 'mb_per_s')} | {med(side, 'user_s_per_gb')} | "
+                     f"{med(side, 'system_s_per_gb')} | {ratio} |")
+    for n in names[1:]:
+        lines.append(f"\n{n} ÷ {names[0]}, same round: MB/s "
+                     f"{rng([a['mb_per_s'] / b['mb_per_s'] for a, b in zip(rows[n], rows[names[0]])])}, "
+                     f"CPU-s/GB {rng([cpu(a) / cpu(b) for a, b in zip(rows[n], rows[names[0]])])}")
+    lines.append("")
+    st = extra["strace"]
+    calls = []
+    for ln in extra["strace_text"].splitlines():
+        f = ln.split()
+        if len(f) >= 5 and f[-1].isidentifier() and f[3].isdigit() and f[-1] != "total":
+            calls.append((f[-1], int(f[3])))
+    req = st["requests"]
+    lines += [f"Syscalls per request of {names[0]} (strace -c -f over {req} requests; strace slows the run, counts are exact):",
+              "  " + ", ".join(f"{name} {n / req:.2f}" for name, n in sorted(calls, key=lambda x: -x[1])[:10]), ""]
+    pr = extra["perf"]
+    total_s = pr["user_s_per_gb"] + pr["system_s_per_gb"]
+    tables = [("all", "all threads")]
+    if extra["buckets"]["loop"] != extra["buckets"]["all"]:
+        tables.append(("loop", "event-loop thread"))      # other threads (writer, validation) ran too
+    for which, title in tables:
+        cnt = extra["buckets"][which]
+        n = sum(cnt.values()) or 1
+        lines += [f"perf record -g -F 999 ({title}: {sum(cnt.values())} samples; the run: "
+                  f"{pr['mb_per_s']:.0f} MB/s, {total_s:.2f} CPU-s/GB of {names[0]}); share, and CPU-s/GB "
+                  f"as that share of the whole process's CPU:", "", "| bucket | share | CPU-s/GB |", "|---|---|---|"]
+        all_n = sum(extra["buckets"]["all"].values()) or 1
+        for b in CAPACITY_BUCKETS:
+            if cnt[b]:
+                lines.append(f"| {b} | {100 * cnt[b] / n:.1f}% | {total_s * cnt[b] / all_n:.3f} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kbroker.perf.profile_request", description=__doc__.split("\n")[0])
-    ap.add_argument("tool", choices=("pyspy", "callgrind"))
+    ap.add_argument("tool", choices=("pyspy", "callgrind", "capacity"))
     ap.add_argument("--workload", choices=("produce", "fetch"), default="produce",
                     help="one-record Produce requests (default) or small fetches with 1 in flight")
     ap.add_argument("--requests", type=int, help="counted one-record Produce requests "
                                                  "(default 200000 for pyspy, 3000 for callgrind)")
     ap.add_argument("--seconds", type=float, default=6.0, help="py-spy sampling time")
+    ap.add_argument("--batches", type=int, default=1024, help="capacity: Produce requests per run (~512 KiB each)")
+    ap.add_argument("--rounds", type=int, default=3, help="capacity: interleaved broker/sink rounds")
+    ap.add_argument("--variant", action="append", help="capacity: a broker to run side by side, "
+                    "NAME[:key=value,...[:ENV=value,...]] (repeatable; the first is profiled; e.g. "
+                    "base::PYTHONPATH=<a tree's folder> for a Python A/B); default one broker as configured")
     ap.add_argument("--out", help="output folder (default docs/perf/profile)")
     a = ap.parse_args(argv)
     out = Path(a.out) if a.out else Path(__file__).resolve().parent.parent / "docs" / "perf" / "profile"
@@ -295,6 +533,8 @@ def main(argv=None) -> int:
     t0 = time.monotonic()
     if a.tool == "pyspy":
         text = pyspy(out, a.requests or (200_000 if a.workload == "produce" else 40_000), a.seconds, a.workload)
+    elif a.tool == "capacity":
+        text = capacity(out, a.batches, a.rounds, a.variant)
     else:
         text = callgrind(out, a.requests or 3_000, a.workload)
     print(text)

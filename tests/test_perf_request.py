@@ -89,3 +89,57 @@ def test_compare_sees_a_regression(quick_report):
     assert rows["figures.kbroker.produce.requests_per_s"]["verdict"] == "regression"
     assert rows["figures.mock.produce.us_per_request"]["verdict"] == "same"
     assert "regression" in compare.markdown(list(rows.values()), "a", "b", 0.05, True)
+
+
+# ---- profile_request capacity: perf samples put in buckets (pure parsing, no processes) ----------------
+_PERF_SCRIPT = """\
+101 
+\tffffffff81 copy_folio_from_iter_atomic ([kernel.kallsyms])
+\tffffffff82 generic_perform_write ([kernel.kallsyms])
+\tffffffff83 ksys_write ([kernel.kallsyms])
+\tffffffff84 do_syscall_64 ([kernel.kallsyms])
+\t      10a974 __GI___libc_write (/usr/lib/x86_64-linux-gnu/libc.so.6)
+
+101 
+\tffffffff91 net_rx_action ([kernel.kallsyms])
+\tffffffff92 __tcp_transmit_skb ([kernel.kallsyms])
+\tffffffff93 tcp_recvmsg ([kernel.kallsyms])
+\tffffffff94 __sys_recvfrom ([kernel.kallsyms])
+\t      10b000 __libc_recv (/usr/lib/x86_64-linux-gnu/libc.so.6)
+
+101 
+\t        4a10 crc32c_update_hw (/work/main/ext/batch.cpython-311-x86_64-linux-gnu.so)
+
+101 
+\t        5b20 __pyx_f_7kbroker_7_native_5batch_walk_records+0x20 (/work/main/ext/batch.cpython-311-x86_64-linux-gnu.so)
+
+101 
+\t      101474 _PyEval_EvalFrameDefault (/root/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0)
+\t7f4fdae56240 [unknown] ([unknown])
+
+101 
+\tffffffff81a0 _raw_spin_unlock_irqrestore ([kernel.kallsyms])
+\tffffffff81b0 asm_sysvec_apic_timer_interrupt ([kernel.kallsyms])
+
+202 
+\t      101474 _PyEval_EvalFrameDefault (/root/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0)
+
+202 
+\tffffffff85 ksys_pwrite64 ([kernel.kallsyms])
+"""
+
+
+def test_capacity_profile_buckets_perf_samples():
+    from kbroker.perf import profile_request as P
+    got = P.bucket_perf_script(_PERF_SCRIPT, loop_tid=101)
+    assert dict(got["loop"]) == {
+        "segment write (page-cache allocation + copy)": 1,
+        "recv (copy + loopback TCP, ACKs)": 1,     # the softirq work done inside recvfrom is recv's
+        "crc32c": 1,
+        "other native (ext/*.so)": 1,
+        "interpreter (libpython)": 1,
+        "other kernel": 1,
+    }
+    assert got["all"]["interpreter (libpython)"] == 2 and got["all"]["index pwrite"] == 1
+    assert sum(got["all"].values()) == 8
+    assert set(got["all"]) <= set(P.CAPACITY_BUCKETS)
