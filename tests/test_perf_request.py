@@ -143,3 +143,13 @@ def test_capacity_profile_buckets_perf_samples():
     assert got["all"]["interpreter (libpython)"] == 2 and got["all"]["index pwrite"] == 1
     assert sum(got["all"].values()) == 8
     assert set(got["all"]) <= set(P.CAPACITY_BUCKETS)
+
+
+def test_capacity_profile_variant_spec():
+    from kbroker.perf import profile_request as P
+    assert P.parse_variant("kbroker") == ("kbroker", {}, {})
+    assert P.parse_variant("big:socket.receive.buffer.bytes=-1,num.io.threads=2:PYTHONPATH=/t/a=b") == (
+        "big", {"socket.receive.buffer.bytes": "-1", "num.io.threads": "2"}, {"PYTHONPATH": "/t/a=b"})
+    assert P.parse_variant("base::PYTHONPATH=/tree") == ("base", {}, {"PYTHONPATH": "/tree"})
+    with pytest.raises(ValueError):
+        P.parse_variant(":x=1")
