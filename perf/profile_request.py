@@ -328,7 +328,7 @@ def bucket_of(frames: list[tuple[str, str]]) -> str:
 
 
 def bucket_perf_script(text: str, loop_tid: int) -> dict:
-    """``perf script -F tid,ip,sym,dso`` output (a "tid" line, then one "ip sym (object)" line per frame,
+    """``perf script -F tid,ip,sym,dso`` output (a "tid" line, then one tab-indented "ip sym (object)" line per frame,
     samples separated by blank lines) -> {"all": Counter(bucket -> samples), "loop": the same for the
     thread ``loop_tid`` (the event loop: the process's main thread)}."""
     out = {"all": collections.Counter(), "loop": collections.Counter()}
@@ -346,7 +346,7 @@ def bucket_perf_script(text: str, loop_tid: int) -> dict:
         if not line.strip():
             flush(tid, frames)
             tid, frames = None, []
-        elif not line[0].isspace():
+        elif not line.startswith("\t"):          # a sample's header: the tid, right-aligned
             flush(tid, frames)
             head = line.split()
             tid, frames = (int(head[0]) if head[0].isdigit() else -1), []
@@ -445,8 +445,12 @@ def capacity(out: Path, batches: int, rounds: int, variants: list[str] | None = 
         data = work / "perf.data"
         extra["perf"] = broker_run(first, [perf, "record", "-g", "-F", "999", "-o", str(data)])
         script = subprocess.run([perf, "script", "-i", str(data), "-F", "tid,ip,sym,dso"], capture_output=True,
-                                text=True, timeout=600).stdout
-        extra["buckets"] = bucket_perf_script(script, first.pid)
+                                text=True, timeout=600)
+        extra["buckets"] = bucket_perf_script(script.stdout, first.pid)
+        if not extra["buckets"]["all"]:
+            log = (work / "tool.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"perf recorded no samples (perf script exit {script.returncode}: "
+                               f"{script.stderr[-1000:]}; perf record said: {log})")
     finally:
         if sink is not None:
             B.stop_proc(sink)
