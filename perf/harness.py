@@ -57,6 +57,16 @@ def cpu_seconds(pid: int) -> float:
     return user + system
 
 
+def parse_variant(spec: str) -> tuple[str, dict, dict]:
+    """A broker variant on a benchmark's command line, ``NAME[:key=value,...[:ENV=value,...]]`` ->
+    (name, broker config overrides, environment)."""
+    name, overrides, env = (spec.split(":", 2) + ["", ""])[:3]
+    if not name:
+        raise ValueError(f"variant {spec!r} has no name")
+    return (name, dict(kv.split("=", 1) for kv in overrides.split(",") if kv),
+            dict(kv.split("=", 1) for kv in env.split(",") if kv))
+
+
 def summary(values) -> dict:
     vals = [v for v in values if v is not None]
     if not vals:

@@ -369,15 +369,6 @@ def _timed_produce(pid: int, addr: tuple[str, int], sets: list) -> dict:
             "system_s_per_gb": (s1 - s0) / gb}
 
 
-def parse_variant(spec: str) -> tuple[str, dict, dict]:
-    """``NAME[:key=value,...[:ENV=value,...]]`` -> (name, broker config overrides, environment)."""
-    name, overrides, env = (spec.split(":", 2) + ["", ""])[:3]
-    if not name:
-        raise ValueError(f"variant {spec!r} has no name")
-    return (name, dict(kv.split("=", 1) for kv in overrides.split(",") if kv),
-            dict(kv.split("=", 1) for kv in env.split(",") if kv))
-
-
 def capacity(out: Path, batches: int, rounds: int, variants: list[str] | None = None) -> str:
     """The broker variants (the first is profiled; default one broker as configured, named "kbroker")
     and the sink, in interleaved rounds, then strace and perf runs of the first variant."""
@@ -386,7 +377,7 @@ def capacity(out: Path, batches: int, rounds: int, variants: list[str] | None = 
     perf, strace = shutil.which("perf"), shutil.which("strace")
     if not (perf and strace):
         raise SystemExit("capacity needs perf and strace")
-    specs = [parse_variant(v) for v in (variants or ["kbroker"])]
+    specs = [H.parse_variant(v) for v in (variants or ["kbroker"])]
     if len({n for n, _, _ in specs} | {"sink"}) != len(specs) + 1:
         raise SystemExit("variant names must differ from each other and from 'sink'")
     work = Path(tempfile.mkdtemp(prefix="kbroker-profile-", dir="/dev/shm"))

@@ -844,7 +844,15 @@ def main(argv=None) -> int:
                                         "from a folder without a kbroker/ in it (the broker's cwd wins)")
     ap.add_argument("--produce-only", action="store_true", help="only the produce measurements (no fetch, "
                                                                 "no latency point)")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="another kbroker target, NAME[:key=value,...[:ENV=value,...]] (broker settings and "
+                         "environment; repeatable), then named in --targets / --rf3")
     a = ap.parse_args(argv)
+    for spec in a.variant:
+        name, overrides, env = H.parse_variant(spec)
+        if name in KBROKER_VARIANTS or name in ("mock", "tansu"):
+            ap.error(f"variant name {name!r} is taken")
+        KBROKER_VARIANTS[name] = (overrides, env)
     if a.base_tree:
         KBROKER_VARIANTS["kbroker-base"] = ({}, {"PYTHONPATH": str(Path(a.base_tree).resolve())})
     if a.produce_only:

@@ -148,8 +148,8 @@ def test_capacity_profile_buckets_perf_samples():
     assert set(got["all"]) <= set(P.CAPACITY_BUCKETS)
 
 
-def test_capacity_profile_variant_spec():
-    from kbroker.perf import profile_request as P
+def test_benchmark_variant_spec():
+    from kbroker.perf import harness as P
     assert P.parse_variant("kbroker") == ("kbroker", {}, {})
     assert P.parse_variant("big:socket.receive.buffer.bytes=-1,num.io.threads=2:PYTHONPATH=/t/a=b") == (
         "big", {"socket.receive.buffer.bytes": "-1", "num.io.threads": "2"}, {"PYTHONPATH": "/t/a=b"})
