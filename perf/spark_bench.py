@@ -21,6 +21,8 @@ one SparkSession (local[2]), then for each record size:
   tuples; broker CPU-seconds per read of the topic.
 - write: the same rows written by the ``kbroker`` sink vs confluent-kafka producing them inside
   the same Spark tasks (acks=all, lz4 off), ratio kbroker / confluent-kafka.
+- throughput (``--throughput-gb 0.5,1,2 [--throughput-probe-gb 0.004]``): the throughput job at each
+  size, seconds and CPU-seconds per GB, spread and fit, and where each phase's fixed time goes.
 - client fetch (``--client-fetch-mb``): kbroker's client alone reading one partition, optionally
   against an older connection.py in the same rounds (client CPU and wall time, old / new).
 """
@@ -373,11 +375,16 @@ def run_throughput(a) -> dict:
     one broker: seconds per GB per phase and size (median of the rounds), the spread across sizes
     (max / min, target <= 1.15) and the marginal cost (least-squares slope of seconds over GB); the
     same for the CPU seconds of the local process tree (``cpu_*``: Spark, its Python workers and
-    the broker), which other work on the machine does not stretch as it stretches wall time."""
+    the broker), which other work on the machine does not stretch as it stretches wall time. Each
+    run also records how long the tree's threads waited for a core (``*_runq``) and its phase
+    timelines' fixed parts (``fixed_parts``: planning before the first job, waiting for the first
+    task, the driver's time between and after jobs). ``throughput_probe_gb``: a tiny size run first
+    in every round whose phase times measure the fixed cost directly (``probe``), not by the fit."""
     import shutil
     import statistics
 
     from kbroker.spark import throughput
+    from kbroker.spark.progress import timeline_summary
     from kbroker.testing import LocalCluster
 
     root = Path(tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None, prefix="spark-bench-tp-"))
@@ -386,7 +393,9 @@ def run_throughput(a) -> dict:
         with LocalCluster(root, brokers=1) as cluster:
             for r in range(a.throughput_rounds):
                 sizes = a.throughput_gb if r % 2 == 0 else list(reversed(a.throughput_gb))
-                for gb in sizes:
+                # the probe (a size small enough to be all fixed cost) first in every round: what a
+                # phase costs whatever the size, measured under the same load as the sizes
+                for gb in ([a.throughput_probe_gb] if a.throughput_probe_gb else []) + sizes:
                     args = throughput.parse_args([
                         "--bootstrap-servers", cluster.bootstrap, "--gb", str(gb), "--partitions",
                         str(a.throughput_partitions), "--master", "local[2]", "--topic", f"tp-{r}-{gb}",
@@ -395,11 +404,15 @@ def run_throughput(a) -> dict:
                     assert rep["ok"], rep.get("verify")
                     runs.setdefault(str(gb), []).append(
                         {ph: v["seconds"] for ph, v in rep["phases"].items()} | {"warmup": rep.get("warmup_seconds")}
-                        | {f"{ph}_cpu": v["cpu_seconds_local"] for ph, v in rep["phases"].items()})
+                        | {f"{ph}_cpu": v["cpu_seconds_local"] for ph, v in rep["phases"].items()}
+                        | {f"{ph}_runq": v["run_queue_seconds_local"] for ph, v in rep["phases"].items()}
+                        | {f"{ph}_{k}": x for ph, v in rep["phases"].items()
+                           for k, x in timeline_summary(v.get("timeline")).items()})
                     print(json.dumps({"gb": gb, "round": r, **runs[str(gb)][-1]}), flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     out: dict = {"runs": runs}
+    probe = runs.pop(str(a.throughput_probe_gb), None) if a.throughput_probe_gb else None
     gbs = [float(g) for g in runs]
     # wall seconds, and CPU seconds of the whole local process tree (Spark, Python workers, the
     # broker): the same linearity figures for a cost that the machine's other load does not stretch
@@ -416,6 +429,25 @@ def run_throughput(a) -> dict:
             slope = sum((x - mx) * (y - my) for x, y in zip(gbs, ys)) / sum((x - mx) ** 2 for x in gbs)
             out.setdefault(f"{suffix}marginal_s_per_GB", {})[ph] = round(slope, 3)
             out.setdefault(f"{suffix}fixed_s", {})[ph] = round(my - slope * mx, 3)
+            out.setdefault(f"{suffix}seconds_per_GB_range", {})[ph] = {
+                g: [round(min(x[ph + key] for x in runs[g]) / float(g), 3),
+                    round(max(x[ph + key] for x in runs[g]) / float(g), 3)] for g in runs}
+    if probe:
+        # the probe's phases: median [min, max] wall and CPU seconds (the fixed cost measured, not fitted)
+        out["probe"] = {"gb": a.throughput_probe_gb, "runs": probe}
+        for ph in ("write", "read", "expected"):
+            for key in ("", "_cpu", "_runq"):
+                xs = [x[ph + key] for x in probe if x.get(ph + key) is not None]
+                if xs:
+                    out["probe"][ph + key] = [round(statistics.median(xs), 3), round(min(xs), 3), round(max(xs), 3)]
+    # the parts of each phase that do not grow with the data (from the phase timelines), over all
+    # runs: median [min, max]
+    for ph in ("write", "read", "expected"):
+        for part in ("plan_s", "to_first_task_s", "between_jobs_s", "after_jobs_s"):
+            xs = [x[f"{ph}_{part}"] for g in runs for x in runs[g] if x.get(f"{ph}_{part}") is not None]
+            if xs:
+                out.setdefault("fixed_parts", {}).setdefault(ph, {})[part] = \
+                    [round(statistics.median(xs), 3), round(min(xs), 3), round(max(xs), 3)]
     return out
 
 
@@ -508,6 +540,9 @@ def main(argv=None):
                                                       "(with --only throughput: nothing else)")
     p.add_argument("--throughput-rounds", type=int, default=2, help="rounds of the throughput sizes (default 2)")
     p.add_argument("--throughput-partitions", type=int, default=4, help="topic partitions of the throughput job")
+    p.add_argument("--throughput-probe-gb", type=float, default=0,
+                   help="also run the job at this (tiny) size first in every round: its phase times are the "
+                        "fixed cost per phase under the same load, kept out of the spread and fit (e.g. 0.004)")
     p.add_argument("--client-fetch-mb", type=float, default=0,
                    help="also time kbroker's client fetching this many MB of one partition (0 = skip)")
     p.add_argument("--client-fetch-old", default="",
@@ -522,7 +557,8 @@ def main(argv=None):
               flush=True)
     if a.throughput_gb:
         res["throughput"] = run_throughput(a)
-        print(json.dumps({"throughput": {k: v for k, v in res["throughput"].items() if k != "runs"}}), flush=True)
+        print(json.dumps({"throughput": {k: (v if k != "probe" else {x: y for x, y in v.items() if x != "runs"})
+                                         for k, v in res["throughput"].items() if k != "runs"}}), flush=True)
     if a.disk_gb:
         res["disk"] = run_disk(a)
         print(json.dumps({"disk": res["disk"]}, default=str), flush=True)

@@ -164,13 +164,13 @@ def run(args) -> dict:
             report["warmup_seconds"] = round(time.monotonic() - t0, 3)
         with Progress(spark, "write", nbytes, force=args.progress) as pw:
             write(gen, topic)
-        report["phases"]["write"] = _phase(pw.seconds, nbytes, records, pw.cpu_seconds)
+        report["phases"]["write"] = _phase(pw, nbytes, records)
         with Progress(spark, "read", nbytes, force=args.progress) as pr:
             got = per_partition(reader(topic))
-        report["phases"]["read"] = _phase(pr.seconds, nbytes, records, pr.cpu_seconds)
+        report["phases"]["read"] = _phase(pr, nbytes, records)
         with Progress(spark, "expected", nbytes, force=args.progress) as pe:
             want = per_partition(gen)
-        report["phases"]["expected"] = _phase(pe.seconds, nbytes, records, pe.cpu_seconds)
+        report["phases"]["expected"] = _phase(pe, nbytes, records)
         verify = {}
         for p in range(args.partitions):
             w, g = want.get(p, (0, 0)), got.get(p, (0, 0))
@@ -190,23 +190,32 @@ def run(args) -> dict:
     return report
 
 
-def _phase(seconds: float, nbytes: int, records: int, cpu_seconds: float | None = None) -> dict:
-    # cpu_seconds_local: CPU of this process and its descendants over the phase (with a local
-    # master all of Spark, plus a broker this process started; executors on other hosts are not
-    # counted). Unlike seconds, it does not stretch when other work takes the cores.
+def _phase(prog, nbytes: int, records: int) -> dict:
+    """A phase's figures from its Progress. cpu_seconds_local: CPU of this process and its
+    descendants over the phase (with a local master all of Spark, plus a broker this process
+    started; executors on other hosts are not counted); unlike seconds, it does not stretch when
+    other work takes the cores. run_queue_seconds_local: how long the same threads waited for a
+    core (that stretch). timeline: the phase's Spark jobs and stages (progress.phase_timeline)."""
+    seconds, cpu, rq = prog.seconds, prog.cpu_seconds, prog.run_queue_seconds
     return {"seconds": round(seconds, 3), "MB_per_s": round(nbytes / 1e6 / seconds, 2) if seconds else None,
             "records_per_s": round(records / seconds) if seconds else None,
             "seconds_per_GB": round(seconds / (nbytes / 1e9), 3) if nbytes else None,
-            "cpu_seconds_local": round(cpu_seconds, 2) if cpu_seconds is not None else None}
+            "cpu_seconds_local": round(cpu, 2) if cpu is not None else None,
+            "run_queue_seconds_local": round(rq, 2) if rq is not None else None,
+            "timeline": prog.timeline}
 
 
 def main(argv=None) -> int:
+    from .progress import format_timeline
     args = parse_args(argv)
     report = run(args)
     with open(args.report, "w") as f:
         json.dump(report, f, indent=2)
     for name, ph in report["phases"].items():
         print(f"{name:<9} {ph['seconds']:>9.2f} s  {ph['MB_per_s']:>9.2f} MB/s  {ph['records_per_s']:>10} records/s")
+    for name, ph in report["phases"].items():
+        if ph.get("timeline"):
+            print(format_timeline(name, ph["timeline"]))
     print(f"verification: {'OK' if report['ok'] else 'FAILED'} (report: {args.report})")
     return 0 if report["ok"] else 1
 

@@ -242,6 +242,36 @@ def test_write_without_value_fails_clearly(spark, bootstrap):
     assert "'value' column" in str(err.value)
 
 
+def test_phase_timeline_holds_the_phase_jobs_only(spark, bootstrap):
+    # The throughput job's per-phase timeline: the jobs and stages of the phase (not the job run
+    # just before it), every stage inside the phase, its tasks counted, the parts adding up.
+    from kbroker.spark.progress import Progress, format_timeline, timeline_summary
+    topic = _topic("stl")
+    create_topic(bootstrap, topic, 2)
+    spark.range(10, numPartitions=1).collect()     # a job just before the phase
+    with Progress(spark, "write") as pw:
+        (spark.range(300, numPartitions=3).selectExpr("CAST(id AS STRING) AS value").write.format("kbroker")
+         .option("kafka.bootstrap.servers", bootstrap).option("topic", topic).mode("append").save())
+    with Progress(spark, "read") as pr:
+        got = _read(spark, bootstrap, subscribe=topic).groupBy("partition").count().collect()
+    assert sum(r["count"] for r in got) == 300
+    w, r = pw.timeline, pr.timeline
+    assert w["complete"] and r["complete"]
+    assert [s["tasks"] for j in w["jobs"] for s in j["stages"]] == [3]
+    assert min(j["job"] for j in r["jobs"]) > max(j["job"] for j in w["jobs"])
+    assert [s["tasks"] for j in r["jobs"] for s in j["stages"]][0] == 2      # one per topic partition
+    for tl, prog in ((w, pw), (r, pr)):
+        for j in tl["jobs"]:
+            assert 0 <= j["submit_s"] <= j["end_s"] <= prog.seconds + 0.05
+            for s in j["stages"]:
+                assert j["submit_s"] <= s["submit_s"] <= s["first_task_s"] <= s["end_s"] <= j["end_s"] + 0.05
+                assert sum(s["locality"].values()) == s["tasks"] and s["task_run_s"] > 0
+        parts = timeline_summary(tl)
+        assert parts["plan_s"] >= 0 and parts["after_jobs_s"] >= 0
+        assert sum(parts[k] for k in ("plan_s", "stages_s", "between_jobs_s", "after_jobs_s")) <= prog.seconds + 0.05
+    assert format_timeline("read", r).count("stage ") == sum(len(j["stages"]) for j in r["jobs"])
+
+
 def test_split_ranges_matches_sparks_rule():
     from kbroker.spark.options import OffsetRange, split_ranges
     ranges = [OffsetRange("t", 0, 0, 100), OffsetRange("t", 1, 0, 0), OffsetRange("t", 2, 50, 60)]

@@ -139,3 +139,34 @@ def test_tree_cpu_seconds_counts_descendants():
     reaped = tree_cpu_seconds()
     assert before is not None and alive - before >= 0.25, (before, alive)
     assert reaped - before >= 0.25, (before, reaped)
+
+
+def test_tree_run_queue_seconds_counts_waiting_for_a_core():
+    # The throughput report's run_queue_seconds_local: two descendants pinned to one core, each
+    # burning 0.3 CPU-s, wait for each other: together at least ~0.3 s on the run queue.
+    from kbroker.spark.progress import run_queue_delta, tree_run_queue_seconds
+    before = tree_run_queue_seconds()
+    if before is None:
+        pytest.skip("no /proc/<pid>/task/<tid>/schedstat on this kernel")
+    cpu = min(os.sched_getaffinity(0))
+    burn = (f"import os, sys, time\nos.sched_setaffinity(0, {{{cpu}}})\nsys.stdin.readline()\n"
+            "t = time.process_time()\nwhile time.process_time() - t < 0.3:\n    pass\n"
+            "print('burnt', flush=True)\nsys.stdin.read()\n")
+    procs = [subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    try:
+        for p in procs:         # start burning together
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        for p in procs:
+            assert p.stdout.readline().strip() == "burnt"
+        waited = run_queue_delta(before, tree_run_queue_seconds())
+        for p in procs:
+            p.stdin.close()
+            assert p.wait(60) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert waited >= 0.2, waited
