@@ -26,8 +26,16 @@ first (Kafka's defaults) and interleaves the two in every CPU round (A RF=3, A R
 then reversed), so a setting such as replica.fetch.min.bytes / replica.fetch.wait.max.ms is judged
 against the defaults under the same load; --pairs then also runs the latency pairs on both.
 
+--perf-rounds N (root) then runs RF=3 and RF=1 under `perf record -g` of the leader and prints its CPU
+per GB by kernel path (receive work done in its softirq for the receiving sockets, TCP transmit,
+sendfile/page cache, epoll, file write, ..., user). --netns (root) starts every broker in a network
+namespace of its own, joined by veth pairs to a bridge, with the receive processing in threaded-NAPI
+kernel threads (as on separate hosts, where the receiver's host does it); --netns-b only the second
+cluster, beside a loopback one. docs/perf/replication-cpu.md has the figures.
+
     .venv/bin/python perf/replication_bench.py [--rate 0] [--seconds 10] [--pairs 3] [--mb 256] [--catchup-mb 200]
         [--failovers 3] [--probe-rate 200] [--skip-cpu] [--cpu-rounds 3] [--compare K=V,K=V]
+        [--perf-rounds 0] [--perf-dir DIR] [--netns | --netns-b]
 """
 from __future__ import annotations
 
