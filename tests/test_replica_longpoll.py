@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from kbroker.replica.longpoll import long_poll
 from kbroker.server.notify import AppendNotifier
 
@@ -116,3 +118,46 @@ def test_a_failing_read_fails_the_future_instead_of_hanging():
             raise AssertionError("the poll answered although its read failed")
         assert not n._waiters
     run(main())
+
+
+
+def _waits(loop_name, polls, max_wait_s):
+    """``polls`` long polls started one after another at uneven points of the loop's clock ticks,
+    answered by their deadline -> each one's wait by the monotonic clock (the clock request metrics and
+    clients measure with)."""
+    import random
+    import time
+
+    import uvloop
+
+    async def main():
+        n, d = AppendNotifier(), Data()
+        rng = random.Random(7)
+        waits = []
+
+        async def one():
+            t0 = time.monotonic()
+            assert await long_poll(n, [TP], n.waiter([TP]), max_wait_s, d.read, lambda size: size >= 1) == 0
+            waits.append(time.monotonic() - t0)
+
+        tasks = []
+        for _ in range(polls):
+            await asyncio.sleep(rng.random() * 0.002)
+            tasks.append(asyncio.ensure_future(one()))
+        await asyncio.wait_for(asyncio.gather(*tasks), max_wait_s + 5.0)
+        return waits
+
+    loop = uvloop.new_event_loop() if loop_name == "uvloop" else asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("loop_name", ["asyncio", "uvloop"])
+def test_the_deadline_never_answers_before_max_wait(loop_name):
+    # uvloop's timers run on libuv's loop time, whole milliseconds of a coarse clock: a timer at
+    # loop.time() + max_wait fired up to ~0.9 ms early by the monotonic clock. The poll's deadline is a
+    # monotonic reading; a timer that fires before it is re-armed for the rest.
+    waits = _waits(loop_name, 60, 0.02)
+    assert min(waits) >= 0.02, sorted(waits)[:5]

@@ -11,7 +11,8 @@ the whole poll.
 ``answer(read())`` (``answer`` defaults to the read's result itself):
 ``waiter`` (registered by the caller before it returned, so no append in between is missed) wakes an
 attempt; an attempt forgets its waiter, calls ``read()``, and resolves the future when ``enough(result)``
-or the deadline has passed, else registers a new waiter. The deadline runs a last attempt. If the future
+or the deadline has passed, else registers a new waiter. The deadline (monotonic clock) runs a last
+attempt; a timer that fires before it (uvloop's millisecond loop clock) is re-armed for the rest. If the future
 is cancelled (the connection went away) the waiter and the timer are dropped with it; an exception
 in ``read``/``enough``/``answer`` fails the future (never a silent hang).
 
@@ -20,12 +21,20 @@ Threads: the event-loop thread.
 from __future__ import annotations
 
 import asyncio
+import time
+
+_now = time.monotonic
+# The shortest re-arm of a deadline timer that fired early: uvloop's timers count whole milliseconds.
+_REARM_MIN_S = 0.001
 
 
 def long_poll(notifier, tps, waiter, max_wait_s: float, read, enough, answer=None) -> asyncio.Future:
     loop = asyncio.get_running_loop()
     result = loop.create_future()
-    deadline = loop.time() + max_wait_s
+    # The deadline is on the monotonic clock (the one request metrics and clients measure with), not
+    # the loop's: uvloop's loop.time() and timers are libuv's whole milliseconds of a coarse clock, so a
+    # timer at loop.time() + max_wait fired up to ~1 ms before max_wait had passed.
+    deadline = _now() + max_wait_s
     state = [waiter, None]          # [current waiter, deadline timer]
 
     def attempt(_fut=None, final=False) -> None:
@@ -37,7 +46,7 @@ def long_poll(notifier, tps, waiter, max_wait_s: float, read, enough, answer=Non
             state[0] = None
         try:
             res = read()
-            done = final or enough(res) or loop.time() >= deadline
+            done = final or enough(res) or _now() >= deadline
             if done:
                 res = res if answer is None else answer(res)
         except BaseException as exc:    # a callback's exception would reach no one: the fetch would hang
@@ -56,6 +65,10 @@ def long_poll(notifier, tps, waiter, max_wait_s: float, read, enough, answer=Non
         w.add_done_callback(attempt)
 
     def expire() -> None:
+        left = deadline - _now()
+        if left > 0:                # the loop's clock ran ahead of ours: wait out the rest
+            state[1] = loop.call_later(left if left > _REARM_MIN_S else _REARM_MIN_S, expire)
+            return
         state[1] = None
         attempt(final=True)
 
@@ -68,7 +81,7 @@ def long_poll(notifier, tps, waiter, max_wait_s: float, read, enough, answer=Non
                 state[1].cancel()
                 state[1] = None
 
-    state[1] = loop.call_at(deadline, expire)
+    state[1] = loop.call_later(max_wait_s, expire)
     result.add_done_callback(dropped)
     waiter.add_done_callback(attempt)
     return result
