@@ -3,8 +3,8 @@ the path that served it, with queue/local/remote/send parts that add up to its t
 
 Invariants (a real broker, raw requests on one connection, /metrics parsed by prometheus-client):
 - N Produce requests (acks=1 and acks=0, pipelined in one write) -> Produce TotalTimeMs count grows by N;
-- a Fetch that long-polls max_wait_ms=400 counts once as FetchConsumer with total >= 400 ms, nearly all
-  of it RemoteTimeMs (waiting), not LocalTimeMs (handler) or RequestQueueTimeMs;
+- a Fetch that long-polls max_wait_ms=400 counts once as FetchConsumer with total >= 400 ms, the wait
+  counted as RemoteTimeMs, not LocalTimeMs (handler) or RequestQueueTimeMs;
 - ApiVersions answered from the unsupported-version fallback is counted too.
 """
 from __future__ import annotations
@@ -94,14 +94,22 @@ def test_long_poll_is_remote_time(metered):
                                                        "partition_max_bytes": 1 << 20}]}],
             "forgotten_topics_data": [], "rack_id": ""})
         waited = time.monotonic() - t0
-    assert resp["error_code"] == 0 and waited >= 0.39
+        # The broker's clock stops once the answer's last byte is handed to the socket: after the client
+        # may already have it (the woken client can run before the broker returns from its send), but
+        # before the broker reads the next request on this connection.
+        assert conn.request(API_VERSIONS, 3, {})["error_code"] == 0
+        after = time.monotonic() - t0
+    part = resp["responses"][0]["partitions"][0]
+    assert resp["error_code"] == 0 and part["error_code"] == 0 and waited >= 0.4
     s1 = _scrape(port)
     assert _count(s1, "totaltimems", "FetchConsumer") - _count(s0, "totaltimems", "FetchConsumer") == 1
     total = _sum(s1, "totaltimems", "FetchConsumer") - _sum(s0, "totaltimems", "FetchConsumer")
     remote = _sum(s1, "remotetimems", "FetchConsumer") - _sum(s0, "remotetimems", "FetchConsumer")
     local = _sum(s1, "localtimems", "FetchConsumer") - _sum(s0, "localtimems", "FetchConsumer")
-    assert 390 <= total <= waited * 1000 + 1
-    assert remote >= 0.9 * total and local < 50
+    assert 400 <= total <= after * 1000
+    # The deadline is 400 ms after a point inside the handler's call: the wait is RemoteTimeMs. (Not a
+    # share of the total: ResponseSendTimeMs grows when the broker is preempted around its send.)
+    assert remote + local >= 400 and local < 50
 
 
 def test_api_versions_fallback_counted(metered):
