@@ -43,7 +43,9 @@ class RequestStatsRegistry:
     """api key -> RequestStats, created on first use (only the loop thread creates)."""
 
     def __init__(self):
-        self._by_key: dict[int, RequestStats] = {}
+        # api key -> stats of every key but FetchFollower's; the network layer reads it directly (one
+        # dict lookup per answered request), so it is only ever cleared, never replaced
+        self.by_key: dict[int, RequestStats] = {}
         self._fetch_follower: RequestStats | None = None
 
     def get(self, api_key: int, follower: bool = False) -> RequestStats:
@@ -53,19 +55,19 @@ class RequestStatsRegistry:
             if s is None:
                 s = self._fetch_follower = RequestStats(FETCH_FOLLOWER)
             return s
-        s = self._by_key.get(api_key)
+        s = self.by_key.get(api_key)
         if s is None:
-            s = self._by_key[api_key] = RequestStats(_request_name(api_key))
+            s = self.by_key[api_key] = RequestStats(_request_name(api_key))
         return s
 
     def all(self) -> list[RequestStats]:
-        out = list(self._by_key.values())
+        out = list(self.by_key.values())
         if self._fetch_follower is not None:
             out.append(self._fetch_follower)
         return out
 
     def clear(self) -> None:
-        self._by_key.clear()
+        self.by_key.clear()
         self._fetch_follower = None
 
 

@@ -2,7 +2,8 @@
 against a real KafkaServer on 127.0.0.1 with real client sockets.
 
 Invariants, on both loops:
-- the server runs the loop it was given (uvloop: its own listening socket, connect_accepted_socket);
+- the server runs the loop it was given (uvloop: its own listening socket, connect_accepted_socket), and
+  its accepted sockets have TCP_NODELAY;
 - max.connections.per.ip closes the extra connection at once; max.connections keeps new clients in the
   listen backlog until a slot frees (then they are served);
 - a frame that does not complete within kbroker.socket.request.frame.timeout.ms closes its connection,
@@ -47,6 +48,10 @@ def test_runs_on_the_given_loop_and_closes_its_listener(loop_name):
         socks = [_conn(srv.port) for _ in range(5)]
         assert all(_answered(s) for s in socks)
         assert srv.call(lambda: len(srv.server.connections)) == 5
+        # Nagle off on every accepted socket: a small answer must not wait for the client's ACK
+        nodelay = srv.call(lambda: [c.transport.get_extra_info("socket").getsockopt(
+            socket.IPPROTO_TCP, socket.TCP_NODELAY) for c in srv.server.connections])
+        assert len(nodelay) == 5 and all(nodelay), nodelay
         for s in socks:
             s.close()
         port = srv.port

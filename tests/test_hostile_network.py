@@ -36,6 +36,14 @@ async def _long_poll_fails(conn, header, body):
     raise RuntimeError("long-poll failed on purpose")
 
 
+def _native_long_poll_fails(conn, req):
+    # the native Fetch handler's long poll: a future of encoded chunks that fails (replica/longpoll.py
+    # fails it when a read raises)
+    fut = asyncio.get_running_loop().create_future()
+    asyncio.get_running_loop().call_later(0.2, fut.set_exception, RuntimeError("long-poll failed on purpose"))
+    return fut
+
+
 def _raises(conn, header, body):
     raise KeyError("handler failed on purpose")
 
@@ -64,13 +72,14 @@ FETCH_BODY = {"replica_id": -1, "max_wait_ms": 500, "min_bytes": 1, "max_bytes":
               "session_id": 0, "session_epoch": -1, "topics": [], "forgotten_topics_data": [], "rack_id": ""}
 
 
-@pytest.mark.parametrize("case", ["long-poll-raises", "handler-raises", "answer-too-big"])
+@pytest.mark.parametrize("case", ["long-poll-raises", "native-long-poll-fails", "handler-raises", "answer-too-big"])
 def test_failing_request_closes_its_connection_only(case, caplog):
     handlers = {18: _api_versions, 1: _long_poll_fails, 19: _raises, 3: _too_big}
-    request = {"long-poll-raises": (1, 11, FETCH_BODY),
+    native = {1: _native_long_poll_fails} if case == "native-long-poll-fails" else None
+    request = {"long-poll-raises": (1, 11, FETCH_BODY), "native-long-poll-fails": (1, 11, FETCH_BODY),
                "handler-raises": (19, 4, {"topics": [], "timeout_ms": 1000, "validate_only": False}),
                "answer-too-big": (3, 1, {"topics": []})}[case]
-    with caplog.at_level(logging.WARNING), ServerThread(handlers) as srv:
+    with caplog.at_level(logging.WARNING), ServerThread(handlers, native_handlers=native) as srv:
         with _conn(srv.port) as bystander, _conn(srv.port) as victim:
             assert _answered(bystander)
             victim.sendall(api.encode_request(request[0], request[1], 5, "t", request[2]))

@@ -41,6 +41,7 @@ from ..protocol.types import FileRegions, ProtocolError
 from ..request_metrics import REQUEST_STATS
 
 _now = time.monotonic
+_STATS_BY_KEY = REQUEST_STATS.by_key
 
 log = logging.getLogger(__name__)
 
@@ -132,9 +133,11 @@ class _Slot:
         self.follower = False  # a Fetch from a replica (FetchFollower in Kafka's RequestMetrics)
 
     def observe(self, sent):
-        queue_s = self.started - self.arrived
-        REQUEST_STATS.get(self.header.api_key, self.follower).observe(
-            queue_s, self.local, sent - self.queued, sent - self.arrived)
+        # the registry's dict first: its get() is a Python call per answered request
+        stats = None if self.follower else _STATS_BY_KEY.get(self.header.api_key)
+        if stats is None:
+            stats = REQUEST_STATS.get(self.header.api_key, self.follower)
+        stats.observe(self.started - self.arrived, self.local, sent - self.queued, sent - self.arrived)
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -482,8 +485,27 @@ class Connection(asyncio.BufferedProtocol):
             slot.queued = t1
             if not self._in_read:
                 self._flush()
+        elif asyncio.isfuture(result):
+            # A Fetch long poll (replica/longpoll.py): its answer is encoded in the poll's last callback;
+            # a done-callback queues it, with no Task and coroutine per poll.
+            result.add_done_callback(lambda fut: self._future_done(slot, fut, release))
         else:
             self.loop.create_task(self._await(slot, result, release, encoded=True))
+
+    def _future_done(self, slot, fut, release):
+        """``_await`` for a future of encoded chunks, as its done-callback: the same outcomes (a failed
+        or cancelled future closes the connection; the frame's memory goes back either way)."""
+        release()
+        try:
+            result = fut.result()
+        except BaseException as e:  # noqa: BLE001 - a callback's exception would reach no one
+            if not isinstance(e, (Exception, asyncio.CancelledError)):
+                raise
+            h = slot.header
+            hostile_log(logging.ERROR, "error handling %s v%d from %s", api.API_NAMES[h.api_key], h.api_version,
+                        self.peer, exc_info=not isinstance(e, asyncio.CancelledError))
+            result = CLOSE
+        self._finish(slot, result)
 
     async def _dispatch_large(self, slot, header, frame, pos, release):
         server = self.server
@@ -616,7 +638,11 @@ class Connection(asyncio.BufferedProtocol):
             self.loop.create_task(self._write_regions(slot, chunks))
             return
         if out:
-            self.transport.writelines(out)
+            if len(out) == 1 and self._selector:
+                # asyncio's writelines is Python that joins (a copy of the answer) and calls write
+                self.transport.write(out[0])
+            else:
+                self.transport.writelines(out)
         if answered:
             self._observe(answered)
 

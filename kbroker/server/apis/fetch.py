@@ -88,7 +88,7 @@ def handle_native(broker, conn, req):
     chunks, or a future of them (long poll). Same policy as ``fetch`` (``execute``); record
     ranges below the server's sendfile threshold are copied into the response so that small fetches
     leave in one write with the other responses of their read."""
-    out = execute(broker, req, lambda out: _encode(conn, req, out))
+    out = execute(broker, req, _encode, conn)
     if type(out) is tuple:
         return _encode(conn, req, out)
     return out
@@ -102,12 +102,14 @@ def _encode(conn, req, out):
     return chunks
 
 
-def execute(broker, req, answer=None):
+def execute(broker, req, answer=None, conn=None):
     """Policy of one Fetch request, whichever path parsed it. -> (error_code, rows) with rows =
     [(topic, [[partition_index, error_code, high_watermark, last_stable_offset, log_start_offset,
     records], ...]), ...] (records: b"" or FileRegions), or a future of ``answer((error_code, rows))``
-    (of the pair itself without ``answer``) when the request long-polls: the long poll's answer is
-    built (encoded, for the native path) in the poll's last callback, with no coroutine around it."""
+    (``answer(conn, req, (error_code, rows))`` when ``conn`` is given; of the pair itself without
+    ``answer``) when the request long-polls: the long poll's answer is built (encoded, for the native
+    path) in the poll's last callback, with no coroutine around it. (Passing ``conn`` rather than a
+    closure over it: no function object is made for the fetches that are answered at once.)"""
     if req.session_id != 0:
         # We never hand out fetch sessions (KIP-227 lets a broker answer every fetch in full).
         return (int(Errors.FETCH_SESSION_ID_NOT_FOUND), [])
@@ -127,6 +129,9 @@ def execute(broker, req, answer=None):
     if answer is None:
         def done(res):
             return (0, res[0])
+    elif conn is not None:
+        def done(res):
+            return answer(conn, req, (0, res[0]))
     else:
         def done(res):
             return answer((0, res[0]))
