@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -244,7 +245,7 @@ class NetnsNet:
     across hosts. ``close`` removes all of it (the ExitStack of main calls it on every exit path)."""
 
     def __init__(self, n: int, k: int):
-        self.tag = f"rb{os.getpid() % 10000}{chr(97 + k)}"
+        self.tag = f"rb{os.getpid()}{chr(97 + k)}"        # <= 12 characters with "br" / "v<i>" (IFNAMSIZ 16)
         self.net = f"10.77.{(os.getpid() + k) % 200 + 20}"
         self.names = [f"{self.tag}-{i}" for i in range(n)]
         self.bridge = f"{self.tag}br"
@@ -263,7 +264,25 @@ class NetnsNet:
     def addr(self, i: int) -> str:
         return f"{self.net}.{i + 2}"
 
+    @staticmethod
+    def remove_stale() -> None:
+        """Namespaces and links of an earlier run whose process is gone (killed with SIGKILL: nothing
+        else skips close); only names of this class's pattern."""
+        def dead(pid: str) -> bool:
+            return not os.path.exists(f"/proc/{pid}")
+        ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+        for name in ns:
+            m = re.fullmatch(r"rb(\d+)[a-z]-\d+", name)
+            if m and dead(m.group(1)):
+                subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        for line in subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout.splitlines():
+            name = line.split()[0].split("@")[0] if line.split() else ""
+            m = re.fullmatch(r"rb(\d+)[a-z](br|v\d+)", name)
+            if m and dead(m.group(1)):
+                subprocess.run(["ip", "link", "del", name], capture_output=True)
+
     def _up(self, n: int) -> None:
+        self.remove_stale()
         if self.net + "." in subprocess.run(["ip", "-4", "-br", "addr"], capture_output=True, text=True).stdout:
             raise SystemExit(f"--netns: {self.net}.0/24 is in use here")
         before = napi_threads()

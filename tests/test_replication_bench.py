@@ -98,3 +98,28 @@ def test_netns_receive_runs_in_napi_threads_and_close_removes_everything():
         net.close()
     assert not any(_ns_exists(n) for n in names)
     assert subprocess.run(["ip", "link", "show", bridge], capture_output=True).returncode != 0
+
+
+def _dead_pid() -> int:
+    pid = 4_000_000
+    while os.path.exists(f"/proc/{pid}"):
+        pid -= 1
+    return pid
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and iproute2")
+def test_remove_stale_deletes_only_the_leftovers_of_dead_runs():
+    dead, alive = f"rb{_dead_pid()}a", f"rb{os.getpid()}z"
+    made = [("netns", f"{dead}-0"), ("link", f"{dead}br"), ("netns", f"{alive}-0"), ("link", f"{alive}br")]
+    try:
+        for kind, name in made:
+            cmd = ["netns", "add", name] if kind == "netns" else ["link", "add", name, "type", "bridge"]
+            subprocess.run(["ip", *cmd], check=True, capture_output=True)
+        NetnsNet.remove_stale()
+        assert not _ns_exists(f"{dead}-0")
+        assert subprocess.run(["ip", "link", "show", f"{dead}br"], capture_output=True).returncode != 0
+        assert _ns_exists(f"{alive}-0")          # this process is alive: its run is not stale
+        assert subprocess.run(["ip", "link", "show", f"{alive}br"], capture_output=True).returncode == 0
+    finally:
+        for kind, name in made:
+            subprocess.run(["ip", kind, "del", name], capture_output=True)
