@@ -97,11 +97,11 @@ def run(a) -> dict:
     writer = df.write.format(a.format).mode(a.mode)
     if a.partition_by:
         writer = writer.partitionBy(*[c.strip() for c in a.partition_by.split(",") if c.strip()])
-    with Progress(spark, "load", force=a.progress) as pl:
+    with Progress(spark, "load", force=a.progress, timeline=False) as pl:
         writer.save(a.output)
     report["load_seconds"] = round(pl.seconds, 3)
     # count check against the plan, per topic-partition
-    with Progress(spark, "check", force=a.progress) as pc:
+    with Progress(spark, "check", force=a.progress, timeline=False) as pc:
         out = spark.read.format(a.format).load(a.output)
         stats = {(r["topic"], int(r["partition"])): (int(r["n"]), int(r["lo"]), int(r["hi"]))
                  for r in out.groupBy("topic", "partition").agg(

@@ -212,7 +212,9 @@ def main(argv=None) -> int:
     with open(args.report, "w") as f:
         json.dump(report, f, indent=2)
     for name, ph in report["phases"].items():
-        print(f"{name:<9} {ph['seconds']:>9.2f} s  {ph['MB_per_s']:>9.2f} MB/s  {ph['records_per_s']:>10} records/s")
+        cpu = "" if ph.get("cpu_seconds_local") is None else f"  {ph['cpu_seconds_local']:.2f} CPU-s"
+        rq = "" if ph.get("run_queue_seconds_local") is None else f", {ph['run_queue_seconds_local']:.2f} thread-s waiting for a core"
+        print(f"{name:<9} {ph['seconds']:>9.2f} s  {ph['MB_per_s']:>9.2f} MB/s  {ph['records_per_s']:>10} records/s{cpu}{rq}")
     for name, ph in report["phases"].items():
         if ph.get("timeline"):
             print(format_timeline(name, ph["timeline"]))
