@@ -36,15 +36,12 @@ class BrokerMetrics:
     def __init__(self):
         self.messages_in: dict[str, int] = {}
         self.bytes_in: dict[str, int] = {}
-        self.bytes_out: dict[str, int] = {}
+        self.bytes_out: dict[str, int] = {}     # the Fetch handler adds to it in its partition loop
         self.failed_produce: dict[str, int] = {}
 
     def produced(self, topic: str, records: int, nbytes: int) -> None:
         self.messages_in[topic] = self.messages_in.get(topic, 0) + records
         self.bytes_in[topic] = self.bytes_in.get(topic, 0) + nbytes
-
-    def fetched(self, topic: str, nbytes: int) -> None:
-        self.bytes_out[topic] = self.bytes_out.get(topic, 0) + nbytes
 
     def produce_failed(self, topic: str) -> None:
         self.failed_produce[topic] = self.failed_produce.get(topic, 0) + 1

@@ -162,7 +162,7 @@ def _read(broker, req, record=False):
     total = 0
     errors = False
     rows = []
-    fetched = broker.metrics.fetched
+    bytes_out = broker.metrics.bytes_out     # BytesOutPerSec by topic, counted here: no call per partition
     rm = broker.replica_manager
     # Ranges below the sendfile threshold (while the answer's copied bytes stay under it too, as
     # encode_fetch_response decides) are copied from the segment's read block: no pread per fetch.
@@ -205,10 +205,13 @@ def _read(broker, req, record=False):
             if size:
                 if follower:
                     rm.record_leader_bytes(part, size)
-                fetched(name, size)
+                bytes_out[name] = bytes_out.get(name, 0) + size
                 regions = data.regions
                 if size < inline_left and len(regions) == 1:
-                    seg = _segment_of(lg, regions[0][0], fetch_offset)
+                    fd = regions[0][0]
+                    seg = lg.segments[-1]            # a reader at the tail: the active segment
+                    if seg.read_fd != fd:
+                        seg = _segment_of(lg, fd, fetch_offset)
                     b = None if seg is None else seg.read_bytes(regions[0][1], size)
                     if b is not None:
                         res[5] = b
