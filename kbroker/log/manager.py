@@ -14,7 +14,11 @@ Per log dir (Kafka's names):
 - ``<topic>-<partition>/``: one Log; ``<topic>-<partition>.<uuid>-delete/`` while being deleted.
 
 Threads: the broker's event-loop thread. ``cleanup_expired``, ``flush_dirty`` and
-``checkpoint`` are plain methods the broker schedules (fsync-heavy: keep them periodic).
+``checkpoint`` are plain methods the broker schedules (fsync-heavy: keep them periodic). The broker
+splits the periodic checkpoint: ``checkpoint_snapshot`` on the loop (reads the logs), then
+``write_checkpoints`` on its checkpoint thread, as Kafka's scheduler thread does: eight fsyncs on the
+loop every few seconds stalled every connection for their duration (tens of ms on a real disk).
+One lock serialises the writers of the files (temp + rename).
 
 Crash: checkpoints are atomic (temp + fsync + rename). Without the marker each Log CRC-scans
 from its recovery point (log.py). A leftover ``-delete`` directory is removed at startup.
@@ -24,6 +28,7 @@ import fcntl
 import logging
 import os
 import shutil
+import threading
 import uuid
 
 from .checkpoint import OffsetCheckpoint, fsync_dir
@@ -81,6 +86,7 @@ class LogManager:
         self._closing: list = []           # (due_ms, Log) deleted partitions with open fds
         self._failing_dirs: set = set()    # dirs whose checkpoints last failed (reported once)
         self._checkpoint_due: set = set()  # dirs whose checkpoints still list deleted partitions
+        self._checkpoint_lock = threading.Lock()   # one writer of the checkpoint files at a time
         self.clean_startup = None          # per startup: were all dirs shut down cleanly
         self.started = False
         # Compaction threads (log.cleaner.* keys); started by startup() when it runs on an
@@ -304,18 +310,37 @@ class LogManager:
         return sum(1 for log in self.logs.values() if log.maybe_flush(now))
 
     def checkpoint(self) -> None:
-        """Write the offset checkpoints of every dir. A dir that cannot be written (ENOSPC, EIO) is
-        reported once when it starts failing and once when it works again, not on every attempt: the
-        checkpoints are retried on each call and nothing else depends on them succeeding now.
-        Leader-epoch files are not written here: the logs write them when they flush (before the
-        recovery point moves) and at close; writing a thousand of them here measurably competed
-        with produce (perf.curve_partitions on disk: ~2 CPU s/GB more at 1,000 partitions)."""
-        for d in self.log_dirs:
-            self._checkpoint_dir(d)
+        """Write the offset checkpoints of every dir, now, on this thread. A dir that cannot be
+        written (ENOSPC, EIO) is reported once when it starts failing and once when it works again, not
+        on every attempt: the checkpoints are retried on each call and nothing else depends on them
+        succeeding now. Leader-epoch files are not written here: the logs write them when they flush
+        (before the recovery point moves) and at close; writing a thousand of them here measurably
+        competed with produce (perf.curve_partitions on disk: ~2 CPU s/GB more at 1,000 partitions)."""
+        self.write_checkpoints(self.checkpoint_snapshot())
 
-    def _checkpoint_dir(self, d: str) -> None:
+    def checkpoint_snapshot(self) -> list:
+        """What every dir's checkpoints hold now: [(dir, [(path, {tp: offset})])]. Cheap; taken on the
+        thread that owns the logs, so ``write_checkpoints`` can run on another."""
+        return [(d, self._snapshot_dir(d)) for d in self.log_dirs]
+
+    def write_checkpoints(self, snapshot: list) -> None:
+        """Write a snapshot's files (temp + fsync + rename each); any thread."""
+        for d, files in snapshot:
+            self._checkpoint_dir(d, files)
+
+    def _snapshot_dir(self, d: str) -> list:
+        mine = [(tp, log) for tp, log in self.logs.items() if self._dir_of[tp] == d]
+        return [
+            (os.path.join(d, RECOVERY_POINT_FILE), {tp: log.recovery_point for tp, log in mine}),
+            (os.path.join(d, HW_FILE), {tp: log.high_watermark for tp, log in mine}),
+            (os.path.join(d, LOG_START_FILE), {tp: log.log_start_offset for tp, log in mine}),
+            (os.path.join(d, CLEANER_FILE),
+             {tp: log.cleaner_checkpoint for tp, log in mine if log.cleaner_checkpoint > 0}),
+        ]
+
+    def _checkpoint_dir(self, d: str, files: list | None = None) -> None:
         try:
-            self._write_checkpoints(d)
+            self._write_checkpoints(d, files)
         except OSError as e:
             if d not in self._failing_dirs:
                 self._failing_dirs.add(d)
@@ -325,16 +350,12 @@ class LogManager:
                 self._failing_dirs.discard(d)
                 _log.warning("checkpoints in log dir %s are written again", d)
 
-    def _write_checkpoints(self, d: str) -> None:
-        mine = [(tp, log) for tp, log in self.logs.items() if self._dir_of[tp] == d]
-        OffsetCheckpoint(os.path.join(d, RECOVERY_POINT_FILE)).write(
-            {tp: log.recovery_point for tp, log in mine})
-        OffsetCheckpoint(os.path.join(d, HW_FILE)).write(
-            {tp: log.high_watermark for tp, log in mine})
-        OffsetCheckpoint(os.path.join(d, LOG_START_FILE)).write(
-            {tp: log.log_start_offset for tp, log in mine})
-        OffsetCheckpoint(os.path.join(d, CLEANER_FILE)).write(
-            {tp: log.cleaner_checkpoint for tp, log in mine if log.cleaner_checkpoint > 0})
+    def _write_checkpoints(self, d: str, files: list | None = None) -> None:
+        if files is None:
+            files = self._snapshot_dir(d)
+        with self._checkpoint_lock:
+            for path, offsets in files:
+                OffsetCheckpoint(path).write(offsets)
 
     # -- shutdown ---------------------------------------------------------------------------
 

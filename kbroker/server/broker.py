@@ -7,7 +7,9 @@ Threads: everything runs on one asyncio loop; blocking ZooKeeper calls go to wor
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
+import inspect
 import logging
 import signal
 import time
@@ -49,6 +51,8 @@ class Broker:
         self.notifier = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task] = []
+        # The periodic checkpoint files' fsyncs run here, off the loop (LogManager docstring).
+        self._checkpoint_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
         self._stopped = asyncio.Event()
         self.metrics = BrokerMetrics()
         self.metrics_server: MetricsServer | None = None
@@ -134,7 +138,7 @@ class Broker:
         self._every(cfg.get("log.retention.check.interval.ms"), self.logs.cleanup_expired, "retention")
         self._every(cfg.log_flush_interval_ms if cfg.log_flush_interval_ms and cfg.log_flush_interval_ms < 2**62
                     else cfg.get("log.flush.scheduler.interval.ms"), self.logs.flush_dirty, "flush")
-        self._every(min(cfg.get("log.flush.offset.checkpoint.interval.ms"), 5000), self.logs.checkpoint, "checkpoint")
+        self._every(min(cfg.get("log.flush.offset.checkpoint.interval.ms"), 5000), self._checkpoint, "checkpoint")
         # file.delete.delay.ms / log.segment.delete.delay.ms have their own timer: freed space comes back
         # when the delay ends, not at the next retention pass.
         self._every(200, self.logs.remove_due_files, "file-delete")
@@ -147,11 +151,18 @@ class Broker:
             while True:
                 await asyncio.sleep(interval_ms / 1000)
                 try:
-                    fn()
+                    r = fn()
+                    if inspect.isawaitable(r):
+                        await r
                 except Exception:
                     log.exception("periodic %s failed", name)
 
         self._tasks.append(self.loop.create_task(loop()))
+
+    def _checkpoint(self):
+        """The logs' offsets are read here on the loop; the files are written on the checkpoint thread."""
+        snapshot = self.logs.checkpoint_snapshot()
+        return self.loop.run_in_executor(self._checkpoint_thread, self.logs.write_checkpoints, snapshot)
 
     async def stop(self) -> None:
         if self.server is not None and self.zk is not None and self.zk.broker_epoch is not None:
@@ -170,6 +181,8 @@ class Broker:
         if self.logs is not None:
             if self.replica_manager is not None:
                 await self.replica_manager.stop()
+            # a periodic write still running finishes before the final one (no older snapshot after it)
+            self._checkpoint_thread.shutdown(wait=True)
             self.logs.shutdown()
         self._stopped.set()
 
