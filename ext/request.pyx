@@ -65,6 +65,12 @@ cdef class _Reader:
     cdef const unsigned char *p
     cdef Py_ssize_t pos
     cdef Py_ssize_t end
+    cdef Py_buffer view       # the frame's buffer, held while the reader lives (p points into it)
+    cdef bint held
+
+    def __dealloc__(self):
+        if self.held:
+            PyBuffer_Release(&self.view)
 
     cdef inline int need(self, Py_ssize_t n) except -1:
         if n < 0 or n > self.end - self.pos:
@@ -126,14 +132,17 @@ def peek_key_version(frame):
     return <int16_t>load_be16(<const char *>&v[0]), <int16_t>load_be16(<const char *>&v[2])
 
 
-cdef _Reader _frame_reader(const unsigned char[::1] v):
-    """A reader over a whole request frame (the caller keeps the frame alive), refusing one too short
-    for the api_key/api_version/correlation_id header."""
+cdef _Reader _frame_reader(frame):
+    """A reader over a whole request frame (any contiguous buffer; held until the reader is freed),
+    refusing one too short for the api_key/api_version/correlation_id header. A plain buffer
+    request: a typed memoryview here cost parse_produce ~850 more instructions (callgrind)."""
     cdef _Reader r = _Reader.__new__(_Reader)
-    r.end = v.shape[0]
+    PyObject_GetBuffer(frame, &r.view, PyBUF_SIMPLE)
+    r.held = True
+    r.end = r.view.len
     if r.end < 8:
         raise ProtocolError("truncated request header")
-    r.p = &v[0]
+    r.p = <const unsigned char *>r.view.buf
     r.pos = 0
     return r
 
@@ -141,8 +150,7 @@ cdef _Reader _frame_reader(const unsigned char[::1] v):
 def parse_produce(frame):
     """Parse a whole Produce v3-8 request frame (size prefix removed). -> ProduceRequest.
     Raises ProtocolError on malformed input or another API/version."""
-    cdef const unsigned char[::1] v = frame
-    cdef _Reader r = _frame_reader(v)
+    cdef _Reader r = _frame_reader(frame)
     cdef ProduceRequest req = ProduceRequest.__new__(ProduceRequest)
     req.api_key = r.i16()
     req.api_version = r.i16()
@@ -185,8 +193,7 @@ def parse_fetch(frame):
     partition_max_bytes), ...]), ...] (-1 for fields a version lacks, as the codec's defaults).
     forgotten_topics_data (v7+) is checked and dropped (we hand out no sessions); rack_id (v11) kept.
     Raises ProtocolError on malformed input or another API/version."""
-    cdef const unsigned char[::1] v = frame
-    cdef _Reader r = _frame_reader(v)
+    cdef _Reader r = _frame_reader(frame)
     cdef FetchRequest req = FetchRequest.__new__(FetchRequest)
     req.api_key = r.i16()
     req.api_version = r.i16()

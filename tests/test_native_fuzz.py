@@ -135,3 +135,21 @@ def _may_wait(frame: bytes) -> bool:
         return native.parse_produce(memoryview(frame)[4:]).acks == 0
     except ProtocolError:
         return False
+
+
+@pytest.mark.parametrize("parse,make", [(native.parse_produce, produce_frame), (native.parse_fetch, fetch_frame)])
+def test_parsers_let_go_of_the_frame(parse, make):
+    """A parsed (or refused) frame's buffer is released once nothing the parser returned refers to it:
+    the connection reuses and may resize its receive buffers, which a leaked export would forbid."""
+    rng = random.Random(7)
+    buf = bytearray(make(rng, 1)[4:])
+    with memoryview(buf) as view:
+        req = parse(view)
+    assert req.correlation_id == 1
+    del req
+    buf.append(0)                      # BufferError while any export of buf is left
+    bad = bytearray(make(rng, 2)[4:])[:-1]     # truncated: refused
+    with memoryview(bad) as view:
+        with pytest.raises(ProtocolError):
+            parse(view)
+    bad.append(0)
