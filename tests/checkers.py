@@ -9,8 +9,11 @@ can be fed a known violation to prove they would see it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import select
+import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -661,3 +664,26 @@ def fill_partition(bootstrap: str, topic: str, records: int, value_size: int) ->
             except BufferError:
                 p.poll(0.05)
     assert p.flush(60) == 0
+
+
+@contextlib.contextmanager
+def strace_attached(pid: int, trace: str, out: Path, *extra: str):
+    """strace -f attached to ``pid`` (``-e trace=<trace>``, output in ``out``) for the block; yields the
+    Popen. Fails the test if strace is missing. strace has no readiness signal: callers wait until a
+    syscall they provoke shows up in ``out``. Detached with SIGINT on exit."""
+    strace = shutil.which("strace")
+    if strace is None:
+        raise AssertionError("strace is not installed: this test observes the broker's syscalls with it")
+    tracer = subprocess.Popen([strace, "-f", "-qq", *extra, "-e", f"trace={trace}", "-o", str(out), "-p", str(pid)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              # SIGINT detaches strace; a background CI run inherits it ignored
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        yield tracer
+    finally:
+        tracer.send_signal(signal.SIGINT)
+        try:
+            tracer.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            tracer.kill()
+            tracer.wait(10)

@@ -7,16 +7,11 @@ the loop thread (0 expected). Eight fsyncs every few seconds on the loop held ev
 their duration (tens of ms on a real disk). Observed with strace -f -y attached to a real broker.
 """
 import re
-import shutil
-import signal
-import subprocess
 import uuid
-
-import pytest
 
 from kbroker.testing import LocalCluster, wait_until
 
-from checkers import wait_for_topic
+from checkers import strace_attached, wait_for_topic
 
 N = 500
 _FSYNC = re.compile(r"^(\d+)\s+fsync\(\d+<([^>]*-checkpoint\.tmp)>\)", re.M)
@@ -34,9 +29,6 @@ def _hw_checkpointed(data_dir, topic) -> int:
 
 
 def test_periodic_checkpoints_fsync_off_the_loop_thread(tmp_path):
-    strace = shutil.which("strace")
-    if strace is None:
-        pytest.fail("strace is not installed: nothing can observe which thread writes the checkpoints")
     import confluent_kafka as ck
 
     with LocalCluster(tmp_path / "c", overrides={"log.flush.offset.checkpoint.interval.ms": 300}) as cluster:
@@ -44,12 +36,7 @@ def test_periodic_checkpoints_fsync_off_the_loop_thread(tmp_path):
         topic = f"ckpt-{uuid.uuid4().hex[:8]}"
         wait_for_topic(cluster.bootstrap, topic, 1)
         trace_out = tmp_path / "strace.out"
-        tracer = subprocess.Popen([strace, "-f", "-qq", "-y", "-e", "trace=fsync", "-o", str(trace_out),
-                                   "-p", str(broker.pid)],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  # SIGINT detaches strace; a background CI run inherits it ignored
-                                  preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-        try:
+        with strace_attached(broker.pid, "fsync", trace_out, "-y") as tracer:
             p = ck.Producer({"bootstrap.servers": cluster.bootstrap, "linger.ms": 5})
             for i in range(N):
                 p.produce(topic, partition=0, value=b"%d" % i)
@@ -62,13 +49,6 @@ def test_periodic_checkpoints_fsync_off_the_loop_thread(tmp_path):
                 text = trace_out.read_text() if trace_out.exists() else ""
                 return len(_FSYNC.findall(text)) >= 8 and _hw_checkpointed(broker.data_dir, topic) == N
             wait_until(seen, 30, "periodic checkpoints of the produced records under strace", interval=0.1)
-        finally:
-            tracer.send_signal(signal.SIGINT)
-            try:
-                tracer.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                tracer.kill()
-                tracer.wait()
         fsyncs = _FSYNC.findall(trace_out.read_text())
         on_loop = [path for tid, path in fsyncs if int(tid) == broker.pid]
         assert fsyncs, "no checkpoint fsync seen"

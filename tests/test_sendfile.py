@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import signal
-import subprocess
 import time
 import uuid
 
 import pytest
 
-from checkers import all_batches, consume_confluent, end_offsets, wait_for_topic, wait_until
+from checkers import all_batches, consume_confluent, end_offsets, strace_attached, wait_for_topic, wait_until
 
 N = 20_000
 VALUE = 1000          # ~20 MB of values
@@ -31,10 +28,6 @@ _SENDFILE = re.compile(rb"sendfile(?:64)?\((\d+), (\d+), .*\) = (\d+)")
 
 
 def test_fetch_uses_sendfile(kafka_cluster, tmp_path):
-    strace = shutil.which("strace")
-    if strace is None:
-        pytest.fail("strace is not installed and the broker's sendfile counters are not exported "
-                    "(kbroker.metrics.port): nothing can observe how fetches are sent")
     import confluent_kafka as ck
 
     bootstrap = kafka_cluster.bootstrap
@@ -56,12 +49,7 @@ def test_fetch_uses_sendfile(kafka_cluster, tmp_path):
                     for _f, b in all_batches(kafka_cluster.brokers[0].data_dir, topic, part))
 
     trace_out = tmp_path / "strace.out"
-    tracer = subprocess.Popen([strace, "-f", "-qq", "-e", "trace=sendfile", "-o", str(trace_out),
-                               "-p", str(kafka_cluster.brokers[0].pid)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              # SIGINT detaches strace; a background CI run inherits it ignored
-                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
+    with strace_attached(kafka_cluster.brokers[0].pid, "sendfile", trace_out) as tracer:
         # attached once a syscall we provoke shows up: strace has no readiness signal of its own
         def attached():
             if tracer.poll() is not None:
@@ -73,13 +61,6 @@ def test_fetch_uses_sendfile(kafka_cluster, tmp_path):
         t0 = time.monotonic()
         got = consume_confluent(bootstrap, topic, ends, timeout=120)
         elapsed = time.monotonic() - t0
-    finally:
-        tracer.send_signal(signal.SIGINT)
-        try:
-            tracer.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            tracer.kill()
-            tracer.wait(10)
     calls, sent = _sum(trace_out)
     calls -= seen_before[0]
     sent -= seen_before[1]
