@@ -76,10 +76,16 @@ def start_broker(zk_server, root, extra: dict[str, str]) -> RunningBroker:
                                  start_new_session=True, preexec_fn=die_with_parent())
     try:
         port = _wait_registered(zk_server.connect_string + chroot, popen, log_path)
+        running = RunningBroker(popen, port, data, log_path)
+        # Registered is not yet ready: for a few ms the broker answers Metadata with no controller
+        # (it elects itself just after registering), and librdkafka's admin client then waits its
+        # whole operation timeout for one instead of asking again (a CreateTopics timed out so).
+        wait_until(lambda: raw_request(running, int(api.ApiKey.METADATA), 1, {"topics": []})["controller_id"] >= 0,
+                   START_TIMEOUT_S, "the broker to know its controller")
     except BaseException:
         _stop(popen)
         raise
-    return RunningBroker(popen, port, data, log_path)
+    return running
 
 
 def _wait_registered(connect: str, popen, log_path) -> int:
