@@ -33,7 +33,7 @@ from kazoo.client import KazooClient
 
 from kbroker.procutil import die_with_parent
 from kbroker.protocol import api
-from kbroker.testing import wait_until
+from kbroker.testing import controller_known, wait_until
 
 HOUR_MS = 3_600_000
 START_TIMEOUT_S = 60
@@ -80,8 +80,8 @@ def start_broker(zk_server, root, extra: dict[str, str]) -> RunningBroker:
         # Registered is not yet ready: for a few ms the broker answers Metadata with no controller
         # (it elects itself just after registering), and librdkafka's admin client then waits its
         # whole operation timeout for one instead of asking again (a CreateTopics timed out so).
-        wait_until(lambda: raw_request(running, int(api.ApiKey.METADATA), 1, {"topics": []})["controller_id"] >= 0,
-                   START_TIMEOUT_S, "the broker to know its controller")
+        # (LocalCluster waits the same way.)
+        wait_until(lambda: controller_known(port) is not None, START_TIMEOUT_S, "the broker to know its controller")
     except BaseException:
         _stop(popen)
         raise
