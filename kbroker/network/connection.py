@@ -501,11 +501,15 @@ class Connection(asyncio.BufferedProtocol):
         except BaseException as e:  # noqa: BLE001 - a callback's exception would reach no one
             if not isinstance(e, (Exception, asyncio.CancelledError)):
                 raise
-            h = slot.header
-            hostile_log(logging.ERROR, "error handling %s v%d from %s", api.API_NAMES[h.api_key], h.api_version,
-                        self.peer, exc_info=not isinstance(e, asyncio.CancelledError))
-            result = CLOSE
+            result = self._handler_failed(slot, exc_info=not isinstance(e, asyncio.CancelledError))
         self._finish(slot, result)
+
+    def _handler_failed(self, slot, exc_info=True):
+        """A handler (or what it returned to wait on) failed: logged, and the connection closes."""
+        h = slot.header
+        hostile_log(logging.ERROR, "error handling %s v%d from %s", api.API_NAMES[h.api_key], h.api_version,
+                    self.peer, exc_info=exc_info)
+        return CLOSE
 
     async def _dispatch_large(self, slot, header, frame, pos, release):
         server = self.server
@@ -549,9 +553,7 @@ class Connection(asyncio.BufferedProtocol):
                                                          h.api_key, h.api_version, h.correlation_id, result.body)
                 encoded = True
         except Exception:
-            hostile_log(logging.ERROR, "error handling %s v%d from %s",
-                        api.API_NAMES[slot.header.api_key], slot.header.api_version, self.peer, exc_info=True)
-            result = CLOSE
+            result = self._handler_failed(slot)
         finally:
             release()
         if encoded:
