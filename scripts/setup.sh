@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything kbroker needs on a fresh Debian 12 machine (idempotent):
-#   Debian packages: zookeeper (the coordination service), kcat (a librdkafka CLI used by tests/demo)
+#   Debian packages: zookeeper (the coordination service), kcat (a librdkafka CLI used by tests/demo),
+#   strace and iproute2 (tests and benchmarks), and the native build's headers
 #   a virtualenv in .venv with the pinned Python dependencies, then the native (Cython) build.
 # A failed native build fails this script: there is no slow fallback.
 set -euo pipefail
@@ -14,6 +15,8 @@ command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
 [ -f /usr/include/zlib.h ] || need_apt+=(zlib1g-dev)   # ext/batch.pyx links zlib (gzip validation)
 [ -f /usr/include/lz4.h ] || need_apt+=(liblz4-dev)    # ext/codec.pyx links liblz4 and libzstd (streaming
 [ -f /usr/include/zstd.h ] || need_apt+=(libzstd-dev)  # validation of compressed batches)
+command -v strace >/dev/null 2>&1 || need_apt+=(strace)  # tests observe the broker's sendfile and fsync calls
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)    # replication_bench --netns and its tests
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   echo "== installing Debian packages: ${need_apt[*]}"
