@@ -116,6 +116,10 @@ def test_killed_leader_and_killed_controller_are_replaced(cluster, zk):
     cluster.start_broker(victim)
     view, seen_controller = _leaders(cluster.brokers[victim].port, name)
     assert seen_controller == controller and all(lead >= 0 for lead, _ in view.values())
+    # ... and back in every ISR (RF 3 on 3 brokers): the snapshot below must not be taken while the
+    # ISRs still grow, or a leader elected from an ISR that grew after it looks like an unclean one.
+    wait_until(lambda: all(victim in st.isr for st in _states(zk, name, 6).values()), BOUND_S + 30,
+               f"broker {victim} to rejoin every ISR")
 
     # 3. kill -9 the controller: another broker wins /controller with the next epoch and moves
     #    the dead controller's leaderships.
