@@ -155,7 +155,10 @@ class LocalCluster:
         b.dir.mkdir(parents=True, exist_ok=True)
         b.config_path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
 
-    def start_broker(self, broker_id: int, timeout: float = 60.0, extra: dict | None = None):
+    def start_broker(self, broker_id: int, timeout: float = 60.0, extra: dict | None = None,
+                     wait_controller: bool = True):
+        """Start broker ``broker_id`` and wait until it is registered and answers; with
+        ``wait_controller`` (default) also until it holds the controller's metadata."""
         b = self.brokers[broker_id]
         if b.running():
             raise RuntimeError(f"broker {broker_id} already running (pid {b.pid})")
@@ -175,7 +178,7 @@ class LocalCluster:
             # After a kill -9 the old session's node lingers until it expires: wait for a new one.
             # Ready = registered, answering, and holding the controller's metadata.
             return (czxid is not None and czxid != b.czxid and api_versions_ok(b.port)
-                    and controller_known(b.port) is not None and czxid)
+                    and (not wait_controller or controller_known(b.port) is not None) and czxid)
 
         b.czxid = wait_until(ready, timeout, f"broker {broker_id} to register and answer")
         return b

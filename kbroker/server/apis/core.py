@@ -16,6 +16,11 @@ log = logging.getLogger(__name__)
 # must not hold the loop (and every other client) for the whole answer.
 TOPICS_PER_TURN = 2000
 AUTO_CREATE_WAIT_S = 5.0
+# A Metadata request that arrives before the controller's first UpdateMetadata waits for it this long.
+# Answered at once, it would name no controller and only this broker, and clients that need the
+# controller (librdkafka's admin) would wait out their whole operation timeout instead of asking again.
+# Kafka avoids the window by not processing client requests until its startup completes.
+STARTUP_METADATA_WAIT_S = 5.0
 
 
 def _log_failed_creation(task):
@@ -33,6 +38,12 @@ def api_versions(broker, conn, header, body):
 
 
 def metadata(broker, conn, header, body):
+    if broker.metadata.updates == 0:
+        return _after_first_update(broker, header, body)
+    return _answer(broker, header, body)
+
+
+def _answer(broker, header, body):
     requested = body["topics"]
     version = header.api_version
     md = broker.metadata
@@ -45,6 +56,13 @@ def metadata(broker, conn, header, body):
     if missing and allow:
         return _auto_create_then_answer(broker, names, missing)
     return _metadata_response(broker, names)
+
+
+async def _after_first_update(broker, header, body):
+    # Past the wait (no controller reachable) the client gets what this broker knows: itself.
+    await broker.metadata.wait_for(lambda: broker.metadata.updates > 0, STARTUP_METADATA_WAIT_S)
+    r = _answer(broker, header, body)
+    return (await r) if asyncio.iscoroutine(r) else r
 
 
 async def _auto_create_then_answer(broker, names, missing):
