@@ -14,7 +14,10 @@ same-round ratios against the first target.
 
 Targets: ``asyncio`` / ``uvloop`` (``kbroker.event.loop``), ``base-asyncio`` / ``base-uvloop`` (the
 ``--base-tree`` checkout's kbroker/ through PYTHONPATH; the native modules stay this tree's, which the
-editable install maps: A/B of Python changes; run from a folder without a kbroker/ in it, e.g. /tmp).
+editable install maps: A/B of Python changes; run from a folder without a kbroker/ in it, e.g. /tmp);
+``mock``: librdkafka's mock cluster (C) in its own confluent-kafka host process, as request_bench starts it
+(its topic has the 4 partitions the mock auto-creates; partition 0 is filled and fetched; CPU is that whole
+process's, the mock broker threads plus the host's idle client threads).
 
 ``--strace``: after the rounds, one more depth-1 pass per target under ``strace -c -f`` (syscalls per
 fetch; strace slows the broker, so no CPU figure is taken from it). ``--perf-record DIR``: one more
@@ -40,17 +43,22 @@ from pathlib import Path
 
 from . import harness as H
 from .request_bench import fetch_run, produce_run
-from .targets import KbrokerTarget
+from .targets import KbrokerTarget, MockTarget
 
 DEPTHS = (1, 8)
 
 
-def make_targets(names: list[str], base_tree: str | None, workdir: Path) -> list[KbrokerTarget]:
+def make_targets(names: list[str], base_tree: str | None, workdir: Path) -> list:
     out = []
     for name in names:
+        if name == "mock":
+            mock = MockTarget(workdir)
+            mock.partitions = 4         # the only topic shape the mock creates; partition 0 is fetched
+            out.append(mock)
+            continue
         base, _, loop = name.rpartition("-")
         if loop not in ("asyncio", "uvloop") or base not in ("", "base"):
-            raise SystemExit(f"unknown target {name!r}: asyncio, uvloop, base-asyncio, base-uvloop")
+            raise SystemExit(f"unknown target {name!r}: asyncio, uvloop, base-asyncio, base-uvloop, mock")
         env = {}
         if base:
             if not base_tree:
@@ -93,6 +101,13 @@ def counted_pass(t, topic: str, count: int, depth: int, max_s: float) -> dict:
     return {"us_per_fetch": (c1 - c0) / count / 1000, "fetches_per_s": count / (t1 - t0)}
 
 
+def _ratio(values: list, ref_values: list, ref: str) -> str:
+    ratios = [x / y for x, y in zip(values, ref_values) if y]
+    if not ratios:
+        return ""
+    return f"  ÷ {ref}: median {statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
+
+
 def traced_pass(target, topic: str, first: int, count: int, cmd: list[str], max_s: float) -> str:
     tracer = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     time.sleep(1.0)                          # strace/perf attach (no readiness signal to wait for)
@@ -125,7 +140,7 @@ def main(argv=None) -> int:
         for t in targets:
             t.start()
             topic = f"fetch-latency-{uuid.uuid4().hex[:8]}"
-            t.create_topic(topic, 1)
+            t.create_topic(topic, getattr(t, "partitions", 1))
             produce_run(t.bootstrap, topic, {"broker": t.pid}, need, 100, a.max_seconds)
             topics[t.name] = topic
             H.progress(f"{t.name}: pid {t.pid}, {need} one-record batches in {topic}")
@@ -138,7 +153,8 @@ def main(argv=None) -> int:
                     H.progress(f"round {rnd} {t.name:14s} depth {d}: {r['us_per_fetch']:7.2f} µs/fetch "
                                f"{r['fetches_per_s']:>9,.0f} fetches/s")
         print(f"load average at the end: {os.getloadavg()}")
-        ref = targets[0].name
+        # same-round ratios against the first target, and against the C mock when it ran
+        refs = [targets[0].name] + (["mock"] if "mock" in results and targets[0].name != "mock" else [])
         keys = ["us_per_fetch", "fetches_per_s"]
         for d in DEPTHS:
             for key in keys:
@@ -146,12 +162,9 @@ def main(argv=None) -> int:
                     v = [r.get(key, 0.0) for r in results[t.name][d]]
                     line = (f"depth {d} {key:12s} {t.name:14s} median {statistics.median(v):7.2f} "
                             f"({min(v):.2f}-{max(v):.2f})")
-                    if t.name != ref:
-                        ref_v = [r.get(key, 0.0) for r in results[ref][d]]
-                        ratios = [x / y for x, y in zip(v, ref_v) if y]
-                        if ratios:
-                            line += (f"  ÷ {ref}: median {statistics.median(ratios):.3f} "
-                                     f"({min(ratios):.3f}-{max(ratios):.3f})")
+                    for other in refs:
+                        if t.name != other:
+                            line += _ratio(v, [r.get(key, 0.0) for r in results[other][d]], other)
                     print(line)
         if a.strace:
             for t in targets:
