@@ -4,6 +4,7 @@ of one kbroker broker serving request_bench's producer (linger.ms=0, batch.num.m
     python -m kbroker.perf.profile_request pyspy     [--requests 200000] [--seconds 6] [--out DIR]
     python -m kbroker.perf.profile_request callgrind [--requests 3000] [--out DIR]
     python -m kbroker.perf.profile_request capacity  [--batches 1024] [--rounds 3] [--variant NAME:k=v,..:ENV=v,..]
+        [--persist write-shm --persist splice-shm --persist write-disk ...] [--storage shm|disk] [--no-profile]
     ... [--workload fetch]: small Fetch v11 requests with 1 in flight (request_bench's fetch, one ~170 B
     batch per answer) over records written first, instead of Produce requests
 
@@ -25,6 +26,9 @@ of one kbroker broker serving request_bench's producer (linger.ms=0, batch.num.m
   other kernel, CRC32C, other native batch/segment/request code, interpreter), the buckets' shares
   scaled to the CPU-seconds per GB of that run (``DIR/capacity-produce.txt``). ``--variant`` runs several
   brokers side by side (settings or environment, e.g. ``PYTHONPATH`` of a changed tree), the first profiled.
+  ``--persist`` adds persisting sinks to the rounds, the floors of a broker that keeps the data: ``write``
+  (recv_into, then write(2) into a file: two copies) and ``splice`` (socket -> pipe -> file: one copy), on
+  tmpfs (``shm``) or disk (``disk``, /var/tmp); each broker is also reported ÷ each of them, same round.
 
 One broker with real ZooKeeper (``kbroker.testing.LocalCluster``), log dir on tmpfs, stopped by its PID;
 every wait is bounded. Needs py-spy (in the venv) / valgrind (Debian's package) / perf and strace (capacity).
@@ -358,6 +362,112 @@ def bucket_perf_script(text: str, loop_tid: int) -> dict:
     return out
 
 
+# ---- persisting baselines: the recv_into sink plus the copy a broker cannot avoid ----------------------
+# Served like harness's ``sink --mode produce`` (a thread per connection, blocking sockets, a canned
+# answer carrying the request's correlation id), but each request's bytes also go into a file in the log
+# directory's file system, one file per connection, unlinked when the connection closes:
+#   * ``write``: recv_into one reused buffer, then os.write of the request to the file (O_APPEND): the
+#     two-copy floor (socket -> user buffer -> page cache) of any broker that writes with write(2);
+#   * ``splice``: the request header (size, api key/version, correlation id) by recv_into, the rest
+#     socket -> pipe (F_SETPIPE_SZ 1 MiB) -> file with splice(2): the one-copy floor (the socket's pages
+#     move into the pipe; the only copy is into the page cache).
+# No Kafka work in either: no parse, no CRC, no index.
+PERSIST_SINKS = ("write", "splice")
+_STORAGE_DIRS = {"shm": "/dev/shm", "disk": "/var/tmp"}      # as perf/targets.py's KbrokerTarget
+_PIPE_BYTES = 1 << 20
+_F_SETPIPE_SZ = 1031
+
+
+def _serve_persist(conn, kind: str, path: Path, deadline: float, canned: bytes) -> None:
+    from .harness import recv_exact
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_APPEND if kind == "write" else 0), 0o644)
+    head = bytearray(12)                       # size, api key, api version, correlation id
+    hv = memoryview(head)
+    resp = bytearray(canned)
+    buf = bytearray(1 << 20)
+    pr = pw = -1
+    try:
+        if kind == "splice":
+            import fcntl
+            pr, pw = os.pipe()
+            fcntl.fcntl(pw, _F_SETPIPE_SZ, _PIPE_BYTES)
+        sfd = conn.fileno()
+        while time.monotonic() < deadline:
+            try:
+                recv_exact(conn, hv)
+            except (ConnectionError, OSError):
+                return
+            size = int.from_bytes(head[:4], "big") - 8
+            if kind == "write":             # one write of the whole request, as the broker's one per batch
+                if size + 12 > len(buf):
+                    buf = bytearray(size + 12)
+                view = memoryview(buf)[:size + 12]
+                view[:12] = hv
+                recv_exact(conn, view[12:])
+                done = 0
+                while done < len(view):
+                    done += os.write(fd, view[done:])
+            else:
+                os.write(fd, hv)
+                left = size
+                while left:
+                    n = os.splice(sfd, pw, min(left, _PIPE_BYTES))
+                    if n == 0:
+                        return
+                    left -= n
+                    while n:
+                        n -= os.splice(pr, fd, n)
+            resp[4:8] = head[8:12]             # the request's correlation id
+            conn.sendall(resp)
+    finally:
+        for f in (fd, pr, pw):
+            if f >= 0:
+                os.close(f)
+        path.unlink(missing_ok=True)
+        conn.close()
+
+
+def persist_sink_worker(kind: str, directory: Path, max_seconds: float) -> int:
+    """``python -m kbroker.perf.profile_request persist-sink --kind write|splice --dir DIR``: prints its
+    port, serves until ``max_seconds`` pass or stdin closes (its parent went away)."""
+    import socket
+    import threading
+    from .harness import _canned_produce_response
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    canned = _canned_produce_response()
+    print(srv.getsockname()[1], flush=True)
+    deadline = time.monotonic() + max_seconds
+    srv.settimeout(1.0)
+    n = 0
+    while time.monotonic() < deadline:
+        try:
+            conn, _ = srv.accept()
+        except socket.timeout:
+            continue
+        conn.setblocking(True)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        n += 1
+        threading.Thread(target=_serve_persist, args=(conn, kind, directory / f"conn-{n}.log", deadline, canned),
+                         daemon=True).start()
+    return 0
+
+
+def start_persist_sink(kind: str, directory: Path, max_seconds: float = 3600.0):
+    """-> (process, port) of a persisting sink writing under ``directory``."""
+    p = subprocess.Popen([sys.executable, "-m", "kbroker.perf.profile_request", "persist-sink", "--kind", kind,
+                          "--dir", str(directory), "--max-seconds", str(max_seconds)],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    line = p.stdout.readline().strip()
+    if not line.isdigit():
+        p.kill()
+        p.wait(timeout=10)
+        raise RuntimeError(f"the {kind} sink did not start (said {line!r})")
+    return p, int(line)
+
+
 def _timed_produce(pid: int, addr: tuple[str, int], sets: list) -> dict:
     """One capacity produce run against ``addr`` -> MB/s and the user / system CPU-seconds per GB that
     ``pid`` spent over it."""
@@ -369,9 +479,11 @@ def _timed_produce(pid: int, addr: tuple[str, int], sets: list) -> dict:
             "system_s_per_gb": (s1 - s0) / gb}
 
 
-def capacity(out: Path, batches: int, rounds: int, variants: list[str] | None = None) -> str:
-    """The broker variants (the first is profiled; default one broker as configured, named "kbroker")
-    and the sink, in interleaved rounds, then strace and perf runs of the first variant."""
+def capacity(out: Path, batches: int, rounds: int, variants: list[str] | None = None,
+             persist: list[str] | None = None, storage: str = "shm", profile: bool = True) -> str:
+    """The broker variants (the first is profiled; default one broker as configured, named "kbroker"),
+    the sink and the persisting sinks ``persist`` (KIND-STORAGE: write|splice - shm|disk), in interleaved
+    rounds, then strace and perf runs of the first variant (unless ``profile`` is false)."""
     from . import broker_bench as B
     from .targets import KbrokerTarget
     perf, strace = shutil.which("perf"), shutil.which("strace")
@@ -380,12 +492,20 @@ def capacity(out: Path, batches: int, rounds: int, variants: list[str] | None = 
     specs = [H.parse_variant(v) for v in (variants or ["kbroker"])]
     if len({n for n, _, _ in specs} | {"sink"}) != len(specs) + 1:
         raise SystemExit("variant names must differ from each other and from 'sink'")
+    persist = list(persist or [])
+    for p in persist:
+        kind, _, where = p.partition("-")
+        if kind not in PERSIST_SINKS or where not in _STORAGE_DIRS:
+            raise SystemExit(f"--persist {p!r}: want KIND-STORAGE, KIND in {PERSIST_SINKS}, STORAGE in shm, disk")
     work = Path(tempfile.mkdtemp(prefix="kbroker-profile-", dir="/dev/shm"))
     batch, _per = B.build_batch()
-    targets = {n: KbrokerTarget("shm", work, name=n, overrides=ov, env=env) for n, ov, env in specs}
-    rows = {**{n: [] for n in targets}, "sink": []}
+    targets = {n: KbrokerTarget(storage, work, name=n, overrides=ov, env=env) for n, ov, env in specs}
+    sink_names = {p: f"{p}-sink" for p in persist}
+    rows = {**{n: [] for n in targets}, "sink": [], **{n: [] for n in sink_names.values()}}
     extra = {}
     sink = None
+    psinks = {}
+    pdirs = []
     n_topics = 0
 
     def broker_run(t, tool: list[str] | None = None):
@@ -418,42 +538,56 @@ def capacity(out: Path, batches: int, rounds: int, variants: list[str] | None = 
         for t in targets.values():
             t.start()
         sink, sport = B.start_sink("produce")
-        order = [*targets, "sink"]
+        for p, name in sink_names.items():
+            d = Path(tempfile.mkdtemp(prefix="kbroker-persist-sink-", dir=_STORAGE_DIRS[p.partition("-")[2]]))
+            pdirs.append(d)
+            psinks[name] = start_persist_sink(p.partition("-")[0], d)
+        order = [*targets, "sink", *psinks]
         for i in range(rounds):
             k = i % len(order)
             for side in order[k:] + order[:k]:
                 if side == "sink":
                     rows[side].append(_timed_produce(sink.pid, ("127.0.0.1", sport),
                                                      B.produce_frame_sets("sink", batch, batches)))
+                elif side in psinks:
+                    proc, port = psinks[side]
+                    rows[side].append(_timed_produce(proc.pid, ("127.0.0.1", port),
+                                                     B.produce_frame_sets("sink", batch, batches)))
                 else:
                     rows[side].append(broker_run(targets[side]))
                 H.progress(f"round {i + 1}/{rounds} {side}: {rows[side][-1]['mb_per_s']:.0f} MB/s, "
                            f"{rows[side][-1]['user_s_per_gb'] + rows[side][-1]['system_s_per_gb']:.2f} CPU-s/GB")
         first = targets[specs[0][0]]
-        st_file = work / "strace.txt"
-        extra["strace"] = broker_run(first, [strace, "-c", "-f", "-o", str(st_file)])
-        extra["strace_text"] = st_file.read_text()
-        data = work / "perf.data"
-        extra["perf"] = broker_run(first, [perf, "record", "-g", "-F", "999", "-o", str(data)])
-        script = subprocess.run([perf, "script", "-i", str(data), "-F", "tid,ip,sym,dso"], capture_output=True,
-                                text=True, timeout=600)
-        extra["buckets"] = bucket_perf_script(script.stdout, first.pid)
-        if not extra["buckets"]["all"]:
-            log = (work / "tool.log").read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"perf recorded no samples (perf script exit {script.returncode}: "
-                               f"{script.stderr[-1000:]}; perf record said: {log})")
+        if profile:
+            st_file = work / "strace.txt"
+            extra["strace"] = broker_run(first, [strace, "-c", "-f", "-o", str(st_file)])
+            extra["strace_text"] = st_file.read_text()
+            data = work / "perf.data"
+            extra["perf"] = broker_run(first, [perf, "record", "-g", "-F", "999", "-o", str(data)])
+            script = subprocess.run([perf, "script", "-i", str(data), "-F", "tid,ip,sym,dso"], capture_output=True,
+                                    text=True, timeout=600)
+            extra["buckets"] = bucket_perf_script(script.stdout, first.pid)
+            if not extra["buckets"]["all"]:
+                log = (work / "tool.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"perf recorded no samples (perf script exit {script.returncode}: "
+                                   f"{script.stderr[-1000:]}; perf record said: {log})")
     finally:
         if sink is not None:
             B.stop_proc(sink)
+        for proc, _port in psinks.values():
+            B.stop_proc(proc)
+        for d in pdirs:
+            shutil.rmtree(d, ignore_errors=True)
         for t in targets.values():
             t.stop()
         shutil.rmtree(work, ignore_errors=True)
-    text = _capacity_report(rows, extra, batches, len(batch), specs)
+    text = _capacity_report(rows, extra or None, batches, len(batch), specs, list(psinks))
     (out / "capacity-produce.txt").write_text(text)
     return text
 
 
-def _capacity_report(rows: dict, extra: dict, batches: int, batch_bytes: int, specs: list) -> str:
+def _capacity_report(rows: dict, extra: dict | None, batches: int, batch_bytes: int, specs: list,
+                     persist: list[str] = ()) -> str:
     def rng(v):
         return f"{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})"
 
@@ -471,15 +605,21 @@ def _capacity_report(rows: dict, extra: dict, batches: int, batch_bytes: int, sp
             lines.append(f"- {n}: broker settings {ov or '{}'}, environment {env or '{}'}")
     lines += ["", "| side | MB/s | user CPU-s/GB | system CPU-s/GB | MB/s ÷ sink, same round |",
               "|---|---|---|---|---|"]
-    for side in [*names, "sink"]:
+    for side in [*names, "sink", *persist]:
         ratio = rng([k["mb_per_s"] / s["mb_per_s"] for k, s in zip(rows[side], rows["sink"])])
         lines.append(f"| {side} | {med(side, 'mb_per_s')} | {med(side, 'user_s_per_gb')} | "
                      f"{med(side, 'system_s_per_gb')} | {ratio} |")
-    for n in names[1:]:
-        lines.append(f"\n{n} ÷ {names[0]}, same round: MB/s "
-                     f"{rng([a['mb_per_s'] / b['mb_per_s'] for a, b in zip(rows[n], rows[names[0]])])}, "
-                     f"CPU-s/GB {rng([cpu(a) / cpu(b) for a, b in zip(rows[n], rows[names[0]])])}")
+
+    def versus(a_name, b_name):
+        a_rows, b_rows = rows[a_name], rows[b_name]
+        return (f"{a_name} ÷ {b_name}, same round: MB/s "
+                f"{rng([a['mb_per_s'] / b['mb_per_s'] for a, b in zip(a_rows, b_rows)])}, "
+                f"CPU-s/GB {rng([cpu(a) / cpu(b) for a, b in zip(a_rows, b_rows)])}")
+    lines += [""] + [versus(n, names[0]) for n in names[1:]]
+    lines += [versus(n, p) for p in persist for n in names]
     lines.append("")
+    if extra is None:
+        return "\n".join(lines) + "\n"
     st = extra["strace"]
     calls = []
     for ln in extra["strace_text"].splitlines():
@@ -510,7 +650,7 @@ def _capacity_report(rows: dict, extra: dict, batches: int, batch_bytes: int, sp
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kbroker.perf.profile_request", description=__doc__.split("\n")[0])
-    ap.add_argument("tool", choices=("pyspy", "callgrind", "capacity"))
+    ap.add_argument("tool", choices=("pyspy", "callgrind", "capacity", "persist-sink"))
     ap.add_argument("--workload", choices=("produce", "fetch"), default="produce",
                     help="one-record Produce requests (default) or small fetches with 1 in flight")
     ap.add_argument("--requests", type=int, help="counted one-record Produce requests "
@@ -521,15 +661,25 @@ def main(argv=None) -> int:
     ap.add_argument("--variant", action="append", help="capacity: a broker to run side by side, "
                     "NAME[:key=value,...[:ENV=value,...]] (repeatable; the first is profiled; e.g. "
                     "base::PYTHONPATH=<a tree's folder> for a Python A/B); default one broker as configured")
+    ap.add_argument("--persist", action="append", default=[], help="capacity: a persisting sink to run in "
+                    "the rounds, KIND-STORAGE with KIND write (recv_into + write(2)) or splice (socket -> pipe "
+                    "-> file) and STORAGE shm (tmpfs) or disk (/var/tmp) (repeatable)")
+    ap.add_argument("--storage", choices=tuple(_STORAGE_DIRS), default="shm", help="capacity: the brokers' log dirs")
+    ap.add_argument("--no-profile", action="store_true", help="capacity: the rounds only, no strace/perf runs")
+    ap.add_argument("--kind", choices=PERSIST_SINKS, help="persist-sink: what it does with each request")
+    ap.add_argument("--dir", help="persist-sink: where its files go")
+    ap.add_argument("--max-seconds", type=float, default=3600.0, help="persist-sink: lifetime bound")
     ap.add_argument("--out", help="output folder (default docs/perf/profile)")
     a = ap.parse_args(argv)
+    if a.tool == "persist-sink":
+        return persist_sink_worker(a.kind, Path(a.dir), a.max_seconds)
     out = Path(a.out) if a.out else Path(__file__).resolve().parent.parent / "docs" / "perf" / "profile"
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     if a.tool == "pyspy":
         text = pyspy(out, a.requests or (200_000 if a.workload == "produce" else 40_000), a.seconds, a.workload)
     elif a.tool == "capacity":
-        text = capacity(out, a.batches, a.rounds, a.variant)
+        text = capacity(out, a.batches, a.rounds, a.variant, a.persist, a.storage, not a.no_profile)
     else:
         text = callgrind(out, a.requests or 3_000, a.workload)
     print(text)
