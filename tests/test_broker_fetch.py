@@ -388,6 +388,21 @@ def test_kip74_first_batch_whole_and_every_partition_listed(bootstrap):
         assert parts[(topic, 0)]["error_code"] == NONE and parts[(topic, 1)]["error_code"] == NONE
 
 
+def test_every_answer_carries_the_partition_offsets(bootstrap):
+    """A partition's high watermark, last stable offset (= HW: no transactions) and log start offset
+    are in its answer whether it carries records, none (a fetch at the high watermark, answered at
+    once with max_wait_ms=0) or OFFSET_OUT_OF_RANGE (a fetch past the log end)."""
+    topic = create_topic(bootstrap, unique("offsets"), partitions=1)
+    with Raw(bootstrap) as raw:
+        for i in range(3):
+            assert produce(raw, topic, 0, [(1000 + i, None, b"v%d" % i)])["error_code"] == NONE
+        for offset, error, n in ((1, NONE, 2), (3, NONE, 0), (10, OFFSET_OUT_OF_RANGE, 0)):
+            p, recs = fetch_records(raw, topic, 0, offset)
+            got = (p["error_code"], p["high_watermark"], p["last_stable_offset"], p["log_start_offset"])
+            assert got == (error, 3, 3, 0), (offset, p)
+            assert [r[0] for r in recs] == list(range(offset, offset + n))
+
+
 # ---- ListOffsets by time ----------------------------------------------------------------------------------
 
 TS0 = 1_650_000_000_000

@@ -87,7 +87,18 @@ def handle_native(broker, conn, req):
     """Fetch v4-11 parsed natively (kbroker._native.request.FetchRequest) -> the encoded response
     chunks, or a future of them (long poll). Same policy as ``fetch`` (``execute``); record
     ranges below the server's sendfile threshold are copied into the response so that small fetches
-    leave in one write with the other responses of their read."""
+    leave in one write with the other responses of their read. A consumer's fetch answered at once
+    (the common small fetch) is read and encoded here, without ``execute`` and ``_encode`` frames."""
+    if req.session_id == 0 and req.replica_id < 0:
+        rows, size, errors = _read(broker, req)
+        if size >= req.min_bytes or req.max_wait_ms <= 0 or errors:
+            server = conn.server
+            chunks, copied = encode_fetch_response(req.api_version, req.correlation_id, 0, rows,
+                                                   server.sendfile_min_bytes)
+            if copied:
+                server.metrics.fetch_copy_bytes += copied
+            return chunks
+        return _poll(broker, req, False, _encode, conn)
     out = execute(broker, req, _encode, conn)
     if type(out) is tuple:
         return _encode(conn, req, out)
@@ -119,6 +130,11 @@ def execute(broker, req, answer=None, conn=None):
     rows, size, errors = _read(broker, req, follower)
     if size >= req.min_bytes or req.max_wait_ms <= 0 or errors:
         return (0, rows)
+    return _poll(broker, req, follower, answer, conn)
+
+
+def _poll(broker, req, follower, answer, conn):
+    """``execute``'s long poll: less than min_bytes is available, no error, max_wait_ms > 0."""
     # Register for wake-ups now: the poll's first attempt runs only on a later loop turn, and an
     # append (or HW move) in between must not leave this fetch asleep for max_wait_ms.
     if follower:            # a follower waits for appends, a consumer for the high watermark
@@ -186,21 +202,23 @@ def _read(broker, req, record=False):
             if record:
                 rm.record_follower_fetch(part, replica_id, fetch_offset, leader_epoch)
             lg = part.log
-            hw = lg.high_watermark
-            res[2] = hw
-            res[3] = hw                              # no transactions: LSO = HW (read_committed too)
-            res[4] = lg.log_start_offset
             if follower and rm.leader_throttled(part, replica_id):
+                _offsets(res, lg)
                 continue        # throttled replica over the leader quota: no records this time (Kafka)
             limit = partition_max if partition_max < budget else budget
             try:
-                # Consumers never see past the high watermark (= LSO until transactions exist);
-                # followers read up to the log end.
-                data = lg.read(fetch_offset, limit, lg.log_end_offset if follower else hw, min_one_batch=first)
+                # Consumers never see past the high watermark (= LSO until transactions exist; None:
+                # Log.read's default); followers read up to the log end.
+                data = lg.read(fetch_offset, limit, lg.log_end_offset if follower else None, first)
             except OffsetOutOfRange:
+                _offsets(res, lg)
                 res[1] = int(Errors.OFFSET_OUT_OF_RANGE)
                 errors = True
                 continue
+            # The offsets the read saw (no property calls): no transactions, so LSO = HW
+            # (read_committed too).
+            res[2] = res[3] = data.high_watermark
+            res[4] = data.log_start_offset
             size = data.size
             if size:
                 if follower:
@@ -225,6 +243,13 @@ def _read(broker, req, record=False):
                 first = False
         rows.append((name, parts))
     return rows, total, errors
+
+
+def _offsets(res, lg):
+    """A partition row's high watermark, last stable offset (= HW: no transactions) and log start
+    offset, for an answer with no read."""
+    res[2] = res[3] = lg.high_watermark
+    res[4] = lg.log_start_offset
 
 
 def _segment_of(lg, fd, offset):
