@@ -29,6 +29,8 @@ of one kbroker broker serving request_bench's producer (linger.ms=0, batch.num.m
   ``--persist`` adds persisting sinks to the rounds, the floors of a broker that keeps the data: ``write``
   (recv_into, then write(2) into a file: two copies) and ``splice`` (socket -> pipe -> file: one copy), on
   tmpfs (``shm``) or disk (``disk``, /var/tmp); each broker is also reported ÷ each of them, same round.
+  After the rounds each broker runs once more under ``perf stat`` on the syscalls:sys_enter_* tracepoints:
+  exact syscalls per request (recvfrom, epoll_wait: the loop turns of a large request) at full speed.
 
 One broker with real ZooKeeper (``kbroker.testing.LocalCluster``), log dir on tmpfs, stopped by its PID;
 every wait is bounded. Needs py-spy (in the venv) / valgrind (Debian's package) / perf and strace (capacity).
@@ -468,6 +470,19 @@ def start_persist_sink(kind: str, directory: Path, max_seconds: float = 3600.0):
     return p, int(line)
 
 
+COUNTED_SYSCALLS = ("recvfrom", "epoll_wait", "write", "pwrite64", "sendto", "futex")
+
+
+def parse_perf_stat(text: str, requests: int) -> dict:
+    """``perf stat -x,`` output over the syscalls:sys_enter_* tracepoints -> {syscall: calls per request}."""
+    out = {}
+    for ln in text.splitlines():
+        f = ln.split(",")
+        if len(f) >= 3 and f[2].startswith("syscalls:sys_enter_") and f[0].strip().isdigit():
+            out[f[2][len("syscalls:sys_enter_"):]] = int(f[0]) / max(1, requests)
+    return out
+
+
 def _timed_produce(pid: int, addr: tuple[str, int], sets: list) -> dict:
     """One capacity produce run against ``addr`` -> MB/s and the user / system CPU-seconds per GB that
     ``pid`` spent over it."""
@@ -506,6 +521,7 @@ def capacity(out: Path, batches: int, rounds: int, variants: list[str] | None = 
     sink = None
     psinks = {}
     pdirs = []
+    counts = {}
     n_topics = 0
 
     def broker_run(t, tool: list[str] | None = None):
@@ -557,6 +573,11 @@ def capacity(out: Path, batches: int, rounds: int, variants: list[str] | None = 
                     rows[side].append(broker_run(targets[side]))
                 H.progress(f"round {i + 1}/{rounds} {side}: {rows[side][-1]['mb_per_s']:.0f} MB/s, "
                            f"{rows[side][-1]['user_s_per_gb'] + rows[side][-1]['system_s_per_gb']:.2f} CPU-s/GB")
+        for name, t in targets.items():          # syscalls per request, each variant: kernel tracepoints
+            cfile = work / f"count-{name}.csv"
+            r = broker_run(t, [perf, "stat", "-x,", "-o", str(cfile),
+                               "-e", ",".join(f"syscalls:sys_enter_{c}" for c in COUNTED_SYSCALLS)])
+            counts[name] = parse_perf_stat(cfile.read_text(), r["requests"])
         first = targets[specs[0][0]]
         if profile:
             st_file = work / "strace.txt"
@@ -581,13 +602,13 @@ def capacity(out: Path, batches: int, rounds: int, variants: list[str] | None = 
         for t in targets.values():
             t.stop()
         shutil.rmtree(work, ignore_errors=True)
-    text = _capacity_report(rows, extra or None, batches, len(batch), specs, list(psinks))
+    text = _capacity_report(rows, extra or None, batches, len(batch), specs, list(psinks), counts)
     (out / "capacity-produce.txt").write_text(text)
     return text
 
 
 def _capacity_report(rows: dict, extra: dict | None, batches: int, batch_bytes: int, specs: list,
-                     persist: list[str] = ()) -> str:
+                     persist: list[str] = (), counts: dict | None = None) -> str:
     def rng(v):
         return f"{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})"
 
@@ -618,6 +639,13 @@ def _capacity_report(rows: dict, extra: dict | None, batches: int, batch_bytes: 
     lines += [""] + [versus(n, names[0]) for n in names[1:]]
     lines += [versus(n, p) for p in persist for n in names]
     lines.append("")
+    if counts:
+        lines += ["Syscalls per request (perf stat on the syscalls:sys_enter_* tracepoints, one more run of each "
+                  "broker; counts are exact and the run keeps its speed):", "",
+                  "| broker | " + " | ".join(COUNTED_SYSCALLS) + " |", "|---|" + "---|" * len(COUNTED_SYSCALLS)]
+        for n in names:
+            lines.append(f"| {n} | " + " | ".join(f"{counts[n].get(c, 0):.2f}" for c in COUNTED_SYSCALLS) + " |")
+        lines.append("")
     if extra is None:
         return "\n".join(lines) + "\n"
     st = extra["strace"]

@@ -51,3 +51,12 @@ def test_capacity_report_sets_the_broker_against_each_persisting_sink():
     assert "| write-shm-sink | 800.00 (600.00-1000.00) | 0.05 (0.05-0.05) | 0.75 (0.75-0.75) | 0.45 (0.40-0.50) |" in text
     assert "kbroker ÷ write-shm-sink, same round: MB/s 0.45 (0.40-0.50), CPU-s/GB 2.00 (2.00-2.00)" in text
     assert "Syscalls" not in text          # no profile runs: rounds only
+
+
+def test_parse_perf_stat_gives_calls_per_request():
+    text = ("# started on Thu Nov 26 17:49:00 2026\n\n"
+            "3082,,syscalls:sys_enter_recvfrom,1500000000,100.00,,\n"
+            "1577,,syscalls:sys_enter_epoll_wait,1500000000,100.00,,\n"
+            "<not counted>,,syscalls:sys_enter_futex,0,0.00,,\n"
+            "512,,syscalls:sys_enter_write,1500000000,100.00,,\n")
+    assert P.parse_perf_stat(text, 512) == {"recvfrom": 3082 / 512, "epoll_wait": 1577 / 512, "write": 1.0}
