@@ -373,8 +373,10 @@ def bucket_perf_script(text: str, loop_tid: int) -> dict:
 #   * ``splice``: the request header (size, api key/version, correlation id) by recv_into, the rest
 #     socket -> pipe (F_SETPIPE_SZ 1 MiB) -> file with splice(2): the one-copy floor (the socket's pages
 #     move into the pipe; the only copy is into the page cache).
+#   * ``write1``: ``write`` with every connection on one thread (an epoll loop, non-blocking sockets, one
+#     recv per readiness event as asyncio does): the floor of a broker whose loop does all the work.
 # No Kafka work in either: no parse, no CRC, no index.
-PERSIST_SINKS = ("write", "splice")
+PERSIST_SINKS = ("write", "splice", "write1")
 _STORAGE_DIRS = {"shm": "/dev/shm", "disk": "/var/tmp"}      # as perf/targets.py's KbrokerTarget
 _PIPE_BYTES = 1 << 20
 _F_SETPIPE_SZ = 1031
@@ -429,6 +431,72 @@ def _serve_persist(conn, kind: str, path: Path, deadline: float, canned: bytes) 
         conn.close()
 
 
+class _LoopConn:
+    """One connection of the ``write1`` sink: the 12-byte request header, then the rest, then one write."""
+
+    def __init__(self, conn, path: Path, canned: bytes):
+        self.conn, self.path, self.resp = conn, path, bytearray(canned)
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        self.buf = bytearray(1 << 20)
+        self.pos, self.need = 0, 12
+
+    def readable(self) -> bool:
+        """One recv; False once the peer closed."""
+        try:
+            k = self.conn.recv_into(memoryview(self.buf)[self.pos:self.need])
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        if k == 0:
+            return False
+        self.pos += k
+        if self.pos < self.need:
+            return True
+        if self.need == 12:
+            self.need = 4 + int.from_bytes(self.buf[:4], "big")
+            if self.need > len(self.buf):
+                self.buf = self.buf[:12] + bytearray(self.need - 12)
+            if self.need > 12:
+                return True
+        view = memoryview(self.buf)[:self.need]
+        done = 0
+        while done < len(view):
+            done += os.write(self.fd, view[done:])
+        self.resp[4:8] = self.buf[8:12]
+        self.conn.sendall(self.resp)
+        self.pos, self.need = 0, 12
+        return True
+
+    def close(self) -> None:
+        os.close(self.fd)
+        self.path.unlink(missing_ok=True)
+        self.conn.close()
+
+
+def _persist_loop(srv, directory: Path, deadline: float, canned: bytes) -> None:
+    import selectors
+    import socket
+    sel = selectors.DefaultSelector()
+    srv.setblocking(False)
+    sel.register(srv, selectors.EVENT_READ, None)
+    n = 0
+    while time.monotonic() < deadline:
+        for key, _ in sel.select(1.0):
+            if key.data is None:
+                try:
+                    conn, _ = srv.accept()
+                except BlockingIOError:
+                    continue
+                conn.setblocking(False)
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                n += 1
+                sel.register(conn, selectors.EVENT_READ, _LoopConn(conn, directory / f"conn-{n}.log", canned))
+            elif not key.data.readable():
+                sel.unregister(key.fileobj)
+                key.data.close()
+
+
 def persist_sink_worker(kind: str, directory: Path, max_seconds: float) -> int:
     """``python -m kbroker.perf.profile_request persist-sink --kind write|splice --dir DIR``: prints its
     port, serves until ``max_seconds`` pass or stdin closes (its parent went away)."""
@@ -442,6 +510,9 @@ def persist_sink_worker(kind: str, directory: Path, max_seconds: float) -> int:
     canned = _canned_produce_response()
     print(srv.getsockname()[1], flush=True)
     deadline = time.monotonic() + max_seconds
+    if kind == "write1":
+        _persist_loop(srv, directory, deadline, canned)
+        return 0
     srv.settimeout(1.0)
     n = 0
     while time.monotonic() < deadline:
@@ -690,8 +761,9 @@ def main(argv=None) -> int:
                     "NAME[:key=value,...[:ENV=value,...]] (repeatable; the first is profiled; e.g. "
                     "base::PYTHONPATH=<a tree's folder> for a Python A/B); default one broker as configured")
     ap.add_argument("--persist", action="append", default=[], help="capacity: a persisting sink to run in "
-                    "the rounds, KIND-STORAGE with KIND write (recv_into + write(2)) or splice (socket -> pipe "
-                    "-> file) and STORAGE shm (tmpfs) or disk (/var/tmp) (repeatable)")
+                    "the rounds, KIND-STORAGE with KIND write (recv_into + write(2), a thread per connection), "
+                    "write1 (the same, all connections on one epoll thread) or splice (socket -> pipe -> file) "
+                    "and STORAGE shm (tmpfs) or disk (/var/tmp) (repeatable)")
     ap.add_argument("--storage", choices=tuple(_STORAGE_DIRS), default="shm", help="capacity: the brokers' log dirs")
     ap.add_argument("--no-profile", action="store_true", help="capacity: the rounds only, no strace/perf runs")
     ap.add_argument("--kind", choices=PERSIST_SINKS, help="persist-sink: what it does with each request")
