@@ -374,9 +374,11 @@ def bucket_perf_script(text: str, loop_tid: int) -> dict:
 #     socket -> pipe (F_SETPIPE_SZ 1 MiB) -> file with splice(2): the one-copy floor (the socket's pages
 #     move into the pipe; the only copy is into the page cache).
 #   * ``write1``: ``write`` with every connection on one thread (an epoll loop, non-blocking sockets, one
-#     recv per readiness event as asyncio does): the floor of a broker whose loop does all the work.
+#     recv per readiness event as asyncio does): the floor of a broker whose loop does all the work;
+#   * ``recv1``: ``write1`` without the write (no file): the recv sink on one thread, to tell the cost of
+#     one thread from the cost of keeping the data.
 # No Kafka work in either: no parse, no CRC, no index.
-PERSIST_SINKS = ("write", "splice", "write1")
+PERSIST_SINKS = ("write", "splice", "write1", "recv1")
 _STORAGE_DIRS = {"shm": "/dev/shm", "disk": "/var/tmp"}      # as perf/targets.py's KbrokerTarget
 _PIPE_BYTES = 1 << 20
 _F_SETPIPE_SZ = 1031
@@ -432,11 +434,12 @@ def _serve_persist(conn, kind: str, path: Path, deadline: float, canned: bytes) 
 
 
 class _LoopConn:
-    """One connection of the ``write1`` sink: the 12-byte request header, then the rest, then one write."""
+    """One connection of the ``write1`` sink: the 12-byte request header, then the rest, then one write
+    (none for ``recv1``: ``path`` None)."""
 
-    def __init__(self, conn, path: Path, canned: bytes):
+    def __init__(self, conn, path: Path | None, canned: bytes):
         self.conn, self.path, self.resp = conn, path, bytearray(canned)
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        self.fd = -1 if path is None else os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
         self.buf = bytearray(1 << 20)
         self.pos, self.need = 0, 12
 
@@ -460,7 +463,7 @@ class _LoopConn:
             if self.need > 12:
                 return True
         view = memoryview(self.buf)[:self.need]
-        done = 0
+        done = 0 if self.fd >= 0 else len(view)
         while done < len(view):
             done += os.write(self.fd, view[done:])
         self.resp[4:8] = self.buf[8:12]
@@ -469,12 +472,13 @@ class _LoopConn:
         return True
 
     def close(self) -> None:
-        os.close(self.fd)
-        self.path.unlink(missing_ok=True)
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.path.unlink(missing_ok=True)
         self.conn.close()
 
 
-def _persist_loop(srv, directory: Path, deadline: float, canned: bytes) -> None:
+def _persist_loop(srv, directory: Path | None, deadline: float, canned: bytes) -> None:
     import selectors
     import socket
     sel = selectors.DefaultSelector()
@@ -491,7 +495,8 @@ def _persist_loop(srv, directory: Path, deadline: float, canned: bytes) -> None:
                 conn.setblocking(False)
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 n += 1
-                sel.register(conn, selectors.EVENT_READ, _LoopConn(conn, directory / f"conn-{n}.log", canned))
+                path = None if directory is None else directory / f"conn-{n}.log"
+                sel.register(conn, selectors.EVENT_READ, _LoopConn(conn, path, canned))
             elif not key.data.readable():
                 sel.unregister(key.fileobj)
                 key.data.close()
@@ -510,8 +515,8 @@ def persist_sink_worker(kind: str, directory: Path, max_seconds: float) -> int:
     canned = _canned_produce_response()
     print(srv.getsockname()[1], flush=True)
     deadline = time.monotonic() + max_seconds
-    if kind == "write1":
-        _persist_loop(srv, directory, deadline, canned)
+    if kind in ("write1", "recv1"):
+        _persist_loop(srv, directory if kind == "write1" else None, deadline, canned)
         return 0
     srv.settimeout(1.0)
     n = 0
@@ -762,7 +767,8 @@ def main(argv=None) -> int:
                     "base::PYTHONPATH=<a tree's folder> for a Python A/B); default one broker as configured")
     ap.add_argument("--persist", action="append", default=[], help="capacity: a persisting sink to run in "
                     "the rounds, KIND-STORAGE with KIND write (recv_into + write(2), a thread per connection), "
-                    "write1 (the same, all connections on one epoll thread) or splice (socket -> pipe -> file) "
+                    "write1 (the same, all connections on one epoll thread), recv1 (write1 without the write: "
+                    "STORAGE unused) or splice (socket -> pipe -> file) "
                     "and STORAGE shm (tmpfs) or disk (/var/tmp) (repeatable)")
     ap.add_argument("--storage", choices=tuple(_STORAGE_DIRS), default="shm", help="capacity: the brokers' log dirs")
     ap.add_argument("--no-profile", action="store_true", help="capacity: the rounds only, no strace/perf runs")
