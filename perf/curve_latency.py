@@ -171,7 +171,10 @@ def _unthrottled(p, topic: str, phase: int, seconds: float, max_records: int, pa
             "seconds": span, "rate": cb.ok / span if span > 0 else 0.0, "ack": cb.ack.tobytes()}
 
 
-def _throttled(p, topic: str, phase: int, rate: float, count: int, max_s: float, partitions: int) -> dict:
+def _throttled(p, topic: str, phase: int, rate: float, count: int, max_s: float, partitions: int,
+               quantum_ns: int = 0) -> dict:
+    """``quantum_ns``: the limiter's shortest sleep (0: it sleeps until the next record is due, one sleep
+    per record at high rates; docs/perf/latency-tail.md measures what those sleeps cost the producer)."""
     cb = _Delivery()
     ns_per = 1e9 / rate
     t0 = time.monotonic_ns()
@@ -189,7 +192,7 @@ def _throttled(p, topic: str, phase: int, rate: float, count: int, max_s: float,
         p.poll(0)
         wait = t0 + sent * ns_per - time.monotonic_ns()
         if wait > 0:
-            time.sleep(wait / 1e9)
+            time.sleep((wait if wait > quantum_ns else quantum_ns) / 1e9)
         now = time.monotonic_ns()
     t_last = time.monotonic_ns()
     left = p.flush(60)
@@ -297,7 +300,7 @@ def _phase_topic(target, producer, consumer, base: str, phase: int) -> str:
 
 def run(target, quick: bool, cfg: dict | None = None) -> dict:
     """``cfg`` (keys of FULL) replaces the mode's settings, e.g. request_bench's single 50% point.
-    ``cfg["rate"]`` (records/s), when set, is the one point offered instead of the fractions of the
+    ``cfg["quantum_us"]``: the limiter's shortest sleep (default 0). ``cfg["rate"]`` (records/s), when set, is the one point offered instead of the fractions of the
     peak: the same offered load for every target of a comparison (each target's own peak is still
     measured and reported, and the point's ``fraction`` is that rate over it)."""
     from confluent_kafka import Producer
@@ -338,7 +341,8 @@ def run(target, quick: bool, cfg: dict | None = None) -> dict:
             topic = _phase_topic(target, p, consumer, base, i)
             count = cfg["samples"]
             cpu0, w0 = cpu_seconds(target.pid), time.monotonic()
-            r = _throttled(p, topic, i, rate, count, cfg["max_point_s"], PARTITIONS)
+            r = _throttled(p, topic, i, rate, count, cfg["max_point_s"], PARTITIONS,
+                           int(cfg.get("quantum_us", 0) * 1000))
             n, raw, cerr = consumer.collect(i, r["delivered"], cfg["drain_s"])
             cpu = (cpu_seconds(target.pid) - cpu0) / (time.monotonic() - w0)
             pt = {"fraction": frac, "fixed_rate": bool(fixed_rate), "offered_records_per_s": round(rate, 1),
@@ -372,7 +376,7 @@ def run(target, quick: bool, cfg: dict | None = None) -> dict:
         f"(ack = the same stamp to the producer's delivery report). Peak = unthrottled produce for "
         f"{cfg['peak_s']} s with the consumer reading (records delivered / time to the last delivery "
         f"report). Points are {'a fixed rate' if fixed_rate else 'fractions of that peak'} offered by an "
-        f"open-loop limiter ({cfg['samples']} records per point, at most {cfg['max_point_s']} s; a consumer gets {cfg['drain_s']} s after the "
+        f"open-loop limiter (shortest sleep {cfg.get('quantum_us', 0)} µs; {cfg['samples']} records per point, at most {cfg['max_point_s']} s; a consumer gets {cfg['drain_s']} s after the "
         f"last delivery to see them). Producer, consumer and broker share the machine "
         f"({os.cpu_count()} CPUs; load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after). "
         f"Goal {goal['text']}: p99 {goal['p99_ms']} ms -> {'met' if goal['met'] else 'missed'}.")
