@@ -546,7 +546,7 @@ def start_persist_sink(kind: str, directory: Path, max_seconds: float = 3600.0):
     return p, int(line)
 
 
-COUNTED_SYSCALLS = ("recvfrom", "epoll_wait", "write", "pwrite64", "sendto", "futex")
+COUNTED_SYSCALLS = ("recvfrom", "read", "epoll_wait", "epoll_pwait", "write", "writev", "pwrite64", "sendto", "futex")
 
 
 def parse_perf_stat(text: str, requests: int) -> dict:
