@@ -151,9 +151,9 @@ def broker_properties(layout: Layout, slot: BrokerSlot) -> str:
         f"transaction.state.log.min.isr={min(2, n)}",
         # No reason to hold the first consumer group back on a local cluster.
         "group.initial.rebalance.delay.ms=0",
-        # The kernel sizes the receive buffer (autotuning) instead of Kafka's fixed 100 KiB: large
-        # produce requests then arrive in ~2 recvs instead of ~9 (docs/perf/request-capacity.md:
-        # 0.84x the broker CPU per GB, and no cost on one-record requests).
+        # The kernel sizes the receive buffer (autotuning) instead of Kafka's fixed 100 KiB: a 512 KiB
+        # produce request then takes ~6 reads instead of ~9 (docs/perf/request-capacity.md: 0.82-0.86x
+        # the broker CPU per GB, 1.1x the MB/s, and no cost on one-record requests).
         "socket.receive.buffer.bytes=-1",
         "",
     ])
