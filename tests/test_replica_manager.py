@@ -188,3 +188,29 @@ def test_a_follower_outside_the_isr_rechecks_an_hw_freed_by_a_lowered_min_isr(no
         assert p.log.high_watermark == 3
         await rm.stop()
     run(go())
+
+
+def test_a_leader_alone_in_the_isr_moves_the_hw_on_each_append(node):
+    """The append path's shortcut for an ISR of the leader alone: the HW follows the log end at
+    once, a consumer's long poll wakes, acks=all is answered without waiting; with
+    min.insync.replicas above the ISR's size the HW stays (maybe_increment_hw's rule)."""
+    async def go():
+        rm = ReplicaManager(node)
+        rm.loop = asyncio.get_running_loop()
+        p = lead(rm, isr=(0,), min_isr=1)
+        poll = node.notifier.waiter([TP])
+        r = rm.append_records({TP: batch(3)}, 1, 1000)
+        assert r[TP].error_code == 0 and r[TP].base_offset == 0
+        assert p.log.high_watermark == 3 == p.log.log_end_offset
+        assert poll.done()
+        r = rm.append_records({TP: batch(2)}, -1, 1000)
+        assert isinstance(r, dict) and r[TP].error_code == 0 and r[TP].base_offset == 3
+        assert p.log.high_watermark == 5
+        poll = node.notifier.waiter([TP])
+        p.log.config.min_insync_replicas = 2            # as an AlterConfigs would leave it
+        r = rm.append_records({TP: batch(1)}, 1, 1000)
+        assert r[TP].error_code == 0 and r[TP].base_offset == 5
+        assert p.log.high_watermark == 5 and p.log.log_end_offset == 6 and not poll.done()
+        node.notifier.forget([TP], poll)
+        await rm.stop()
+    run(go())

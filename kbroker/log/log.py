@@ -34,7 +34,7 @@ from kbroker._native import batch as _batch
 from .cleaner import recover_swaps
 from ..config import SYNONYM_UNITS, TOPIC_CONFIGS
 from .checkpoint import write_text
-from .epoch_cache import LeaderEpochCache
+from .epoch_cache import UNDEFINED_EPOCH, LeaderEpochCache
 from .errors import (CORRUPT_MESSAGE, INVALID_RECORD, KAFKA_STORAGE_ERROR, LogAppendError,
                      OffsetOutOfRange)
 from .producer_state import ProducerStateManager
@@ -233,6 +233,16 @@ class Log:
     def high_watermark(self, offset: int) -> None:
         self._high_watermark = min(max(offset, self.log_start_offset), self.log_end_offset)
 
+    def high_watermark_to_end(self) -> bool:
+        """Move the high watermark to the log end offset (a leader whose ISR is itself alone):
+        what ``high_watermark = log_end_offset`` does, as one call on the append path. Returns
+        whether it moved."""
+        leo = self.segments[-1].next_offset
+        if leo > self._high_watermark:
+            self._high_watermark = leo
+            return True
+        return False
+
     @property
     def size_bytes(self) -> int:
         return sum(s.size for s in self.segments)
@@ -404,7 +414,8 @@ class Log:
             self.dirty = True
             if self.hw_follows_leo:
                 self._high_watermark = last + 1
-        if leader_epoch > self.epoch_cache.latest_epoch:
+        epochs = self.epoch_cache.entries      # latest_epoch without its property call (per request)
+        if leader_epoch > (epochs[-1][0] if epochs else UNDEFINED_EPOCH):
             self.epoch_cache.assign(leader_epoch, base)
         self.unflushed_messages += info.record_count
         if self.unflushed_messages >= cfg.flush_messages:

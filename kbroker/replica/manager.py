@@ -165,7 +165,7 @@ class ReplicaManager:
         off_loop = threads.validates_off_loop
         for tp, records in entries.items():
             p = self.partitions.get(tp)
-            if p is None or not p.is_leader:
+            if p is None or p.leader_id != p.local_id:      # not p.is_leader, minus its property call
                 results[tp] = PartitionResult(Errors.NOT_LEADER_OR_FOLLOWER)
                 continue
             if not internal and tp[0] in INTERNAL_TOPICS:
@@ -209,8 +209,19 @@ class ReplicaManager:
             # consumer has nothing new to read until the HW moves.
             if len(p.replicas) > 1:
                 notifier.appended(p.follower_key)
-            if len(p.isr) == 1 and p.maybe_increment_hw():
-                self._complete(p)
+            isr = p.isr
+            if len(isr) == 1:
+                # An ISR of this leader alone: the HW is the log end (maybe_increment_hw's rule,
+                # one call instead of its six property calls); anything else takes the full rule.
+                if isr[0] == p.local_id and not p.stale and lg.config.min_insync_replicas <= 1:
+                    moved = lg.high_watermark_to_end()
+                else:
+                    moved = p.maybe_increment_hw()
+                if moved:
+                    if p.waiters:
+                        self._complete(p)
+                    else:
+                        notifier.appended(tp)       # _complete with no acks=all waiter to answer
             if acks == -1 and r.last_offset >= lg.high_watermark:
                 results[tp] = PartitionResult(UNDECIDED, r.base_offset, r.log_append_time_ms, r.log_start_offset)
                 if pending is None:
