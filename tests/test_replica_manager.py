@@ -212,5 +212,8 @@ def test_a_leader_alone_in_the_isr_moves_the_hw_on_each_append(node):
         assert r[TP].error_code == 0 and r[TP].base_offset == 5
         assert p.log.high_watermark == 5 and p.log.log_end_offset == 6 and not poll.done()
         node.notifier.forget([TP], poll)
+        # MessagesInPerSec / BytesInPerSec of the three appends
+        assert node.metrics.messages_in == {"t": 6}
+        assert node.metrics.bytes_in == {"t": len(batch(3)) + len(batch(2)) + len(batch(1))}
         await rm.stop()
     run(go())

@@ -204,7 +204,12 @@ class ReplicaManager:
             if self._failing_dirs:
                 self._storage_ok(lg)
             if not internal:
-                metrics.produced(tp[0], r.last_offset - r.base_offset + 1, n)
+                # metrics.produced, inline as the Fetch handler's bytes_out (a call per request)
+                topic = tp[0]
+                counts = metrics.messages_in
+                counts[topic] = counts.get(topic, 0) + r.last_offset - r.base_offset + 1
+                counts = metrics.bytes_in
+                counts[topic] = counts.get(topic, 0) + n
             # Followers' long polls wake on appends, consumers' on HW moves (_complete): a
             # consumer has nothing new to read until the HW moves.
             if len(p.replicas) > 1:

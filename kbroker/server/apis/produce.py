@@ -94,10 +94,17 @@ def execute(broker, version, acks, timeout_ms, topics, conn=None):
             index, records = pdata[0]
             tp = (name, index)
             if records and tp in broker.replica_manager.partitions:
+                results = broker.replica_manager.append_records({tp: records}, acks, timeout_ms, source=conn)
+                if type(results) is dict:
+                    r = results[tp]
+                    if not r.error_code:         # appended: _fill's success row, without its call
+                        if acks == 0:
+                            return NO_RESPONSE
+                        return [(name, [[index, 0, r.base_offset, r.log_append_time_ms, r.log_start_offset,
+                                         None]])]
                 res = [index, 0, -1, -1, -1, None]
                 out = [(name, [res])]
                 slots = [(tp, res)]
-                results = broker.replica_manager.append_records({tp: records}, acks, timeout_ms, source=conn)
                 if not isinstance(results, dict):
                     return _finish_later(broker, results, slots, out, acks, False)
                 failed = _fill(broker, results, slots)
