@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from kbroker.config import BrokerConfig
-from kbroker.log import LogManager
+from kbroker.log import LogConfig, LogManager
 from kbroker.metrics import BrokerMetrics
 from kbroker.protocol.errors import Errors
 from kbroker.replica import LeaderAndIsrState, ReplicaManager
@@ -207,7 +207,7 @@ def test_a_leader_alone_in_the_isr_moves_the_hw_on_each_append(node):
         assert isinstance(r, dict) and r[TP].error_code == 0 and r[TP].base_offset == 3
         assert p.log.high_watermark == 5
         poll = node.notifier.waiter([TP])
-        p.log.config.min_insync_replicas = 2            # as an AlterConfigs would leave it
+        p.log.config = LogConfig({**p.log.config.values, "min.insync.replicas": 2})   # as AlterConfigs does
         r = rm.append_records({TP: batch(1)}, 1, 1000)
         assert r[TP].error_code == 0 and r[TP].base_offset == 5
         assert p.log.high_watermark == 5 and p.log.log_end_offset == 6 and not poll.done()
