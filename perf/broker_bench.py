@@ -211,6 +211,17 @@ def stop_proc(p) -> None:
             p.wait(timeout=10)
 
 
+def _fetch_rep(addr, topic: str, plans: list, pid: int, cpu_key: str, expected: int, cfg: dict) -> dict:
+    """One capacity fetch run (every partition read from 0 to its end) -> its figures and the CPU of
+    ``pid`` (the broker or the replay server) over it."""
+    s0 = H.cpu_seconds(pid)
+    b = H.fetch_all(addr, topic, plans, partition_max_bytes=2 << 20, timeout=cfg["run_timeout"])
+    if b["record_bytes"] != expected:
+        raise RuntimeError(f"fetch from {addr}: {b['record_bytes']} record bytes, produced {expected}")
+    return {"seconds": b["seconds"], "mb_per_s": b["record_bytes"] / MB / b["seconds"],
+            cpu_key: H.cpu_seconds(pid) - s0}
+
+
 def run_capacity(t, topic: str, cfg: dict, batch: bytes, per_batch: int, workdir: Path) -> dict:
     from kbroker.protocol.api import decode_response
     how = t.create_topic(topic, PARTITIONS)
@@ -231,7 +242,8 @@ def run_capacity(t, topic: str, cfg: dict, batch: bytes, per_batch: int, workdir
                     if pr["error_code"]:
                         raise RuntimeError(f"produce error {pr['error_code']} on partition {pr['index']}")
                     ends[pr["index"]] = max(ends[pr["index"]], pr["base_offset"] + per_batch)
-    # broker fetch
+    # broker fetch: a first run records the response frames the replay baseline serves (it also warms
+    # the broker's read path up), then the counted repetitions below, interleaved with the baseline's
     plans = [{0: ends[0], 1: ends[1]}, {2: ends[2], 3: ends[3]}]
     c2 = H.cpu_seconds(t.pid)
     fet = H.fetch_all(addr, topic, plans, partition_max_bytes=2 << 20, timeout=cfg["run_timeout"])
@@ -253,25 +265,27 @@ def run_capacity(t, topic: str, cfg: dict, batch: bytes, per_batch: int, workdir
         stop_proc(sink)
     replay = workdir / "fetch-replay.bin"
     H.write_replay(replay, fet["frames"])
+    first = {"seconds": fet["seconds"], "mb_per_s": fet["record_bytes"] / MB / fet["seconds"],
+             "broker_cpu_s": c3 - c2}
     del fet["frames"]
     srv, fport = start_sink("fetch", replay)
     try:
-        bfets = []
-        for _ in range(reps):
-            s0 = H.cpu_seconds(srv.pid)
-            b = H.fetch_all(("127.0.0.1", fport), topic, plans, partition_max_bytes=2 << 20,
-                            timeout=cfg["run_timeout"])
-            if b["record_bytes"] != expected:
-                raise RuntimeError("baseline fetch replay did not return the same bytes")
-            bfets.append({"seconds": b["seconds"], "mb_per_s": b["record_bytes"] / MB / b["seconds"],
-                          "server_cpu_s": H.cpu_seconds(srv.pid) - s0})
-            del b
+        # Broker and replay repetitions alternate (the pair's order too), so both medians come from the
+        # same stretch of a shared machine's load, with the same count of runs.
+        fets, bfets = [], []
+        for i in range(reps):
+            for side in (("broker", "replay") if i % 2 == 0 else ("replay", "broker")):
+                if side == "broker":
+                    fets.append(_fetch_rep(addr, topic, plans, t.pid, "broker_cpu_s", expected, cfg))
+                else:
+                    bfets.append(_fetch_rep(("127.0.0.1", fport), topic, plans, srv.pid, "server_cpu_s",
+                                            expected, cfg))
     finally:
         stop_proc(srv)
         replay.unlink(missing_ok=True)
     p_mbs = prod["bytes"] / MB / prod["seconds"]
     bp_mbs = statistics.median(x["mb_per_s"] for x in bprods)
-    f_mbs = fet["record_bytes"] / MB / fet["seconds"]
+    f_mbs = statistics.median(x["mb_per_s"] for x in fets)
     bf_mbs = statistics.median(x["mb_per_s"] for x in bfets)
     return {"topic_created_by": how, "batch_bytes": len(batch), "records_per_batch": per_batch,
             "batches": sum(len(s) for s in sets), "connections": len(sets),
@@ -279,8 +293,10 @@ def run_capacity(t, topic: str, cfg: dict, batch: bytes, per_batch: int, workdir
                         "broker_cpu_s": c1 - c0},
             "produce_baseline": {"bytes": prod["bytes"], "mb_per_s": bp_mbs, "repetitions": bprods},
             "produce_ratio": p_mbs / bp_mbs,
-            "fetch": {"bytes": fet["record_bytes"], "requests": fet["requests"], "seconds": fet["seconds"],
-                      "mb_per_s": f_mbs, "broker_cpu_s": c3 - c2},
+            "fetch": {"bytes": fet["record_bytes"], "requests": fet["requests"],
+                      "seconds": statistics.median(x["seconds"] for x in fets), "mb_per_s": f_mbs,
+                      "broker_cpu_s": statistics.median(x["broker_cpu_s"] for x in fets),
+                      "repetitions": fets, "recording_run": first},
             "fetch_baseline": {"bytes": expected, "mb_per_s": bf_mbs, "repetitions": bfets},
             "fetch_ratio": f_mbs / bf_mbs}
 
@@ -479,7 +495,8 @@ METHOD = """\
   with `recv_into` into one reused buffer and answers a canned Produce response (produce), and a Python
   server that answers each Fetch request with the next of the very response frames the broker sent,
   served from memory (fetch). Each baseline is the median of 3 repetitions in the same round (one each
-  in quick mode). Ratio = broker MB/s ÷ baseline MB/s.
+  in quick mode); so is the broker's fetch: after one recording run (the frames the replay serves, not
+  counted), its repetitions alternate with the replay's. Ratio = broker MB/s ÷ baseline MB/s.
 - **Bounds.** Every load loop stops at a count and at a time limit; one phase moves at most 2 GiB; the
   targets are restarted (data dropped) every round.
 """
