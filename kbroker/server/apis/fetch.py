@@ -92,12 +92,7 @@ def handle_native(broker, conn, req):
     if req.session_id == 0 and req.replica_id < 0:
         rows, size, errors = _read(broker, req)
         if size >= req.min_bytes or req.max_wait_ms <= 0 or errors:
-            server = conn.server
-            chunks, copied = encode_fetch_response(req.api_version, req.correlation_id, 0, rows,
-                                                   server.sendfile_min_bytes)
-            if copied:
-                server.metrics.fetch_copy_bytes += copied
-            return chunks
+            return _encode(conn, req, (0, rows))
         return _poll(broker, req, False, _encode, conn)
     out = execute(broker, req, _encode, conn)
     if type(out) is tuple:
