@@ -726,12 +726,14 @@ class Log:
         Never returns a batch whose last offset >= ``max_offset`` (default: the high
         watermark); returns at most ``max_bytes`` unless ``min_one_batch`` lets the first batch
         through whole (KIP-74). Raises OffsetOutOfRange outside [log_start, log_end]."""
-        leo = self.log_end_offset
+        # Attributes and compares, not the property and builtin min(): every small fetch comes here.
+        leo = self.segments[-1].next_offset
         if offset < self.log_start_offset or offset > leo:
             raise OffsetOutOfRange(offset, self.log_start_offset, leo)
         if max_offset is None:
             max_offset = self._high_watermark
-        max_offset = min(max_offset, leo)
+        if max_offset > leo:
+            max_offset = leo
         regions = []
         size = 0
         if offset < max_offset:
