@@ -300,9 +300,10 @@ def _phase_topic(target, producer, consumer, base: str, phase: int) -> str:
 
 def run(target, quick: bool, cfg: dict | None = None) -> dict:
     """``cfg`` (keys of FULL) replaces the mode's settings, e.g. request_bench's single 50% point.
-    ``cfg["quantum_us"]``: the limiter's shortest sleep (default 0). ``cfg["rate"]`` (records/s), when set, is the one point offered instead of the fractions of the
-    peak: the same offered load for every target of a comparison (each target's own peak is still
-    measured and reported, and the point's ``fraction`` is that rate over it)."""
+    ``cfg["quantum_us"]``: the limiter's shortest sleep (default 0). ``cfg["rate"]`` (records/s), when
+    set, is the one point offered instead of the fractions of the peak: the same offered load for every
+    target of a comparison (each target's own peak is still measured and reported, and the point's
+    ``fraction`` is that rate over it)."""
     from confluent_kafka import Producer
 
     cfg = dict(QUICK if quick else FULL, **(cfg or {}))
@@ -376,7 +377,8 @@ def run(target, quick: bool, cfg: dict | None = None) -> dict:
         f"(ack = the same stamp to the producer's delivery report). Peak = unthrottled produce for "
         f"{cfg['peak_s']} s with the consumer reading (records delivered / time to the last delivery "
         f"report). Points are {'a fixed rate' if fixed_rate else 'fractions of that peak'} offered by an "
-        f"open-loop limiter (shortest sleep {cfg.get('quantum_us', 0)} µs; {cfg['samples']} records per point, at most {cfg['max_point_s']} s; a consumer gets {cfg['drain_s']} s after the "
+        f"open-loop limiter (shortest sleep {cfg.get('quantum_us', 0)} µs; {cfg['samples']} records per "
+        f"point, at most {cfg['max_point_s']} s; a consumer gets {cfg['drain_s']} s after the "
         f"last delivery to see them). Producer, consumer and broker share the machine "
         f"({os.cpu_count()} CPUs; load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after). "
         f"Goal {goal['text']}: p99 {goal['p99_ms']} ms -> {'met' if goal['met'] else 'missed'}.")
