@@ -90,6 +90,29 @@ def test_metrics_follow_produce_and_fetch(metered):
         + _get(s, "kafka_log_log_logendoffset", topic="metered", partition="1") == 3000
 
 
+def test_small_fetches_are_counted_where_they_leave(metered):
+    """A small fetch at the log's tail is answered from the segment's read block (bytes copied into
+    the response, no sendfile): those bytes still count as copied, so sendfile + copy == BytesOut
+    holds for small fetches as well as large ones (the read-block path once went uncounted)."""
+    cluster, port = metered
+    p = ck.Producer({"bootstrap.servers": cluster.bootstrap, "linger.ms": 0})
+    p.produce("metered-small", value=b"s" * 50, partition=0)
+    assert p.flush(30) == 0
+    _types, before = _scrape(port)
+
+    def sent(s):
+        return _get(s, "kbroker_network_fetch_sendfile_bytes_total") + _get(s, "kbroker_network_fetch_copy_bytes_total")
+
+    c, got, errors = _consume_all(cluster, "metered-small", 1, partitions=1)
+    c.close()
+    assert got == 1, errors[:5]
+    _types, after = _scrape(port)
+    out = _get(after, "kafka_server_brokertopicmetrics_bytesout_total", topic="metered-small")
+    assert 0 < out < 1000
+    assert sent(after) - sent(before) == out
+    assert _get(after, "kbroker_network_fetch_copy_bytes_total") - _get(before, "kbroker_network_fetch_copy_bytes_total") == out
+
+
 def test_idle_percent_falls_under_load(metered):
     """NetworkProcessorAvgIdlePercent: near 1 while nothing is asked of the broker, clearly lower
     while one-record Produce requests arrive back to back (linger.ms=0, acks=1) for 2 s."""

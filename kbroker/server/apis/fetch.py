@@ -229,6 +229,7 @@ def _read(broker, req, record=False):
                     if b is not None:
                         res[5] = b
                         inline_left -= size
+                        server.metrics.fetch_copy_bytes += size     # leaves copied, not by sendfile
                     else:
                         res[5] = FileRegions.of(regions, size)
                 else:
