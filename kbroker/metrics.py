@@ -38,6 +38,10 @@ class BrokerMetrics:
         self.bytes_in: dict[str, int] = {}
         self.bytes_out: dict[str, int] = {}     # the Fetch handler adds to it in its partition loop
         self.failed_produce: dict[str, int] = {}
+        # Follower traffic, broker-wide as Kafka counts it (ReplicationBytesIn/OutPerSec): kept out of
+        # BytesIn/BytesOut so that those stay the clients' traffic at any replication factor.
+        self.replication_bytes_in = 0       # the replica fetcher adds what it appends
+        self.replication_bytes_out = 0      # the Fetch handler adds what followers read
 
     def produced(self, topic: str, records: int, nbytes: int) -> None:
         self.messages_in[topic] = self.messages_in.get(topic, 0) + records
@@ -78,7 +82,8 @@ def broker_snapshot(broker) -> dict:
     copies and counts only (about 3 ms per 10,000 partitions) and leaves the formatting to the scrape."""
     m = broker.metrics
     snap = {"messages_in": dict(m.messages_in), "bytes_in": dict(m.bytes_in), "bytes_out": dict(m.bytes_out),
-            "failed_produce": dict(m.failed_produce)}
+            "failed_produce": dict(m.failed_produce),
+            "replication": (m.replication_bytes_in, m.replication_bytes_out)}
     server = broker.server
     if server is not None:
         net = server.metrics
@@ -123,6 +128,12 @@ def broker_families(snap: dict) -> list[Metric]:
                         per_topic(snap["bytes_in"]), ("topic",)))
     out.append(_counter("kafka_server_brokertopicmetrics_bytesout",
                         "Record bytes returned by fetches (BytesOutPerSec)", per_topic(snap["bytes_out"]), ("topic",)))
+    repl_in, repl_out = snap["replication"]
+    out.append(_counter("kafka_server_brokertopicmetrics_replicationbytesin",
+                        "Record bytes appended by this broker's replica fetchers (ReplicationBytesInPerSec)",
+                        [((), repl_in)]))
+    out.append(_counter("kafka_server_brokertopicmetrics_replicationbytesout",
+                        "Record bytes read by followers' fetches (ReplicationBytesOutPerSec)", [((), repl_out)]))
     out.append(_counter("kafka_server_brokertopicmetrics_failedproducerequests", "Partition appends that failed",
                         per_topic(snap["failed_produce"]), ("topic",)))
     if "net" in snap:

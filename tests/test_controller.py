@@ -342,3 +342,49 @@ def test_topic_replaced_in_one_zookeeper_transaction_is_taken_in(cluster, zk):
     for p in range(3):
         st = L.decode_partition_state(zk.get(L.partition_state_path(name, p))[0])
         assert st.leader == assignment[p][0] and st.leader_epoch == 0
+
+
+def _labelled(port):
+    """{(sample name, sorted label items): value} of one broker's /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_follower_traffic_counts_as_replication_not_client_bytes(cluster):
+    """Kafka's split: followers' fetches count in ReplicationBytesOut on the leader and their appends in
+    ReplicationBytesIn, never in the topic's BytesOut/BytesIn (clients' traffic at any replication
+    factor). acks=all: when flush returns both followers have read and appended every batch."""
+    name = _name("repl-bytes")
+    _create(cluster, name, 1, 3)
+    leader = _view_with(cluster.brokers[0].port, name)[2][name][0][0]
+    ports = {bid: b.metrics_port for bid, b in cluster.brokers.items()}
+    before = {bid: _labelled(port) for bid, port in ports.items()}
+    p = ck.Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "linger.ms": 0})
+    for i in range(200):
+        p.produce(name, value=b"r" * 100, partition=0)
+    assert p.flush(30) == 0
+
+    def delta(bid, after, key, **labels):
+        k = (key, tuple(sorted(labels.items())))
+        return after[bid].get(k, 0.0) - before[bid].get(k, 0.0)
+
+    def settled():
+        after = {bid: _labelled(port) for bid, port in ports.items()}
+        stored = delta(leader, after, "kafka_server_brokertopicmetrics_bytesin_total", topic=name)
+        followers = [delta(b, after, "kafka_server_brokertopicmetrics_replicationbytesin_total")
+                     for b in ports if b != leader]
+        out = delta(leader, after, "kafka_server_brokertopicmetrics_replicationbytesout_total")
+        return (stored, followers, out, after) if stored and followers == [stored, stored] else None
+
+    stored, _followers, out, after = wait_until(settled, 15, "both followers to append every byte")
+    assert stored > 200 * 100
+    assert out == 2 * stored            # each follower read each batch once: a quiet cluster, no truncation
+    # No consumer read the topic: client BytesOut stays absent/zero on every broker, and no follower
+    # counted its appends as client BytesIn.
+    for bid in ports:
+        assert delta(bid, after, "kafka_server_brokertopicmetrics_bytesout_total", topic=name) == 0
+        if bid != leader:
+            assert delta(bid, after, "kafka_server_brokertopicmetrics_bytesin_total", topic=name) == 0

@@ -259,6 +259,7 @@ class ReplicaFetcher:
                             log.warning("%s-%d: follower append failed (%s); truncating again", tp[0], tp[1], e)
                             s.truncating = True
                             continue
+                        rm.broker.metrics.replication_bytes_in += len(records)
                         if tp in throttled:
                             quota.record(len(records))
                     lg.high_watermark = min(r["high_watermark"], lg.log_end_offset)

@@ -218,7 +218,9 @@ def _read(broker, req, record=False):
             if size:
                 if follower:
                     rm.record_leader_bytes(part, size)
-                bytes_out[name] = bytes_out.get(name, 0) + size
+                    broker.metrics.replication_bytes_out += size
+                else:
+                    bytes_out[name] = bytes_out.get(name, 0) + size
                 regions = data.regions
                 if size < inline_left and len(regions) == 1:
                     fd = regions[0][0]
