@@ -1,22 +1,26 @@
-"""One receive callback dispatches a chunk's frames for at most the server's read slice
-(connection.py READ_SLICE_US, KBROKER_READ_SLICE_US), then hands the loop back and dispatches the rest
-later, on both loops, against a real KafkaServer on 127.0.0.1 with a real client socket:
+"""Once a frame it dispatched woke someone (``LoopWakes``: an append that resolved long-poll waiters),
+one receive callback dispatches a chunk's frames for at most the server's read slice (connection.py
+READ_SLICE_US, KBROKER_READ_SLICE_US), then hands the loop back and dispatches the rest later; on both
+loops, against a real KafkaServer on 127.0.0.1 with a real client socket:
 
-- what the first frames scheduled on the loop (a long poll's wake-up) runs before the chunk's last frame
-  is dispatched; with no limit (0) it runs only after all of them (the behaviour the slice replaces);
+- what the first frame scheduled on the loop (a long poll's wake-up) runs before the chunk's last frame
+  is dispatched; with no limit (0), or when nobody was woken, it runs only after all of them;
 - every request is still answered, in request order, and the connection reads again afterwards;
 - a frame that closes the connection mid-chunk ends the dispatch (no frame after it is handled; answers
   not yet written are dropped, as they are without slices).
 """
 from __future__ import annotations
 
+import asyncio
 import socket
 import struct
 import time
 
 import pytest
 
+from kbroker.network.connection import LoopWakes
 from kbroker.protocol import api
+from kbroker.server.notify import AppendNotifier
 
 from netserver import LOOPS, ServerThread, _conn
 
@@ -35,15 +39,19 @@ def _advertise():
 
 class _Recorder:
     """ApiVersions handler that burns CPU per request; the first request queues a loop callback that
-    notes how many requests had been handled when it ran."""
+    notes how many requests had been handled when it ran (and, with ``wake``, counts as a wake-up as
+    AppendNotifier.appended does)."""
 
-    def __init__(self):
+    def __init__(self, wake=True):
         self.handled = 0
         self.woken_after = None
+        self.wake = wake
 
     def __call__(self, conn, header, body):
         if self.handled == 0:
             conn.loop.call_soon(self._woken)
+            if self.wake:
+                LoopWakes.count += 1
         end = time.perf_counter() + BURN_S
         while time.perf_counter() < end:
             pass
@@ -74,9 +82,9 @@ def _read_ids(s, n, timeout=10.0):
     return ids
 
 
-def _run(loop_name, slice_us, monkeypatch):
+def _run(loop_name, slice_us, monkeypatch, wake=True):
     monkeypatch.setenv("KBROKER_READ_SLICE_US", str(slice_us))
-    rec = _Recorder()
+    rec = _Recorder(wake)
     with ServerThread({18: rec}, loop_name=loop_name) as srv:
         s = _conn(srv.port)
         try:
@@ -110,6 +118,35 @@ def test_without_a_slice_one_read_dispatches_its_whole_chunk(loop_name, monkeypa
     assert more == [1000, 1001, 1002]
     assert slices == 0
     assert rec.woken_after is not None and rec.woken_after > N // 2, rec.woken_after
+
+
+@pytest.mark.parametrize("loop_name", LOOPS)
+def test_nobody_woken_no_slices(loop_name, monkeypatch):
+    """A saturating producer with no long poll to wake: the whole chunk in one callback (no loop turns,
+    writes and epoll_ctl spent per slice)."""
+    rec, ids, more, slices = _run(loop_name, 1000, monkeypatch, wake=False)
+    assert ids == list(range(1, N + 1))
+    assert more == [1000, 1001, 1002]
+    assert slices == 0
+    assert rec.woken_after is not None and rec.woken_after > N // 2, rec.woken_after
+
+
+def test_an_append_counts_a_wake_only_when_it_resolves_waiters():
+    async def main():
+        notifier = AppendNotifier()
+        before = LoopWakes.count
+        notifier.appended(("t", 0))                 # nobody waiting
+        assert LoopWakes.count == before
+        fut = notifier.waiter([("t", 0), ("t", 1)])
+        notifier.appended(("t", 1))
+        assert fut.done() and LoopWakes.count == before + 1
+        notifier.appended(("t", 0))                 # only the resolved future was left there
+        assert LoopWakes.count == before + 1
+        notifier.waiter([("t", 0)])
+        notifier.appended(("t", 0))
+        assert LoopWakes.count == before + 2
+
+    asyncio.run(main())
 
 
 @pytest.mark.parametrize("loop_name", LOOPS)
