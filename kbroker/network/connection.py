@@ -75,21 +75,6 @@ CHUNK_SIZE = 32 * 1024
 OFFLOAD_BYTES = 256 * 1024  # non-Produce requests this large are decoded and answered off the loop
 FRAME_STEP = 64 * 1024      # pool memory a large frame may hold beyond the bytes it has sent
 _MIN_TAIL = 4096            # below this much free tail space, rotate the chunk rather than read in dribbles
-# One receive callback dispatches frames for at most this long (microseconds; the server's read_slice_s,
-# KBROKER_READ_SLICE_US) once one of them has woken someone (``LoopWakes``), then hands the loop back: a
-# 32 KiB chunk of pipelined one-record Produce requests is ~160 frames and 2-4 ms of CPU, during which a
-# consumer's long poll that the first of them woke was not answered (docs/perf/latency-tail.md). The
-# rest of the chunk is dispatched from the loop's ready queue, reading paused meanwhile. With nobody
-# woken the whole chunk goes in one callback: yielding costs loop turns, a write and two epoll_ctl per
-# slice (+6 us of broker CPU per one-record Produce, 1.3x, when every slice yielded).
-READ_SLICE_US = 500
-
-
-class LoopWakes:
-    """How many times something waiting on the loop was woken (server/notify.py counts each append
-    that resolved long-poll waiters). A receive callback past its slice yields only when this moved
-    since it began, i.e. when a frame it dispatched queued work that is waiting for the loop."""
-    count = 0
 _SIZE = struct.Struct(">i")
 _KEY_VERSION = struct.Struct(">hh")
 
@@ -190,10 +175,6 @@ class Connection(asyncio.BufferedProtocol):
         self._send_rest = None    # (slot, chunks) of an answer waiting for the socket (_on_writable)
         self._in_read = False     # dispatching the frames of one read: defer writes to its end
         self._read_at = 0.0       # monotonic time of the last read (when its frames became complete)
-        self._slice = server.read_slice_s or float("inf")
-        self._slice_end = float("inf")  # stop dispatching a chunk's frames at this monotonic time ...
-        self._slice_wakes = 0           # ... if LoopWakes.count has moved from this
-        self._backlog = False     # complete frames left in the chunk for a later callback (reading paused)
 
     # ---- asyncio callbacks ---------------------------------------------------------------------
     def connection_made(self, transport):
@@ -235,7 +216,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def resume_writing(self):
         self._paused_write = False
-        if not self._paused_mem and not self._backlog and not self.closed:
+        if not self._paused_mem and not self.closed:
             self.transport.resume_reading()
 
     def get_buffer(self, sizehint):
@@ -244,9 +225,7 @@ class Connection(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes):
         self._read_at = now = _now()
         self.last_active = now if self._loop_clock_is_monotonic else self.loop.time()
-        self._slice_end = now + self._slice
-        self._slice_wakes = LoopWakes.count
-        self._in_read = True      # responses of the frames in this slice are flushed together, below
+        self._in_read = True      # responses of the frames in this read are flushed together, below
         try:
             self._consume(nbytes)
         finally:
@@ -262,10 +241,8 @@ class Connection(asyncio.BufferedProtocol):
         else:
             self._end += nbytes
             self._parse_chunk()
-        if not self.closed and not self._backlog:
-            self._after_parse()
-
-    def _after_parse(self):
+        if self.closed:
+            return
         if self._frame is not None or self._frame_need or self._end > self._start:
             if self.partial_since is None:
                 self.partial_since = self.last_active
@@ -293,8 +270,6 @@ class Connection(asyncio.BufferedProtocol):
     def _parse_chunk(self):
         chunk = self._chunk
         buf = chunk.buf
-        slice_end, wakes = self._slice_end, self._slice_wakes
-        dispatched = 0
         while not self.closed:
             avail = self._end - self._start
             if avail < 4:
@@ -308,10 +283,6 @@ class Connection(asyncio.BufferedProtocol):
                 return
             begin = self._start + 4
             if avail - 4 >= size:
-                if dispatched and LoopWakes.count != wakes and _now() >= slice_end:
-                    self._yield_slice()
-                    return
-                dispatched += 1
                 self._start = begin + size
                 chunk.refs += 1
                 self._dispatch(chunk.view[begin:begin + size], chunk.unref)
@@ -321,34 +292,6 @@ class Connection(asyncio.BufferedProtocol):
                 # the rest of it directly. Only the prefix already received is copied.
                 self._frame_need = size
             return
-
-    def _yield_slice(self):
-        """This callback has had its slice: stop reading and dispatch the rest of the chunk later. The
-        responses so far leave when the callback ends (one write per slice); the continuation is queued
-        behind a bounce so that what this slice's frames woke (a long poll's read and encode, then its
-        answer's done-callback: two turns) runs before the next slice."""
-        if not self._backlog:
-            self._backlog = True
-            self.server.metrics.read_slices += 1
-            self.transport.pause_reading()
-        self.loop.call_soon(self.loop.call_soon, self._next_slice)
-
-    def _next_slice(self):
-        if self.closed:
-            return
-        self._backlog = False
-        self._slice_end = _now() + self._slice
-        self._slice_wakes = LoopWakes.count
-        self._in_read = True
-        try:
-            self._parse_chunk()
-            if not self.closed and not self._backlog:
-                self._after_parse()
-                if not self._paused_mem and not self._paused_write and not self.closed:
-                    self.transport.resume_reading()
-        finally:
-            self._in_read = False
-        self._flush()
 
     def _prepare(self) -> bool:
         """Set up the buffer for the next read. False if pool memory is needed and not available."""
@@ -424,7 +367,7 @@ class Connection(asyncio.BufferedProtocol):
                 self.pool.forget(self._on_pool_memory)
             self._paused_mem = False
             self.server.memory_paused.discard(self)
-            if not self._paused_write and not self._backlog:
+            if not self._paused_write:
                 self.transport.resume_reading()
         elif not self._waiting_mem:
             self._waiting_mem = True

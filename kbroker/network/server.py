@@ -33,7 +33,7 @@ import resource
 import select
 import socket
 
-from .connection import READ_SLICE_US, Connection, hostile_log
+from .connection import Connection, hostile_log
 from .pool import FrameCache, MemoryPool
 
 log = logging.getLogger(__name__)
@@ -70,19 +70,6 @@ def _tune_gc() -> None:
     gc.freeze()
 
 
-def _env_int(name: str, default: int, what: str) -> int:
-    """An integer setting overridden from the environment for measurements (side-by-side brokers)."""
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer") from None
-    log.info("%s from %s: %d", what, name, value)
-    return value
-
-
 class NetworkMetrics:
     """Counters the network layer keeps; the metrics endpoint exports them."""
 
@@ -99,7 +86,6 @@ class NetworkMetrics:
         self.fetch_sendfile_calls = 0
         self.fetch_sendfile_bytes = 0
         self.fetch_copy_bytes = 0
-        self.read_slices = 0              # receive callbacks that handed the loop back mid-chunk
 
     def count_request(self, key, version):
         k = (key, version)
@@ -147,10 +133,14 @@ class KafkaServer:
         self.idle_ms = idle_ms
         # KBROKER_SENDFILE_MIN_BYTES overrides the threshold for measurements (perf.request_bench
         # sendfile-threshold runs one broker that always copies beside one that always uses sendfile).
-        self.sendfile_min_bytes = _env_int("KBROKER_SENDFILE_MIN_BYTES", sendfile_min_bytes, "sendfile threshold")
-        # How long one receive callback may dispatch frames before it hands the loop back (connection.py,
-        # READ_SLICE_US); KBROKER_READ_SLICE_US overrides it for measurements, 0 = no limit.
-        self.read_slice_s = _env_int("KBROKER_READ_SLICE_US", READ_SLICE_US, "receive slice (us)") / 1e6
+        env_min = os.environ.get("KBROKER_SENDFILE_MIN_BYTES")
+        if env_min is not None:
+            try:
+                sendfile_min_bytes = int(env_min)
+            except ValueError:
+                raise ValueError(f"KBROKER_SENDFILE_MIN_BYTES={env_min!r} is not an integer") from None
+            log.info("sendfile threshold from KBROKER_SENDFILE_MIN_BYTES: %d", sendfile_min_bytes)
+        self.sendfile_min_bytes = sendfile_min_bytes
         self.send_buffer_bytes = send_buffer_bytes
         self.receive_buffer_bytes = receive_buffer_bytes
         self.metrics = NetworkMetrics()

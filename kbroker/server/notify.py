@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import asyncio
 
-from ..network.connection import LoopWakes
-
 
 class AppendNotifier:
     def __init__(self):
@@ -30,10 +28,6 @@ class AppendNotifier:
     def appended(self, tp) -> None:
         lst = self._waiters.pop(tp, None)
         if lst:
-            woke = False
             for fut in lst:
                 if not fut.done():
                     fut.set_result(None)
-                    woke = True
-            if woke:
-                LoopWakes.count += 1  # a receive callback dispatching a chunk hands the loop back soon
