@@ -14,7 +14,7 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyOb
 from libc.errno cimport EINTR, errno
 from libc.stdint cimport int16_t, int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memmove
 from posix.types cimport off_t
 from posix.unistd cimport pread, pwrite, write
 
@@ -114,6 +114,16 @@ def append_leader(int fd, buf, int64_t position, int64_t base_offset, int32_t le
     then rolls and writes as for any batch. Otherwise -> the stamped header as a BatchInfo whose
     ``position`` is where it was written. Raises
     OSError when the write fails (bytes already written stay: truncate back to ``position``)."""
+    return _append_leader(fd, buf, position, base_offset, leader_epoch, max_message_bytes,
+                          log_append_time_ms, compacted, prevalidated, room, max_timestamp_limit,
+                          last_offset_limit)
+
+
+cdef object _append_leader(int fd, object buf, int64_t position, int64_t base_offset,
+                           int32_t leader_epoch, int64_t max_message_bytes, int64_t log_append_time_ms,
+                           bint compacted, bint prevalidated, int64_t room, int64_t max_timestamp_limit,
+                           int64_t last_offset_limit):
+    # append_leader's work; SegmentState.append_leader calls it with the limits it derives itself.
     cdef Py_buffer view
     cdef char *p
     cdef Py_ssize_t n
@@ -150,6 +160,270 @@ def append_leader(int fd, buf, int64_t position, int64_t base_offset, int32_t le
         return parse_header(p, <Py_ssize_t>position)
     finally:
         PyBuffer_Release(&view)
+
+
+# ----------------------------------------------------------------------------------------
+# Active segment state (segment.pxd)
+
+cdef int64_t _I64_MAX = 0x7FFFFFFFFFFFFFFF
+
+
+cdef class SegmentState:
+    """The in-memory state of one segment that appends move: size, next offset, the roll clocks
+    (creation time, first batch's timestamp), the greatest timestamp and its offset, bytes since
+    the last index entry, whether an index is full, and the recent batches' (last offset, position)
+    list that tail reads search. LogSegment keeps ``size`` and ``next_offset`` as its own attributes
+    too (readers use them on every fetch); every native change writes both back to the owner. So
+    that a read the list cannot answer costs no call, the owner also holds ``_tail_floor`` (the last
+    offset before the list, INT64_MAX when it is empty) and ``_tail_start`` (its first position,
+    INT64_MAX when empty), rewritten when they change (after an empty list, and every
+    ``tail_batches`` appends when the older half is dropped).
+
+    Index entries are added through the owner's OffsetIndex/TimeIndex objects (once per
+    index.interval.bytes, so their Python cost is spread over many appends); ``index_full`` is a
+    cached "either index is full" the owner refreshes with ``sync_index`` after changing an index
+    itself (reset, truncation, trim, reopen). Event-loop thread only."""
+
+    def __cinit__(self, owner, index, time_index, int64_t base_offset, int64_t index_interval_bytes,
+                  int64_t created_ms, Py_ssize_t tail_batches):
+        self.fd = -1
+        self.owner = owner
+        self.index = index
+        self.time_index = time_index
+        self.base_offset = base_offset
+        self.index_interval_bytes = index_interval_bytes
+        self.size = 0
+        self.next_offset = base_offset
+        self.created_ms = created_ms
+        self.has_first = False
+        self.first_batch_ms = -1
+        self.max_timestamp = -1
+        self.offset_of_max_timestamp = base_offset
+        self.bytes_since_index = 0
+        self.index_full = False
+        self.tail_floor = base_offset - 1
+        self.tail_n = 0
+        self.tail_half = tail_batches if tail_batches > 0 else 0
+        self.tail_last = NULL
+        self.tail_pos = NULL
+        if self.tail_half:
+            self.tail_last = <int64_t *>malloc(sizeof(int64_t) * 2 * self.tail_half)
+            self.tail_pos = <int64_t *>malloc(sizeof(int64_t) * 2 * self.tail_half)
+            if self.tail_last == NULL or self.tail_pos == NULL:
+                raise MemoryError()
+
+    def __dealloc__(self):
+        free(self.tail_last)
+        free(self.tail_pos)
+
+    def sync_index(self):
+        """Refresh ``index_full`` from the index objects (after the owner changed one)."""
+        idx = self.index
+        tix = self.time_index
+        self.index_full = idx.entries >= idx._max_entries or tix.entries >= tix._max_entries
+
+    cdef int index_batch(self, int64_t position, int64_t size, int64_t last_offset,
+                         int64_t max_timestamp) except -1:
+        # Kafka's LogSegment.append after the write: recent-batch list, max timestamp, and an
+        # index entry when more than index.interval.bytes were written since the last one
+        # (before this batch). Called before next_offset moves past the batch.
+        cdef Py_ssize_t h = self.tail_half
+        cdef bint moved = False
+        if h:
+            if self.tail_n == 0:
+                self.tail_floor = self.next_offset - 1
+                moved = True
+            elif self.tail_n >= 2 * h:
+                self.tail_floor = self.tail_last[h - 1]
+                memmove(self.tail_last, self.tail_last + h, sizeof(int64_t) * h)
+                memmove(self.tail_pos, self.tail_pos + h, sizeof(int64_t) * h)
+                self.tail_n = h
+                moved = True
+            self.tail_last[self.tail_n] = last_offset
+            self.tail_pos[self.tail_n] = position
+            self.tail_n += 1
+            if moved:
+                self.publish_tail()
+        if max_timestamp > self.max_timestamp:
+            self.max_timestamp = max_timestamp
+            self.offset_of_max_timestamp = last_offset
+        if self.bytes_since_index > self.index_interval_bytes:
+            try:
+                self.index.append(last_offset, position)
+                self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+                self.bytes_since_index = 0
+            except OSError:
+                # Disk full or failing under the index: the batch itself is written, and a sparse
+                # index without this entry is still correct (lookups scan a bit more).
+                pass
+            self.sync_index()
+        self.bytes_since_index += size
+        return 0
+
+    cdef int publish_tail(self) except -1:
+        owner = self.owner
+        if self.tail_n:
+            owner._tail_floor = self.tail_floor
+            owner._tail_start = self.tail_pos[0]
+        else:
+            owner._tail_floor = _I64_MAX
+            owner._tail_start = _I64_MAX
+        return 0
+
+    cdef int committed(self, int64_t position, int64_t n, int64_t last_offset,
+                       int64_t max_timestamp) except -1:
+        # State after ``n`` bytes of a batch ending at ``last_offset`` were written at ``position``.
+        owner = self.owner
+        self.size = position + n
+        owner.size = self.size
+        self.index_batch(position, n, last_offset, max_timestamp)
+        self.next_offset = last_offset + 1
+        owner.next_offset = self.next_offset
+        if not self.has_first:
+            self.first_batch_ms = max_timestamp
+            self.has_first = True
+        return 0
+
+    def commit(self, int64_t position, int64_t n, int64_t last_offset, int64_t max_timestamp):
+        """The in-memory part of an append once its ``n`` bytes are written at ``position``."""
+        self.committed(position, n, last_offset, max_timestamp)
+
+    def commit_batches(self, int64_t position, int64_t n, list infos not None):
+        """commit for ``n`` bytes of stamped batches written at ``position`` in one write;
+        ``infos`` their headers (BatchInfo, positions relative to the write), in order."""
+        cdef BatchInfo info
+        cdef Py_ssize_t i, count = len(infos)
+        if count == 0:
+            raise ValueError("no batches")
+        owner = self.owner
+        self.size = position + n
+        owner.size = self.size
+        for i in range(count):
+            info = <BatchInfo?>infos[i]
+            self.index_batch(position + info.position, info.size,
+                             info.base_offset + info.last_offset_delta, info.max_timestamp)
+        info = <BatchInfo>infos[count - 1]
+        self.next_offset = info.base_offset + info.last_offset_delta + 1
+        owner.next_offset = self.next_offset
+        if not self.has_first:
+            self.first_batch_ms = (<BatchInfo>infos[0]).max_timestamp
+            self.has_first = True
+
+    def add_batch(self, int64_t position, int64_t size, int64_t last_offset, int64_t max_timestamp):
+        """index_batch alone, for a rebuild from the file (recovery): size / next_offset untouched."""
+        self.index_batch(position, size, last_offset, max_timestamp)
+
+    def should_roll(self, int64_t batch_size, int64_t last_offset, int64_t max_timestamp,
+                    int64_t now_ms, int64_t segment_bytes, int64_t segment_ms):
+        """Kafka's roll rule before appending a batch (LogSegment.should_roll's doc)."""
+        cdef int64_t waited
+        if self.size == 0:
+            return False
+        if self.size > segment_bytes - batch_size:
+            return True
+        if self.has_first and self.first_batch_ms >= 0:
+            waited = max_timestamp - self.first_batch_ms
+        else:
+            waited = now_ms - self.created_ms
+        if waited > segment_ms or self.index_full:
+            return True
+        return last_offset - self.base_offset > MAX_RELATIVE
+
+    def append_leader(self, buf, int32_t leader_epoch, int64_t max_message_bytes,
+                      int64_t log_append_time_ms, bint compacted, bint prevalidated,
+                      int64_t segment_bytes, int64_t segment_ms, int64_t now_ms):
+        """A leader's append at ``next_offset``: the module's append_leader with the roll limits
+        derived from this state (should_roll's rule), then, when written, ``commit``. -> None
+        when the segment must roll first, else the stamped header (``position`` -1 for an
+        idempotent batch: stamped, not written, state untouched). BatchError for a refused
+        batch; OSError for a failed write (bytes may remain past ``size``: truncate them)."""
+        cdef int64_t position = self.size, room, ts_limit, off_limit
+        cdef int64_t base = self.next_offset
+        cdef BatchInfo info
+        if position:
+            room = segment_bytes - position
+            if self.has_first and self.first_batch_ms >= 0:
+                if segment_ms > _I64_MAX - self.first_batch_ms:
+                    ts_limit = _I64_MAX
+                else:
+                    ts_limit = self.first_batch_ms + segment_ms
+            else:
+                ts_limit = _I64_MAX
+                if now_ms - self.created_ms > segment_ms:
+                    room = -1
+            if self.index_full:
+                room = -1
+            off_limit = self.base_offset + MAX_RELATIVE
+        else:
+            room = ts_limit = off_limit = _I64_MAX
+        r = _append_leader(self.fd, buf, position, base, leader_epoch, max_message_bytes,
+                           log_append_time_ms, compacted, prevalidated, room, ts_limit, off_limit)
+        if r is not None:
+            info = <BatchInfo>r
+            if info.position >= 0:
+                self.committed(position, info.size, base + info.last_offset_delta, info.max_timestamp)
+        return r
+
+    # -- recent batches (tail reads) --
+
+    def tail_position(self, int64_t offset, int64_t start_position):
+        """Position of the first remembered batch whose last offset >= ``offset`` when it is at or
+        after ``start_position``; -1 when ``offset`` is past the last batch; -2 when the list does
+        not answer (empty, ``offset`` at or below its floor, or the batch before ``start_position``)."""
+        cdef Py_ssize_t lo = 0, hi = self.tail_n, mid
+        if hi == 0 or offset <= self.tail_floor:
+            return -2
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if self.tail_last[mid] < offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == self.tail_n:
+            return -1
+        return self.tail_pos[lo] if self.tail_pos[lo] >= start_position else -2
+
+    def tail_end(self, int64_t start, int64_t limit, bint min_one_batch):
+        """The last remembered batch boundary at or below ``limit`` (the next one when that is
+        ``start`` and ``min_one_batch``; ``size`` past the last batch), for a read from batch
+        boundary ``start``; -2 when the list does not reach back to ``start``."""
+        cdef Py_ssize_t lo = 0, hi = self.tail_n, mid, n = self.tail_n
+        cdef int64_t byte_end
+        if n == 0 or start < self.tail_pos[0]:
+            return -2
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if self.tail_pos[mid] <= limit:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == 0:
+            return -2
+        byte_end = self.tail_pos[lo - 1]
+        if byte_end == start and min_one_batch:
+            byte_end = self.tail_pos[lo] if lo < n else self.size
+        return byte_end
+
+    def forget_tail(self):
+        self.tail_n = 0
+        self.publish_tail()
+
+    def tail(self):
+        """([last offset], [position]) of the remembered batches, oldest first."""
+        cdef Py_ssize_t i
+        return ([self.tail_last[i] for i in range(self.tail_n)],
+                [self.tail_pos[i] for i in range(self.tail_n)])
+
+    def set_tail(self, list last_offsets not None, list positions not None):
+        """Replace the remembered batches (tests, side-by-side measurement)."""
+        cdef Py_ssize_t i, n = len(last_offsets)
+        if len(positions) != n or n > 2 * self.tail_half:
+            raise ValueError("tail lists of different lengths or longer than the tail")
+        for i in range(n):
+            self.tail_last[i] = last_offsets[i]
+            self.tail_pos[i] = positions[i]
+        self.tail_n = n
+        self.publish_tail()
 
 
 # ----------------------------------------------------------------------------------------

@@ -114,7 +114,9 @@ def test_the_checker_sees_a_wrong_position(tmp_path):
     log = Log(str(tmp_path / "t-0"), "t", 0, LogConfig({}))
     _grow(log, rng, 30)
     seg = log.segments[-1]
-    seg._tail_pos[5] += 1                       # one remembered position off by a byte
+    pos = seg._tail_pos                         # a copy of the native list
+    pos[5] += 1                                 # one remembered position off by a byte
+    seg._tail_pos = pos
     bad = _mismatches(log, rng, probes=2000)
     assert any(b[0] != "end" for b in bad) and any(b[0] == "end" for b in bad)
     log.close()

@@ -381,22 +381,19 @@ class Log:
         cfg = self.config
         append_time = now if cfg.log_append_time else -1
         seg = self.segments[-1]
-        base = seg.next_offset
         compact = "compact" in cfg.cleanup_policy
         try:
-            try:
-                info = seg.append_leader(buf, base, leader_epoch, cfg.max_message_bytes, append_time, compact,
+            # The segment's native state: roll check, check + stamp + write at its next offset,
+            # then size, next offset, indexes and recent batches (LogSegment.append_leader).
+            info = seg._st.append_leader(buf, leader_epoch, cfg.max_message_bytes, append_time, compact,
                                          prevalidated, cfg.segment_bytes, cfg.segment_ms, now)
-                if info is None:
-                    seg = self.roll(now)
-                    info = seg.append_leader(buf, base, leader_epoch, cfg.max_message_bytes, append_time, compact,
-                                             prevalidated, cfg.segment_bytes, cfg.segment_ms, now)
-            except LogAppendError:
-                if seg.size != os.fstat(seg.read_fd).st_size:
-                    self.offline = True       # the partial write could not be removed
-                raise
         except _batch.BatchError as e:
             raise LogAppendError(e.error_code, str(e)) from None
+        except OSError as e:
+            self._write_failed(seg, e)
+        if info is None:
+            info = self._roll_and_append_leader(buf, leader_epoch, append_time, compact, prevalidated, now)
+        base = info.base_offset
         last = base + info.last_offset_delta
         pid = info.producer_id
         if info.position < 0:
@@ -422,6 +419,27 @@ class Log:
             self.flush(now)
         # tuple.__new__: the NamedTuple's Python-level __new__ costs twice as much (per request)
         return tuple.__new__(AppendResult, (base, last, append_time, self.log_start_offset))
+
+    def _roll_and_append_leader(self, buf, leader_epoch, append_time, compact, prevalidated, now):
+        """append_as_leader's second try, on a new segment, when the active one had to roll first."""
+        cfg = self.config
+        seg = self.roll(now)
+        try:
+            return seg._st.append_leader(buf, leader_epoch, cfg.max_message_bytes, append_time, compact,
+                                         prevalidated, cfg.segment_bytes, cfg.segment_ms, now)
+        except _batch.BatchError as e:
+            raise LogAppendError(e.error_code, str(e)) from None
+        except OSError as e:
+            self._write_failed(seg, e)
+
+    def _write_failed(self, seg, e: OSError):
+        """A leader append's write failed: cut the partial bytes away (or, when that fails too,
+        take the log offline) and raise LogAppendError (KAFKA_STORAGE_ERROR)."""
+        try:
+            seg.write_failed(e)
+        finally:
+            if seg.size != os.fstat(seg.read_fd).st_size:
+                self.offline = True       # the partial write could not be removed
 
     def _stamp(self, buf, leader_epoch, now, prevalidated):
         """Native validate + stamp at the log end; an idempotent duplicate -> its AppendResult."""

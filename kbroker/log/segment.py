@@ -21,7 +21,6 @@ file size was updated before the data) garbage at the tail. ``recover()`` scans 
 truncates at the first bad batch and rebuilds both indexes; a clean load (``load()``) only
 reads the headers after the last index entry. A failed write is truncated away at once.
 """
-import bisect
 import os
 import time
 
@@ -68,38 +67,111 @@ class LogSegment:
         # Open (or create) the log first: its size bounds index positions.
         flags = os.O_RDONLY | os.O_CREAT
         self.read_fd = os.open(self.log_path, flags, 0o644)
-        self.size = os.fstat(self.read_fd).st_size
         self.index = OffsetIndex(os.path.join(dir_path, file_name(base_offset, ".index")),
-                                 base_offset, segment_index_bytes, active, max_position=max(self.size, 1))
+                                 base_offset, segment_index_bytes, active,
+                                 max_position=max(os.fstat(self.read_fd).st_size, 1))
         self.time_index = TimeIndex(os.path.join(dir_path, file_name(base_offset, ".timeindex")),
                                     base_offset, segment_index_bytes, active)
+        # The state appends move lives in native code (segment.SegmentState: size, next offset, roll
+        # clocks, max timestamp, bytes since the last index entry, index-full flag, and the last
+        # appended batches' (last offset, position) list that tail reads search); ``size`` and
+        # ``next_offset`` are mirrored here as plain attributes (set by the state on every append)
+        # because readers use them on every fetch. segment.ms counts from the first batch's
+        # timestamp (Kafka's rollingBasedTimestamp) or, before any batch, from creation.
+        self._st = _native.SegmentState(
+            self, self.index, self.time_index, base_offset, index_interval_bytes,
+            int(time.time() * 1000) if now_ms is None else now_ms, TAIL_BATCHES)
+        self._set_end(os.fstat(self.read_fd).st_size, base_offset)
+        self._st.sync_index()
+        self._st.forget_tail()              # sets _tail_floor, _tail_start
         if active:
             self._open_append()
-        self.next_offset = base_offset      # one past the last offset in the segment
-        self.max_timestamp = -1             # greatest batch max timestamp so far
-        self.offset_of_max_timestamp = base_offset
-        self.bytes_since_index = 0
-        # segment.ms counts from the first batch's timestamp (Kafka's rollingBasedTimestamp)
-        # or, before any batch, from creation.
-        self.created_ms = int(time.time() * 1000) if now_ms is None else now_ms
-        self.first_batch_ms = None
         self.deleted = False
-        # The last appended batches' (last offset, position), in file order and contiguous up to
-        # ``size``; ``_tail_floor`` is the last offset before the first of them. A tail read (a
-        # consumer or follower at the log end) finds its batch here instead of reading headers from
-        # the file (two preads per fetch). Cleared whenever the file is cut or re-read.
-        self._tail_last: list[int] = []
-        self._tail_pos: list[int] = []
-        self._tail_floor = base_offset - 1
 
     # -- state ----------------------------------------------------------------------------
+
+    def _set_end(self, size: int, next_offset: int) -> None:
+        """Size and next offset (one past the last offset in the segment), here and natively."""
+        st = self._st
+        self.size = st.size = size
+        self.next_offset = st.next_offset = next_offset
+
+    def _set_append_fd(self, fd: int) -> None:
+        self._append_fd = self._st.fd = fd
+
+    # Read and set by recovery, retention, the cleaner and tests (not per request): native fields.
+    @property
+    def max_timestamp(self) -> int:
+        """The greatest batch max timestamp so far (-1 for none)."""
+        return self._st.max_timestamp
+
+    @max_timestamp.setter
+    def max_timestamp(self, value: int) -> None:
+        self._st.max_timestamp = value
+
+    @property
+    def offset_of_max_timestamp(self) -> int:
+        return self._st.offset_of_max_timestamp
+
+    @offset_of_max_timestamp.setter
+    def offset_of_max_timestamp(self, value: int) -> None:
+        self._st.offset_of_max_timestamp = value
+
+    @property
+    def bytes_since_index(self) -> int:
+        return self._st.bytes_since_index
+
+    @bytes_since_index.setter
+    def bytes_since_index(self, value: int) -> None:
+        self._st.bytes_since_index = value
+
+    @property
+    def created_ms(self) -> int:
+        return self._st.created_ms
+
+    @property
+    def first_batch_ms(self) -> int | None:
+        """The first batch's max timestamp (segment.ms counts from it), None before any batch."""
+        st = self._st
+        return st.first_batch_ms if st.has_first else None
+
+    @first_batch_ms.setter
+    def first_batch_ms(self, value: int | None) -> None:
+        st = self._st
+        st.has_first = value is not None
+        st.first_batch_ms = -1 if value is None else value
+
+    # The last appended batches' (last offset, position), in file order and contiguous up to
+    # ``size``; ``_tail_floor`` is the last offset before the first of them. A tail read (a consumer
+    # or follower at the log end) finds its batch there instead of reading headers from the file (two
+    # preads per fetch). Cleared whenever the file is cut or re-read. Lists are copies (tests). The
+    # state keeps ``_tail_floor`` (the last offset before the list) and ``_tail_start`` (the list's
+    # first position) here as plain attributes, INT64_MAX when the list is empty: a read the list
+    # cannot answer (a consumer behind the log end) tests them without a native call.
+    @property
+    def _tail_last(self) -> list[int]:
+        return self._st.tail()[0]
+
+    @_tail_last.setter
+    def _tail_last(self, last_offsets: list[int]) -> None:
+        positions = self._st.tail()[1][:len(last_offsets)]
+        self._st.set_tail(list(last_offsets), positions + [0] * (len(last_offsets) - len(positions)))
+
+    @property
+    def _tail_pos(self) -> list[int]:
+        return self._st.tail()[1]
+
+    @_tail_pos.setter
+    def _tail_pos(self, positions: list[int]) -> None:
+        last_offsets = self._st.tail()[0][:len(positions)]
+        self._st.set_tail(last_offsets + [0] * (len(positions) - len(last_offsets)), list(positions))
 
     @property
     def active(self) -> bool:
         return self._append_fd >= 0
 
     def _open_append(self):
-        self._append_fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._set_append_fd(os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
 
     def make_active(self):
         """Reopen the last segment of a loaded log for appends."""
@@ -107,6 +179,7 @@ class LogSegment:
             self._open_append()
             self.index.make_writable(self.segment_index_bytes)
             self.time_index.make_writable(self.segment_index_bytes)
+            self._st.sync_index()
 
     def index_sane(self) -> bool:
         """Both indexes fully well formed and consistent with the log's size."""
@@ -136,17 +209,19 @@ class LogSegment:
             return False
         if self.index.entries and not self.time_index.entries:
             return False
+        st = self._st
         ts, ts_off = self.time_index.last_entry()
-        self.max_timestamp, self.offset_of_max_timestamp = ts, ts_off
         if batches:
-            self.next_offset = batches[-1].last_offset + 1
+            self._set_end(self.size, batches[-1].last_offset + 1)
         elif self.index.entries:
-            self.next_offset = last_off + 1
+            self._set_end(self.size, last_off + 1)
         for b in batches:
-            if b.max_timestamp > self.max_timestamp:
-                self.max_timestamp, self.offset_of_max_timestamp = b.max_timestamp, b.last_offset
+            if b.max_timestamp > ts:
+                ts, ts_off = b.max_timestamp, b.last_offset
+        st.max_timestamp, st.offset_of_max_timestamp = ts, ts_off
         # Bytes since the last index entry: the entry's batch and everything after it.
-        self.bytes_since_index = self.size - pos if self.index.entries else self.size
+        st.bytes_since_index = self.size - pos if self.index.entries else self.size
+        st.sync_index()
         self._load_first_batch_ms()
         return True
 
@@ -154,7 +229,8 @@ class LogSegment:
         if self.size:
             _pos, size, _b, _l, max_ts = _native.seek_batch(self.read_fd, 0, self.size, -1, INT64_MAX, INT64_MAX)
             if size:
-                self.first_batch_ms = max_ts
+                self._st.first_batch_ms = max_ts
+                self._st.has_first = True
 
     def recover(self, min_offset: int):
         """Unclean load: CRC-scan the whole file, truncate at the first invalid batch, rebuild
@@ -171,19 +247,23 @@ class LogSegment:
         if truncated:
             self._truncate_file(valid_end)
             STATS["bytes_truncated"] += truncated
-        self.next_offset = self.base_offset
-        self.max_timestamp = -1
-        self.offset_of_max_timestamp = self.base_offset
-        self.bytes_since_index = 0
+        st = self._st
+        self._set_end(self.size, self.base_offset)
+        st.max_timestamp = -1
+        st.offset_of_max_timestamp = self.base_offset
+        st.bytes_since_index = 0
+        st.sync_index()
+        add = st.add_batch
         for b in batches:
-            self._index_batch(b.position, b.size, b.last_offset, b.max_timestamp)
+            add(b.position, b.size, b.last_offset, b.max_timestamp)
         if batches:
-            self.next_offset = batches[-1].last_offset + 1
+            self._set_end(self.size, batches[-1].last_offset + 1)
         if not self.active:
             # A closed segment keeps Kafka's roll-time shape: final time entry, trimmed files.
             self._final_time_entry()
             self.index.trim()
             self.time_index.trim()
+            st.sync_index()
         self._load_first_batch_ms()
         return batches, truncated
 
@@ -198,24 +278,12 @@ class LogSegment:
 
     def should_roll(self, batch_size: int, last_offset: int, max_timestamp: int, now_ms: int,
                     segment_bytes: int, segment_ms: int) -> bool:
-        """Kafka's roll rule, checked before appending a batch.
-
-        segment.ms is measured in record time when the segment has a first-batch timestamp (the
-        incoming batch's max timestamp minus it), else in wall time since the segment was created:
-        replaying old records must not roll a segment per batch."""
-        if self.size == 0:
-            return False
-        if self.size > segment_bytes - batch_size:
-            return True
-        if self.first_batch_ms is not None and self.first_batch_ms >= 0:
-            waited = max_timestamp - self.first_batch_ms
-        else:
-            waited = now_ms - self.created_ms
-        if waited > segment_ms:
-            return True
-        if self.index.is_full or self.time_index.is_full:
-            return True
-        return last_offset - self.base_offset > MAX_RELATIVE_OFFSET
+        """Kafka's roll rule, checked before appending a batch: the batch does not fit in
+        segment.bytes, segment.ms has passed, an index is full, or the last offset is past the u32
+        relative range. segment.ms is measured in record time when the segment has a first-batch
+        timestamp (the incoming batch's max timestamp minus it), else in wall time since the
+        segment was created: replaying old records must not roll a segment per batch."""
+        return self._st.should_roll(batch_size, last_offset, max_timestamp, now_ms, segment_bytes, segment_ms)
 
     def append(self, buf, base_offset: int, last_offset: int, max_timestamp: int) -> None:
         """Write one stamped batch (a single write) and maintain the sparse indexes.
@@ -226,61 +294,30 @@ class LogSegment:
         try:
             n = _native.write_all(self._append_fd, buf)
         except OSError as e:
-            self._truncate_file(position)
-            raise LogAppendError(KAFKA_STORAGE_ERROR,
-                                 f"write to {self.log_path} failed: {e.strerror}") from e
-        self.size = position + n
-        self._index_batch(position, n, last_offset, max_timestamp)
-        self.next_offset = last_offset + 1
-        if self.first_batch_ms is None:
-            self.first_batch_ms = max_timestamp
+            self.write_failed(e)
+        self._st.commit(position, n, last_offset, max_timestamp)
 
-    def append_leader(self, buf, base_offset: int, leader_epoch: int, max_message_bytes: int,
-                      append_time: int, compacted: bool, prevalidated: bool, segment_bytes: int,
-                      segment_ms: int, now_ms: int):
-        """A leader's append in one native call (segment.append_leader): check, stamp at
-        ``base_offset`` and write one producer batch, with ``should_roll``'s rule decided on the
-        checked header. -> None when the segment must roll first (nothing stamped or written);
-        else the stamped header (BatchInfo), ``position`` -1 for an idempotent batch (stamped, not
-        roll-checked nor written: the caller checks it against producer state, then rolls if due
-        and writes with ``append``). Raises BatchError
-        for a refused batch and LogAppendError as ``append`` for a failed write."""
-        position = self.size
-        if position:
-            room = segment_bytes - position
-            first = self.first_batch_ms
-            if first is not None and first >= 0:
-                ts_limit = first + segment_ms
-                if ts_limit > INT64_MAX:
-                    ts_limit = INT64_MAX
-            else:
-                ts_limit = INT64_MAX
-                if now_ms - self.created_ms > segment_ms:
-                    room = -1
-            idx = self.index
-            tix = self.time_index
-            if idx.entries >= idx._max_entries or tix.entries >= tix._max_entries:     # is_full
-                room = -1
-            off_limit = self.base_offset + MAX_RELATIVE_OFFSET
-        else:
-            room = ts_limit = off_limit = INT64_MAX
+    def append_leader(self, buf, leader_epoch: int, max_message_bytes: int, append_time: int,
+                      compacted: bool, prevalidated: bool, segment_bytes: int, segment_ms: int, now_ms: int):
+        """A leader's append at ``next_offset`` in one native call (SegmentState.append_leader):
+        check, stamp and write one producer batch, with ``should_roll``'s rule decided on the
+        checked header, then size, next offset, indexes and the recent-batch list moved. -> None
+        when the segment must roll first (nothing stamped or written); else the stamped header
+        (BatchInfo), ``position`` -1 for an idempotent batch (stamped, not roll-checked nor
+        written: the caller checks it against producer state, then rolls if due and writes with
+        ``append``). Raises BatchError for a refused batch and LogAppendError as ``append`` for a
+        failed write. (Log.append_as_leader calls the native method itself.)"""
         try:
-            info = _native.append_leader(self._append_fd, buf, position, base_offset, leader_epoch,
-                                         max_message_bytes, append_time, compacted, prevalidated,
-                                         room, ts_limit, off_limit)
+            return self._st.append_leader(buf, leader_epoch, max_message_bytes, append_time, compacted,
+                                          prevalidated, segment_bytes, segment_ms, now_ms)
         except OSError as e:
-            self._truncate_file(position)
-            raise LogAppendError(KAFKA_STORAGE_ERROR,
-                                 f"write to {self.log_path} failed: {e.strerror}") from e
-        if info is not None and info.position >= 0:
-            n = info.size
-            last = base_offset + info.last_offset_delta
-            self.size = position + n
-            self._index_batch(position, n, last, info.max_timestamp)
-            self.next_offset = last + 1
-            if self.first_batch_ms is None:
-                self.first_batch_ms = info.max_timestamp
-        return info
+            self.write_failed(e)
+
+    def write_failed(self, e: OSError):
+        """After a failed append write: cut the partial bytes back to ``size`` (the state is as
+        before the write) and raise LogAppendError (KAFKA_STORAGE_ERROR)."""
+        self._truncate_file(self.size)
+        raise LogAppendError(KAFKA_STORAGE_ERROR, f"write to {self.log_path} failed: {e.strerror}") from e
 
     def write_bytes(self, buf) -> int:
         """The write of ``append`` alone, for a writer thread (GIL released in write_all); the
@@ -289,11 +326,7 @@ class LogSegment:
 
     def committed_write(self, position: int, n: int, last_offset: int, max_timestamp: int) -> None:
         """The in-memory part of ``append`` once write_bytes wrote ``n`` bytes at ``position``."""
-        self.size = position + n
-        self._index_batch(position, n, last_offset, max_timestamp)
-        self.next_offset = last_offset + 1
-        if self.first_batch_ms is None:
-            self.first_batch_ms = max_timestamp
+        self._st.commit(position, n, last_offset, max_timestamp)
 
     def append_batches(self, buf, infos) -> None:
         """Write already-stamped batches (a follower's copy of the leader's bytes) with one
@@ -303,15 +336,8 @@ class LogSegment:
         try:
             n = _native.write_all(self._append_fd, buf)
         except OSError as e:
-            self._truncate_file(position)
-            raise LogAppendError(KAFKA_STORAGE_ERROR,
-                                 f"write to {self.log_path} failed: {e.strerror}") from e
-        self.size = position + n
-        for info in infos:
-            self._index_batch(position + info.position, info.size, info.last_offset, info.max_timestamp)
-        self.next_offset = infos[-1].last_offset + 1
-        if self.first_batch_ms is None:
-            self.first_batch_ms = infos[0].max_timestamp
+            self.write_failed(e)
+        self._st.commit_batches(position, n, infos if type(infos) is list else list(infos))
 
     def truncate_to(self, offset: int) -> int:
         """Remove the batch holding ``offset`` and everything after it (follower truncation).
@@ -325,42 +351,18 @@ class LogSegment:
         self.time_index.truncate_to_offset(batch_base)
         self._truncate_file(position)
         # Re-derive next offset, max timestamp and bytes-since-index from what is left.
-        self.next_offset = self.base_offset
-        self.max_timestamp = -1
-        self.offset_of_max_timestamp = self.base_offset
-        self.first_batch_ms = None
+        st = self._st
+        self._set_end(self.size, self.base_offset)
+        st.max_timestamp = -1
+        st.offset_of_max_timestamp = self.base_offset
+        st.has_first = False
+        st.sync_index()
         if not self.load():
             self.recover(self.base_offset)
         return removed
 
-    def _index_batch(self, position, size, last_offset, max_timestamp):
-        if TAIL_BATCHES:
-            tail = self._tail_last
-            if not tail:
-                self._tail_floor = self.next_offset - 1     # callers move next_offset after this
-            elif len(tail) >= TAIL_BATCHES * 2:
-                self._tail_floor = tail[TAIL_BATCHES - 1]
-                del tail[:TAIL_BATCHES]
-                del self._tail_pos[:TAIL_BATCHES]
-            tail.append(last_offset)
-            self._tail_pos.append(position)
-        if max_timestamp > self.max_timestamp:
-            self.max_timestamp = max_timestamp
-            self.offset_of_max_timestamp = last_offset
-        if self.bytes_since_index > self.index_interval_bytes:
-            try:
-                self.index.append(last_offset, position)
-                self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
-                self.bytes_since_index = 0
-            except OSError:
-                # Disk full or failing under the index: the batch itself is written, and a
-                # sparse index without this entry is still correct (lookups scan a bit more).
-                pass
-        self.bytes_since_index += size
-
     def _forget_tail(self) -> None:
-        self._tail_last = []
-        self._tail_pos = []
+        self._st.forget_tail()
         if _blocks:
             _blocks.pop(self, None)
 
@@ -372,7 +374,7 @@ class LogSegment:
         finally:
             if fd != self._append_fd:
                 os.close(fd)
-        self.size = size
+        self.size = self._st.size = size
 
     # -- read -----------------------------------------------------------------------------
 
@@ -387,13 +389,10 @@ class LogSegment:
     def batch_position(self, offset: int, start_position: int = 0) -> int:
         """translate_offset's position alone (-1 for none), from the recent-batch list when it
         covers ``offset``, else from the read block, else from the index and the file."""
-        if offset > self._tail_floor and self._tail_last:
-            i = bisect.bisect_left(self._tail_last, offset)
-            if i == len(self._tail_last):
-                return -1                   # past the last batch
-            pos = self._tail_pos[i]
-            if pos >= start_position:
-                return pos
+        if offset > self._tail_floor:
+            pos = self._st.tail_position(offset, start_position)
+            if pos != -2:
+                return pos                  # -1: past the last batch
         block = _blocks.get(self) if READ_BLOCKS else None
         if block is not None and offset > block[2]:
             # Every batch before the block's first ends at or below block[2]: walk the block (from the
@@ -459,14 +458,11 @@ class LogSegment:
                 end = pos
         if end - start > max_bytes:
             limit = start + max_bytes
-            tail_pos = self._tail_pos
-            if tail_pos and start >= tail_pos[0]:
-                # Batch boundaries from the recent-batch list: the last one at or below the limit.
-                j = bisect.bisect_right(tail_pos, limit) - 1
-                byte_end = tail_pos[j]
-                if byte_end == start and min_one_batch:
-                    byte_end = tail_pos[j + 1] if j + 1 < len(tail_pos) else self.size
-                return min(end, byte_end)
+            # Batch boundaries from the recent-batch list: the last one at or below the limit.
+            if start >= self._tail_start:
+                byte_end = self._st.tail_end(start, limit, min_one_batch)
+                if byte_end != -2:
+                    return end if end < byte_end else byte_end
             block = _blocks.get(self) if READ_BLOCKS else None
             if block is not None or (READ_BLOCKS and max_bytes < READ_BLOCK):
                 # Batch boundaries from the read block: the first batch crossing the limit. A small
@@ -508,11 +504,13 @@ class LogSegment:
     # -- lifecycle ------------------------------------------------------------------------
 
     def _final_time_entry(self) -> None:
-        if self.max_timestamp >= 0:
+        st = self._st
+        if st.max_timestamp >= 0:
             try:
-                self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+                self.time_index.maybe_append(st.max_timestamp, st.offset_of_max_timestamp)
             except OSError:
                 pass        # optional entry; the time index stays valid without it
+            st.sync_index()
 
     def on_become_inactive(self) -> None:
         """On roll: final time-index entry, trim both indexes, close the append descriptor."""
@@ -520,9 +518,10 @@ class LogSegment:
         self._final_time_entry()
         self.index.trim()
         self.time_index.trim()
+        self._st.sync_index()
         if self._append_fd >= 0:
             os.close(self._append_fd)
-            self._append_fd = -1
+            self._set_append_fd(-1)
 
     def flush(self) -> None:
         os.fsync(self._append_fd if self._append_fd >= 0 else self.read_fd)
@@ -539,7 +538,7 @@ class LogSegment:
         self.time_index.close(trim)
         if self._append_fd >= 0:
             os.close(self._append_fd)
-            self._append_fd = -1
+            self._set_append_fd(-1)
         if self.read_fd >= 0:
             os.close(self.read_fd)
             self.read_fd = -1
@@ -551,7 +550,7 @@ class LogSegment:
         self.time_index.close(trim=False)
         if self._append_fd >= 0:
             os.close(self._append_fd)
-            self._append_fd = -1
+            self._set_append_fd(-1)
         for path in (self.log_path, self.index.path, self.time_index.path):
             if os.path.exists(path):
                 os.replace(path, path + ".deleted")

@@ -1,0 +1,37 @@
+# C-level API of kbroker._native.segment: the active segment's in-memory state (Kafka's LogSegment
+# and the append side of its OffsetIndex/TimeIndex), so that a leader's append (roll check, check +
+# stamp + write, index and tail update) is one native call. kbroker.log.segment.LogSegment owns one
+# and keeps the policy (roll, errors, truncation, load/recovery). Declarations here must stay
+# identical to the definitions in segment.pyx.
+cimport cython
+from libc.stdint cimport int64_t
+
+
+@cython.final
+cdef class SegmentState:
+    cdef public int fd                      # O_APPEND descriptor of the .log, -1 when inactive
+    cdef readonly int64_t base_offset
+    cdef readonly int64_t index_interval_bytes
+    cdef public int64_t size                # mirrored to owner.size / owner.next_offset on change
+    cdef public int64_t next_offset
+    cdef public int64_t created_ms
+    cdef public bint has_first              # first_batch_ms holds the first batch's max timestamp
+    cdef public int64_t first_batch_ms
+    cdef public int64_t max_timestamp
+    cdef public int64_t offset_of_max_timestamp
+    cdef public int64_t bytes_since_index
+    cdef public bint index_full             # an index has no room for an entry (sync_index)
+    cdef public int64_t tail_floor
+    cdef object owner                       # the LogSegment (size / next_offset / tail bounds mirrors)
+    cdef object index                       # its OffsetIndex and TimeIndex (entries added through them)
+    cdef object time_index
+    cdef int64_t *tail_last                 # recent batches: last offset, file position
+    cdef int64_t *tail_pos
+    cdef Py_ssize_t tail_n
+    cdef Py_ssize_t tail_half               # TAIL_BATCHES: kept between this many and twice as many
+
+    cdef int index_batch(self, int64_t position, int64_t size, int64_t last_offset,
+                         int64_t max_timestamp) except -1
+    cdef int publish_tail(self) except -1
+    cdef int committed(self, int64_t position, int64_t n, int64_t last_offset,
+                       int64_t max_timestamp) except -1
