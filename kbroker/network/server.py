@@ -156,10 +156,17 @@ class KafkaServer:
         self._handshakes = 0         # accepted sockets whose connection_made has not run yet (uvloop)
         self._sweeper = None
         self._hangup_watch = None
+        self._loop_lag = None        # looplag.LoopLagSampler when KBROKER_LOOP_LAG_LOG is set
 
     async def start(self):
         self.loop = loop = asyncio.get_running_loop()
         _tune_gc()
+        lag_log = os.environ.get("KBROKER_LOOP_LAG_LOG")
+        if lag_log:
+            from .looplag import LoopLagSampler
+            self._loop_lag = LoopLagSampler(loop, lag_log.replace("{pid}", str(os.getpid())))
+            self._loop_lag.start()
+            log.info("loop-lag sampler writing to %s", self._loop_lag.file.name)
         self.selector_loop = all(hasattr(loop, a) for a in ("_add_reader", "_remove_reader", "_add_writer",
                                                              "_remove_writer", "_make_socket_transport"))
         if not self.selector_loop:
@@ -420,6 +427,8 @@ class KafkaServer:
         for task in (self._sweeper, self._hangup_watch):
             if task:
                 task.cancel()
+        if self._loop_lag is not None:
+            self._loop_lag.stop()
         if self._server:
             self._server.close()
         elif self._serving:
