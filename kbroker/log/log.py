@@ -102,6 +102,7 @@ class LogConfig:
         self.flush_ms = merged["flush.ms"]
         self.min_insync_replicas = merged["min.insync.replicas"]
         self.cleanup_policy = frozenset(merged["cleanup.policy"].split(","))
+        self.compact = "compact" in self.cleanup_policy     # keyed records required (per append)
         self.file_delete_delay_ms = merged["file.delete.delay.ms"]
 
     @staticmethod
@@ -381,23 +382,22 @@ class Log:
         cfg = self.config
         append_time = now if cfg.log_append_time else -1
         seg = self.segments[-1]
-        compact = "compact" in cfg.cleanup_policy
         try:
             # The segment's native state: roll check, check + stamp + write at its next offset,
             # then size, next offset, indexes and recent batches (LogSegment.append_leader).
-            info = seg._st.append_leader(buf, leader_epoch, cfg.max_message_bytes, append_time, compact,
+            info = seg._st.append_leader(buf, leader_epoch, cfg.max_message_bytes, append_time, cfg.compact,
                                          prevalidated, cfg.segment_bytes, cfg.segment_ms, now)
         except _batch.BatchError as e:
             raise LogAppendError(e.error_code, str(e)) from None
         except OSError as e:
             self._write_failed(seg, e)
         if info is None:
-            info = self._roll_and_append_leader(buf, leader_epoch, append_time, compact, prevalidated, now)
+            info = self._roll_and_append_leader(buf, leader_epoch, append_time, cfg.compact, prevalidated, now)
         base = info.base_offset
         last = base + info.last_offset_delta
-        pid = info.producer_id
         if info.position < 0:
             # Idempotent: stamped, not yet written; a retried batch is answered from producer state.
+            pid = info.producer_id
             dup = self.producer_state.check(pid, info.producer_epoch, info.base_sequence,
                                             info.last_offset_delta)
             if dup is not None:
