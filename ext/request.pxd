@@ -41,3 +41,13 @@ cdef class RequestStats:
     cdef public long long count
     cdef public TimeHistogram queue, local, remote, send, total
     cpdef observe(self, double queue_s, double local_s, double send_s, double total_s)
+
+
+cdef class Slot:
+    cdef public object header               # RequestHeader, ProduceRequest or FetchRequest
+    cdef readonly int api_key
+    cdef public object chunks               # the encoded answer, NO_RESPONSE or CLOSE once done
+    cdef public bint done
+    cdef public bint follower
+    cdef public double since, arrived, started, local, queued
+    cpdef observe(self, double sent)

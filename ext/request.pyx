@@ -518,3 +518,55 @@ cdef class RequestStats:
         """Kafka's metric names -> histogram."""
         return {"RequestQueueTimeMs": self.queue, "LocalTimeMs": self.local, "RemoteTimeMs": self.remote,
                 "ResponseSendTimeMs": self.send, "TotalTimeMs": self.total}
+
+
+# ---- per-request slot (kbroker.network.connection) -------------------------------------------------
+# The registry's dict (api key -> RequestStats, kbroker.request_metrics.REQUEST_STATS.by_key: cleared,
+# never replaced) and its get() for the misses (first request of a key, FetchFollower). Bound once by
+# request_metrics at import.
+cdef dict _stats_by_key = {}
+cdef object _stats_get = None
+
+
+def bind_request_stats(dict by_key, get):
+    """Where ``Slot.observe`` counts: the registry's dict and its ``get(api_key, follower)``."""
+    global _stats_by_key, _stats_get
+    _stats_by_key = by_key
+    _stats_get = get
+
+
+cdef class Slot:
+    """One request of a connection, from its frame to its answer's last byte. Request metrics
+    (kbroker.request_metrics), monotonic seconds: arrived (frame complete) -> started (handler called)
+    -> local (handler returned; its awaitable's wait is "remote") -> queued (answer handed to the send
+    path) -> observed once the last byte was given to the socket/transport. A C type: created and
+    observed once per request on the loop thread, where a Python class cost two interpreter frames
+    (``__init__``, ``observe``) per request."""
+
+    def __cinit__(self, header, double since, double arrived):
+        self.header = header
+        self.api_key = header.api_key
+        self.chunks = None
+        self.done = False
+        self.since = since      # loop time the request arrived (the sweeper closes requests that never end)
+        self.arrived = arrived
+        self.started = arrived
+        self.local = 0.0
+        self.queued = arrived
+        self.follower = False   # a Fetch from a replica (FetchFollower in Kafka's RequestMetrics)
+
+    cpdef observe(self, double sent):
+        cdef object stats = None
+        if not self.follower:
+            stats = _stats_by_key.get(self.api_key)
+        if stats is None:
+            stats = _stats_get(self.api_key, self.follower)
+        (<RequestStats?>stats).observe(self.started - self.arrived, self.local, sent - self.queued,
+                                       sent - self.arrived)
+
+
+def observe_slots(list slots, double sent):
+    """``Slot.observe(sent)`` of every slot in ``slots`` (answers that left in one write)."""
+    cdef Slot slot
+    for slot in slots:
+        slot.observe(sent)

@@ -30,7 +30,7 @@ import time
 # request on the loop thread, and in Python its five bisects and attribute updates were ~5% of a
 # one-record Produce's busy samples. Same fields and semantics: ``counts`` is a list per bucket (not
 # cumulative), ``sum_s`` a float; remote = total - queue - local - send, clamped at 0.
-from ._native.request import BOUNDS_S, N_BUCKETS, RequestStats, TimeHistogram  # noqa: E402
+from ._native.request import BOUNDS_S, N_BUCKETS, RequestStats, TimeHistogram, bind_request_stats  # noqa: E402
 
 # Kafka's request names (RequestMetrics' ``request`` tag) for keys whose ApiKeys name differs from
 # our schema name; Fetch is split by who asks, as Kafka splits it.
@@ -79,6 +79,8 @@ def _request_name(api_key: int) -> str:
 
 
 REQUEST_STATS = RequestStatsRegistry()
+# the network layer's slots (ext/request.pyx ``Slot.observe``) count into this registry
+bind_request_stats(REQUEST_STATS.by_key, REQUEST_STATS.get)
 
 
 def quantile(counts, q: float) -> float:

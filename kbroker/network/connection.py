@@ -35,13 +35,14 @@ import struct
 import time
 from collections import deque
 
-from .._native.request import FETCH_MAX, FETCH_MIN, PRODUCE_MAX, PRODUCE_MIN, parse_fetch, parse_produce
+from .._native.request import (FETCH_MAX, FETCH_MIN, PRODUCE_MAX, PRODUCE_MIN, Slot, observe_slots, parse_fetch,
+                               parse_produce)
 from ..protocol import api
 from ..protocol.types import FileRegions, ProtocolError
-from ..request_metrics import REQUEST_STATS
+from .. import request_metrics  # noqa: F401  (binds the slots' RequestStats registry)
 
 _now = time.monotonic
-_STATS_BY_KEY = REQUEST_STATS.by_key
+_SUPPORTED = api.SUPPORTED      # mutated in place (advertise), never replaced
 
 log = logging.getLogger(__name__)
 
@@ -115,29 +116,9 @@ class _Chunk:
                 self.owner.loop.call_soon(self.owner._on_memory)
 
 
-class _Slot:
-    # Request metrics (kbroker.request_metrics), monotonic seconds: arrived (frame complete) -> started
-    # (handler called) -> local (handler returned; its awaitable's wait is "remote") -> queued (response
-    # handed to the send path) -> observed once the last byte was given to the socket/transport.
-    __slots__ = ("header", "chunks", "done", "since", "arrived", "started", "local", "queued", "follower")
-
-    def __init__(self, header, since, arrived):
-        self.header = header
-        self.chunks = None
-        self.done = False
-        self.since = since     # loop time the request arrived (the sweeper closes requests that never end)
-        self.arrived = arrived
-        self.started = arrived
-        self.local = 0.0
-        self.queued = arrived
-        self.follower = False  # a Fetch from a replica (FetchFollower in Kafka's RequestMetrics)
-
-    def observe(self, sent):
-        # the registry's dict first: its get() is a Python call per answered request
-        stats = None if self.follower else _STATS_BY_KEY.get(self.header.api_key)
-        if stats is None:
-            stats = REQUEST_STATS.get(self.header.api_key, self.follower)
-        stats.observe(self.started - self.arrived, self.local, sent - self.queued, sent - self.arrived)
+# One request from its frame to its answer's last byte (its metrics' times too): a C type
+# (ext/request.pyx), counted into REQUEST_STATS by ``observe``/``observe_slots``.
+_Slot = Slot
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -261,7 +242,7 @@ class Connection(asyncio.BufferedProtocol):
             pool.release(size)
             frames.give(frame, loop.time())     # reused only once no view of it is left
 
-        self._dispatch(memoryview(frame)[:size], done)
+        self._dispatch(memoryview(frame)[:size], None, done)
 
     def eof_received(self):
         return False  # close our side too
@@ -284,8 +265,7 @@ class Connection(asyncio.BufferedProtocol):
             begin = self._start + 4
             if avail - 4 >= size:
                 self._start = begin + size
-                chunk.refs += 1
-                self._dispatch(chunk.view[begin:begin + size], chunk.unref)
+                self._dispatch(chunk.view[begin:begin + size], chunk)
                 continue
             if begin + size > len(buf):
                 # Will not fit in this chunk: give the frame a buffer of its own; the kernel fills
@@ -374,22 +354,92 @@ class Connection(asyncio.BufferedProtocol):
             self.pool.wait(self._on_pool_memory)
 
     # ---- dispatch --------------------------------------------------------------------------------
-    def _dispatch(self, frame, release):
+    def _dispatch(self, frame, chunk, release=None):
+        """One complete request frame: a view of ``chunk`` (a receive chunk: its ``refs`` count the
+        frames still holding a view, so it is not reused under them), or with ``chunk`` None a buffer
+        of its own that ``release`` gives back once the request no longer needs it.
+
+        Produce v3-8 / Fetch v4-11 are parsed natively (no dicts) and answered as encoded chunks (no
+        schema encode), in this one frame: the same outcomes as the generic path (malformed -> closed,
+        handler failure -> closed). A native request answered before its handler returns (acks=1, a
+        fetch with data) never takes a chunk reference: nothing can reuse the chunk while the handler
+        runs (memory wake-ups and reads are loop callbacks), and it would be dropped on return."""
         server = self.server
         if server.native_on and len(frame) >= 4:
             key, version = _KEY_VERSION.unpack_from(frame, 0)
             if key == 0:
-                if PRODUCE_MIN <= version <= PRODUCE_MAX and server.native_produce is not None:
-                    supported = api.SUPPORTED.get(0)
-                    if supported is not None and supported[0] <= version <= supported[1]:
-                        self._dispatch_native(frame, release, parse_produce, server.native_produce)
-                        return
+                handler = server.native_produce if PRODUCE_MIN <= version <= PRODUCE_MAX else None
+                parse = parse_produce
             elif key == 1:
-                if FETCH_MIN <= version <= FETCH_MAX and server.native_fetch is not None:
-                    supported = api.SUPPORTED.get(1)
-                    if supported is not None and supported[0] <= version <= supported[1]:
-                        self._dispatch_native(frame, release, parse_fetch, server.native_fetch)
-                        return
+                handler = server.native_fetch if FETCH_MIN <= version <= FETCH_MAX else None
+                parse = parse_fetch
+            else:
+                handler = None
+            if handler is not None:
+                supported = _SUPPORTED.get(key)
+                if supported is None or not supported[0] <= version <= supported[1]:
+                    handler = None
+        else:
+            handler = None
+        if handler is None:
+            if chunk is not None:
+                chunk.refs += 1
+                release = chunk.unref
+            self._dispatch_generic(frame, release)
+            return
+        # the native path (release is None for a chunk's frame)
+        try:
+            req = parse(frame)
+        except ProtocolError as e:
+            if chunk is None:
+                release()
+            server.metrics.invalid_frames += 1
+            hostile_log(logging.WARNING, "closing %s: malformed request: %s", self.peer, e)
+            self.close()
+            return
+        slot = Slot(req, self.last_active, self._read_at)
+        self._pending.append(slot)
+        key = req.api_key
+        counts = server.metrics.requests                 # count_request, inlined on the hot path
+        kv = (key, req.api_version)
+        counts[kv] = counts.get(kv, 0) + 1
+        if key == 1:
+            slot.follower = req.replica_id >= 0
+        slot.started = t0 = _now()
+        try:
+            result = handler(self, req)
+        except Exception:
+            if chunk is None:
+                release()
+            hostile_log(logging.ERROR, "error handling %s v%d from %s", api.API_NAMES[key], req.api_version,
+                        self.peer, exc_info=True)
+            self.close()
+            return
+        t1 = _now()
+        slot.local = t1 - t0
+        if type(result) is list or result is NO_RESPONSE or result is CLOSE:
+            if chunk is None:
+                release()
+            # already encoded: queued as the handler returned (_finish, inlined: inside a read the
+            # flush waits for the read's end anyway)
+            slot.chunks = result
+            slot.done = True
+            slot.queued = t1
+            if not self._in_read:
+                self._flush()
+            return
+        if chunk is not None:                            # answered later: the frame's view stays in use
+            chunk.refs += 1
+            release = chunk.unref
+        if asyncio.isfuture(result):
+            # A Fetch long poll (replica/longpoll.py): its answer is encoded in the poll's last callback;
+            # a done-callback queues it, with no Task and coroutine per poll.
+            result.add_done_callback(lambda fut: self._future_done(slot, fut, release))
+        else:
+            self.loop.create_task(self._await(slot, result, release, encoded=True))
+
+    def _dispatch_generic(self, frame, release):
+        server = self.server
         try:
             header, pos = api.parse_request_header(frame)
         except ProtocolError as e:
@@ -444,53 +494,6 @@ class Connection(asyncio.BufferedProtocol):
         else:
             release()
             self._complete(slot, result)
-
-    def _dispatch_native(self, frame, release, parse, handler):
-        """Produce v3-8 / Fetch v4-11: parsed natively (no dicts), answered as encoded chunks (no schema
-        encode). The same outcomes as ``_dispatch``: malformed -> closed, handler failure -> closed."""
-        server = self.server
-        try:
-            req = parse(frame)
-        except ProtocolError as e:
-            release()
-            server.metrics.invalid_frames += 1
-            hostile_log(logging.WARNING, "closing %s: malformed request: %s", self.peer, e)
-            self.close()
-            return
-        slot = _Slot(req, self.last_active, self._read_at)
-        self._pending.append(slot)
-        key = req.api_key
-        counts = server.metrics.requests                 # count_request, inlined on the hot path
-        kv = (key, req.api_version)
-        counts[kv] = counts.get(kv, 0) + 1
-        if key == 1:
-            slot.follower = req.replica_id >= 0
-        slot.started = t0 = _now()
-        try:
-            result = handler(self, req)
-        except Exception:
-            release()
-            hostile_log(logging.ERROR, "error handling %s v%d from %s", api.API_NAMES[key], req.api_version,
-                        self.peer, exc_info=True)
-            self.close()
-            return
-        t1 = _now()
-        slot.local = t1 - t0
-        if type(result) is list or result is NO_RESPONSE or result is CLOSE:
-            release()
-            # already encoded: queued as the handler returned (_finish, inlined: inside a read the
-            # flush waits for the read's end anyway)
-            slot.chunks = result
-            slot.done = True
-            slot.queued = t1
-            if not self._in_read:
-                self._flush()
-        elif asyncio.isfuture(result):
-            # A Fetch long poll (replica/longpoll.py): its answer is encoded in the poll's last callback;
-            # a done-callback queues it, with no Task and coroutine per poll.
-            result.add_done_callback(lambda fut: self._future_done(slot, fut, release))
-        else:
-            self.loop.create_task(self._await(slot, result, release, encoded=True))
 
     def _future_done(self, slot, fut, release):
         """``_await`` for a future of encoded chunks, as its done-callback: the same outcomes (a failed
@@ -603,7 +606,7 @@ class Connection(asyncio.BufferedProtocol):
             if chunks is CLOSE:
                 if out:
                     self.transport.writelines(out)
-                    self._observe(answered)
+                    observe_slots(answered, _now())
                 self.close()
                 return
             if len(chunks) == 1:
@@ -613,8 +616,9 @@ class Connection(asyncio.BufferedProtocol):
             if out:
                 self.transport.writelines(out)
                 out = []
-            self._observe(answered)
-            answered = []
+            if answered:
+                observe_slots(answered, _now())
+                answered = []
             if self._direct_ok():
                 # Most sendfile responses fit in the socket buffer: send them now, from this callback,
                 # and only hand what is left (socket full) to a task that waits for writability.
@@ -646,14 +650,7 @@ class Connection(asyncio.BufferedProtocol):
             else:
                 self.transport.writelines(out)
         if answered:
-            self._observe(answered)
-
-    @staticmethod
-    def _observe(slots):
-        if slots:
-            sent = _now()
-            for slot in slots:
-                slot.observe(sent)
+            observe_slots(answered, _now())
 
     def _on_writable(self):
         state = self._send_rest
