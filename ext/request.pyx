@@ -20,7 +20,12 @@ from libc.errno cimport errno
 from posix.unistd cimport pread
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
-from libc.string cimport memcpy
+from libc.string cimport memcmp, memcpy
+
+cdef extern from "Python.h":
+    bint PyUnicode_IS_ASCII(object)
+    Py_ssize_t PyUnicode_GET_LENGTH(object)
+    void *PyUnicode_DATA(object)
 
 from kbroker._native.hton cimport load_be16, load_be32, load_be64, store_be16, store_be32, store_be64
 
@@ -59,6 +64,33 @@ cdef class FetchRequest:
     def __repr__(self):
         return (f"FetchRequest(v{self.api_version}, correlation_id={self.correlation_id}, "
                 f"replica_id={self.replica_id}, topics={self.topics})")
+
+
+# Strings a client repeats in every request (its client id, the topic names) decoded once: a small
+# direct-mapped cache of ASCII strings (at most _STR_MAX bytes each, so it stays a few KiB) looked up by
+# length and three bytes, confirmed with memcmp. Saves the decode, and the str handed on keeps its hash
+# (the topic name is hashed again by every dict keyed by (topic, partition) downstream). Loop thread
+# only in practice, and nothing here releases the GIL.
+cdef enum:
+    _STR_SLOTS = 64
+    _STR_MAX = 255
+
+cdef list _str_cache = [None] * _STR_SLOTS
+
+
+cdef object _decode_str(const unsigned char *p, Py_ssize_t n):
+    cdef Py_ssize_t i
+    cdef object s
+    if n == 0 or n > _STR_MAX:
+        return PyUnicode_DecodeUTF8(<const char *>p, n, NULL)
+    i = (n * 31 + p[0] * 7 + p[n - 1] * 131 + p[n >> 1]) & (_STR_SLOTS - 1)
+    s = _str_cache[i]
+    if s is not None and PyUnicode_GET_LENGTH(s) == n and memcmp(PyUnicode_DATA(s), p, n) == 0:
+        return s
+    s = PyUnicode_DecodeUTF8(<const char *>p, n, NULL)
+    if PyUnicode_IS_ASCII(s):      # one byte per character: the memcmp above compares the encodings
+        _str_cache[i] = s
+    return s
 
 
 cdef class _Reader:
@@ -111,7 +143,7 @@ cdef class _Reader:
         cdef Py_ssize_t start = self.pos
         self.pos += n
         try:
-            return PyUnicode_DecodeUTF8(<const char *>self.p + start, n, NULL)
+            return _decode_str(self.p + start, n)
         except UnicodeDecodeError as e:
             raise ProtocolError(f"invalid UTF-8 string: {e}") from None
 
