@@ -33,5 +33,7 @@ cdef class SegmentState:
     cdef int index_batch(self, int64_t position, int64_t size, int64_t last_offset,
                          int64_t max_timestamp) except -1
     cdef int publish_tail(self) except -1
+    cdef bint roll_due(self, int64_t batch_size, int64_t last_offset, int64_t max_timestamp,
+                       int64_t now_ms, int64_t segment_bytes, int64_t segment_ms) noexcept
     cdef int committed(self, int64_t position, int64_t n, int64_t last_offset,
                        int64_t max_timestamp) except -1

@@ -313,9 +313,8 @@ cdef class SegmentState:
         """index_batch alone, for a rebuild from the file (recovery): size / next_offset untouched."""
         self.index_batch(position, size, last_offset, max_timestamp)
 
-    def should_roll(self, int64_t batch_size, int64_t last_offset, int64_t max_timestamp,
-                    int64_t now_ms, int64_t segment_bytes, int64_t segment_ms):
-        """Kafka's roll rule before appending a batch (LogSegment.should_roll's doc)."""
+    cdef bint roll_due(self, int64_t batch_size, int64_t last_offset, int64_t max_timestamp,
+                       int64_t now_ms, int64_t segment_bytes, int64_t segment_ms) noexcept:
         cdef int64_t waited
         if self.size == 0:
             return False
@@ -328,6 +327,45 @@ cdef class SegmentState:
         if waited > segment_ms or self.index_full:
             return True
         return last_offset - self.base_offset > MAX_RELATIVE
+
+    def should_roll(self, int64_t batch_size, int64_t last_offset, int64_t max_timestamp,
+                    int64_t now_ms, int64_t segment_bytes, int64_t segment_ms):
+        """Kafka's roll rule before appending a batch (LogSegment.should_roll's doc)."""
+        return self.roll_due(batch_size, last_offset, max_timestamp, now_ms, segment_bytes, segment_ms)
+
+    def append_stamped(self, buf, int64_t segment_bytes, int64_t segment_ms, int64_t now_ms):
+        """Write one batch that append_leader checked and stamped at ``next_offset`` (an idempotent
+        batch, once producer state accepted it) unless should_roll's rule says roll first: -> the
+        bytes written (then ``commit`` done), or -1 with nothing written. OSError for a failed write
+        (bytes may remain past ``size``: truncate them); ValueError when the batch is not stamped at
+        ``next_offset``."""
+        cdef Py_buffer view
+        cdef const char *p
+        cdef Py_ssize_t n
+        cdef int64_t last, max_ts, position = self.size
+        cdef int err
+        PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+        try:
+            p = <const char *>view.buf
+            n = view.len
+            if n < HEADER_SIZE or batch_base_offset(p) != self.next_offset or batch_size(p) != n:
+                raise ValueError("not one batch stamped at this segment's next offset")
+            last = batch_base_offset(p) + batch_last_offset_delta(p)
+            max_ts = batch_max_timestamp(p)
+            if self.roll_due(n, last, max_ts, now_ms, segment_bytes, segment_ms):
+                return -1
+            if n >= NOGIL_APPEND_BYTES:
+                with nogil:
+                    err = _write_full(self.fd, p, n)
+            else:
+                err = _write_full(self.fd, p, n)
+            if err:
+                import os
+                raise OSError(err, os.strerror(err))
+            self.committed(position, n, last, max_ts)
+            return n
+        finally:
+            PyBuffer_Release(&view)
 
     def append_leader(self, buf, int32_t leader_epoch, int64_t max_message_bytes,
                       int64_t log_append_time_ms, bint compacted, bint prevalidated,

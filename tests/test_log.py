@@ -283,6 +283,25 @@ def test_enospc_is_storage_error_and_leaves_no_partial_write(small_tmpfs):
     log.close_for_delete()
 
 
+def test_enospc_on_an_idempotent_batch_keeps_log_and_producer_state(small_tmpfs):
+    # The idempotent path writes after the producer-state check (SegmentState.append_stamped): a
+    # failed write must leave no bytes, no offsets and no sequence behind.
+    log = Log(str(small_tmpfs / "t-0"), "t", 0, LogConfig({"segment.index.bytes": 4096}))
+    acked = []
+    with pytest.raises(LogAppendError) as e:
+        for seq in range(0, 100_000, 10):
+            acked.append(log.append_as_leader(batch(10, value_size=900, pid=5, epoch=0, seq=seq), 0, T0))
+    assert e.value.error_code == errors.KAFKA_STORAGE_ERROR
+    assert acked, "the filesystem should have taken some batches first"
+    leo = log.log_end_offset
+    assert leo == acked[-1].last_offset + 1
+    seg = log.active_segment
+    assert os.path.getsize(seg.log_path) == seg.size       # partial write truncated away
+    assert log.producer_state.producers[5].batches[-1].last_seq == 10 * len(acked) - 1
+    assert read_offsets(log, log.read(0, 1 << 30)) == list(range(leo))
+    log.close_for_delete()
+
+
 def test_disk_full_across_rolls_then_restart(small_tmpfs):
     # Small segments so rolls, index entries and snapshots all meet the full disk; the
     # 10 MiB sparse index preallocation must not turn into a SIGBUS (which would kill pytest).

@@ -404,13 +404,18 @@ class Log:
                 return AppendResult(dup.first_offset, dup.last_offset,
                                     dup.timestamp if cfg.log_append_time else -1,
                                     self.log_start_offset)
-            self._append(buf, info.size, base, last, info.max_timestamp, now)
+            try:
+                # Roll check + write + the segment's state, natively (as append_leader's second half).
+                written = seg._st.append_stamped(buf, cfg.segment_bytes, cfg.segment_ms, now)
+            except OSError as e:
+                self._write_failed(seg, e)
+            if written < 0:
+                self._roll_and_append_stamped(buf, now)
             self.producer_state.update(pid, info.producer_epoch, info.base_sequence,
                                        info.last_offset_delta, base, info.max_timestamp)
-        else:
-            self.dirty = True
-            if self.hw_follows_leo:
-                self._high_watermark = last + 1
+        self.dirty = True
+        if self.hw_follows_leo:
+            self._high_watermark = last + 1
         epochs = self.epoch_cache.entries      # latest_epoch without its property call (per request)
         if leader_epoch > (epochs[-1][0] if epochs else UNDEFINED_EPOCH):
             self.epoch_cache.assign(leader_epoch, base)
@@ -429,6 +434,15 @@ class Log:
                                          prevalidated, cfg.segment_bytes, cfg.segment_ms, now)
         except _batch.BatchError as e:
             raise LogAppendError(e.error_code, str(e)) from None
+        except OSError as e:
+            self._write_failed(seg, e)
+
+    def _roll_and_append_stamped(self, buf, now):
+        """append_as_leader's write of an idempotent batch when the active segment had to roll first."""
+        cfg = self.config
+        seg = self.roll(now)
+        try:
+            seg._st.append_stamped(buf, cfg.segment_bytes, cfg.segment_ms, now)     # an empty segment: no roll
         except OSError as e:
             self._write_failed(seg, e)
 
