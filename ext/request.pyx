@@ -17,6 +17,7 @@ v0 (correlation id only).
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.errno cimport errno
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 from posix.unistd cimport pread
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
@@ -602,3 +603,46 @@ def observe_slots(list slots, double sent):
     cdef Slot slot
     for slot in slots:
         slot.observe(sent)
+
+
+
+cdef inline double _monotonic() noexcept:
+    """time.monotonic() without the call: the same clock (CLOCK_MONOTONIC), in seconds."""
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <double>ts.tv_sec + <double>ts.tv_nsec * 1e-9
+
+
+def begin_native(frame, parse, pending, dict counts, double since, double arrived):
+    """The network layer's native dispatch up to its handler call (kbroker.network.connection):
+    ``parse(frame)`` (parse_produce or parse_fetch; a malformed frame raises ProtocolError and nothing
+    is queued), a Slot for the request appended to ``pending``, the request counted in ``counts``
+    ((api_key, api_version) -> n, the server's metrics), FetchFollower told apart, and the handler's
+    start time stamped. -> the Slot (its ``header`` is the parsed request)."""
+    cdef object req = parse(frame)
+    cdef Slot slot = Slot.__new__(Slot, req, since, arrived)
+    cdef int version
+    if type(req) is ProduceRequest:
+        version = (<ProduceRequest>req).api_version
+    else:
+        version = (<FetchRequest?>req).api_version
+        slot.follower = (<FetchRequest>req).replica_id >= 0
+    pending.append(slot)
+    kv = (slot.api_key, version)
+    counts[kv] = counts.get(kv, 0) + 1
+    slot.started = _monotonic()
+    return slot
+
+
+def end_native(Slot slot, result, no_response, close):
+    """After the handler returned ``result``: its local time stamped; an answer already encoded (a
+    list of chunks, ``no_response`` or ``close``) is queued on the slot (done) -> True; anything else
+    (an awaitable) -> False, for the caller to wait on."""
+    cdef double t1 = _monotonic()
+    slot.local = t1 - slot.started
+    if type(result) is list or result is no_response or result is close:
+        slot.chunks = result
+        slot.done = True
+        slot.queued = t1
+        return True
+    return False

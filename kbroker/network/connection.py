@@ -35,8 +35,8 @@ import struct
 import time
 from collections import deque
 
-from .._native.request import (FETCH_MAX, FETCH_MIN, PRODUCE_MAX, PRODUCE_MIN, Slot, observe_slots, parse_fetch,
-                               parse_produce)
+from .._native.request import (FETCH_MAX, FETCH_MIN, PRODUCE_MAX, PRODUCE_MIN, Slot, begin_native, end_native,
+                               observe_slots, parse_fetch, parse_produce)
 from ..protocol import api
 from ..protocol.types import FileRegions, ProtocolError
 from .. import request_metrics  # noqa: F401  (binds the slots' RequestStats registry)
@@ -387,9 +387,11 @@ class Connection(asyncio.BufferedProtocol):
                 release = chunk.unref
             self._dispatch_generic(frame, release)
             return
-        # the native path (release is None for a chunk's frame)
+        # the native path (release is None for a chunk's frame): parse, slot, count and clock in one
+        # native call, the handler, then its stamp and (encoded already) the answer queued in another
         try:
-            req = parse(frame)
+            slot = begin_native(frame, parse, self._pending, server.metrics.requests, self.last_active,
+                                self._read_at)
         except ProtocolError as e:
             if chunk is None:
                 release()
@@ -397,34 +399,20 @@ class Connection(asyncio.BufferedProtocol):
             hostile_log(logging.WARNING, "closing %s: malformed request: %s", self.peer, e)
             self.close()
             return
-        slot = Slot(req, self.last_active, self._read_at)
-        self._pending.append(slot)
-        key = req.api_key
-        counts = server.metrics.requests                 # count_request, inlined on the hot path
-        kv = (key, req.api_version)
-        counts[kv] = counts.get(kv, 0) + 1
-        if key == 1:
-            slot.follower = req.replica_id >= 0
-        slot.started = t0 = _now()
         try:
-            result = handler(self, req)
+            result = handler(self, slot.header)
         except Exception:
             if chunk is None:
                 release()
-            hostile_log(logging.ERROR, "error handling %s v%d from %s", api.API_NAMES[key], req.api_version,
-                        self.peer, exc_info=True)
+            hostile_log(logging.ERROR, "error handling %s v%d from %s", api.API_NAMES[key],
+                        slot.header.api_version, self.peer, exc_info=True)
             self.close()
             return
-        t1 = _now()
-        slot.local = t1 - t0
-        if type(result) is list or result is NO_RESPONSE or result is CLOSE:
+        if end_native(slot, result, NO_RESPONSE, CLOSE):
             if chunk is None:
                 release()
-            # already encoded: queued as the handler returned (_finish, inlined: inside a read the
-            # flush waits for the read's end anyway)
-            slot.chunks = result
-            slot.done = True
-            slot.queued = t1
+            # queued as the handler returned (_finish, inlined: inside a read the flush waits for the
+            # read's end anyway)
             if not self._in_read:
                 self._flush()
             return
