@@ -15,6 +15,7 @@ int32-length arrays and records, request header v1 (client_id nullable string), 
 v0 (correlation id only).
 """
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.errno cimport errno
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
@@ -40,6 +41,11 @@ FETCH_MAX = 11
 cdef enum:
     PRODUCE = 0
     FETCH = 1
+    # the versions parsed here, as C constants (PRODUCE_MIN.. above are the module's Python names)
+    C_PRODUCE_MIN = 3
+    C_PRODUCE_MAX = 8
+    C_FETCH_MIN = 4
+    C_FETCH_MAX = 11
     # Fetch: a topic (int16 name + int32 count); a partition (v4: int32 + int64 + int32, more later)
     MIN_FETCH_TOPIC = 6
     MIN_FORGOTTEN_TOPIC = 6
@@ -619,6 +625,10 @@ def begin_native(frame, parse, pending, dict counts, double since, double arrive
     is queued), a Slot for the request appended to ``pending``, the request counted in ``counts``
     ((api_key, api_version) -> n, the server's metrics), FetchFollower told apart, and the handler's
     start time stamped. -> the Slot (its ``header`` is the parsed request)."""
+    return _begin_native(frame, parse, pending, counts, since, arrived)
+
+
+cdef Slot _begin_native(frame, parse, pending, dict counts, double since, double arrived):
     cdef object req = parse(frame)
     cdef Slot slot = Slot.__new__(Slot, req, since, arrived)
     cdef int version
@@ -638,6 +648,10 @@ def end_native(Slot slot, result, no_response, close):
     """After the handler returned ``result``: its local time stamped; an answer already encoded (a
     list of chunks, ``no_response`` or ``close``) is queued on the slot (done) -> True; anything else
     (an awaitable) -> False, for the caller to wait on."""
+    return _end_native(slot, result, no_response, close)
+
+
+cdef bint _end_native(Slot slot, result, no_response, close):
     cdef double t1 = _monotonic()
     slot.local = t1 - slot.started
     if type(result) is list or result is no_response or result is close:
@@ -646,3 +660,71 @@ def end_native(Slot slot, result, no_response, close):
         slot.queued = t1
         return True
     return False
+
+
+def dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_ssize_t max_frame, produce, fetch,
+                    dict supported, no_response, close):
+    """Every complete frame of a receive chunk (kbroker.network.connection ``_parse_chunk``), from
+    ``start`` up to ``end``, in one call per read: a Produce v3-8 / Fetch v4-11 frame whose version is
+    advertised (``supported``, api.SUPPORTED) and has a handler (``produce``/``fetch``, None when the
+    native path is off) is parsed, counted, handled and, when the handler returns its encoded answer,
+    queued right here; any other frame, a malformed one included, goes to ``conn._dispatch`` (which
+    gives the generic outcome: a malformed frame is logged and closes the connection), an awaitable
+    answer to ``conn._dispatch_later`` and a failing handler to ``conn._handler_raised``. The
+    connection's ``_start`` follows each frame. Stops when the connection closes.
+    -> 0 (the rest is an incomplete frame, or nothing), 1 (the frame at ``conn._start`` announces a
+    size outside (0, max_frame]) or 2 (the frame at ``conn._start`` will not fit in this chunk)."""
+    cdef bytearray buf = chunk.buf
+    cdef object view = chunk.view
+    cdef const unsigned char *p = <const unsigned char *>PyByteArray_AS_STRING(buf)
+    cdef Py_ssize_t buflen = PyByteArray_GET_SIZE(buf), begin
+    cdef int32_t size
+    cdef int key, version
+    cdef object handler, parse, frame, sv, result
+    cdef Slot slot
+    while not conn.closed:
+        if end - start < 4:
+            return 0
+        size = <int32_t>load_be32(<const char *>p + start)
+        if size <= 0 or size > max_frame:
+            return 1
+        begin = start + 4
+        if end - begin < size:
+            return 2 if begin + size > buflen else 0
+        frame = view[begin:begin + size]
+        start = begin + size
+        conn._start = start
+        handler = None
+        if size >= 4:
+            key = <int16_t>load_be16(<const char *>p + begin)
+            version = <int16_t>load_be16(<const char *>p + begin + 2)
+            if key == PRODUCE:
+                if C_PRODUCE_MIN <= version <= C_PRODUCE_MAX:
+                    handler, parse = produce, parse_produce
+            elif key == FETCH:
+                if C_FETCH_MIN <= version <= C_FETCH_MAX:
+                    handler, parse = fetch, parse_fetch
+            if handler is not None:
+                sv = supported.get(key)
+                if sv is None or not (sv[0] <= version <= sv[1]):
+                    handler = None
+        if handler is None:
+            conn._dispatch(frame, chunk)
+            continue
+        try:
+            slot = _begin_native(frame, parse, conn._pending, conn.server.metrics.requests, conn.last_active,
+                                 conn._read_at)
+        except ProtocolError:
+            conn._dispatch(frame, chunk)        # malformed: the generic outcome (nothing was queued)
+            continue
+        try:
+            result = handler(conn, slot.header)
+        except Exception:
+            conn._handler_raised(slot, None)
+            continue
+        if _end_native(slot, result, no_response, close):
+            if not conn._in_read:
+                conn._flush()
+        else:
+            conn._dispatch_later(slot, result, chunk, None)
+    return 0

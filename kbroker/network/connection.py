@@ -35,8 +35,8 @@ import struct
 import time
 from collections import deque
 
-from .._native.request import (FETCH_MAX, FETCH_MIN, PRODUCE_MAX, PRODUCE_MIN, Slot, begin_native, end_native,
-                               observe_slots, parse_fetch, parse_produce)
+from .._native.request import (FETCH_MAX, FETCH_MIN, PRODUCE_MAX, PRODUCE_MIN, Slot, begin_native, dispatch_frames,
+                               end_native, observe_slots, parse_fetch, parse_produce)
 from ..protocol import api
 from ..protocol.types import FileRegions, ProtocolError
 from .. import request_metrics  # noqa: F401  (binds the slots' RequestStats registry)
@@ -249,29 +249,26 @@ class Connection(asyncio.BufferedProtocol):
 
     # ---- receive path ----------------------------------------------------------------------------
     def _parse_chunk(self):
+        # every complete frame of the chunk in one native call (ext/request.pyx dispatch_frames: the
+        # native Produce/Fetch path inline, every other frame through _dispatch)
+        server = self.server
+        native = server.native_on
         chunk = self._chunk
-        buf = chunk.buf
-        while not self.closed:
-            avail = self._end - self._start
-            if avail < 4:
-                return
-            size = _SIZE.unpack_from(buf, self._start)[0]
-            if size <= 0 or size > self.max_frame:
-                self.server.metrics.invalid_frames += 1
-                hostile_log(logging.WARNING, "closing %s: request size %d outside (0, %d]", self.peer, size,
-                            self.max_frame)
-                self.close()
-                return
-            begin = self._start + 4
-            if avail - 4 >= size:
-                self._start = begin + size
-                self._dispatch(chunk.view[begin:begin + size], chunk)
-                continue
-            if begin + size > len(buf):
-                # Will not fit in this chunk: give the frame a buffer of its own; the kernel fills
-                # the rest of it directly. Only the prefix already received is copied.
-                self._frame_need = size
+        code = dispatch_frames(self, chunk, self._start, self._end, self.max_frame,
+                               server.native_produce if native else None, server.native_fetch if native else None,
+                               _SUPPORTED, NO_RESPONSE, CLOSE)
+        if not code or self.closed:
             return
+        size = _SIZE.unpack_from(chunk.buf, self._start)[0]
+        if code == 1:
+            server.metrics.invalid_frames += 1
+            hostile_log(logging.WARNING, "closing %s: request size %d outside (0, %d]", self.peer, size,
+                        self.max_frame)
+            self.close()
+        else:
+            # Will not fit in this chunk: give the frame a buffer of its own; the kernel fills
+            # the rest of it directly. Only the prefix already received is copied.
+            self._frame_need = size
 
     def _prepare(self) -> bool:
         """Set up the buffer for the next read. False if pool memory is needed and not available."""
@@ -402,11 +399,7 @@ class Connection(asyncio.BufferedProtocol):
         try:
             result = handler(self, slot.header)
         except Exception:
-            if chunk is None:
-                release()
-            hostile_log(logging.ERROR, "error handling %s v%d from %s", api.API_NAMES[key],
-                        slot.header.api_version, self.peer, exc_info=True)
-            self.close()
+            self._handler_raised(slot, release)
             return
         if end_native(slot, result, NO_RESPONSE, CLOSE):
             if chunk is None:
@@ -416,7 +409,22 @@ class Connection(asyncio.BufferedProtocol):
             if not self._in_read:
                 self._flush()
             return
-        if chunk is not None:                            # answered later: the frame's view stays in use
+        self._dispatch_later(slot, result, chunk, release)
+
+    def _handler_raised(self, slot, release):
+        """A native handler raised (called from its except clause: the traceback is logged); ``release``
+        gives a dedicated frame buffer back (None for a chunk's frame, which took no reference)."""
+        if release is not None:
+            release()
+        h = slot.header
+        hostile_log(logging.ERROR, "error handling %s v%d from %s", api.API_NAMES[h.api_key], h.api_version,
+                    self.peer, exc_info=True)
+        self.close()
+
+    def _dispatch_later(self, slot, result, chunk, release):
+        """A native handler's answer is an awaitable: queued once it is done; a chunk's frame holds a
+        reference on the chunk until then."""
+        if chunk is not None:
             chunk.refs += 1
             release = chunk.unref
         if asyncio.isfuture(result):
