@@ -10,7 +10,8 @@ from collections import deque
 
 import pytest
 
-from kbroker._native.request import Slot, begin_native, end_native, observe_slots, parse_fetch, parse_produce
+from kbroker._native.request import (Slot, begin_native, dispatch_frames, end_native, observe_slots, parse_fetch,
+                                     parse_produce)
 from kbroker.protocol.types import ProtocolError
 from kbroker.request_metrics import REQUEST_STATS
 
@@ -81,3 +82,100 @@ def test_slot_observe_counts_its_times(stats):
     s = stats.get(0)
     assert s.count == 1 and s.queue.sum_s == 0.5 and s.local.sum_s == 0.25
     assert s.send.sum_s == 1.0 and s.total.sum_s == 2.0 and s.remote.sum_s == pytest.approx(0.25)
+
+
+# ---- dispatch_frames: the receive chunk's frame loop ---------------------------------------------------
+class _Metrics:
+    def __init__(self):
+        self.requests = {}
+
+
+class _Server:
+    def __init__(self):
+        self.metrics = _Metrics()
+
+
+class _Chunk:
+    def __init__(self, data: bytes, size: int = 4096):
+        self.buf = bytearray(size)
+        self.buf[:len(data)] = data
+        self.view = memoryview(self.buf)
+        self.refs = 0
+
+
+class _Conn:
+    """What dispatch_frames reads and calls on a Connection, recording the calls."""
+
+    def __init__(self):
+        self.closed, self._in_read, self._start = False, True, 0
+        self._pending, self.server = deque(), _Server()
+        self.last_active, self._read_at = 1.0, 2.0
+        self.generic, self.later, self.raised = [], [], []
+
+    def _dispatch(self, frame, chunk):
+        self.generic.append(bytes(frame[:2]))
+
+    def _dispatch_later(self, slot, result, chunk, release):
+        self.later.append(slot)
+
+    def _handler_raised(self, slot, release):
+        self.raised.append(slot)
+        self.closed = True
+
+    def _flush(self):
+        raise AssertionError("no flush inside a read")
+
+
+def _framed(body: bytes) -> bytes:
+    return struct.pack(">i", len(body)) + body
+
+
+def _run(conn, data, handler=None, end=None, supported=None):
+    chunk = _Chunk(data)
+    answers = {"p": handler or (lambda c, req: [b"ok"])}
+    code = dispatch_frames(conn, chunk, 0, len(data) if end is None else end, 1 << 20, answers["p"], None,
+                           {0: (3, 8)} if supported is None else supported, NO_RESPONSE, CLOSE)
+    return code, chunk
+
+
+def test_dispatch_frames_answers_native_frames_and_hands_on_the_rest():
+    conn = _Conn()
+    other = struct.pack(">hhi", 18, 0, 1) + _s(b"c")      # ApiVersions: not native
+    data = _framed(_produce()) + _framed(other) + _framed(_produce()) + _framed(_produce())[:10]
+    code, _ = _run(conn, data)
+    assert code == 0 and conn._start == len(data) - 10             # stops before the partial frame
+    assert conn.generic == [b"\x00\x12"] and len(conn._pending) == 2
+    assert all(s.done and s.chunks == [b"ok"] for s in conn._pending)
+    assert conn.server.metrics.requests == {(0, 7): 2}
+
+
+def test_dispatch_frames_codes_for_bad_sizes_and_frames_too_large_for_the_chunk():
+    conn = _Conn()
+    assert _run(conn, _framed(_produce()) + struct.pack(">i", 0))[0] == 1
+    assert conn._start == len(_framed(_produce()))                  # the bad prefix is at _start
+    assert _run(_Conn(), struct.pack(">i", (1 << 20) + 1) + b"x")[0] == 1
+    assert _run(_Conn(), struct.pack(">i", 5000) + b"x" * 10)[0] == 2     # 5000 B > the 4096 B chunk
+    assert _run(_Conn(), struct.pack(">i", 3000) + b"x" * 10)[0] == 0     # fits: wait for the rest
+
+
+def test_dispatch_frames_falls_back_and_stops_on_close():
+    conn = _Conn()
+    bad = _produce()[:-1]                                              # malformed: the generic outcome
+    _run(conn, _framed(bad))
+    assert conn.generic == [b"\x00\x00"] and not conn._pending
+    conn = _Conn()
+    _run(conn, _framed(_produce()), supported={0: (3, 6)})            # v7 not advertised: generic
+    assert conn.generic == [b"\x00\x00"] and not conn._pending
+
+    def boom(c, req):
+        raise ValueError("handler failed")
+    conn = _Conn()
+    _run(conn, _framed(_produce()) * 3, handler=boom)
+    assert len(conn.raised) == 1 and conn._start == len(_framed(_produce()))   # closed: no more frames
+    conn = _Conn()
+    loop = asyncio.new_event_loop()
+    try:
+        _run(conn, _framed(_produce()), handler=lambda c, req: loop.create_future())
+    finally:
+        loop.close()
+    assert len(conn.later) == 1 and not conn.later[0].done
