@@ -728,3 +728,26 @@ def dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_ssize_t ma
         else:
             conn._dispatch_later(slot, result, chunk, None)
     return 0
+
+
+def take_answers(pending, list out, list answered, no_response):
+    """The send path's common case (kbroker.network.connection ``_flush``): from the head of ``pending``
+    (a deque of Slots in request order) take every done slot whose answer is one chunk (appended to
+    ``out``) or nothing (``no_response``), each slot to ``answered``. Stops at the first slot not done
+    or with any other answer (CLOSE, several chunks), which stays at the head for the caller."""
+    cdef Slot slot
+    cdef object chunks
+    popleft = pending.popleft
+    while pending:
+        slot = <Slot?>pending[0]
+        if not slot.done:
+            return
+        chunks = slot.chunks
+        if chunks is no_response:
+            pass
+        elif type(chunks) is list and len(<list>chunks) == 1:
+            out.append((<list>chunks)[0])
+        else:
+            return
+        popleft()
+        answered.append(slot)

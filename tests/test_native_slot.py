@@ -11,7 +11,7 @@ from collections import deque
 import pytest
 
 from kbroker._native.request import (Slot, begin_native, dispatch_frames, end_native, observe_slots, parse_fetch,
-                                     parse_produce)
+                                     parse_produce, take_answers)
 from kbroker.protocol.types import ProtocolError
 from kbroker.request_metrics import REQUEST_STATS
 
@@ -179,3 +179,21 @@ def test_dispatch_frames_falls_back_and_stops_on_close():
     finally:
         loop.close()
     assert len(conn.later) == 1 and not conn.later[0].done
+
+
+def test_take_answers_takes_the_common_head_and_leaves_the_rest():
+    def slot(chunks, done=True):
+        s = Slot(parse_produce(_produce()), 0.0, 0.0)
+        s.chunks, s.done = chunks, done
+        return s
+    a, b, n, c, multi, tail = slot([b"a"]), slot([b"b"]), slot(NO_RESPONSE), slot(CLOSE), slot([b"x", b"y"]), slot([b"t"])
+    pending, out, answered = deque([a, n, b, c, tail]), [], []
+    take_answers(pending, out, answered, NO_RESPONSE)
+    assert out == [b"a", b"b"] and answered == [a, n, b] and list(pending) == [c, tail]
+    pending, out, answered = deque([multi, tail]), [], []
+    take_answers(pending, out, answered, NO_RESPONSE)
+    assert not out and not answered and list(pending) == [multi, tail]
+    waiting = slot(None, done=False)
+    pending, out, answered = deque([a, waiting, b]), [], []
+    take_answers(pending, out, answered, NO_RESPONSE)
+    assert out == [b"a"] and list(pending) == [waiting, b]

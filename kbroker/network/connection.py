@@ -36,7 +36,7 @@ import time
 from collections import deque
 
 from .._native.request import (FETCH_MAX, FETCH_MIN, PRODUCE_MAX, PRODUCE_MIN, Slot, begin_native, dispatch_frames,
-                               end_native, observe_slots, parse_fetch, parse_produce)
+                               end_native, observe_slots, parse_fetch, parse_produce, take_answers)
 from ..protocol import api
 from ..protocol.types import FileRegions, ProtocolError
 from .. import request_metrics  # noqa: F401  (binds the slots' RequestStats registry)
@@ -593,7 +593,12 @@ class Connection(asyncio.BufferedProtocol):
         pending = self._pending
         out = []
         answered = []            # slots whose responses leave with ``out`` (metrics once written)
-        while pending and pending[0].done:
+        while True:
+            # the common answers (one chunk, or none) in one native call; the head it stops at, if
+            # done, is handled here
+            take_answers(pending, out, answered, NO_RESPONSE)
+            if not pending or not pending[0].done:
+                break
             slot = pending.popleft()
             chunks = slot.chunks
             if chunks is NO_RESPONSE:
