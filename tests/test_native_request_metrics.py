@@ -44,7 +44,24 @@ def metered(tmp_path_factory):
     with LocalCluster(tmp_path_factory.mktemp("reqmetrics"), num_partitions=1,
                       overrides={"kbroker.metrics.port": port}) as c:
         wait_for_topic(c.bootstrap, "rm", 1)
+        _wait_until_leader(c.bootstrap)
         yield c, port
+
+
+def _wait_until_leader(bootstrap, timeout=30.0):
+    """Metadata can name the leader a moment before its replica manager leads (NOT_LEADER_OR_FOLLOWER
+    for a Produce in between): retry one Produce until it is appended."""
+    body = {"transactional_id": None, "acks": 1, "timeout_ms": 5000,
+            "topic_data": [{"name": "rm", "partition_data": [{"index": 0, "records": _batch()}]}]}
+    deadline = time.monotonic() + timeout
+    with RawConn(bootstrap) as conn:
+        while True:
+            resp = conn.request(PRODUCE, 7, body)
+            code = resp["responses"][0]["partition_responses"][0]["error_code"]
+            if code == 0:
+                return
+            assert time.monotonic() < deadline, f"partition rm-0 not led after {timeout} s (error {code})"
+            time.sleep(0.05)
 
 
 def _count(s, metric, request):
