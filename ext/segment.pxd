@@ -33,7 +33,25 @@ cdef class SegmentState:
     cdef int index_batch(self, int64_t position, int64_t size, int64_t last_offset,
                          int64_t max_timestamp) except -1
     cdef int publish_tail(self) except -1
+    cdef void roll_limits(self, int64_t segment_bytes, int64_t segment_ms, int64_t now_ms,
+                          int64_t *room, int64_t *ts_limit, int64_t *off_limit) noexcept
     cdef bint roll_due(self, int64_t batch_size, int64_t last_offset, int64_t max_timestamp,
                        int64_t now_ms, int64_t segment_bytes, int64_t segment_ms) noexcept
     cdef int committed(self, int64_t position, int64_t n, int64_t last_offset,
                        int64_t max_timestamp) except -1
+
+
+@cython.final
+cdef class LeaderAppender:
+    cdef object config                      # the LogConfig the limits below were read from
+    cdef int64_t max_message_bytes
+    cdef int64_t segment_bytes
+    cdef int64_t segment_ms
+    cdef int64_t flush_messages
+    cdef bint log_append_time
+    cdef bint compact
+    cdef public int64_t unflushed           # messages appended since the last flush (Log.unflushed_messages)
+    cdef readonly int64_t last              # last offset of a batch answered APPENDED_FLUSH_DUE
+    cdef readonly object info               # header of a batch answered APPEND_IDEMPOTENT
+
+    cdef int load(self, cfg) except -1

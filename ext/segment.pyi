@@ -65,3 +65,16 @@ class SegmentState:
     def forget_tail(self) -> None: ...
     def tail(self) -> tuple[list[int], list[int]]: ...
     def set_tail(self, last_offsets: list[int], positions: list[int]) -> None: ...
+
+APPEND_ROLL: int
+APPEND_IDEMPOTENT: int
+APPENDED_FLUSH_DUE: int
+
+class LeaderAppender:
+    """One log's leader-append settings (read once per LogConfig object) and unflushed count."""
+    unflushed: int
+    last: int
+    info: BatchInfo | None
+    def __init__(self) -> None: ...
+    def append(self, st: SegmentState, buf: Buffer, leader_epoch: int, cfg: object, prevalidated: bool,
+               now_ms: int) -> int: ...

@@ -10,6 +10,7 @@ Contract
 - Nothing here keeps state between calls: a crash mid-call leaves at most a partial write,
   which the caller truncates away (append) or the recovery scan cuts off (restart).
 """
+cimport cython
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.errno cimport EINTR, errno
 from libc.stdint cimport int16_t, int32_t, int64_t, uint32_t, uint64_t
@@ -34,6 +35,14 @@ cdef enum:
 # Relative offsets are stored as u32 but Kafka reads them as a signed int, so a segment
 # spans at most INT32_MAX offsets (Kafka's canConvertToRelativeOffset).
 cdef int64_t MAX_RELATIVE = 0x7FFFFFFF
+
+cdef enum:                  # LeaderAppender.append's codes (a written batch's last offset is >= 0)
+    CODE_ROLL = -1
+    CODE_IDEMPOTENT = -2
+    CODE_FLUSH_DUE = -3
+APPEND_ROLL = CODE_ROLL
+APPEND_IDEMPOTENT = CODE_IDEMPOTENT
+APPENDED_FLUSH_DUE = CODE_FLUSH_DUE
 
 # Kafka's "warm section": lookups near the tail (consumers at the head of the log) binary
 # search only the last 8 KiB of the index, pages that stay resident.
@@ -124,6 +133,25 @@ cdef object _append_leader(int fd, object buf, int64_t position, int64_t base_of
                            bint compacted, bint prevalidated, int64_t room, int64_t max_timestamp_limit,
                            int64_t last_offset_limit):
     # append_leader's work; SegmentState.append_leader calls it with the limits it derives itself.
+    cdef Appended out
+    return _append_leader_into(fd, buf, position, base_offset, leader_epoch, max_message_bytes,
+                               log_append_time_ms, compacted, prevalidated, room, max_timestamp_limit,
+                               last_offset_limit, &out, True)
+
+
+cdef struct Appended:
+    int64_t size                 # bytes written; -1: the segment must roll first (nothing done)
+    int64_t last_offset
+    int64_t max_timestamp        # as stamped
+    int32_t record_count
+
+
+cdef object _append_leader_into(int fd, object buf, int64_t position, int64_t base_offset,
+                                int32_t leader_epoch, int64_t max_message_bytes, int64_t log_append_time_ms,
+                                bint compacted, bint prevalidated, int64_t room, int64_t max_timestamp_limit,
+                                int64_t last_offset_limit, Appended *out, bint want_info):
+    # -> an idempotent batch's stamped header (position -1, not written), else ``out`` filled
+    # (size -1: roll first) and None, or, with ``want_info``, the written batch's header.
     cdef Py_buffer view
     cdef char *p
     cdef Py_ssize_t n
@@ -144,8 +172,9 @@ cdef object _append_leader(int fd, object buf, int64_t position, int64_t base_of
             info.position = -1
             return info
         max_ts = log_append_time_ms if log_append_time_ms >= 0 else <int64_t>load_be64(p + OFF_MAX_TIMESTAMP)
-        if (n > room or max_ts > max_timestamp_limit
-                or base_offset + <int32_t>load_be32(p + OFF_LAST_OFFSET_DELTA) > last_offset_limit):
+        out.last_offset = base_offset + <int32_t>load_be32(p + OFF_LAST_OFFSET_DELTA)
+        if n > room or max_ts > max_timestamp_limit or out.last_offset > last_offset_limit:
+            out.size = -1
             return None
         if n >= NOGIL_APPEND_BYTES:
             with nogil:
@@ -157,7 +186,10 @@ cdef object _append_leader(int fd, object buf, int64_t position, int64_t base_of
         if err:
             import os
             raise OSError(err, os.strerror(err))
-        return parse_header(p, <Py_ssize_t>position)
+        out.size = n
+        out.max_timestamp = max_ts
+        out.record_count = <int32_t>load_be32(p + OFF_RECORDS_COUNT)
+        return parse_header(p, <Py_ssize_t>position) if want_info else None
     finally:
         PyBuffer_Release(&view)
 
@@ -367,6 +399,26 @@ cdef class SegmentState:
         finally:
             PyBuffer_Release(&view)
 
+    cdef void roll_limits(self, int64_t segment_bytes, int64_t segment_ms, int64_t now_ms,
+                          int64_t *room, int64_t *ts_limit, int64_t *off_limit) noexcept:
+        # roll_due's rule as the limits _append_leader_into checks a batch against.
+        if self.size == 0:
+            room[0] = ts_limit[0] = off_limit[0] = _I64_MAX
+            return
+        room[0] = segment_bytes - self.size
+        if self.has_first and self.first_batch_ms >= 0:
+            if segment_ms > _I64_MAX - self.first_batch_ms:
+                ts_limit[0] = _I64_MAX
+            else:
+                ts_limit[0] = self.first_batch_ms + segment_ms
+        else:
+            ts_limit[0] = _I64_MAX
+            if now_ms - self.created_ms > segment_ms:
+                room[0] = -1
+        if self.index_full:
+            room[0] = -1
+        off_limit[0] = self.base_offset + MAX_RELATIVE
+
     def append_leader(self, buf, int32_t leader_epoch, int64_t max_message_bytes,
                       int64_t log_append_time_ms, bint compacted, bint prevalidated,
                       int64_t segment_bytes, int64_t segment_ms, int64_t now_ms):
@@ -378,22 +430,7 @@ cdef class SegmentState:
         cdef int64_t position = self.size, room, ts_limit, off_limit
         cdef int64_t base = self.next_offset
         cdef BatchInfo info
-        if position:
-            room = segment_bytes - position
-            if self.has_first and self.first_batch_ms >= 0:
-                if segment_ms > _I64_MAX - self.first_batch_ms:
-                    ts_limit = _I64_MAX
-                else:
-                    ts_limit = self.first_batch_ms + segment_ms
-            else:
-                ts_limit = _I64_MAX
-                if now_ms - self.created_ms > segment_ms:
-                    room = -1
-            if self.index_full:
-                room = -1
-            off_limit = self.base_offset + MAX_RELATIVE
-        else:
-            room = ts_limit = off_limit = _I64_MAX
+        self.roll_limits(segment_bytes, segment_ms, now_ms, &room, &ts_limit, &off_limit)
         r = _append_leader(self.fd, buf, position, base, leader_epoch, max_message_bytes,
                            log_append_time_ms, compacted, prevalidated, room, ts_limit, off_limit)
         if r is not None:
@@ -862,3 +899,57 @@ def scan_batches(int fd, int64_t start, int64_t end, int64_t segment_base,
     finally:
         free(buf)
         free(recs)
+
+
+# ----------------------------------------------------------------------------------------
+# A log's leader appends (segment.pxd)
+
+@cython.final
+cdef class LeaderAppender:
+    """One log's leader-append settings, read once per LogConfig object (a config change
+    replaces Log.config, which the next append sees by identity; a LogConfig is never changed
+    in place), and its count of messages appended since the last flush."""
+
+    def __cinit__(self):
+        self.config = None
+        self.unflushed = 0
+        self.last = -1
+        self.info = None
+
+    cdef int load(self, cfg) except -1:
+        self.max_message_bytes = cfg.max_message_bytes
+        self.segment_bytes = cfg.segment_bytes
+        self.segment_ms = cfg.segment_ms
+        self.flush_messages = cfg.flush_messages
+        self.log_append_time = cfg.log_append_time
+        self.compact = cfg.compact
+        self.config = cfg
+        return 0
+
+    def append(self, SegmentState st not None, buf, int32_t leader_epoch, cfg, bint prevalidated,
+               int64_t now_ms):
+        """SegmentState.append_leader on the active segment ``st`` with ``cfg``'s limits, then the
+        unflushed count. -> the batch's last offset when written (state committed, no flush due);
+        APPENDED_FLUSH_DUE when written and flush.messages reached (last offset in ``last``);
+        APPEND_ROLL when the segment must roll first (nothing done); APPEND_IDEMPOTENT for an
+        idempotent batch, stamped, not written (its header in ``info``). BatchError / OSError as
+        SegmentState.append_leader."""
+        cdef Appended out
+        cdef int64_t position = st.size, base = st.next_offset, room, ts_limit, off_limit
+        if cfg is not self.config:
+            self.load(cfg)
+        st.roll_limits(self.segment_bytes, self.segment_ms, now_ms, &room, &ts_limit, &off_limit)
+        r = _append_leader_into(st.fd, buf, position, base, leader_epoch, self.max_message_bytes,
+                                now_ms if self.log_append_time else -1, self.compact, prevalidated,
+                                room, ts_limit, off_limit, &out, False)
+        if r is not None:
+            self.info = r
+            return CODE_IDEMPOTENT
+        if out.size < 0:
+            return CODE_ROLL
+        st.committed(position, out.size, out.last_offset, out.max_timestamp)
+        self.unflushed += out.record_count
+        if self.unflushed >= self.flush_messages:
+            self.last = out.last_offset
+            return CODE_FLUSH_DUE
+        return out.last_offset

@@ -67,8 +67,11 @@ def assert_same(a, b):
         assert fa[name] == fb[name], name
 
 
-def random_run(tmp_path, seed, cfg, steps=400, ref_cfg=None, tamper=None):
+def random_run(tmp_path, seed, cfg, steps=400, ref_cfg=None, tamper=None, changes=()):
+    """``changes``: configs both logs switch to (a new LogConfig each, as an AlterConfigs does)
+    one after another, evenly spread over the run."""
     rng = random.Random(seed)
+    every = steps // (len(changes) + 1) if changes else steps + 1
     a = Log(str(tmp_path / f"a{seed}" / "t-0"), "t", 0, LogConfig(cfg))
     b = Log(str(tmp_path / f"b{seed}" / "t-0"), "t", 0, LogConfig(ref_cfg or cfg))
     now = T0
@@ -76,7 +79,11 @@ def random_run(tmp_path, seed, cfg, steps=400, ref_cfg=None, tamper=None):
     seqs = {}
     sent = []
     try:
-        for _ in range(steps):
+        for step in range(1, steps + 1):
+            if step % every == 0 and step // every <= len(changes):
+                new = changes[step // every - 1]
+                a.config = LogConfig(new)
+                b.config = LogConfig(new)
             now += rng.choice((0, 1, 7, 300))
             ts += rng.choice((0, 1, 50, 400, -30))
             n = rng.choice((1, 1, 1, 2, 5, 40))
@@ -117,6 +124,31 @@ def random_run(tmp_path, seed, cfg, steps=400, ref_cfg=None, tamper=None):
 ])
 def test_native_append_matches_stepwise_reference(tmp_path, seed, cfg):
     assert random_run(tmp_path, seed, cfg) > 1          # every case rolls at least once
+
+
+def test_config_changes_reach_the_native_append(tmp_path):
+    # A replaced LogConfig (dynamic topic config) is what the next native append checks against:
+    # roll size/time, max.message.bytes, LogAppendTime, compaction's key rule, flush.messages.
+    changes = [
+        {"segment.bytes": 6_000, "max.message.bytes": 2_500, "flush.messages": 7},
+        {"message.timestamp.type": "LogAppendTime", "segment.ms": 700, "segment.bytes": 40_000},
+        {"segment.bytes": 15_000, "flush.messages": 3},
+    ]
+    assert random_run(tmp_path, 6, {"segment.bytes": 60_000, "index.interval.bytes": 700}, steps=600,
+                      changes=changes) > 2
+
+
+def test_flush_messages_counted_natively(tmp_path):
+    log = Log(str(tmp_path / "t-0"), "t", 0, LogConfig({"flush.messages": 3}))
+    try:
+        for i in range(5):
+            log.append_as_leader(bytearray(batch()), 0, T0 + i)
+            assert log.unflushed_messages == (i + 1) % 3
+        assert log.recovery_point == 3           # flushed once, after the third message
+        log.append_as_leader(bytearray(batch(n=4)), 0, T0 + 9)      # 2 + 4: due, flushed
+        assert (log.unflushed_messages, log.recovery_point) == (0, 9)
+    finally:
+        log.close()
 
 
 def _flip_index_byte(log):

@@ -30,6 +30,7 @@ import time
 from typing import NamedTuple
 
 from kbroker._native import batch as _batch
+from kbroker._native import segment as _native
 
 from .cleaner import recover_swaps
 from ..config import SYNONYM_UNITS, TOPIC_CONFIGS
@@ -197,7 +198,7 @@ class Log:
         # so everything it holds is committed, also right after a restart); replication passes
         # False and moves it with ``high_watermark = ...``.
         self.hw_follows_leo = hw_follows_leo
-        self.unflushed_messages = 0
+        self._appender = _native.LeaderAppender()     # leader appends' limits and unflushed count
         self.last_flush_ms = now_ms() if now is None else now
         self.dirty = False                 # appended since the last flush
         self.offline = False
@@ -373,57 +374,85 @@ class Log:
         (with this log's max.message.bytes and cleanup.policy), so the decompressing record
         walk is skipped; header checks, CRC and stamping still run. Returns the assigned
         offsets, or the original offsets of an idempotent duplicate; raises LogAppendError."""
-        # The one-record Produce path: check + roll decision + stamp + write are one native call
-        # (LogSegment.append_leader); policy stays here: roll, producer state, errors, flush.
+        # The one-record Produce path: check + roll decision + stamp + write + the segment's state
+        # + the unflushed count are one native call (LeaderAppender.append, limits read once per
+        # LogConfig); policy stays here: roll, producer state, errors, flush.
         if self._write_job is not None:
             self._settle()
         if self.offline:
             raise LogAppendError(KAFKA_STORAGE_ERROR, f"log {self.name} is offline")
-        cfg = self.config
-        append_time = now if cfg.log_append_time else -1
         seg = self.segments[-1]
+        base = seg.next_offset
         try:
-            # The segment's native state: roll check, check + stamp + write at its next offset,
-            # then size, next offset, indexes and recent batches (LogSegment.append_leader).
-            info = seg._st.append_leader(buf, leader_epoch, cfg.max_message_bytes, append_time, cfg.compact,
-                                         prevalidated, cfg.segment_bytes, cfg.segment_ms, now)
+            last = self._appender.append(seg._st, buf, leader_epoch, self.config, prevalidated, now)
         except _batch.BatchError as e:
             raise LogAppendError(e.error_code, str(e)) from None
         except OSError as e:
             self._write_failed(seg, e)
-        if info is None:
-            info = self._roll_and_append_leader(buf, leader_epoch, append_time, cfg.compact, prevalidated, now)
-        base = info.base_offset
-        last = base + info.last_offset_delta
-        if info.position < 0:
-            # Idempotent: stamped, not yet written; a retried batch is answered from producer state.
-            pid = info.producer_id
-            dup = self.producer_state.check(pid, info.producer_epoch, info.base_sequence,
-                                            info.last_offset_delta)
-            if dup is not None:
-                return AppendResult(dup.first_offset, dup.last_offset,
-                                    dup.timestamp if cfg.log_append_time else -1,
-                                    self.log_start_offset)
-            try:
-                # Roll check + write + the segment's state, natively (as append_leader's second half).
-                written = seg._st.append_stamped(buf, cfg.segment_bytes, cfg.segment_ms, now)
-            except OSError as e:
-                self._write_failed(seg, e)
-            if written < 0:
-                self._roll_and_append_stamped(buf, now)
-            self.producer_state.update(pid, info.producer_epoch, info.base_sequence,
-                                       info.last_offset_delta, base, info.max_timestamp)
+        if last < 0:
+            return self._append_leader_other(last, seg, base, buf, leader_epoch, now, prevalidated)
         self.dirty = True
         if self.hw_follows_leo:
             self._high_watermark = last + 1
         epochs = self.epoch_cache.entries      # latest_epoch without its property call (per request)
         if leader_epoch > (epochs[-1][0] if epochs else UNDEFINED_EPOCH):
             self.epoch_cache.assign(leader_epoch, base)
-        self.unflushed_messages += info.record_count
+        # tuple.__new__: the NamedTuple's Python-level __new__ costs twice as much (per request)
+        return tuple.__new__(AppendResult, (base, last, now if self.config.log_append_time else -1,
+                                            self.log_start_offset))
+
+    def _append_leader_other(self, code, seg, base, buf, leader_epoch, now, prevalidated) -> AppendResult:
+        """append_as_leader when LeaderAppender.append did not finish the batch: a flush is due, the
+        segment must roll first, or the batch is idempotent (stamped, not yet written)."""
+        cfg = self.config
+        append_time = now if cfg.log_append_time else -1
+        if code == _native.APPENDED_FLUSH_DUE:
+            last = self._appender.last
+            counted = True
+        else:
+            info = (self._appender.info if code == _native.APPEND_IDEMPOTENT else
+                    self._roll_and_append_leader(buf, leader_epoch, append_time, cfg.compact, prevalidated, now))
+            seg = self.segments[-1]
+            base = info.base_offset
+            last = base + info.last_offset_delta
+            counted = False
+            if info.position < 0:
+                # Idempotent: stamped, not yet written; a retried batch is answered from producer state.
+                pid = info.producer_id
+                dup = self.producer_state.check(pid, info.producer_epoch, info.base_sequence,
+                                                info.last_offset_delta)
+                if dup is not None:
+                    return AppendResult(dup.first_offset, dup.last_offset,
+                                        dup.timestamp if cfg.log_append_time else -1,
+                                        self.log_start_offset)
+                try:
+                    # Roll check + write + the segment's state, natively (as append_leader's second half).
+                    written = seg._st.append_stamped(buf, cfg.segment_bytes, cfg.segment_ms, now)
+                except OSError as e:
+                    self._write_failed(seg, e)
+                if written < 0:
+                    self._roll_and_append_stamped(buf, now)
+                self.producer_state.update(pid, info.producer_epoch, info.base_sequence,
+                                           info.last_offset_delta, base, info.max_timestamp)
+        self.dirty = True
+        if self.hw_follows_leo:
+            self._high_watermark = last + 1
+        if leader_epoch > self.epoch_cache.latest_epoch:
+            self.epoch_cache.assign(leader_epoch, base)
+        if not counted:
+            self.unflushed_messages += info.record_count
         if self.unflushed_messages >= cfg.flush_messages:
             self.flush(now)
-        # tuple.__new__: the NamedTuple's Python-level __new__ costs twice as much (per request)
-        return tuple.__new__(AppendResult, (base, last, append_time, self.log_start_offset))
+        return AppendResult(base, last, append_time, self.log_start_offset)
+
+    @property
+    def unflushed_messages(self) -> int:
+        """Messages appended since the last flush (kept in the native LeaderAppender)."""
+        return self._appender.unflushed
+
+    @unflushed_messages.setter
+    def unflushed_messages(self, value: int) -> None:
+        self._appender.unflushed = value
 
     def _roll_and_append_leader(self, buf, leader_epoch, append_time, compact, prevalidated, now):
         """append_as_leader's second try, on a new segment, when the active one had to roll first."""
