@@ -582,17 +582,16 @@ cdef class Slot:
     observed once per request on the loop thread, where a Python class cost two interpreter frames
     (``__init__``, ``observe``) per request."""
 
-    def __cinit__(self, header, double since, double arrived):
+    def __init__(self, header, double since, double arrived):
         self.header = header
         self.api_key = header.api_key
-        self.chunks = None
-        self.done = False
         self.since = since      # loop time the request arrived (the sweeper closes requests that never end)
         self.arrived = arrived
         self.started = arrived
         self.local = 0.0
         self.queued = arrived
-        self.follower = False   # a Fetch from a replica (FetchFollower in Kafka's RequestMetrics)
+        # chunks None, done and follower (a Fetch from a replica: FetchFollower) False: a new object's
+        # fields (tp_alloc zeroes them; Cython sets object fields to None)
 
     cpdef observe(self, double sent):
         cdef object stats = None
@@ -630,13 +629,18 @@ def begin_native(frame, parse, pending, dict counts, double since, double arrive
 
 cdef Slot _begin_native(frame, parse, pending, dict counts, double since, double arrived):
     cdef object req = parse(frame)
-    cdef Slot slot = Slot.__new__(Slot, req, since, arrived)
+    cdef Slot slot = Slot.__new__(Slot)         # no __init__: the fields are set here, in C
     cdef int version
     if type(req) is ProduceRequest:
         version = (<ProduceRequest>req).api_version
+        slot.api_key = (<ProduceRequest>req).api_key
     else:
         version = (<FetchRequest?>req).api_version
+        slot.api_key = (<FetchRequest>req).api_key
         slot.follower = (<FetchRequest>req).replica_id >= 0
+    slot.header = req
+    slot.since = since
+    slot.arrived = slot.started = slot.queued = arrived
     pending.append(slot)
     kv = (slot.api_key, version)
     counts[kv] = counts.get(kv, 0) + 1
