@@ -419,12 +419,9 @@ class Log:
             if info.position < 0:
                 # Idempotent: stamped, not yet written; a retried batch is answered from producer state.
                 pid = info.producer_id
-                dup = self.producer_state.check(pid, info.producer_epoch, info.base_sequence,
-                                                info.last_offset_delta)
+                dup = self._duplicate(info)
                 if dup is not None:
-                    return AppendResult(dup.first_offset, dup.last_offset,
-                                        dup.timestamp if cfg.log_append_time else -1,
-                                        self.log_start_offset)
+                    return dup
                 try:
                     # Roll check + write + the segment's state, natively (as append_leader's second half).
                     written = seg._st.append_stamped(buf, cfg.segment_bytes, cfg.segment_ms, now)
@@ -444,6 +441,16 @@ class Log:
         if self.unflushed_messages >= cfg.flush_messages:
             self.flush(now)
         return AppendResult(base, last, append_time, self.log_start_offset)
+
+    def _duplicate(self, info) -> AppendResult | None:
+        """An idempotent batch (stamped ``info``) that producer state has already appended: the
+        original append's result (Kafka answers a retried batch with its first offsets); else None."""
+        dup = self.producer_state.check(info.producer_id, info.producer_epoch, info.base_sequence,
+                                        info.last_offset_delta)
+        if dup is None:
+            return None
+        return AppendResult(dup.first_offset, dup.last_offset,
+                            dup.timestamp if self.config.log_append_time else -1, self.log_start_offset)
 
     @property
     def unflushed_messages(self) -> int:
@@ -493,17 +500,13 @@ class Log:
         base = self.log_end_offset
         try:
             info = _batch.validate_and_stamp(buf, base, leader_epoch, cfg.max_message_bytes, append_time,
-                                             "compact" in cfg.cleanup_policy, prevalidated=prevalidated)
+                                             cfg.compact, prevalidated=prevalidated)
         except _batch.BatchError as e:
             raise LogAppendError(e.error_code, str(e)) from None
-        pid = info.producer_id
-        if pid >= 0:
-            dup = self.producer_state.check(pid, info.producer_epoch, info.base_sequence,
-                                            info.last_offset_delta)
+        if info.producer_id >= 0:
+            dup = self._duplicate(info)
             if dup is not None:
-                return AppendResult(dup.first_offset, dup.last_offset,
-                                    dup.timestamp if cfg.log_append_time else -1,
-                                    self.log_start_offset)
+                return dup
         return info, base, base + info.last_offset_delta, append_time
 
     def _appended(self, info, base, last, leader_epoch, append_time, now) -> AppendResult:
