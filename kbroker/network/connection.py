@@ -261,10 +261,7 @@ class Connection(asyncio.BufferedProtocol):
             return
         size = _SIZE.unpack_from(chunk.buf, self._start)[0]
         if code == 1:
-            server.metrics.invalid_frames += 1
-            hostile_log(logging.WARNING, "closing %s: request size %d outside (0, %d]", self.peer, size,
-                        self.max_frame)
-            self.close()
+            self._refuse("request size %d outside (0, %d]", size, self.max_frame)
         else:
             # Will not fit in this chunk: give the frame a buffer of its own; the kernel fills
             # the rest of it directly. Only the prefix already received is copied.
@@ -392,9 +389,7 @@ class Connection(asyncio.BufferedProtocol):
         except ProtocolError as e:
             if chunk is None:
                 release()
-            server.metrics.invalid_frames += 1
-            hostile_log(logging.WARNING, "closing %s: malformed request: %s", self.peer, e)
-            self.close()
+            self._refuse("malformed request: %s", e)
             return
         try:
             result = handler(self, slot.header)
@@ -410,6 +405,13 @@ class Connection(asyncio.BufferedProtocol):
                 self._flush()
             return
         self._dispatch_later(slot, result, chunk, release)
+
+    def _refuse(self, reason, *args):
+        """A frame this connection cannot serve (bad size, malformed, unsupported version): counted as
+        an invalid frame, logged (rate-limited) and the connection closed."""
+        self.server.metrics.invalid_frames += 1
+        hostile_log(logging.WARNING, "closing %s: " + reason, self.peer, *args)
+        self.close()
 
     def _handler_raised(self, slot, release):
         """A native handler raised (called from its except clause: the traceback is logged); ``release``
@@ -440,9 +442,7 @@ class Connection(asyncio.BufferedProtocol):
             header, pos = api.parse_request_header(frame)
         except ProtocolError as e:
             release()
-            server.metrics.invalid_frames += 1
-            hostile_log(logging.WARNING, "closing %s: %s", self.peer, e)
-            self.close()
+            self._refuse("%s", e)
             return
         slot = _Slot(header, self.last_active, self._read_at)
         self._pending.append(slot)
@@ -453,10 +453,7 @@ class Connection(asyncio.BufferedProtocol):
             if key == api.API_VERSIONS:
                 self._finish(slot, [api.encode_api_versions_fallback(header.correlation_id)])
             else:
-                server.metrics.invalid_frames += 1
-                hostile_log(logging.WARNING, "closing %s: unsupported %s v%d", self.peer,
-                            api.API_NAMES.get(key, key), version)
-                self.close()
+                self._refuse("unsupported %s v%d", api.API_NAMES.get(key, key), version)
             return
         if len(frame) >= OFFLOAD_BYTES and key != 0:      # Produce: records stay views, decoding is cheap
             # Decoding (and later encoding) work proportional to a large request's size runs on the
@@ -468,9 +465,7 @@ class Connection(asyncio.BufferedProtocol):
             body = api.decode_request(key, version, frame, pos)
         except ProtocolError as e:
             release()
-            server.metrics.invalid_frames += 1
-            hostile_log(logging.WARNING, "closing %s: malformed %s v%d: %s", self.peer, api.API_NAMES[key], version, e)
-            self.close()
+            self._refuse("malformed %s v%d: %s", api.API_NAMES[key], version, e)
             return
         server.metrics.count_request(key, version)
         if key == 1:
@@ -519,9 +514,7 @@ class Connection(asyncio.BufferedProtocol):
                 body = await self.loop.run_in_executor(server.heavy_executor, api.decode_request,
                                                        key, version, frame, pos)
             except ProtocolError as e:
-                server.metrics.invalid_frames += 1
-                hostile_log(logging.WARNING, "closing %s: malformed %s v%d: %s", self.peer, name, version, e)
-                self.close()
+                self._refuse("malformed %s v%d: %s", name, version, e)
                 return
             server.metrics.count_request(key, version)
             slot.started = t0 = _now()
