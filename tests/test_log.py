@@ -265,19 +265,28 @@ def small_tmpfs(tmp_path):
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def test_enospc_is_storage_error_and_leaves_no_partial_write(small_tmpfs):
+def _fill_until_enospc(small_tmpfs, batches):
+    """Appends ``batches`` (an iterable of producer batches) to a new log on the small tmpfs until the
+    filesystem is full. Checks that the failure is KAFKA_STORAGE_ERROR after some batches were taken,
+    that the log end follows the last acknowledged batch and that the partial write was truncated
+    away. -> (log, acked AppendResults, log end offset)."""
     # Small index preallocation so the log data is what fills the filesystem.
     log = Log(str(small_tmpfs / "t-0"), "t", 0, LogConfig({"segment.index.bytes": 4096}))
     acked = []
     with pytest.raises(LogAppendError) as e:
-        for _ in range(10_000):
-            acked.append(log.append_as_leader(batch(10, value_size=900), 0, T0))
+        for b in batches:
+            acked.append(log.append_as_leader(b, 0, T0))
     assert e.value.error_code == errors.KAFKA_STORAGE_ERROR
     assert acked, "the filesystem should have taken some batches first"
     leo = log.log_end_offset
     assert leo == acked[-1].last_offset + 1
     seg = log.active_segment
     assert os.path.getsize(seg.log_path) == seg.size       # partial write truncated away
+    return log, acked, leo
+
+
+def test_enospc_is_storage_error_and_leaves_no_partial_write(small_tmpfs):
+    log, _acked, leo = _fill_until_enospc(small_tmpfs, (batch(10, value_size=900) for _ in range(10_000)))
     # Every byte in the file is a whole, valid batch, and the log still reads.
     assert read_offsets(log, log.read(0, 1 << 30)) == list(range(leo))
     log.close_for_delete()
@@ -286,17 +295,8 @@ def test_enospc_is_storage_error_and_leaves_no_partial_write(small_tmpfs):
 def test_enospc_on_an_idempotent_batch_keeps_log_and_producer_state(small_tmpfs):
     # The idempotent path writes after the producer-state check (SegmentState.append_stamped): a
     # failed write must leave no bytes, no offsets and no sequence behind.
-    log = Log(str(small_tmpfs / "t-0"), "t", 0, LogConfig({"segment.index.bytes": 4096}))
-    acked = []
-    with pytest.raises(LogAppendError) as e:
-        for seq in range(0, 100_000, 10):
-            acked.append(log.append_as_leader(batch(10, value_size=900, pid=5, epoch=0, seq=seq), 0, T0))
-    assert e.value.error_code == errors.KAFKA_STORAGE_ERROR
-    assert acked, "the filesystem should have taken some batches first"
-    leo = log.log_end_offset
-    assert leo == acked[-1].last_offset + 1
-    seg = log.active_segment
-    assert os.path.getsize(seg.log_path) == seg.size       # partial write truncated away
+    log, acked, leo = _fill_until_enospc(
+        small_tmpfs, (batch(10, value_size=900, pid=5, epoch=0, seq=seq) for seq in range(0, 100_000, 10)))
     assert log.producer_state.producers[5].batches[-1].last_seq == 10 * len(acked) - 1
     assert read_offsets(log, log.read(0, 1 << 30)) == list(range(leo))
     log.close_for_delete()
