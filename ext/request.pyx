@@ -30,6 +30,7 @@ cdef extern from "Python.h":
     void *PyUnicode_DATA(object)
 
 from kbroker._native.hton cimport load_be16, load_be32, load_be64, store_be16, store_be32, store_be64
+from kbroker._native.segment cimport run_begin, run_end
 
 from kbroker.protocol.types import FileRegions, ProtocolError
 
@@ -676,8 +677,33 @@ def dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_ssize_t ma
     gives the generic outcome: a malformed frame is logged and closes the connection), an awaitable
     answer to ``conn._dispatch_later`` and a failing handler to ``conn._handler_raised``. The
     connection's ``_start`` follows each frame. Stops when the connection closes.
+
+    Consecutive Produce frames form one write-behind run (ext/segment.pyx LeaderAppender): their
+    plain leader appends are written together, one writev per log, when the run ends: before any
+    other frame is handled, before an answer could be sent, and before this returns (the chunk is
+    then free to be reused). When a run's write failed, its logs were cut back and the connection
+    is closed (``conn._appends_lost``) so that none of its answers leaves.
     -> 0 (the rest is an incomplete frame, or nothing), 1 (the frame at ``conn._start`` announces a
     size outside (0, max_frame]) or 2 (the frame at ``conn._start`` will not fit in this chunk)."""
+    cdef bint run = False
+    try:
+        return _dispatch_frames(conn, chunk, start, end, max_frame, produce, fetch, supported, no_response,
+                                close, &run)
+    finally:
+        if run and run_end():
+            conn._appends_lost()
+
+
+cdef inline int _end_run(conn, bint *run) except -1:
+    # the run's deferred bytes written (or their logs cut back and the connection closed)
+    run[0] = False
+    if run_end():
+        conn._appends_lost()
+    return 0
+
+
+cdef object _dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_ssize_t max_frame, produce,
+                             fetch, dict supported, no_response, close, bint *run):
     cdef bytearray buf = chunk.buf
     cdef object view = chunk.view
     cdef const unsigned char *p = <const unsigned char *>PyByteArray_AS_STRING(buf)
@@ -699,6 +725,7 @@ def dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_ssize_t ma
         start = begin + size
         conn._start = start
         handler = None
+        key = -1
         if size >= 4:
             key = <int16_t>load_be16(<const char *>p + begin)
             version = <int16_t>load_be16(<const char *>p + begin + 2)
@@ -712,15 +739,23 @@ def dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_ssize_t ma
                 sv = supported.get(key)
                 if sv is None or not (sv[0] <= version <= sv[1]):
                     handler = None
-        if handler is None:
-            conn._dispatch(frame, chunk)
-            continue
+        if handler is None or key != PRODUCE:
+            if run[0]:
+                _end_run(conn, run)         # anything else may read or write the logs
+                if conn.closed:
+                    return 0
+            if handler is None:
+                conn._dispatch(frame, chunk)
+                continue
         try:
             slot = _begin_native(frame, parse, conn._pending, conn.server.metrics.requests, conn.last_active,
                                  conn._read_at)
         except ProtocolError:
             conn._dispatch(frame, chunk)        # malformed: the generic outcome (nothing was queued)
             continue
+        if key == PRODUCE and not run[0]:
+            run_begin()
+            run[0] = True
         try:
             result = handler(conn, slot.header)
         except Exception:
@@ -728,6 +763,8 @@ def dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_ssize_t ma
             continue
         if _end_native(slot, result, no_response, close):
             if not conn._in_read:
+                if run[0]:
+                    _end_run(conn, run)     # an answer leaves only after its batch is written
                 conn._flush()
         else:
             conn._dispatch_later(slot, result, chunk, None)

@@ -5,6 +5,7 @@
 # identical to the definitions in segment.pyx.
 cimport cython
 from libc.stdint cimport int64_t
+from posix.uio cimport iovec
 
 
 @cython.final
@@ -53,5 +54,29 @@ cdef class LeaderAppender:
     cdef public int64_t unflushed           # messages appended since the last flush (Log.unflushed_messages)
     cdef readonly int64_t last              # last offset of a batch answered APPENDED_FLUSH_DUE
     cdef readonly object info               # header of a batch answered APPEND_IDEMPOTENT
+    # Write-behind within one receive chunk (run_begin .. run_end): batches stamped and committed
+    # but not yet written, in order, all for one segment (``pend_st``) from file position
+    # ``pend_start`` (the first one's base offset ``pend_base``); ``pend_refs`` keeps their buffers.
+    cdef public object log                  # the Log: told when its pending bytes could not be written
+    cdef SegmentState pend_st
+    cdef int64_t pend_start
+    cdef int64_t pend_base
+    cdef int64_t pend_bytes
+    cdef iovec *pend_iov
+    cdef Py_ssize_t pend_n
+    cdef Py_ssize_t pend_cap
+    cdef list pend_refs
 
     cdef int load(self, cfg) except -1
+    cdef int write_pending(self) except -1
+    cdef int push(self, SegmentState st, object buf, char *data, int64_t n, int64_t position,
+                  int64_t base) except -1
+
+
+# Write-behind run (ext/request.pyx dispatch_frames): between run_begin and run_end a plain leader
+# append (LeaderAppender.append: not idempotent, no roll or flush due) is stamped and committed but
+# written only by run_end, one writev per log. -> run_end: how many logs failed to write theirs since
+# run_begin (their appends were unwound: those answers must not leave).
+cdef void run_begin() noexcept
+cdef int run_end() except -1
+

@@ -17,6 +17,7 @@ from libc.stdint cimport int16_t, int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy, memmove
 from posix.types cimport off_t
+from posix.uio cimport iovec, writev
 from posix.unistd cimport pread, pwrite, write
 
 from hton cimport load_be16, load_be32, load_be64, store_be32, store_be64
@@ -79,6 +80,31 @@ cdef int _write_full(int fd, const char *p, Py_ssize_t left) noexcept nogil:
     return 0
 
 
+cdef enum:
+    IOV_BATCH = 1024            # IOV_MAX on Linux: iovecs per writev call
+
+
+cdef int _writev_full(int fd, iovec *iov, Py_ssize_t cnt) noexcept nogil:
+    # _write_full for ``cnt`` iovecs (consumed: a short write advances them in place).
+    cdef Py_ssize_t n
+    while cnt > 0:
+        n = writev(fd, iov, <int>(cnt if cnt < IOV_BATCH else IOV_BATCH))
+        if n < 0:
+            if errno == EINTR:
+                continue
+            return errno
+        if n == 0:
+            return 28           # ENOSPC
+        while cnt > 0 and n >= <Py_ssize_t>iov[0].iov_len:
+            n -= <Py_ssize_t>iov[0].iov_len
+            iov += 1
+            cnt -= 1
+        if n > 0:
+            iov[0].iov_base = <char *>iov[0].iov_base + n
+            iov[0].iov_len -= <size_t>n
+    return 0
+
+
 def write_all(int fd, buf):
     """Write all of ``buf`` to ``fd`` (retrying short writes and EINTR) without the GIL.
 
@@ -136,7 +162,7 @@ cdef object _append_leader(int fd, object buf, int64_t position, int64_t base_of
     cdef Appended out
     return _append_leader_into(fd, buf, position, base_offset, leader_epoch, max_message_bytes,
                                log_append_time_ms, compacted, prevalidated, room, max_timestamp_limit,
-                               last_offset_limit, &out, True)
+                               last_offset_limit, &out, True, False)
 
 
 cdef struct Appended:
@@ -144,14 +170,16 @@ cdef struct Appended:
     int64_t last_offset
     int64_t max_timestamp        # as stamped
     int32_t record_count
+    char *data                   # the stamped batch (with ``defer``: not written)
 
 
 cdef object _append_leader_into(int fd, object buf, int64_t position, int64_t base_offset,
                                 int32_t leader_epoch, int64_t max_message_bytes, int64_t log_append_time_ms,
                                 bint compacted, bint prevalidated, int64_t room, int64_t max_timestamp_limit,
-                                int64_t last_offset_limit, Appended *out, bint want_info):
+                                int64_t last_offset_limit, Appended *out, bint want_info, bint defer):
     # -> an idempotent batch's stamped header (position -1, not written), else ``out`` filled
-    # (size -1: roll first) and None, or, with ``want_info``, the written batch's header.
+    # (size -1: roll first) and None, or, with ``want_info``, the written batch's header. With
+    # ``defer`` the batch is stamped, not written: the caller writes ``out.data`` itself.
     cdef Py_buffer view
     cdef char *p
     cdef Py_ssize_t n
@@ -176,7 +204,9 @@ cdef object _append_leader_into(int fd, object buf, int64_t position, int64_t ba
         if n > room or max_ts > max_timestamp_limit or out.last_offset > last_offset_limit:
             out.size = -1
             return None
-        if n >= NOGIL_APPEND_BYTES:
+        if defer:
+            stamp(p, n, base_offset, leader_epoch, log_append_time_ms)
+        elif n >= NOGIL_APPEND_BYTES:
             with nogil:
                 stamp(p, n, base_offset, leader_epoch, log_append_time_ms)
                 err = _write_full(fd, p, n)
@@ -189,6 +219,7 @@ cdef object _append_leader_into(int fd, object buf, int64_t position, int64_t ba
         out.size = n
         out.max_timestamp = max_ts
         out.record_count = <int32_t>load_be32(p + OFF_RECORDS_COUNT)
+        out.data = p
         return parse_header(p, <Py_ssize_t>position) if want_info else None
     finally:
         PyBuffer_Release(&view)
@@ -904,17 +935,74 @@ def scan_batches(int fd, int64_t start, int64_t end, int64_t segment_base,
 # ----------------------------------------------------------------------------------------
 # A log's leader appends (segment.pxd)
 
+# Write-behind run: set by run_begin, cleared by run_end (event-loop thread only).
+cdef bint _run_open = False
+cdef list _run_pending = []         # LeaderAppenders that deferred bytes in this run (maybe twice)
+cdef int _run_failed = 0            # logs whose deferred bytes could not be written in this run
+
+
+cdef void run_begin() noexcept:
+    global _run_open
+    _run_open = True
+
+
+cdef int run_end() except -1:
+    global _run_open, _run_failed
+    cdef LeaderAppender ap
+    cdef int failed
+    _run_open = False
+    try:
+        for ap in _run_pending:
+            try:
+                ap.write_pending()
+            except OSError:
+                pass            # counted in _run_failed; that log was cut back (write_pending)
+    finally:
+        del _run_pending[:]
+        failed = _run_failed
+        _run_failed = 0
+    return failed
+
+
+def open_run():
+    """run_begin from Python (tests, callers outside dispatch_frames)."""
+    run_begin()
+
+
+def close_run():
+    """run_end from Python: -> the number of logs whose deferred bytes could not be written."""
+    return run_end()
+
+
 @cython.final
 cdef class LeaderAppender:
     """One log's leader-append settings, read once per LogConfig object (a config change
     replaces Log.config, which the next append sees by identity; a LogConfig is never changed
-    in place), and its count of messages appended since the last flush."""
+    in place), and its count of messages appended since the last flush.
+
+    Write-behind: inside a run (run_begin .. run_end, opened by ext/request.pyx dispatch_frames
+    around the Produce frames of one receive chunk) a plain append is stamped in its buffer and
+    committed to the segment's state, and its bytes are written by run_end with the run's other
+    batches of this log (one writev). Anything else an append does here (roll, idempotent batch,
+    flush due, another segment) writes the pending bytes first. A failed write cuts the log back
+    to the first pending batch (``log._deferred_write_failed``) and counts the failure for run_end,
+    whose caller must not send that run's answers."""
 
     def __cinit__(self):
         self.config = None
         self.unflushed = 0
         self.last = -1
         self.info = None
+        self.log = None
+        self.pend_st = None
+        self.pend_n = 0
+        self.pend_cap = 0
+        self.pend_bytes = 0
+        self.pend_iov = NULL
+        self.pend_refs = []
+
+    def __dealloc__(self):
+        free(self.pend_iov)
 
     cdef int load(self, cfg) except -1:
         self.max_message_bytes = cfg.max_message_bytes
@@ -926,30 +1014,100 @@ cdef class LeaderAppender:
         self.config = cfg
         return 0
 
+    cdef int push(self, SegmentState st, object buf, char *data, int64_t n, int64_t position,
+                  int64_t base) except -1:
+        cdef iovec *grown
+        cdef Py_ssize_t cap
+        if self.pend_n == 0:
+            self.pend_st = st
+            self.pend_start = position
+            self.pend_base = base
+            _run_pending.append(self)
+        if self.pend_n == self.pend_cap:
+            cap = self.pend_cap * 2 if self.pend_cap else 64
+            grown = <iovec *>realloc(self.pend_iov, sizeof(iovec) * cap)
+            if grown == NULL:
+                raise MemoryError()
+            self.pend_iov = grown
+            self.pend_cap = cap
+        self.pend_iov[self.pend_n].iov_base = data
+        self.pend_iov[self.pend_n].iov_len = <size_t>n
+        self.pend_n += 1
+        self.pend_bytes += n
+        self.pend_refs.append(buf)
+        return 0
+
+    cdef int write_pending(self) except -1:
+        # The deferred batches in one writev. On failure the log is cut back to the first of them
+        # (file, indexes, state: Log._deferred_write_failed) and OSError raised.
+        cdef SegmentState st = self.pend_st
+        cdef int err
+        cdef int64_t position = self.pend_start, base = self.pend_base
+        global _run_failed
+        if self.pend_n == 0:
+            return 0
+        if self.pend_bytes >= NOGIL_APPEND_BYTES:
+            with nogil:
+                err = _writev_full(st.fd, self.pend_iov, self.pend_n)
+        else:
+            err = _writev_full(st.fd, self.pend_iov, self.pend_n)
+        self.pend_n = 0
+        self.pend_bytes = 0
+        self.pend_st = None
+        del self.pend_refs[:]
+        if err:
+            import os
+            _run_failed += 1
+            e = OSError(err, os.strerror(err))
+            self.log._deferred_write_failed(st.owner, position, base, e)
+            raise e
+        return 0
+
+    @property
+    def pending(self):
+        """Deferred batches not yet written (0 outside a run)."""
+        return self.pend_n
+
+    def write_deferred(self):
+        """Write the deferred batches now (before anything else changes this log or its files).
+        OSError when that failed (the log is cut back to the first of them)."""
+        self.write_pending()
+
     def append(self, SegmentState st not None, buf, int32_t leader_epoch, cfg, bint prevalidated,
                int64_t now_ms):
         """SegmentState.append_leader on the active segment ``st`` with ``cfg``'s limits, then the
-        unflushed count. -> the batch's last offset when written (state committed, no flush due);
-        APPENDED_FLUSH_DUE when written and flush.messages reached (last offset in ``last``);
-        APPEND_ROLL when the segment must roll first (nothing done); APPEND_IDEMPOTENT for an
-        idempotent batch, stamped, not written (its header in ``info``). BatchError / OSError as
+        unflushed count. -> the batch's last offset when written, or inside a run deferred (state
+        committed, no flush due); APPENDED_FLUSH_DUE when written and flush.messages reached (last
+        offset in ``last``); APPEND_ROLL when the segment must roll first (nothing done);
+        APPEND_IDEMPOTENT for an idempotent batch, stamped, not written (its header in ``info``).
+        Deferred bytes are written before the last three. BatchError / OSError as
         SegmentState.append_leader."""
         cdef Appended out
-        cdef int64_t position = st.size, base = st.next_offset, room, ts_limit, off_limit
+        cdef int64_t position, base, room, ts_limit, off_limit
+        cdef bint defer = _run_open
         if cfg is not self.config:
             self.load(cfg)
+        if self.pend_n and self.pend_st is not st:
+            self.write_pending()
+        position = st.size
+        base = st.next_offset
         st.roll_limits(self.segment_bytes, self.segment_ms, now_ms, &room, &ts_limit, &off_limit)
         r = _append_leader_into(st.fd, buf, position, base, leader_epoch, self.max_message_bytes,
                                 now_ms if self.log_append_time else -1, self.compact, prevalidated,
-                                room, ts_limit, off_limit, &out, False)
+                                room, ts_limit, off_limit, &out, False, defer)
         if r is not None:
             self.info = r
+            self.write_pending()
             return CODE_IDEMPOTENT
         if out.size < 0:
+            self.write_pending()
             return CODE_ROLL
+        if defer:
+            self.push(st, buf, out.data, out.size, position, base)
         st.committed(position, out.size, out.last_offset, out.max_timestamp)
         self.unflushed += out.record_count
         if self.unflushed >= self.flush_messages:
+            self.write_pending()
             self.last = out.last_offset
             return CODE_FLUSH_DUE
         return out.last_offset

@@ -7,6 +7,7 @@ import pytest
 from kafka.record import MemoryRecords
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
+from kbroker._native import segment as _native
 from kbroker.log import Log, LogAppendError, LogConfig, OffsetOutOfRange, validate_batch
 from kbroker.log import errors
 
@@ -322,11 +323,120 @@ def test_disk_full_across_rolls_then_restart(small_tmpfs):
     assert leo == acked[-1].last_offset + 1 == len(acked)
     assert sum(len(read_offsets(log, log.read(s.base_offset, 1 << 30))) for s in log.segments) == leo
     # Crash (no close) and recover: exactly the acknowledged batches come back.
+    log = _crash_and_reopen(log, cfg)
+    assert log.log_end_offset == leo
+    log.close_for_delete()
+
+
+def _crash_and_reopen(log, cfg):
+    """Drop ``log`` as a kill -9 would (descriptors closed, nothing flushed or trimmed) and load it
+    again from its files (recovery)."""
     for s in log.segments:
         for fd in (s._append_fd, s.read_fd):
             if fd >= 0:
                 os.close(fd)
-    log = Log(path, "t", 0, LogConfig(cfg), clean_shutdown=False)
+    return Log(log.dir, log.topic, log.partition, LogConfig(cfg), clean_shutdown=False)
+
+
+# -- write-behind runs (LeaderAppender: one writev per log for the plain appends of a receive chunk) --
+
+def test_write_behind_run_commits_now_and_writes_at_its_end(tmp_path):
+    log = open_log(tmp_path)
+    log.append_as_leader(batch(2), 0, T0)                      # outside a run: written at once
+    seg = log.active_segment
+    written = os.path.getsize(seg.log_path)
+    assert written == seg.size
+    _native.open_run()
+    try:
+        results = [log.append_as_leader(batch(2), 0, T0) for _ in range(5)]
+        # committed (offsets, log end, size, high watermark), not yet in the file
+        assert [r.base_offset for r in results] == [2, 4, 6, 8, 10]
+        assert log.log_end_offset == log.high_watermark == 12
+        assert os.path.getsize(seg.log_path) == written < seg.size
+        assert log._appender.pending == 5
+    finally:
+        assert _native.close_run() == 0
+    assert log._appender.pending == 0
+    assert os.path.getsize(seg.log_path) == seg.size
+    assert read_offsets(log, log.read(0, 1 << 30)) == list(range(12))
+    log = _crash_and_reopen(log, {})
+    assert log.log_end_offset == 12
+    log.close_for_delete()
+
+
+def test_write_behind_run_writes_pending_before_roll_idempotent_and_flush(tmp_path):
+    # Roll, an idempotent batch and a due flush each write what the run deferred first: the file
+    # keeps the offsets in order (a batch written ahead of deferred ones would be out of order).
+    cfg = {"segment.bytes": 1500, "flush.messages": 9}
+    log = open_log(tmp_path, **cfg)
+    _native.open_run()
+    try:
+        for i in range(12):
+            if i % 4 == 3:
+                log.append_as_leader(batch(2, value_size=200, pid=7, epoch=0, seq=2 * (i // 4)), 0, T0)
+            else:
+                log.append_as_leader(batch(2, value_size=200), 0, T0)
+    finally:
+        assert _native.close_run() == 0
+    assert len(log.segments) > 2
+    for s in log.segments:
+        assert os.path.getsize(s.log_path) == s.size
+    assert [o for s in log.segments for o in read_offsets(log, log.read(s.base_offset, 1 << 30))] == \
+        list(range(24))
+    log = _crash_and_reopen(log, cfg)
+    assert log.log_end_offset == 24
+    log.close_for_delete()
+
+
+def test_write_behind_failure_cuts_the_run_back(tmp_path):
+    log = open_log(tmp_path)
+    for _ in range(3):
+        log.append_as_leader(batch(2), 0, T0)
+    seg = log.active_segment
+    before = seg.size
+    bad = os.open(seg.log_path, os.O_RDONLY)                   # writes fail with EBADF
+    _native.open_run()
+    try:
+        for _ in range(4):
+            log.append_as_leader(batch(2), 0, T0)
+        assert log.log_end_offset == log.high_watermark == 14
+        seg._st.fd = bad
+    finally:
+        failed = _native.close_run()
+        seg._st.fd = seg._append_fd
+        os.close(bad)
+    assert failed == 1
+    # as before the run: nothing of it is in the file, the log, its indexes or the high watermark
+    assert (log.log_end_offset, log.high_watermark, seg.size) == (6, 6, before)
+    assert os.path.getsize(seg.log_path) == before and not log.offline
+    assert read_offsets(log, log.read(0, 1 << 30)) == list(range(6))
+    assert log.append_as_leader(batch(2), 0, T0).base_offset == 6
+    assert read_offsets(log, log.read(0, 1 << 30)) == list(range(8))
+    log.close_for_delete()
+
+
+def test_enospc_at_write_behind_flush_loses_no_acked_batch(small_tmpfs):
+    # Runs of 4 batches until the small tmpfs refuses one run's writev (possibly after part of it):
+    # that run is cut back whole and everything before it (acknowledged) stays, also after a crash.
+    cfg = {"segment.index.bytes": 4096}
+    log = Log(str(small_tmpfs / "t-0"), "t", 0, LogConfig(cfg))
+    acked = []
+    for _ in range(1000):
+        _native.open_run()
+        try:
+            run = [log.append_as_leader(batch(10, value_size=900), 0, T0) for _ in range(4)]
+        finally:
+            failed = _native.close_run()
+        if failed:
+            break
+        acked += run
+    assert failed == 1 and acked, "the filesystem should take some runs, then refuse one"
+    leo = log.log_end_offset
+    seg = log.active_segment
+    assert leo == log.high_watermark == acked[-1].last_offset + 1
+    assert os.path.getsize(seg.log_path) == seg.size and not log.offline
+    assert read_offsets(log, log.read(0, 1 << 30)) == list(range(leo))
+    log = _crash_and_reopen(log, cfg)
     assert log.log_end_offset == leo
     log.close_for_delete()
 

@@ -199,6 +199,7 @@ class Log:
         # False and moves it with ``high_watermark = ...``.
         self.hw_follows_leo = hw_follows_leo
         self._appender = _native.LeaderAppender()     # leader appends' limits and unflushed count
+        self._appender.log = self                     # told when deferred bytes cannot be written
         self.last_flush_ms = now_ms() if now is None else now
         self.dirty = False                 # appended since the last flush
         self.offline = False
@@ -482,6 +483,32 @@ class Log:
         except OSError as e:
             self._write_failed(seg, e)
 
+    def _write_deferred(self) -> None:
+        """Write the leader appends deferred in the current write-behind run (LeaderAppender) before
+        anything else touches this log's files; LogAppendError (KAFKA_STORAGE_ERROR) when that failed
+        (the log was cut back to the first of them). No-op outside a run."""
+        if self._appender.pending:
+            try:
+                self._appender.write_deferred()
+            except OSError as e:
+                raise LogAppendError(KAFKA_STORAGE_ERROR, f"write to {self.name} failed: {e.strerror}") from None
+
+    def _deferred_write_failed(self, seg, position: int, base: int, e: OSError) -> None:
+        """LeaderAppender could not write the batches it deferred from file ``position`` (offset
+        ``base``) of ``seg`` on: they were committed but are not (all) in the file. Cut the log back
+        to before them, as a failed synchronous write leaves it (the first of them is the new log
+        end); when the file cannot be cut the log goes offline. Their answers are not sent (the
+        request layer closes the connection)."""
+        _log.error("%s: write of appended batches from offset %d failed (%s); cut back to it",
+                   self.name, base, e.strerror)
+        try:
+            seg.cut(position, base)
+        except OSError:
+            self.offline = True
+        if seg.size != os.fstat(seg.read_fd).st_size or seg.next_offset != base:
+            self.offline = True       # the unwritten bytes could not be removed
+        self._after_truncation()
+
     def _write_failed(self, seg, e: OSError):
         """A leader append's write failed: cut the partial bytes away (or, when that fails too,
         take the log offline) and raise LogAppendError (KAFKA_STORAGE_ERROR)."""
@@ -536,6 +563,7 @@ class Log:
         """-> WriteJob to run on a writer thread, or the AppendResult of an idempotent duplicate."""
         if self._write_job is not None:
             self._settle()
+        self._write_deferred()
         r = self._stamp(buf, leader_epoch, now, prevalidated)
         if type(r) is AppendResult:
             return r
@@ -598,6 +626,7 @@ class Log:
         backwards)."""
         if self._write_job is not None:
             self._settle()
+        self._write_deferred()
         if self.offline:
             raise LogAppendError(KAFKA_STORAGE_ERROR, f"log {self.name} is offline")
         try:
@@ -672,6 +701,7 @@ class Log:
         """Close the active segment and start a new one at the log end offset."""
         if self._write_job is not None:
             self._settle()
+        self._write_deferred()
         now = now_ms() if now is None else now
         old = self.active_segment
         leo = old.next_offset
@@ -732,6 +762,7 @@ class Log:
         recovery point and high watermark all follow. Returns whether anything was removed."""
         if self._write_job is not None:
             self._settle()
+        self._write_deferred()
         if offset >= self.log_end_offset:
             return False
         now = now_ms() if now is None else now
@@ -758,6 +789,7 @@ class Log:
         behind or diverged that nothing of its log is usable)."""
         if self._write_job is not None:
             self._settle()
+        self._write_deferred()
         now = now_ms() if now is None else now
         for s in self.segments:
             s.mark_deleted()
@@ -845,6 +877,7 @@ class Log:
         and segments wholly below the log start offset. Returns the number deleted."""
         if self._write_job is not None:
             self._settle()
+        self._write_deferred()
         now = now_ms() if now is None else now
         cfg = self.config
         if "delete" not in cfg.cleanup_policy:
@@ -942,6 +975,7 @@ class Log:
         """Clean shutdown: flush, snapshot producer state at the LEO, trim indexes, close fds."""
         if self._write_job is not None:
             self._settle()
+        self._write_deferred()
         self.flush()
         self.producer_state.write_snapshot(self.log_end_offset)
         self.remove_deleted_files(force=True)
@@ -953,6 +987,7 @@ class Log:
         """Close every descriptor without flushing (the partition is being deleted)."""
         if self._write_job is not None:
             self._settle()
+        self._write_deferred()
         self.epoch_cache.close()
         self.remove_deleted_files(force=True)
         for s in self.segments:

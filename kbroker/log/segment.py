@@ -347,6 +347,13 @@ class LogSegment:
             return 0
         position, _size, batch_base = r[0], r[1], r[2]
         removed = self.size - position
+        self.cut(position, batch_base)
+        return removed
+
+    def cut(self, position: int, batch_base: int) -> None:
+        """Drop everything from the batch at file ``position`` (base offset ``batch_base``) on:
+        file, indexes, and the state re-derived from what is left (truncate_to's work once the
+        batch is found; also the unwind of deferred bytes that could not be written)."""
         self.index.truncate_to_offset(batch_base)
         self.time_index.truncate_to_offset(batch_base)
         self._truncate_file(position)
@@ -359,7 +366,6 @@ class LogSegment:
         st.sync_index()
         if not self.load():
             self.recover(self.base_offset)
-        return removed
 
     def _forget_tail(self) -> None:
         self._st.forget_tail()

@@ -413,6 +413,13 @@ class Connection(asyncio.BufferedProtocol):
         hostile_log(logging.WARNING, "closing %s: " + reason, self.peer, *args)
         self.close()
 
+    def _appends_lost(self):
+        """dispatch_frames: appends of this read were answered but their bytes could not be written
+        (full or failing disk; the logs were cut back and say so): close without sending any answer
+        of it, as for a failed write, so the client retries rather than trusting those offsets."""
+        hostile_log(logging.ERROR, "closing %s: appends of its last read could not be written", self.peer)
+        self.close()
+
     def _handler_raised(self, slot, release):
         """A native handler raised (called from its except clause: the traceback is logged); ``release``
         gives a dedicated frame buffer back (None for a chunk's frame, which took no reference)."""
