@@ -169,6 +169,33 @@ def test_large_reads_load_no_blocks(tmp_path, monkeypatch):
     log.close()
 
 
+def test_large_reads_inside_the_recent_batch_list_touch_no_file(tmp_path, monkeypatch):
+    """The capacity fetch's shape, scaled down: reads of several batches' worth (sent with sendfile)
+    that cut below the log end, each starting where the last ended or inside a batch. Inside the
+    recent-batch list (SegmentState's tail bounds) Log.read finds the start and the cut with no
+    header walk and no pread, and its region equals the one read from the index and the file."""
+    monkeypatch.setattr(segment_mod, "TAIL_BATCHES", 64)
+    log = Log(str(tmp_path / "t-0"), "t", 0, LogConfig({}))
+    for _ in range(60):                              # < 2 x 64: the list holds every batch
+        log.append_as_leader(batch(4, 1000), 0, T0)  # ~4 KiB batches of offsets 4k..4k+3
+    seg = log.segments[-1]
+    leo = log.log_end_offset
+    max_bytes = seg.size * 7 // 120                 # 3.5 batches' worth: cut after the third
+    offsets = list(range(0, leo, 12)) + [2, 45, 101, leo - 13, leo - 6]
+    want = [_reference(seg, off, max_bytes, leo, True)[:2] for off in offsets]
+    calls = []
+    real_pread, real_seek = os.pread, segment_mod._native.seek_batch
+    monkeypatch.setattr(os, "pread", lambda *a: calls.append("pread") or real_pread(*a))
+    monkeypatch.setattr(segment_mod._native, "seek_batch", lambda *a: calls.append("seek") or real_seek(*a))
+    got = []
+    for off in offsets:
+        (_fd, pos, length), = log.read(off, max_bytes, leo).regions
+        got.append((pos, pos + length))
+    assert got == want and calls == []
+    assert sum(b < seg.size for _a, b in got) >= len(offsets) - 3      # cut by the limit, not the log end
+    log.close()
+
+
 def test_a_broker_serves_batch_by_batch_readers_the_records_written(bootstrap):
     """A real broker, raw Fetch v11 one batch at a time (partition_max_bytes 1: KIP-74's first batch)
     while more is produced: every answer is the next batch, CRC-checked, with the value written. With
