@@ -54,6 +54,15 @@ def _mismatches(log, offsets, rng, fixed=None):
     return bad
 
 
+def _count_file_reads(monkeypatch) -> list:
+    """From now on every os.pread ("pread") and native header walk in the file ("seek") is listed."""
+    calls = []
+    real_pread, real_seek = os.pread, segment_mod._native.seek_batch
+    monkeypatch.setattr(os, "pread", lambda *a: calls.append("pread") or real_pread(*a))
+    monkeypatch.setattr(segment_mod._native, "seek_batch", lambda *a: calls.append("seek") or real_seek(*a))
+    return calls
+
+
 def _grow(log, rng, n):
     for _ in range(n):
         log.append_as_leader(batch(rng.randint(1, 5), rng.choice((10, 100, 700))), 0, T0)
@@ -112,10 +121,7 @@ def test_a_sequential_reader_needs_one_pread_per_block(tmp_path, monkeypatch):
     log = Log(str(tmp_path / "t-0"), "t", 0, LogConfig({}))
     for _ in range(2000):
         log.append_as_leader(batch(1, 100), 0, T0)   # ~170 B batches: ~96 per 16 KiB block
-    calls = []
-    real_pread, real_seek = os.pread, segment_mod._native.seek_batch
-    monkeypatch.setattr(os, "pread", lambda *a: calls.append("pread") or real_pread(*a))
-    monkeypatch.setattr(segment_mod._native, "seek_batch", lambda *a: calls.append("seek") or real_seek(*a))
+    calls = _count_file_reads(monkeypatch)
     seg = log.segments[-1]
     n = 1000
     for off in range(100, 100 + n):
@@ -148,10 +154,7 @@ def test_large_reads_load_no_blocks(tmp_path, monkeypatch):
     log = Log(str(tmp_path / "t-0"), "t", 0, LogConfig({}))
     for _ in range(3000):
         log.append_as_leader(batch(1, 100), 0, T0)
-    calls = []
-    real_pread, real_seek = os.pread, segment_mod._native.seek_batch
-    monkeypatch.setattr(os, "pread", lambda *a: calls.append("pread") or real_pread(*a))
-    monkeypatch.setattr(segment_mod._native, "seek_batch", lambda *a: calls.append("seek") or real_seek(*a))
+    calls = _count_file_reads(monkeypatch)
 
     def reads():
         calls.clear()
@@ -183,10 +186,7 @@ def test_large_reads_inside_the_recent_batch_list_touch_no_file(tmp_path, monkey
     max_bytes = seg.size * 7 // 120                 # 3.5 batches' worth: cut after the third
     offsets = list(range(0, leo, 12)) + [2, 45, 101, leo - 13, leo - 6]
     want = [_reference(seg, off, max_bytes, leo, True)[:2] for off in offsets]
-    calls = []
-    real_pread, real_seek = os.pread, segment_mod._native.seek_batch
-    monkeypatch.setattr(os, "pread", lambda *a: calls.append("pread") or real_pread(*a))
-    monkeypatch.setattr(segment_mod._native, "seek_batch", lambda *a: calls.append("seek") or real_seek(*a))
+    calls = _count_file_reads(monkeypatch)
     got = []
     for off in offsets:
         (_fd, pos, length), = log.read(off, max_bytes, leo).regions
