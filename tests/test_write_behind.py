@@ -14,12 +14,11 @@ the run's write) is in tests/test_log.py (test_write_behind_*, test_enospc_at_wr
 """
 from __future__ import annotations
 
-import socket
 import uuid
 
 import pytest
 
-from checkers import check_acked, consume_confluent, wait_for_topic
+from checkers import RawConn, check_acked, consume_confluent, wait_for_topic
 from kbroker._native.batch import BatchBuilder, iter_batches
 from kbroker.protocol.api import decode_response, encode_request
 from kbroker.testing import LocalCluster
@@ -90,15 +89,6 @@ def test_pipelined_one_record_produce_acks_all_rf3(tmp_path):
         _check_read_back(c.bootstrap, topic, acked)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    out = bytearray()
-    while len(out) < n:
-        got = sock.recv(n - len(out))
-        assert got, "the broker closed the connection"
-        out += got
-    return bytes(out)
-
-
 def test_fetch_pipelined_after_produce_frames_in_one_chunk_sees_them(broker):
     topic = f"wb-{uuid.uuid4().hex[:8]}"
     wait_for_topic(broker.bootstrap, topic, 1)
@@ -116,13 +106,9 @@ def test_fetch_pipelined_after_produce_frames_in_one_chunk_sees_them(broker):
         "topics": [{"topic": topic, "partitions": [{
             "partition": 0, "current_leader_epoch": -1, "fetch_offset": 0, "log_start_offset": -1,
             "partition_max_bytes": 1 << 20}]}]}))
-    host, port = broker.bootstrap.split(",")[0].rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=30) as s:
-        s.sendall(b"".join(frames))        # ~4 KB: one read on loopback, so one chunk
-        answers = []
-        for i in range(n + 1):
-            size = int.from_bytes(_recv_exact(s, 4), "big")
-            answers.append(memoryview(bytearray(_recv_exact(s, size))))
+    with RawConn(broker.bootstrap, timeout=30) as c:
+        c.send(b"".join(frames))           # ~4 KB: one read on loopback, so one chunk
+        answers = [memoryview(bytearray(c.recv_frame(30))) for _ in range(n + 1)]
     for i in range(n):
         _h, body = decode_response(0, 8, answers[i])
         part = body["responses"][0]["partition_responses"][0]
