@@ -678,11 +678,12 @@ def dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_ssize_t ma
     answer to ``conn._dispatch_later`` and a failing handler to ``conn._handler_raised``. The
     connection's ``_start`` follows each frame. Stops when the connection closes.
 
-    Consecutive Produce frames form one write-behind run (ext/segment.pyx LeaderAppender): their
-    plain leader appends are written together, one writev per log, when the run ends: before any
-    other frame is handled, before an answer could be sent, and before this returns (the chunk is
-    then free to be reused). When a run's write failed, its logs were cut back and the connection
-    is closed (``conn._appends_lost``) so that none of its answers leaves.
+    Consecutive Produce frames (a run starts at one that another complete frame follows) form one
+    write-behind run (ext/segment.pyx LeaderAppender): their plain leader appends are written
+    together, one writev per log, when the run ends: before any other frame is handled, before an
+    answer could be sent, and before this returns (the chunk is then free to be reused). When a
+    run's write failed, its logs were cut back and the connection is closed
+    (``conn._appends_lost``) so that none of its answers leaves.
     -> 0 (the rest is an incomplete frame, or nothing), 1 (the frame at ``conn._start`` announces a
     size outside (0, max_frame]) or 2 (the frame at ``conn._start`` will not fit in this chunk)."""
     cdef bint run = False
@@ -700,6 +701,15 @@ cdef inline int _end_run(conn, bint *run) except -1:
     if run_end():
         conn._appends_lost()
     return 0
+
+
+cdef inline bint _frame_follows(const unsigned char *p, Py_ssize_t start, Py_ssize_t end) noexcept:
+    # a complete frame starts at ``start``
+    cdef int32_t size
+    if end - start < 4:
+        return False
+    size = <int32_t>load_be32(<const char *>p + start)
+    return 0 < size <= end - start - 4
 
 
 cdef object _dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_ssize_t max_frame, produce,
@@ -753,7 +763,9 @@ cdef object _dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_s
         except ProtocolError:
             conn._dispatch(frame, chunk)        # malformed: the generic outcome (nothing was queued)
             continue
-        if key == PRODUCE and not run[0]:
+        if key == PRODUCE and not run[0] and _frame_follows(p, start, end):
+            # a run only when another frame of the chunk follows: a lone request (one in flight) is
+            # written as it is handled, so a failing disk still answers it KAFKA_STORAGE_ERROR
             run_begin()
             run[0] = True
         try:

@@ -14,16 +14,18 @@ the run's write) is in tests/test_log.py (test_write_behind_*, test_enospc_at_wr
 """
 from __future__ import annotations
 
+import os
 import uuid
 
 import pytest
 
-from checkers import RawConn, check_acked, consume_confluent, wait_for_topic
+from checkers import RawConn, check_acked, consume_confluent, log_end_offset, wait_for_topic
 from kbroker._native.batch import BatchBuilder, iter_batches
 from kbroker.protocol.api import decode_response, encode_request
 from kbroker.testing import LocalCluster
 
 import test_crash_recovery
+from test_hostile_ops import KAFKA_STORAGE_ERROR, tmpfs  # noqa: F401 (a fixture: a small tmpfs, root only)
 
 RECORDS = 3000
 
@@ -89,17 +91,20 @@ def test_pipelined_one_record_produce_acks_all_rf3(tmp_path):
         _check_read_back(c.bootstrap, topic, acked)
 
 
+def _produce_frame(topic: str, correlation_id: int, value: bytes) -> bytes:
+    """A Produce v8 frame (acks=1) of one one-record batch for partition 0."""
+    b = BatchBuilder()
+    b.append(1_700_000_000_000 + correlation_id, None, value)
+    return encode_request(0, 8, correlation_id, "wb-test", {
+        "transactional_id": None, "acks": 1, "timeout_ms": 5000,
+        "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": b.build()}]}]})
+
+
 def test_fetch_pipelined_after_produce_frames_in_one_chunk_sees_them(broker):
     topic = f"wb-{uuid.uuid4().hex[:8]}"
     wait_for_topic(broker.bootstrap, topic, 1)
     n = 40
-    frames = []
-    for i in range(n):
-        b = BatchBuilder()
-        b.append(1_700_000_000_000 + i, None, f"chunk-{i}".encode())
-        frames.append(encode_request(0, 8, i, "wb-test", {
-            "transactional_id": None, "acks": 1, "timeout_ms": 5000,
-            "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": b.build()}]}]}))
+    frames = [_produce_frame(topic, i, f"chunk-{i}".encode()) for i in range(n)]
     frames.append(encode_request(1, 11, n, "wb-test", {
         "replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1 << 20, "isolation_level": 0,
         "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "",
@@ -132,3 +137,45 @@ def test_kill9_during_pipelined_one_record_produce(tmp_path):
     assert report.inconsistent == 0 and report.gaps == 0
     assert after >= 4000
     assert errors == [], errors[:10]
+
+
+@pytest.mark.slow
+def test_disk_full_under_pipelined_produce_loses_no_acked_record(tmp_path, tmpfs):  # noqa: F811
+    # Sends of 16 Produce frames (one run each) until the log dir's tmpfs is full: the run whose writev
+    # fails is cut back and its connection closed with no answer; every answered record is in the log,
+    # and after kill -9 and restart the log ends exactly after them.
+    with LocalCluster(tmp_path / "cluster", num_partitions=1,
+                      overrides={"log.dirs": os.path.join(tmpfs, "data")}) as c:
+        topic = f"wb-{uuid.uuid4().hex[:8]}"
+        wait_for_topic(c.bootstrap, topic, 1)
+        acked, failed, closed, n = [], False, False, 0
+        with RawConn(c.bootstrap, timeout=30) as conn:
+            for _ in range(2000):
+                values = [f"df-{n + k}-".encode() + b"x" * 2000 for k in range(16)]
+                conn.send(b"".join(_produce_frame(topic, n + k, v) for k, v in enumerate(values)))
+                n += len(values)
+                for v in values:
+                    try:
+                        answer = conn.recv_frame(30)
+                    except ConnectionError:
+                        closed = True
+                        break
+                    part = decode_response(0, 8, answer)[1]["responses"][0]["partition_responses"][0]
+                    if part["error_code"]:
+                        assert part["error_code"] == KAFKA_STORAGE_ERROR
+                        failed = True
+                    else:
+                        assert part["base_offset"] == len(acked)
+                        acked.append(v)
+                if closed or failed:
+                    break
+        print(f"T-diskfull-write-behind answered={len(acked)} sent={n} closed={closed} storage_error={failed}")
+        assert closed or failed, "the tmpfs never filled up"
+        assert len(acked) > 1000
+        c.kill(0)
+        c.start_broker(0)
+        wait_for_topic(c.bootstrap, topic, 1)
+        leo = log_end_offset(c.bootstrap, topic, 0)
+        assert leo == len(acked), f"log end {leo} after restart, {len(acked)} records answered"
+        consumed = consume_confluent(c.bootstrap, topic, {0: leo}, timeout=60)
+        assert [m.rec.value for m in consumed] == acked
