@@ -8,7 +8,10 @@ Contract
   CRC, binary search) run without the GIL. The callers in kbroker.log own the state and call
   from the broker's event-loop thread.
 - Nothing here keeps state between calls: a crash mid-call leaves at most a partial write,
-  which the caller truncates away (append) or the recovery scan cuts off (restart).
+  which the caller truncates away (append) or the recovery scan cuts off (restart). The one
+  exception is a write-behind run (run_begin .. run_end, LeaderAppender): batches committed
+  inside it are written by run_end, which its caller (ext/request.pyx dispatch_frames) reaches
+  before any answer of the run is sent and before the buffers holding them can be reused.
 """
 cimport cython
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
