@@ -15,6 +15,7 @@ Contract
 """
 cimport cython
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.pythread cimport PyThread_get_thread_ident
 from libc.errno cimport EINTR, errno
 from libc.stdint cimport int16_t, int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
@@ -940,12 +941,16 @@ def scan_batches(int fd, int64_t start, int64_t end, int64_t segment_base,
 
 # Write-behind run: set by run_begin, cleared by run_end (event-loop thread only).
 cdef bint _run_open = False
+# The thread that opened the run: only its appends defer (a broker run in a thread beside another
+# broker's loop, or an append on a worker thread, writes at once and never joins this run).
+cdef unsigned long _run_thread = 0
 cdef list _run_pending = []         # LeaderAppenders that deferred bytes in this run (maybe twice)
 cdef int _run_failed = 0            # logs whose deferred bytes could not be written in this run
 
 
 cdef void run_begin() noexcept:
-    global _run_open
+    global _run_open, _run_thread
+    _run_thread = PyThread_get_thread_ident()
     _run_open = True
 
 
@@ -1087,7 +1092,7 @@ cdef class LeaderAppender:
         SegmentState.append_leader."""
         cdef Appended out
         cdef int64_t position, base, room, ts_limit, off_limit
-        cdef bint defer = _run_open
+        cdef bint defer = _run_open and PyThread_get_thread_ident() == _run_thread
         if cfg is not self.config:
             self.load(cfg)
         if self.pend_n and self.pend_st is not st:

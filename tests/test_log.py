@@ -2,6 +2,7 @@
 timestamps, leader epochs, storage errors."""
 import os
 import subprocess
+import threading
 
 import pytest
 from kafka.record import MemoryRecords
@@ -361,6 +362,28 @@ def test_write_behind_run_commits_now_and_writes_at_its_end(tmp_path):
     assert read_offsets(log, log.read(0, 1 << 30)) == list(range(12))
     log = _crash_and_reopen(log, {})
     assert log.log_end_offset == 12
+    log.close_for_delete()
+
+
+def test_write_behind_run_defers_only_the_opening_threads_appends(tmp_path):
+    # A run belongs to the thread that opened it (the loop's dispatch_frames): an append on any other
+    # thread meanwhile (a second broker's loop in the same process, a worker) is written at once,
+    # never left for the run's owner to write.
+    log = open_log(tmp_path)
+    seg = log.active_segment
+    _native.open_run()
+    try:
+        t = threading.Thread(target=log.append_as_leader, args=(batch(2), 0, T0))
+        t.start()
+        t.join(10)
+        assert not t.is_alive()
+        assert log._appender.pending == 0
+        assert os.path.getsize(seg.log_path) == seg.size > 0
+        log.append_as_leader(batch(2), 0, T0)                 # the opening thread's: deferred
+        assert log._appender.pending == 1
+    finally:
+        assert _native.close_run() == 0
+    assert read_offsets(log, log.read(0, 1 << 30)) == list(range(4))
     log.close_for_delete()
 
 
