@@ -483,10 +483,13 @@ class Log:
         except OSError as e:
             self._write_failed(seg, e)
 
-    def _write_deferred(self) -> None:
-        """Write the leader appends deferred in the current write-behind run (LeaderAppender) before
-        anything else touches this log's files; LogAppendError (KAFKA_STORAGE_ERROR) when that failed
-        (the log was cut back to the first of them). No-op outside a run."""
+    def _settle_writes(self) -> None:
+        """Before anything but a plain leader append changes this log or its files: finish the large
+        write in flight (``_settle``) and write the leader appends deferred in the current write-behind
+        run (LeaderAppender); LogAppendError (KAFKA_STORAGE_ERROR) when that failed (the log was cut
+        back to the first of them). Nothing to do outside a run with no write in flight."""
+        if self._write_job is not None:
+            self._settle()
         if self._appender.pending:
             try:
                 self._appender.write_deferred()
@@ -561,9 +564,7 @@ class Log:
 
     def begin_append_as_leader(self, buf, leader_epoch: int, now: int, prevalidated: bool = False):
         """-> WriteJob to run on a writer thread, or the AppendResult of an idempotent duplicate."""
-        if self._write_job is not None:
-            self._settle()
-        self._write_deferred()
+        self._settle_writes()
         r = self._stamp(buf, leader_epoch, now, prevalidated)
         if type(r) is AppendResult:
             return r
@@ -624,9 +625,7 @@ class Log:
         (first offset, last offset) or None when ``buf`` holds no complete batch; raises
         LogAppendError (CORRUPT_MESSAGE for bad bytes, INVALID_RECORD for offsets that go
         backwards)."""
-        if self._write_job is not None:
-            self._settle()
-        self._write_deferred()
+        self._settle_writes()
         if self.offline:
             raise LogAppendError(KAFKA_STORAGE_ERROR, f"log {self.name} is offline")
         try:
@@ -699,9 +698,7 @@ class Log:
 
     def roll(self, now: int | None = None) -> LogSegment:
         """Close the active segment and start a new one at the log end offset."""
-        if self._write_job is not None:
-            self._settle()
-        self._write_deferred()
+        self._settle_writes()
         now = now_ms() if now is None else now
         old = self.active_segment
         leo = old.next_offset
@@ -760,9 +757,7 @@ class Log:
         """Remove every batch at or after ``offset`` (a batch holding it goes whole, so the new
         log end may be a little lower). Segments, indexes, the epoch cache, producer state,
         recovery point and high watermark all follow. Returns whether anything was removed."""
-        if self._write_job is not None:
-            self._settle()
-        self._write_deferred()
+        self._settle_writes()
         if offset >= self.log_end_offset:
             return False
         now = now_ms() if now is None else now
@@ -787,9 +782,7 @@ class Log:
     def truncate_fully(self, offset: int, now: int | None = None) -> None:
         """Drop every segment and start the log empty at ``offset`` (the follower is so far
         behind or diverged that nothing of its log is usable)."""
-        if self._write_job is not None:
-            self._settle()
-        self._write_deferred()
+        self._settle_writes()
         now = now_ms() if now is None else now
         for s in self.segments:
             s.mark_deleted()
@@ -875,9 +868,7 @@ class Log:
     def delete_old_segments(self, now: int | None = None) -> int:
         """Apply retention.ms and retention.bytes to closed segments (never the active one)
         and segments wholly below the log start offset. Returns the number deleted."""
-        if self._write_job is not None:
-            self._settle()
-        self._write_deferred()
+        self._settle_writes()
         now = now_ms() if now is None else now
         cfg = self.config
         if "delete" not in cfg.cleanup_policy:
@@ -973,9 +964,7 @@ class Log:
 
     def close(self) -> None:
         """Clean shutdown: flush, snapshot producer state at the LEO, trim indexes, close fds."""
-        if self._write_job is not None:
-            self._settle()
-        self._write_deferred()
+        self._settle_writes()
         self.flush()
         self.producer_state.write_snapshot(self.log_end_offset)
         self.remove_deleted_files(force=True)
@@ -985,9 +974,7 @@ class Log:
 
     def close_for_delete(self) -> None:
         """Close every descriptor without flushing (the partition is being deleted)."""
-        if self._write_job is not None:
-            self._settle()
-        self._write_deferred()
+        self._settle_writes()
         self.epoch_cache.close()
         self.remove_deleted_files(force=True)
         for s in self.segments:
