@@ -691,8 +691,8 @@ def dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_ssize_t ma
         return _dispatch_frames(conn, chunk, start, end, max_frame, produce, fetch, supported, no_response,
                                 close, &run)
     finally:
-        if run and run_end():
-            conn._appends_lost()
+        if run:
+            _end_run(conn, &run)
 
 
 cdef inline int _end_run(conn, bint *run) except -1:
