@@ -68,6 +68,12 @@ SCAN_BAD_OFFSET = 5       # offsets not increasing, or out of the segment's u32 
 SCAN_IO_ERROR = 6
 
 
+cdef object _os_error(int err):
+    # OSError for an errno that a GIL-free helper returned (errno itself may have changed since)
+    import os
+    return OSError(err, os.strerror(err))
+
+
 cdef int _write_full(int fd, const char *p, Py_ssize_t left) noexcept nogil:
     # 0, or the errno that stopped it (bytes written until then stay: the caller truncates).
     cdef Py_ssize_t n
@@ -121,8 +127,7 @@ def write_all(int fd, buf):
         with nogil:
             err = _write_full(fd, <const char *>view.buf, view.len)
         if err:
-            import os
-            raise OSError(err, os.strerror(err))
+            raise _os_error(err)
         return view.len
     finally:
         PyBuffer_Release(&view)
@@ -218,8 +223,7 @@ cdef object _append_leader_into(int fd, object buf, int64_t position, int64_t ba
             stamp(p, n, base_offset, leader_epoch, log_append_time_ms)
             err = _write_full(fd, p, n)
         if err:
-            import os
-            raise OSError(err, os.strerror(err))
+            raise _os_error(err)
         out.size = n
         out.max_timestamp = max_ts
         out.record_count = <int32_t>load_be32(p + OFF_RECORDS_COUNT)
@@ -427,8 +431,7 @@ cdef class SegmentState:
             else:
                 err = _write_full(self.fd, p, n)
             if err:
-                import os
-                raise OSError(err, os.strerror(err))
+                raise _os_error(err)
             self.committed(position, n, last, max_ts)
             return n
         finally:
@@ -708,8 +711,7 @@ def write_offset_entry(int fd, Py_ssize_t slot, uint32_t relative_offset, uint32
     with nogil:
         err = _pwrite_all(fd, e, 8, <int64_t>slot * 8)
     if err:
-        import os
-        raise OSError(err, os.strerror(err))
+        raise _os_error(err)
 
 
 def write_time_entry(int fd, Py_ssize_t slot, int64_t timestamp, uint32_t relative_offset):
@@ -721,8 +723,7 @@ def write_time_entry(int fd, Py_ssize_t slot, int64_t timestamp, uint32_t relati
     with nogil:
         err = _pwrite_all(fd, e, 12, <int64_t>slot * 12)
     if err:
-        import os
-        raise OSError(err, os.strerror(err))
+        raise _os_error(err)
 
 
 # ----------------------------------------------------------------------------------------
@@ -770,8 +771,7 @@ def seek_batch(int fd, int64_t start, int64_t end, int64_t target_offset,
                 break
             pos += size
     if err:
-        import os
-        raise OSError(err, os.strerror(err))
+        raise _os_error(err)
     if found:
         return (pos, size, base_off, last_off, max_ts)
     return (pos, 0, -1, -1, -1)
@@ -1064,9 +1064,8 @@ cdef class LeaderAppender:
         self.pend_st = None
         del self.pend_refs[:]
         if err:
-            import os
             _run_failed += 1
-            e = OSError(err, os.strerror(err))
+            e = _os_error(err)
             self.log._deferred_write_failed(st.owner, position, base, e)
             raise e
         return 0
