@@ -18,19 +18,22 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.errno cimport errno
-from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 from posix.unistd cimport pread
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
 
 cdef extern from "Python.h":
+    int PyDict_Contains(object, object) except -1
     bint PyUnicode_IS_ASCII(object)
     Py_ssize_t PyUnicode_GET_LENGTH(object)
     void *PyUnicode_DATA(object)
 
 from kbroker._native.hton cimport load_be16, load_be32, load_be64, store_be16, store_be32, store_be64
-from kbroker._native.segment cimport run_begin, run_end
+from kbroker._native.segment cimport NOT_PLAIN, LeaderAppender, SegmentState, run_begin, run_end
+
+from kbroker._native.batch import BatchError
 
 from kbroker.protocol.types import FileRegions, ProtocolError
 
@@ -612,6 +615,13 @@ def observe_slots(list slots, double sent):
 
 
 
+cdef inline int64_t _now_ms() noexcept:
+    """time.time_ns() // 1_000_000 (the wall clock append_records stamps with), without the call."""
+    cdef timespec ts
+    clock_gettime(CLOCK_REALTIME, &ts)
+    return <int64_t>ts.tv_sec * 1000 + ts.tv_nsec // 1000000
+
+
 cdef inline double _monotonic() noexcept:
     """time.monotonic() without the call: the same clock (CLOCK_MONOTONIC), in seconds."""
     cdef timespec ts
@@ -630,22 +640,26 @@ def begin_native(frame, parse, pending, dict counts, double since, double arrive
 
 cdef Slot _begin_native(frame, parse, pending, dict counts, double since, double arrived):
     cdef object req = parse(frame)
-    cdef Slot slot = Slot.__new__(Slot)         # no __init__: the fields are set here, in C
-    cdef int version
     if type(req) is ProduceRequest:
-        version = (<ProduceRequest>req).api_version
-        slot.api_key = (<ProduceRequest>req).api_key
-    else:
-        version = (<FetchRequest?>req).api_version
-        slot.api_key = (<FetchRequest>req).api_key
-        slot.follower = (<FetchRequest>req).replica_id >= 0
-    slot.header = req
+        return _new_slot(req, (<ProduceRequest>req).api_key, (<ProduceRequest>req).api_version, False,
+                         pending, counts, since, arrived, _monotonic())
+    return _new_slot(req, (<FetchRequest?>req).api_key, (<FetchRequest>req).api_version,
+                     (<FetchRequest>req).replica_id >= 0, pending, counts, since, arrived, _monotonic())
+
+
+cdef Slot _new_slot(header, int api_key, int version, bint follower, pending, dict counts, double since,
+                    double arrived, double started):
+    # the request's Slot appended to ``pending`` and the request counted in ``counts``
+    cdef Slot slot = Slot.__new__(Slot)         # no __init__: the fields are set here, in C
+    slot.api_key = api_key
+    slot.follower = follower
+    slot.header = header
     slot.since = since
-    slot.arrived = slot.started = slot.queued = arrived
+    slot.arrived = slot.queued = arrived
+    slot.started = started
     pending.append(slot)
-    kv = (slot.api_key, version)
+    kv = (api_key, version)
     counts[kv] = counts.get(kv, 0) + 1
-    slot.started = _monotonic()
     return slot
 
 
@@ -665,6 +679,271 @@ cdef bint _end_native(Slot slot, result, no_response, close):
         slot.queued = t1
         return True
     return False
+
+
+# ---- the one-partition Produce without a Python frame (issue 10) -----------------------------------
+# dispatch_frames serves a Produce v3-8 frame here when it is the common request: no transactional id,
+# acks 0/1 (-1 when the ISR is this leader alone and min.insync.replicas <= 1), one topic with one
+# partition whose leader slot (FastLeader) the ReplicaManager armed, and a batch that ends as a plain
+# leader append (LeaderAppender.append_into with ``plain``: not idempotent, no roll or flush due, not
+# compressed when validation runs off the loop, below kbroker.log.writer.offload.bytes). Everything
+# else, any refusal included, is left untouched for the Python path (produce.handle_native ->
+# execute -> ReplicaManager.append_records), which stays the reference: what the native path does
+# must give the same bytes in the log and in the answer (tests/test_native_differential.py,
+# tests/test_produce_fast.py). Policy stays in Python as the slots' state: the ReplicaManager arms a
+# slot when the conditions hold and disarms or re-arms it when they change (ARCHITECTURE.md, "Native
+# Produce fast path"); what may change without it (the log's config, offline flag, writes in flight,
+# active segment, epoch cache, queued appends, waiters) is checked here per request, O(1).
+
+cdef class FastLeader:
+    """One partition this broker leads, as the native Produce path needs it (armed by
+    ReplicaManager._fast_refresh; replaced, never changed, when the partition's state changes)."""
+    cdef readonly object partition, log, config, tp, follower_key, epoch_cache
+    cdef object seg                     # the LogSegment whose SegmentState ``st`` is (the active one)
+    cdef SegmentState st
+    cdef LeaderAppender ap
+    cdef object waiters                 # Partition.waiters (deque, never replaced)
+    cdef dict tails                     # Log.append_tails (never replaced)
+    cdef int32_t epoch
+    cdef bint acks_all                  # acks=-1 answered at once (ISR = this leader, min ISR <= 1)
+    cdef bint followers                 # replicas beyond this one: wake their long polls
+    cdef bint hw_to_end                 # ISR of this leader alone: the HW follows the log end
+    cdef bint append_time               # LogAppendTime topic
+
+    def __init__(self, tp, partition, log, LeaderAppender ap not None, config, int epoch, bint acks_all,
+                 bint followers, bint hw_to_end, follower_key, waiters, dict tails not None, epoch_cache):
+        self.tp, self.partition, self.log, self.ap, self.config = tp, partition, log, ap, config
+        self.epoch, self.acks_all, self.followers, self.hw_to_end = epoch, acks_all, followers, hw_to_end
+        self.follower_key, self.waiters, self.tails, self.epoch_cache = follower_key, waiters, tails, epoch_cache
+        self.append_time = bool(config.log_append_time)
+        self.seg = None
+        self.st = None
+
+
+cdef class FastProduce:
+    """The Produce handler dispatch_frames gets (broker.py): called as ``handle_native`` for any
+    request the native path leaves (``fallback(conn, req)``), and holding the armed leader slots.
+    ``fast``/``slow``: requests served natively / through ``fallback`` (tests, A/B)."""
+    cdef object fallback
+    cdef object rearm                   # rearm(tp): the ReplicaManager re-evaluates a slot (config changed)
+    cdef object write_failed            # write_failed(slot, error, version, correlation_id, acks) -> answer
+    cdef dict leaders                   # topic -> {partition index: FastLeader}
+    cdef dict messages_in, bytes_in     # BrokerMetrics' per-topic counts (never replaced)
+    cdef dict notify                    # AppendNotifier._waiters (never replaced)
+    cdef object appended                # AppendNotifier.appended
+    cdef dict failing_dirs              # ReplicaManager._failing_dirs (never replaced)
+    cdef int64_t big                    # AppendThreads.write_offload_bytes
+    cdef bint off_loop                  # AppendThreads.validates_off_loop
+    cdef readonly long long fast, slow
+
+    def __init__(self, fallback, rearm, write_failed, dict messages_in not None, dict bytes_in not None,
+                 dict notify not None, appended, dict failing_dirs not None, int64_t big, bint off_loop):
+        self.fallback, self.rearm, self.write_failed = fallback, rearm, write_failed
+        self.messages_in, self.bytes_in = messages_in, bytes_in
+        self.notify, self.appended, self.failing_dirs = notify, appended, failing_dirs
+        self.big, self.off_loop = big, off_loop
+        self.leaders = {}
+
+    def __call__(self, conn, req):
+        self.slow += 1
+        return self.fallback(conn, req)
+
+    def arm(self, FastLeader leader not None):
+        """Serve ``leader.tp`` natively (replaces its slot)."""
+        topic, index = leader.tp
+        parts = self.leaders.get(topic)
+        if parts is None:
+            parts = self.leaders[topic] = {}
+        parts[index] = leader
+
+    def disarm(self, tp):
+        """``tp`` takes the Python path."""
+        parts = self.leaders.get(tp[0])
+        if parts is not None:
+            parts.pop(tp[1], None)
+            if not parts:
+                del self.leaders[tp[0]]
+
+    def armed(self, tp):
+        """-> the FastLeader of ``tp`` or None."""
+        parts = self.leaders.get(tp[0])
+        return None if parts is None else parts.get(tp[1])
+
+
+cdef int _produce_fast(FastProduce fp, conn, object view, const unsigned char *p, Py_ssize_t begin,
+                       Py_ssize_t size, Py_ssize_t start, Py_ssize_t end, bint *run, no_response,
+                       close) except -1:
+    """The frame at ``begin`` (``size`` bytes) served natively -> 1 (its Slot queued with the answer),
+    or 0: not the common request, or not a plain append (nothing was done: the caller's path takes
+    it from scratch; a write-behind run may have begun, which the caller would begin all the same)."""
+    cdef const unsigned char *f = p + begin
+    cdef Py_ssize_t pos = 8, name_at, rec_at
+    cdef int16_t n16, acks
+    cdef int32_t version, correlation_id, timeout_ms, index, rsize, count = 0
+    cdef int64_t last, now, base, leo, append_time, log_start
+    cdef object client_id = None, name, parts, lg, seg, result
+    cdef list entries, segments
+    cdef FastLeader fl
+    cdef SegmentState st
+    cdef ProduceRequest req
+    cdef Slot slot
+    cdef double started
+    if size < 8 + 2 + 2 + 2 + 4 + 4:
+        return 0
+    version = <int16_t>load_be16(<const char *>f + 2)
+    correlation_id = <int32_t>load_be32(<const char *>f + 4)
+    n16 = <int16_t>load_be16(<const char *>f + pos)               # client_id
+    pos += 2
+    if n16 > 0:
+        if n16 > size - pos:
+            return 0
+        try:
+            client_id = _decode_str(f + pos, n16)
+        except UnicodeDecodeError:
+            return 0
+        pos += n16
+    elif n16 == 0:
+        client_id = ""
+    if size - pos < 2 + 2 + 4 + 4 + 2:
+        return 0
+    if <int16_t>load_be16(<const char *>f + pos) != -1:           # a transactional id
+        return 0
+    acks = <int16_t>load_be16(<const char *>f + pos + 2)
+    timeout_ms = <int32_t>load_be32(<const char *>f + pos + 4)
+    if not (-1 <= acks <= 1) or <int32_t>load_be32(<const char *>f + pos + 8) != 1:   # one topic
+        return 0
+    pos += 12
+    n16 = <int16_t>load_be16(<const char *>f + pos)               # its name
+    pos += 2
+    if n16 <= 0 or size - pos < n16 + 4 + 4 + 4:
+        return 0
+    name_at = pos
+    pos += n16
+    if <int32_t>load_be32(<const char *>f + pos) != 1:            # one partition
+        return 0
+    index = <int32_t>load_be32(<const char *>f + pos + 4)
+    rsize = <int32_t>load_be32(<const char *>f + pos + 8)
+    rec_at = pos + 12
+    if rsize <= 0 or rsize != size - rec_at:                      # the batch ends the frame
+        return 0
+    try:
+        name = _decode_str(f + name_at, n16)
+    except UnicodeDecodeError:
+        return 0
+    parts = fp.leaders.get(name)
+    if parts is None:
+        return 0
+    fl = (<dict>parts).get(index)
+    if fl is None:
+        return 0
+    # per request, O(1): what may change without the slot being re-armed
+    if ((acks == -1 and not fl.acks_all) or rsize >= fp.big
+            or (fp.off_loop and rsize > 22 and f[rec_at + 22] & 7)      # compressed: validated off the loop
+            or (fl.hw_to_end and len(fl.waiters)) or fl.tails or fp.failing_dirs):
+        return 0
+    lg = fl.log
+    if lg.config is not fl.config:
+        fp.rearm(fl.tp)             # a config change: the next request sees the new slot (or none)
+        return 0
+    if lg.offline or lg._write_job is not None or lg.write_future is not None:
+        return 0
+    entries = fl.epoch_cache.entries
+    if not entries or entries[len(entries) - 1][0] < fl.epoch:      # the epoch is not yet in the cache: Python assigns it
+        return 0
+    segments = lg.segments
+    seg = segments[len(segments) - 1]
+    if seg is not fl.seg:                             # rolled (or first use): the active segment's state
+        fl.st = seg._st
+        fl.seg = seg
+    st = fl.st
+    started = _monotonic()
+    if not run[0] and _frame_follows(p, start, end):
+        run_begin()
+        run[0] = True
+    now = _now_ms()
+    base = st.next_offset
+    records = view[begin + rec_at:begin + size]
+    try:
+        last = fl.ap.append_into(st, records, fl.epoch, fl.config, False, now,
+                                 <const char *>f + rec_at, rsize, &count)
+    except BatchError:
+        return 0                    # refused before anything was stamped: the Python path answers it
+    except OSError as e:
+        result = fp.write_failed(fl, e, version, correlation_id, acks)
+        last = -1
+    if last == NOT_PLAIN:
+        return 0
+    if last >= 0:
+        # Log.append_as_leader's and ReplicaManager.append_records' bookkeeping of a plain append
+        lg.dirty = True
+        log_start = lg.log_start_offset
+        append_time = now if fl.append_time else -1
+        _bump(fp.messages_in, name, last - base + 1)
+        _bump(fp.bytes_in, name, rsize)
+        if fl.followers and PyDict_Contains(fp.notify, fl.follower_key):
+            fp.appended(fl.follower_key)
+        if fl.hw_to_end:
+            leo = st.next_offset
+            if leo > <int64_t>lg._high_watermark:
+                lg._high_watermark = leo
+                if PyDict_Contains(fp.notify, fl.tp):
+                    fp.appended(fl.tp)
+        if acks == 0:
+            result = no_response
+        else:
+            result = [_encode_one(version, correlation_id, f + name_at, n16, index, base, append_time,
+                                  log_start)]
+        fp.fast += 1
+    req = _header(PRODUCE, version)
+    req.correlation_id = correlation_id
+    req.client_id = client_id
+    req.acks = acks
+    req.timeout_ms = timeout_ms
+    slot = _new_slot(req, PRODUCE, version, False, conn._pending, conn.server.metrics.requests, conn.last_active,
+                     conn._read_at, started)
+    _end_native(slot, result, no_response, close)
+    return 1
+
+
+cdef ProduceRequest _header(int api_key, int version):
+    cdef ProduceRequest req = ProduceRequest.__new__(ProduceRequest)
+    req.api_key = api_key
+    req.api_version = version
+    return req
+
+
+cdef inline int _bump(dict counts, key, int64_t n) except -1:
+    cdef object v = counts.get(key)
+    counts[key] = n if v is None else v + n
+    return 0
+
+
+cdef bytes _encode_one(int version, int32_t correlation_id, const unsigned char *name, Py_ssize_t name_len,
+                       int32_t index, int64_t base, int64_t append_time, int64_t log_start):
+    # encode_produce_response of one topic with one appended partition (the topic name's bytes as
+    # the request carried them)
+    cdef _Writer w = _out
+    w.pos = 0
+    w.reserve(4 + 4 + 4 + 2 + name_len + 4 + 4 + 2 + 8 + 8 + 8 + 4 + 2 + 4)
+    w.pos = 4
+    w.i32(correlation_id)
+    w.i32(1)
+    w.i16(<int16_t>name_len)
+    memcpy(w.p + w.pos, name, name_len)
+    w.pos += name_len
+    w.i32(1)
+    w.i32(index)
+    w.i16(0)
+    w.i64(base)
+    w.i64(append_time)
+    if version >= 5:
+        w.i64(log_start)
+    if version >= 8:
+        w.i32(0)                    # record_errors: none
+        w.i16(-1)                   # error_message: null
+    w.i32(0)                        # throttle_time_ms
+    store_be32(w.p, <uint32_t>(w.pos - 4))
+    return PyBytes_FromStringAndSize(w.p, w.pos)
 
 
 def dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_ssize_t max_frame, produce, fetch,
@@ -703,6 +982,15 @@ cdef inline int _end_run(conn, bint *run) except -1:
     return 0
 
 
+cdef inline int _answered(conn, bint *run) except -1:
+    # a request's answer is queued: sent now unless more frames of this read follow
+    if not conn._in_read:
+        if run[0]:
+            _end_run(conn, run)     # an answer leaves only after its batch is written
+        conn._flush()
+    return 0
+
+
 cdef inline bint _frame_follows(const unsigned char *p, Py_ssize_t start, Py_ssize_t end) noexcept:
     # a complete frame starts at ``start``
     cdef int32_t size
@@ -722,6 +1010,8 @@ cdef object _dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_s
     cdef int key, version
     cdef object handler, parse, frame, sv, result
     cdef Slot slot
+    cdef FastProduce fast = produce if type(produce) is FastProduce else None
+    cdef bint done
     while not conn.closed:
         if end - start < 4:
             return 0
@@ -731,7 +1021,6 @@ cdef object _dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_s
         begin = start + 4
         if end - begin < size:
             return 2 if begin + size > buflen else 0
-        frame = view[begin:begin + size]
         start = begin + size
         conn._start = start
         handler = None
@@ -755,8 +1044,21 @@ cdef object _dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_s
                 if conn.closed:
                     return 0
             if handler is None:
-                conn._dispatch(frame, chunk)
+                conn._dispatch(view[begin:begin + size], chunk)
                 continue
+        elif fast is not None:
+            try:
+                done = _produce_fast(fast, conn, view, p, begin, size, start, end, run, no_response, close)
+            except Exception:
+                # as a raising handler: logged, the connection closed (the slot only names the request)
+                conn._handler_raised(_new_slot(_header(PRODUCE, version), PRODUCE, version, False, conn._pending,
+                                               conn.server.metrics.requests, conn.last_active, conn._read_at,
+                                               _monotonic()), None)
+                continue
+            if done:
+                _answered(conn, run)
+                continue
+        frame = view[begin:begin + size]
         try:
             slot = _begin_native(frame, parse, conn._pending, conn.server.metrics.requests, conn.last_active,
                                  conn._read_at)
@@ -774,10 +1076,7 @@ cdef object _dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_s
             conn._handler_raised(slot, None)
             continue
         if _end_native(slot, result, no_response, close):
-            if not conn._in_read:
-                if run[0]:
-                    _end_run(conn, run)     # an answer leaves only after its batch is written
-                conn._flush()
+            _answered(conn, run)
         else:
             conn._dispatch_later(slot, result, chunk, None)
     return 0

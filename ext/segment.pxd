@@ -4,7 +4,7 @@
 # and keeps the policy (roll, errors, truncation, load/recovery). Declarations here must stay
 # identical to the definitions in segment.pyx.
 cimport cython
-from libc.stdint cimport int64_t
+from libc.stdint cimport int32_t, int64_t
 from posix.uio cimport iovec
 
 
@@ -71,6 +71,14 @@ cdef class LeaderAppender:
     cdef int write_pending(self) except -1
     cdef int push(self, SegmentState st, object buf, char *data, int64_t n, int64_t position,
                   int64_t base) except -1
+    cdef int64_t append_into(self, SegmentState st, object buf, int32_t leader_epoch, object cfg,
+                             bint prevalidated, int64_t now_ms, const char *plain, Py_ssize_t n,
+                             int32_t *records) except? -9
+
+
+# LeaderAppender.append_into(plain=...): not a plain append, nothing done (the Python path takes it)
+cdef enum:
+    NOT_PLAIN = -4
 
 
 # Write-behind run (ext/request.pyx dispatch_frames): between run_begin and run_end a plain leader

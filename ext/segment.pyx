@@ -1089,11 +1089,27 @@ cdef class LeaderAppender:
         APPEND_IDEMPOTENT for an idempotent batch, stamped, not written (its header in ``info``).
         Deferred bytes are written before the last three. BatchError / OSError as
         SegmentState.append_leader."""
+        return self.append_into(st, buf, leader_epoch, cfg, prevalidated, now_ms, NULL, 0, NULL)
+
+    cdef int64_t append_into(self, SegmentState st, object buf, int32_t leader_epoch, object cfg,
+                             bint prevalidated, int64_t now_ms, const char *plain, Py_ssize_t n,
+                             int32_t *records) except? -9:
+        # ``append``'s work. ``plain`` (the native Produce path, ext/request.pyx: ``buf``'s bytes,
+        # ``n`` of them): a batch that would not end as a plain append (too short to read,
+        # idempotent, flush due, roll due) is refused with NOT_PLAIN before anything is
+        # stamped, written or counted, so that the Python path can take it from scratch.
+        # ``records``: the appended batch's record count.
         cdef Appended out
         cdef int64_t position, base, room, ts_limit, off_limit
         cdef bint defer = _run_open and PyThread_get_thread_ident() == _run_thread
         if cfg is not self.config:
             self.load(cfg)
+        # the header fields the refusals read (a malformed batch is refused by the check in
+        # _append_leader_into, before any effect, whatever these bytes say)
+        if plain != NULL and (n < OFF_RECORDS_COUNT + 4 or <int64_t>load_be64(plain + OFF_PRODUCER_ID) >= 0
+                              or self.unflushed + <int32_t>load_be32(plain + OFF_RECORDS_COUNT)
+                              >= self.flush_messages):
+            return NOT_PLAIN
         if self.pend_n and self.pend_st is not st:
             self.write_pending()
         position = st.size
@@ -1108,11 +1124,13 @@ cdef class LeaderAppender:
             return CODE_IDEMPOTENT
         if out.size < 0:
             self.write_pending()
-            return CODE_ROLL
+            return NOT_PLAIN if plain != NULL else CODE_ROLL
         if defer:
             self.push(st, buf, out.data, out.size, position, base)
         st.committed(position, out.size, out.last_offset, out.max_timestamp)
         self.unflushed += out.record_count
+        if records != NULL:
+            records[0] = out.record_count
         if self.unflushed >= self.flush_messages:
             self.write_pending()
             self.last = out.last_offset

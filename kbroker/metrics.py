@@ -102,6 +102,9 @@ def broker_snapshot(broker) -> dict:
     if rm is not None:
         # The replica manager's own view of the partitions it leads (its ISR is the one it acts on).
         snap["rm"] = (rm.under_replicated(), rm.under_min_isr(), rm.isr_shrinks, rm.isr_expands)
+        fast = getattr(rm, "fast", None)
+        if fast is not None:
+            snap["fast_produce"] = (fast.fast, fast.slow)
     else:
         snap["under_replicated"] = under
     controller = getattr(broker, "controller", None)
@@ -169,6 +172,11 @@ def broker_families(snap: dict) -> list[Metric]:
     else:
         out.append(_gauge("kafka_server_replicamanager_underreplicatedpartitions", "Led partitions with ISR < replicas",
                           [((), snap["under_replicated"])]))
+    if "fast_produce" in snap:
+        fast, slow = snap["fast_produce"]
+        out.append(_counter("kbroker_produce_native_requests",
+                            "Produce requests of the native request path: served without a Python frame (fast) "
+                            "or by the Python handler (slow)", [(("fast",), fast), (("slow",), slow)], ("path",)))
     active, offline, elections = snap["controller"]
     out.append(_gauge("kafka_controller_kafkacontroller_activecontrollercount", "1 on the active controller",
                       [((), active)]))

@@ -24,11 +24,13 @@ Threads: the event-loop thread; ZooKeeper writes go to worker threads.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
 from typing import NamedTuple
 
+from .._native.request import FastLeader, FastProduce
 from ..log.appender import AppendThreads, codec_of
 from ..log.errors import LogAppendError
 from ..log.log import AppendResult
@@ -99,6 +101,56 @@ class ReplicaManager:
         self.follower_quota = ReplicationQuota(FOLLOWER_RATE, FOLLOWER_REPLICAS, self.broker_id,
                                                cfg.get(FOLLOWER_RATE), samples, window_s, topic_config)
         self._throttle_watcher = None
+        self._failing_dirs: dict = {}       # log dir -> appends failed there since its error line
+        self.fast = None                    # FastProduce (fast_produce), when the native path serves Produce
+
+    # -- native Produce path (ext/request.pyx FastProduce; ARCHITECTURE.md "Native Produce fast path") --
+
+    def fast_produce(self, fallback):
+        """The Produce handler for the native request path: a FastProduce whose armed partitions
+        are served without a Python frame, ``fallback`` (produce.handle_native) for everything else;
+        ``fallback`` itself when KBROKER_FAST_PRODUCE=0."""
+        if os.environ.get("KBROKER_FAST_PRODUCE", "1") == "0":
+            log.info("native Produce fast path off (KBROKER_FAST_PRODUCE=0)")
+            return fallback
+        from ..server.apis.produce import fast_write_failed
+        threads = self._threads or self._append_threads()
+        metrics = self.broker.metrics
+        notifier = self.broker.notifier
+        self.fast = FastProduce(fallback, self._fast_rearm, functools.partial(fast_write_failed, self.broker),
+                                metrics.messages_in, metrics.bytes_in, notifier._waiters, notifier.appended,
+                                self._failing_dirs, threads.write_offload_bytes, threads.validates_off_loop)
+        for p in self.partitions.values():
+            self._fast_refresh(p)
+        return self.fast
+
+    def _fast_refresh(self, p: Partition) -> None:
+        """Arm ``p``'s native Produce slot when its state allows, else disarm it. Called on every
+        change of what the slot holds or was decided from: leadership, leader epoch, ISR, replicas,
+        stale (become_leader / become_follower / _write_isr), the partition gone (stop_replica), the
+        log's config (the native path sees a new LogConfig object and calls _fast_rearm)."""
+        fp = self.fast
+        if fp is None:
+            return
+        tp = p.tp
+        lg = p.log
+        isr = p.isr
+        cfg = lg.config
+        alone = len(isr) == 1 and isr[0] == p.local_id and not p.stale and cfg.min_insync_replicas <= 1
+        if (self.partitions.get(tp) is not p or p.leader_id != p.local_id or tp[0] in INTERNAL_TOPICS
+                or (len(isr) == 1 and not alone) or lg.hw_follows_leo):
+            # an ISR of one that is not this leader alone moves the HW by maybe_increment_hw's full rule
+            fp.disarm(tp)
+            return
+        fp.arm(FastLeader(tp, p, lg, lg._appender, cfg, p.leader_epoch, alone, len(p.replicas) > 1, alone,
+                          p.follower_key, p.waiters, lg.append_tails, lg.epoch_cache))
+
+    def _fast_rearm(self, tp) -> None:
+        p = self.partitions.get(tp)
+        if p is None:
+            self.fast.disarm(tp)
+        else:
+            self._fast_refresh(p)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -345,15 +397,11 @@ class ReplicaManager:
         else:
             d.decide(tp, 0)
 
-    _failing_dirs = None                    # log dir -> appends failed there since its error line
-
     def _storage_failed(self, tp, lg, e) -> None:
         """A full or failing disk: one error line per log dir until an append there succeeds
         (every producer retry would otherwise log one)."""
         d = os.path.dirname(lg.dir)
         failing = self._failing_dirs
-        if failing is None:
-            failing = self._failing_dirs = {}
         if d in failing:
             failing[d] += 1
             return
@@ -470,6 +518,7 @@ class ReplicaManager:
                      st.isr, p.log.log_end_offset, p.log.high_watermark)
         if p.maybe_increment_hw():
             self._complete(p)
+        self._fast_refresh(p)
         return Errors.NONE
 
     def become_follower(self, tp, st: LeaderAndIsrState, overrides: dict | None = None,
@@ -485,6 +534,7 @@ class ReplicaManager:
         if was_leader:
             self._fail_waiters(p, Errors.NOT_LEADER_OR_FOLLOWER)
         changed = p.make_follower(st)
+        self._fast_refresh(p)
         if changed or was_leader:
             log.info("%s-%d: follower of %d in epoch %d (log end %d)", tp[0], tp[1], st.leader,
                      st.leader_epoch, p.log.log_end_offset)
@@ -534,6 +584,8 @@ class ReplicaManager:
     def stop_replica(self, tp, delete: bool) -> int:
         self._stop_fetching(tp)
         p = self.partitions.pop(tp, None)
+        if self.fast is not None:
+            self.fast.disarm(tp)
         if p is not None:
             self._fail_waiters(p, Errors.NOT_LEADER_OR_FOLLOWER)
         if delete:
@@ -590,6 +642,7 @@ class ReplicaManager:
         except StaleVersionError:
             if p.leader_epoch == epoch and p.is_leader:
                 p.stale = True
+                self._fast_refresh(p)
                 log.warning("%s-%d: ISR write at version %d refused (the state moved): not acknowledging "
                             "acks=all until LeaderAndIsr", p.topic, p.index, version)
             return
@@ -603,6 +656,7 @@ class ReplicaManager:
             return      # a LeaderAndIsr overtook the write; its state wins
         p.isr = list(new_isr)
         p.partition_epoch = new_version
+        self._fast_refresh(p)
         if expand:
             self.isr_expands += 1
         else:

@@ -102,7 +102,9 @@ class Broker:
             frame_timeout_ms=cfg.get("kbroker.socket.request.frame.timeout.ms"),
             # Produce v3-8 and Fetch v4-11 parsed and answered natively (same policy as the table's
             # handlers: kbroker/server/apis/produce.py, fetch.py).
-            native_handlers={int(api.ApiKey.PRODUCE): functools.partial(produce_api.handle_native, self),
+            # The common one-partition Produce is served without a Python frame (ReplicaManager.fast_produce).
+            native_handlers={int(api.ApiKey.PRODUCE): self.replica_manager.fast_produce(
+                                 functools.partial(produce_api.handle_native, self)),
                              int(api.ApiKey.FETCH): functools.partial(fetch_api.handle_native, self)},
         )
         await self.server.start()

@@ -16,6 +16,7 @@ from ..._native.request import encode_produce_response
 from ...network.connection import CLOSE, NO_RESPONSE
 from ...protocol import api
 from ...protocol.errors import Errors
+from ...log.errors import LogAppendError
 from ..metadata import topic_name_error
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,23 @@ async def _encode_later(req, awaitable):
     if out is NO_RESPONSE or out is CLOSE:        # acks=0 whose appends were queued off the loop
         return out
     return [encode_produce_response(req.api_version, req.correlation_id, out)]
+
+
+def fast_write_failed(broker, leader, error, version, correlation_id, acks):
+    """The native path's append (ext/request.pyx, FastProduce) could not write its batch (OSError
+    ``error``; the segment's state is as before): what append_as_leader, append_records and execute
+    do then -> the encoded KAFKA_STORAGE_ERROR answer, or CLOSE for acks=0."""
+    lg = leader.log
+    tp = leader.tp
+    try:
+        lg._write_failed(lg.segments[-1], error)
+    except LogAppendError as e:
+        broker.replica_manager._storage_failed(tp, lg, e)
+        out = [(tp[0], [[tp[1], int(e.error_code), -1, -1, -1, e.message or None]])]
+    broker.metrics.produce_failed(tp[0])
+    if acks == 0:
+        return CLOSE
+    return [encode_produce_response(version, correlation_id, out)]
 
 
 def produce(broker, header, body, conn=None):
