@@ -15,14 +15,16 @@ sweeper closes the connection otherwise).
 
 Sending: requests may complete out of order (a long-polling Fetch, an acks=all Produce), but their
 responses leave in request order (clients match correlation ids FIFO). Response chunks are bytes or
-``FileRegions``; regions go out with direct ``os.sendfile`` on the socket once the transport's buffer is
-empty, waiting for writability between calls when the socket is full (asyncio's selector loop: the
-socket's own descriptor registered through its writer hook; uvloop, which refuses a writer on a
-descriptor its transport owns: a dup() of it, registered with the public ``add_writer``). When earlier
-bytes are still in the transport's buffer, asyncio's ``loop.sendfile`` orders them (tiny ranges through
-an explicit counted copy); uvloop has no ``loop.sendfile``, so there the send first waits for the buffer
-to drain. A short sendfile (file truncated underneath) closes the connection because the response's size
-was already promised.
+``FileRegions``; an answer with regions goes out through a native send step (ext/sendio.pyx
+``SendCursor``: send/sendfile with the GIL released until the answer is out or the socket is full;
+the would-block is a return code and the cursor an index and offset) once the transport's buffer is
+empty. When the socket is full the rest goes out from a writability callback registered once for the
+whole answer (asyncio's selector loop: the socket's own descriptor through its writer hook; uvloop,
+which refuses a writer on a descriptor its transport owns: a dup() of it, registered with the public
+``add_writer``). When earlier bytes are still in the transport's buffer, asyncio's ``loop.sendfile``
+orders them (tiny ranges through an explicit counted copy); uvloop has no ``loop.sendfile``, so there
+the same callback first waits for the buffer to drain. A short sendfile (file truncated underneath)
+closes the connection because the response's size was already promised.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ import struct
 import time
 from collections import deque
 
+from .._native.sendio import SendCursor
 from .._native.request import (FETCH_MAX, FETCH_MIN, PRODUCE_MAX, PRODUCE_MIN, Slot, begin_native, dispatch_frames,
                                end_native, observe_slots, parse_fetch, parse_produce, take_answers)
 from ..protocol import api
@@ -150,10 +153,10 @@ class Connection(asyncio.BufferedProtocol):
         self._paused_write = False
         self._pending: deque[_Slot] = deque()
         self._writing = False
-        self._write_waiter = None # future of a direct send waiting for the socket to drain
         self._write_fd = -1       # fd we registered for writability (-1: none; a dup of ours on uvloop)
         self._selector = server.selector_loop
-        self._send_rest = None    # (slot, chunks) of an answer waiting for the socket (_on_writable)
+        self._send_rest = None    # (slot, SendCursor) of an answer waiting for the socket (_on_writable)
+        self._sock_fd = -1        # the socket's descriptor (direct sends)
         self._in_read = False     # dispatching the frames of one read: defer writes to its end
         self._read_at = 0.0       # monotonic time of the last read (when its frames became complete)
 
@@ -164,6 +167,7 @@ class Connection(asyncio.BufferedProtocol):
         sock = transport.get_extra_info("socket")
         if sock is not None:
             self.server.tune_socket(sock)
+            self._sock_fd = sock.fileno()
         self.server.connection_opened(self)
         if not self._prepare():
             self._wait_for_memory()
@@ -175,9 +179,6 @@ class Connection(asyncio.BufferedProtocol):
         # stale selector key would break the next connection that gets the same fd number.
         self._unregister_writer()
         self._send_rest = None
-        waiter = self._write_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(ConnectionError("connection closed during a fetch send"))
         self.server.connection_closed(self)
         self.server.memory_paused.discard(self)
         if self._waiting_mem:
@@ -620,29 +621,24 @@ class Connection(asyncio.BufferedProtocol):
             if answered:
                 observe_slots(answered, _now())
                 answered = []
+            self._writing = True
             if self._direct_ok():
-                # Most sendfile responses fit in the socket buffer: send them now, from this callback,
-                # and only hand what is left (socket full) to a task that waits for writability.
-                try:
-                    rest = self._send_now(chunks)
-                except (OSError, ConnectionError) as e:
-                    hostile_log(logging.WARNING, "closing %s: fetch send failed: %s", self.peer, e)
-                    self.close()
+                # Most sendfile responses fit in the socket buffer: send them now, from this callback;
+                # what is left (socket full) goes out from writability callbacks, registered once for
+                # the whole answer (a 4 MiB answer through a 200 KiB socket buffer waits ~10 times).
+                cursor = SendCursor(chunks)
+                if not self._send_step(slot, cursor):
                     return
                 if self.closed:
                     return
-                if rest is None:
-                    slot.observe(_now())
-                    continue
-                # The socket is full: the rest goes out from writability callbacks (registered once
-                # for the whole answer; no task or future per wait: a 4 MiB answer through a 200 KiB
-                # socket buffer waits ~20 times).
-                self._writing = True
-                self._send_rest = (slot, rest)
+                continue
+            if self._selector:
+                self.loop.create_task(self._write_regions(slot, chunks))
+            else:
+                # uvloop has no loop.sendfile: its transport drains its buffer first (_on_writable waits
+                # for that), then the same direct send
+                self._send_rest = (slot, SendCursor(chunks))
                 self._register_writer(self._on_writable)
-                return
-            self._writing = True
-            self.loop.create_task(self._write_regions(slot, chunks))
             return
         if out:
             if len(out) == 1 and self._selector:
@@ -653,37 +649,46 @@ class Connection(asyncio.BufferedProtocol):
         if answered:
             observe_slots(answered, _now())
 
+    def _send_step(self, slot, cursor) -> bool:
+        """One native send step of the answer ``cursor`` holds (``_writing`` is set). -> True when the
+        answer went out in full (the slot observed, ``_writing`` cleared); False when the socket is full
+        (the answer waits in ``_send_rest`` with the writer registered, left registered if it already
+        was) or the send failed (the connection is closing)."""
+        try:
+            if cursor.send(self._sock_fd, self.server.metrics):
+                self._writing = False
+                slot.observe(_now())
+                return True
+        except OSError as e:      # ConnectionError too: a short sendfile
+            self._send_rest = None
+            self._unregister_writer()
+            self._writing = False
+            hostile_log(logging.WARNING, "closing %s: fetch send failed: %s", self.peer, e)
+            self.close()
+            return False
+        if self._send_rest is None:
+            self._send_rest = (slot, cursor)
+            self._register_writer(self._on_writable)
+        return False
+
     def _on_writable(self):
         state = self._send_rest
         if state is None or self.closed:
             self._send_rest = None
             self._unregister_writer()
             return
-        slot, chunks = state
-        try:
-            rest = self._send_now(chunks)
-        except (OSError, ConnectionError) as e:
+        if not self._selector and self.transport.get_write_buffer_size():
+            return                # uvloop is still draining its transport's buffer into the socket
+        if self._send_step(*state):
             self._send_rest = None
             self._unregister_writer()
-            self._writing = False
-            hostile_log(logging.WARNING, "closing %s: fetch send failed: %s", self.peer, e)
-            self.close()
-            return
-        if rest is not None and not self.closed:
-            self._send_rest = (slot, rest)
-            return
-        self._send_rest = None
-        self._unregister_writer()
-        self._writing = False
-        if not self.closed:
-            slot.observe(_now())
             self._flush()
 
     def _direct_ok(self):
         return self.transport.get_write_buffer_size() == 0
 
     def _register_writer(self, callback):
-        sock_fd = self.transport.get_extra_info("socket").fileno()
+        sock_fd = self._sock_fd
         if self._selector:
             self.loop._add_writer(sock_fd, callback)
             self._write_fd = sock_fd
@@ -698,52 +703,11 @@ class Connection(asyncio.BufferedProtocol):
             raise
         self._write_fd = fd
 
-    def _send_now(self, chunks):
-        """Write ``chunks`` (bytes and FileRegions) straight to the non-blocking socket until it would
-        block. -> None when all went out, else the chunks still to send (the first one trimmed to what is
-        left of it) for the caller to finish once the socket is writable. The transport's buffer is
-        empty (``_direct_ok``) and nothing else writes to the socket meanwhile (``_writing``)."""
-        sock_fd = self.transport.get_extra_info("socket").fileno()
-        metrics = self.server.metrics
-        for i, c in enumerate(chunks):
-            if isinstance(c, FileRegions):
-                regions = c.regions
-                for j, (fd, pos, length) in enumerate(regions):
-                    file_fd = fd if isinstance(fd, int) else fd.fileno()
-                    sent = 0
-                    while sent < length:
-                        try:
-                            n = os.sendfile(sock_fd, file_fd, pos + sent, length - sent)
-                        except BlockingIOError:
-                            metrics.fetch_sendfile_bytes += sent      # the rest is counted as it leaves
-                            left = [(fd, pos + sent, length - sent)] + regions[j + 1:]
-                            return [FileRegions.of(left, sum(r[2] for r in left))] + list(chunks[i + 1:])
-                        if n == 0:
-                            raise ConnectionError(f"short sendfile ({sent} < {length}): segment shrank")
-                        sent += n
-                    metrics.fetch_sendfile_calls += 1
-                    metrics.fetch_sendfile_bytes += length
-            else:
-                view = memoryview(c)
-                while view:
-                    try:
-                        n = os.write(sock_fd, view)
-                    except BlockingIOError:
-                        return [view] + list(chunks[i + 1:])
-                    view = view[n:]
-        return None
-
     async def _write_regions(self, slot, chunks):
+        """asyncio's loop, earlier bytes still in the transport's buffer: the answer goes through the
+        transport (``_write_via_transport``), as a task."""
         try:
-            if self.transport.get_write_buffer_size() == 0:
-                await self._write_direct(chunks)
-            elif self._selector:
-                await self._write_via_transport(chunks)
-            else:
-                # no loop.sendfile here: let the transport drain its buffer, then send directly
-                while self.transport.get_write_buffer_size():
-                    await self._writable()
-                await self._write_direct(chunks)
+            await self._write_via_transport(chunks)
         except (OSError, ConnectionError, RuntimeError) as e:
             hostile_log(logging.WARNING, "closing %s: fetch send failed: %s", self.peer, e)
             self.close()
@@ -752,27 +716,6 @@ class Connection(asyncio.BufferedProtocol):
             self._writing = False
         slot.observe(_now())
         self._flush()
-
-    async def _write_direct(self, chunks):
-        """The transport's buffer is empty and nothing else writes to this socket until we are done
-        (responses are serialized by ``_writing``): ``_send_now`` writes until the socket would block,
-        and the socket is registered for writability only while its buffer is full (asyncio's own
-        sendfile registers and unregisters per call)."""
-        rest = self._send_now(chunks)
-        while rest is not None:
-            await self._writable()            # raises once the connection is closing
-            rest = self._send_now(rest)
-
-    async def _writable(self):
-        if self.closed or self.transport.is_closing():
-            raise ConnectionError("connection closed during a fetch send")
-        fut = self._write_waiter = self.loop.create_future()
-        self._register_writer(lambda: fut.done() or fut.set_result(None))
-        try:
-            await fut
-        finally:
-            self._write_waiter = None
-            self._unregister_writer()    # no-op if connection_lost already did it
 
     def _unregister_writer(self):
         fd = self._write_fd
