@@ -842,8 +842,10 @@ cdef int _produce_fast(FastProduce fp, conn, object view, const unsigned char *p
             or (fl.hw_to_end and len(fl.waiters)) or fl.tails or fp.failing_dirs):
         return 0
     lg = fl.log
-    if lg.config is not fl.config:
-        fp.rearm(fl.tp)             # a config change: the next request sees the new slot (or none)
+    if lg.config is not fl.config or fl.partition.leader_epoch != fl.epoch:
+        # a config change (or a leadership change a re-arm missed): the next request sees the new
+        # slot, or none
+        fp.rearm(fl.tp)
         return 0
     if lg.offline or lg._write_job is not None or lg.write_future is not None:
         return 0

@@ -2,7 +2,7 @@
 of one kbroker broker serving request_bench's producer (linger.ms=0, batch.num.messages=1, acks=1, 100 B).
 
     python -m kbroker.perf.profile_request pyspy     [--requests 200000] [--seconds 6] [--out DIR]
-    python -m kbroker.perf.profile_request callgrind [--requests 3000] [--out DIR]
+    python -m kbroker.perf.profile_request callgrind [--requests 3000] [--rf3] [--out DIR]
     python -m kbroker.perf.profile_request capacity  [--batches 1024] [--rounds 3] [--variant NAME:k=v,..:ENV=v,..]
         [--persist write-shm --persist splice-shm --persist write-disk ...] [--storage shm|disk] [--no-profile]
     ... [--workload fetch]: small Fetch v11 requests with 1 in flight (request_bench's fetch, one ~170 B
@@ -17,6 +17,9 @@ of one kbroker broker serving request_bench's producer (linger.ms=0, batch.num.m
   switched on (``callgrind_control -i on``) only for the counted requests, after start-up and a warm-up,
   and off after the last delivery report, so the profile is the request path alone. Prints instructions
   per request (user space) and ``callgrind_annotate``'s top functions, self and inclusive (``DIR/callgrind-produce.txt``).
+  ``--rf3``: three brokers, the topic replicated on all of them, the profiled broker (under valgrind) its
+  leader; the count then also holds the leader's share of replication (its followers' fetches)
+  (``DIR/callgrind-produce-rf3.txt``).
 
 * ``capacity``: where the broker's CPU per GB of the suite's capacity produce goes (``broker_bench``'s
   ~512 KiB RecordBatches as Produce v7 over two raw-socket connections). Interleaved rounds of the broker
@@ -58,11 +61,14 @@ from .request_bench import _LineReader, _stop_child
 class _WrappedCluster(LocalCluster):
     """LocalCluster whose broker command runs under a wrapper (valgrind); start-up waits are longer."""
 
-    def __init__(self, root, wrapper: list[str], **kw):
+    def __init__(self, root, wrapper: list[str], wrapped=(0,), **kw):
         super().__init__(root, **kw)
         self.wrapper = wrapper
+        self.wrapped = frozenset(wrapped)       # the broker ids run under the wrapper; the others as usual
 
     def start_broker(self, broker_id: int, timeout: float = 600.0, extra: dict | None = None):
+        if broker_id not in self.wrapped:
+            return super().start_broker(broker_id, extra=extra)
         b = self.brokers[broker_id]
         self.write_config(b, extra)
         with open(b.log_path, "ab") as log:
@@ -94,17 +100,23 @@ def _go(proc) -> None:
     proc.stdin.flush()
 
 
-def _cluster(root: Path, wrapper: list[str] | None) -> LocalCluster:
+def _cluster(root: Path, wrapper: list[str] | None, brokers: int = 1) -> LocalCluster:
     overrides = {"auto.create.topics.enable": "false", "zookeeper.session.timeout.ms": 30000}
     if wrapper:
-        return _WrappedCluster(root, wrapper, brokers=1, num_partitions=1, overrides=overrides)
-    return LocalCluster(root, brokers=1, num_partitions=1, overrides=overrides)
+        return _WrappedCluster(root, wrapper, brokers=brokers, num_partitions=1, overrides=overrides)
+    return LocalCluster(root, brokers=brokers, num_partitions=1, overrides=overrides)
 
 
 def _topic(c: LocalCluster) -> str:
+    """One partition; with several brokers replicated on all of them, broker 0 its (preferred) leader."""
     from .targets import admin_create, wait_topic
     topic = f"profile-{uuid.uuid4().hex[:8]}"
-    if not admin_create(c.bootstrap, topic, 1):
+    if len(c.brokers) > 1:
+        from confluent_kafka.admin import AdminClient, NewTopic
+        admin = AdminClient({"bootstrap.servers": c.bootstrap, "client.id": "kbroker-perf-setup"})
+        admin.create_topics([NewTopic(topic, 1, replica_assignment=[sorted(c.brokers)])],
+                            operation_timeout=60, request_timeout=60)[topic].result(timeout=120)
+    elif not admin_create(c.bootstrap, topic, 1):
         raise RuntimeError(f"could not create {topic}")
     wait_topic(c.bootstrap, topic, 1, timeout=120)
     return topic
@@ -232,17 +244,18 @@ def pyspy(out: Path, requests: int, seconds: float, workload: str = "produce") -
     return text
 
 
-def callgrind(out: Path, requests: int, workload: str = "produce") -> str:
+def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = False) -> str:
     vg, ctl, ann = shutil.which("valgrind"), shutil.which("callgrind_control"), shutil.which("callgrind_annotate")
     if not (vg and ctl and ann):
         raise SystemExit("valgrind (with callgrind_control, callgrind_annotate) is not installed")
     root = Path(tempfile.mkdtemp(prefix="kbroker-profile-", dir="/dev/shm"))
-    for old in out.glob(f"callgrind-{workload}.out*"):
+    name = f"callgrind-{workload}" + ("-rf3" if rf3 else "")
+    for old in out.glob(f"{name}.out*"):
         old.unlink()
-    cg_out = out / f"callgrind-{workload}.out"
+    cg_out = out / f"{name}.out"
     wrapper = [vg, "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={cg_out}"]
     try:
-        c = _cluster(root, wrapper)
+        c = _cluster(root, wrapper, 3 if rf3 else 1)
         try:
             c.start()
             pid = c.brokers[0].pid
@@ -267,7 +280,7 @@ def callgrind(out: Path, requests: int, workload: str = "produce") -> str:
             c.stop()        # SIGTERM: callgrind writes its profile as the broker exits
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    outs = sorted(out.glob(f"callgrind-{workload}.out*"))
+    outs = sorted(out.glob(f"{name}.out*"))
     if not outs:
         raise RuntimeError("callgrind wrote no profile")
     total = 0
@@ -279,11 +292,13 @@ def callgrind(out: Path, requests: int, workload: str = "produce") -> str:
     incl_t = subprocess.run([ann, "--inclusive=yes", "--threshold=99", str(outs[0])], capture_output=True,
                             text=True, timeout=300).stdout
     n = max(1, n)
-    head = (f"callgrind of the broker while it served {n:,} {_what(workload)}; instrumentation on for those "
+    head = (f"callgrind of the broker while it served {n:,} {_what(workload)}"
+            + (" as the leader of an RF=3 partition (followers running, not profiled)" if rf3 else "")
+            + "; instrumentation on for those "
             f"requests only, all threads, user space only (no kernel): {total:,} instructions = "
             f"{total / n:,.0f} per request\n\n")
     text = head + "== self ==\n" + _top(self_t, 40) + "\n== inclusive ==\n" + _top(incl_t, 40)
-    (out / f"callgrind-{workload}.txt").write_text(text)
+    (out / f"{name}.txt").write_text(text)
     return text
 
 
@@ -760,6 +775,7 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, help="counted one-record Produce requests "
                                                  "(default 200000 for pyspy, 3000 for callgrind)")
     ap.add_argument("--seconds", type=float, default=6.0, help="py-spy sampling time")
+    ap.add_argument("--rf3", action="store_true", help="callgrind: the profiled broker leads an RF=3 partition")
     ap.add_argument("--batches", type=int, default=1024, help="capacity: Produce requests per run (~512 KiB each)")
     ap.add_argument("--rounds", type=int, default=3, help="capacity: interleaved broker/sink rounds")
     ap.add_argument("--variant", action="append", help="capacity: a broker to run side by side, "
@@ -787,7 +803,7 @@ def main(argv=None) -> int:
     elif a.tool == "capacity":
         text = capacity(out, a.batches, a.rounds, a.variant, a.persist, a.storage, not a.no_profile)
     else:
-        text = callgrind(out, a.requests or 3_000, a.workload)
+        text = callgrind(out, a.requests or 3_000, a.workload, a.rf3)
     print(text)
     H.progress(f"{a.tool} done in {time.monotonic() - t0:.0f} s; output in {out}")
     return 0

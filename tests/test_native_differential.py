@@ -20,6 +20,7 @@ import random
 import socket
 import struct
 import time
+import urllib.request
 
 import pytest
 from kafka.record.default_records import DefaultRecordBatchBuilder
@@ -28,7 +29,7 @@ from checkers import API_VERSIONS, PRODUCE, RawConn, create_topic, wait_for_topi
 from kbroker._native import request as native
 from kbroker.protocol import api
 from kbroker.protocol.types import ProtocolError
-from kbroker.testing import LocalCluster
+from kbroker.testing import LocalCluster, free_port
 
 VERSIONS = range(native.PRODUCE_MIN, native.PRODUCE_MAX + 1)
 FETCH_VERSIONS = range(native.FETCH_MIN, native.FETCH_MAX + 1)
@@ -355,14 +356,17 @@ def _requests(seed, n):
             frame = api.encode_request(PRODUCE, rng.choice(VERSIONS), i + 1, "diff", body)
         elif rng.random() < 0.3:
             frame = mutate(rng, frame)
-        acks = None
-        try:
-            hdr, pos = api.parse_request_header(memoryview(frame)[4:])
-            acks = api.decode_request(hdr.api_key, hdr.api_version, memoryview(frame)[4:], pos)["acks"]
-        except ProtocolError:
-            pass
-        out.append((frame, acks != 0))
+        out.append((frame, _answered(frame)))
     return out
+
+
+def _answered(frame) -> bool:
+    """Whether a Produce frame expects an answer (anything but a well-formed acks=0 request)."""
+    try:
+        hdr, pos = api.parse_request_header(memoryview(frame)[4:])
+        return api.decode_request(hdr.api_key, hdr.api_version, memoryview(frame)[4:], pos)["acks"] != 0
+    except ProtocolError:
+        return True
 
 
 @pytest.fixture(scope="module")
@@ -420,3 +424,79 @@ def test_python_path_is_really_off(two_brokers):
     native_broker, python_broker = two_brokers
     assert "native request path off" in python_broker.brokers[0].log_path.read_text()
     assert "native request path off" not in native_broker.brokers[0].log_path.read_text()
+
+
+# ---- the native Produce fast path (ext/request.pyx FastProduce) against the native path without it --
+def _fast_requests(seed, n):
+    """Mostly the fast path's common request (one partition, any version 3-8, acks 0/1/-1), with
+    malformed, multi-partition and Fetch frames in between. [(frame, answered)]"""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        r = rng.random()
+        if r < 0.1:
+            frame = fetch_frame(rng, i + 1)
+            out.append((frame, True))
+            continue
+        if r < 0.2:
+            frame = produce_frame(rng, i + 1)         # anything produce_body makes, several partitions too
+        else:
+            topic, index = rng.choice((("d0", 0), ("d0", 1), ("d1", 0), ("d1", 3)))
+            body = {"transactional_id": None, "acks": rng.choice((1, 1, 0, -1)), "timeout_ms": 5000,
+                    "topic_data": [{"name": topic, "partition_data": [
+                        {"index": index, "records": _batch(rng, codec=rng.choice((0, 0, 0, 0, 1)))}]}]}
+            frame = api.encode_request(PRODUCE, rng.choice(VERSIONS), i + 1,
+                                       rng.choice(("fast", None, "", "ü-client")), body)
+        if rng.random() < 0.1:
+            frame = mutate(rng, frame)
+        out.append((frame, _answered(frame)))
+    return out
+
+
+def _fast_counts(port):
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {line.split('path="', 1)[1].split('"', 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line.startswith("kbroker_produce_native_requests_total{")}
+
+
+@pytest.fixture(scope="module")
+def fast_pair(tmp_path_factory):
+    clusters = []
+    port = free_port()
+    try:
+        for mode in ("1", "0"):
+            c = LocalCluster(tmp_path_factory.mktemp(f"diff-fast-{mode}"), num_partitions=1,
+                             env={"KBROKER_FAST_PRODUCE": mode},
+                             overrides={"kbroker.metrics.port": port if mode == "1" else -1})
+            c.start()
+            clusters.append(c)
+            create_topic(c.bootstrap, "d0", 2)
+            create_topic(c.bootstrap, "d1", 1)
+        yield clusters, port
+    finally:
+        for c in clusters:
+            c.stop()
+
+
+def test_fast_path_answers_and_logs_byte_for_byte(fast_pair):
+    """The same sequence to a broker with the fast path and one without (both native): every outcome
+    identical, and so are the partitions' log files; the fast path served most Produce requests."""
+    (fast, slow), port = fast_pair
+    reqs = _fast_requests(10, 700)
+    outcomes = []
+    for broker in (fast, slow):
+        client = _Client(broker.bootstrap)
+        outcomes.append([client.run(frame, answered) for frame, answered in reqs])
+    diffs = compare(*outcomes)
+    assert diffs == [], diffs[:3]
+    kinds = {k: sum(1 for o in outcomes[0] if o[0] == k) for k in ("answer", "closed", "none")}
+    assert kinds["answer"] > 300 and kinds["closed"] > 10 and kinds["none"] > 50, kinds
+    counts = _fast_counts(port)
+    assert counts.get("fast", 0) > 300 and counts.get("slow", 0) > 30, counts
+    for topic, index in (("d0", 0), ("d0", 1), ("d1", 0)):
+        files = []
+        for c in (fast, slow):
+            d = c.brokers[0].data_dir / f"{topic}-{index}"
+            files.append({p.name: p.read_bytes() for p in sorted(d.glob("*.log"))})
+        assert files[0] == files[1], (topic, index)
+        assert sum(len(b) for b in files[0].values()) > 10_000, (topic, index)
