@@ -85,3 +85,27 @@ def end_native(slot: Slot, result: Any, no_response: object, close: object) -> b
 def dispatch_frames(conn: Any, chunk: Any, start: int, end: int, max_frame: int, produce: Any, fetch: Any,
                     supported: dict[int, tuple[int, int]], no_response: object, close: object) -> int: ...
 def take_answers(pending: Any, out: list[Any], answered: list[Slot], no_response: object) -> None: ...
+
+class FastLeader:
+    """A partition this broker leads, armed for the native Produce path (ReplicaManager._fast_refresh)."""
+    partition: Any
+    log: Any
+    config: Any
+    tp: tuple[str, int]
+    follower_key: tuple
+    epoch_cache: Any
+    def __init__(self, tp: tuple[str, int], partition: Any, log: Any, ap: Any, config: Any, epoch: int,
+                 acks_all: bool, followers: bool, hw_to_end: bool, follower_key: tuple, waiters: Any,
+                 tails: dict, epoch_cache: Any) -> None: ...
+
+class FastProduce:
+    """The Produce handler of the native request path: armed partitions served inside dispatch_frames,
+    everything else by ``fallback(conn, req)`` (produce.handle_native)."""
+    fast: int
+    slow: int
+    def __init__(self, fallback: Any, rearm: Any, write_failed: Any, messages_in: dict[str, int],
+                 bytes_in: dict[str, int], notify: dict, appended: Any, failing_dirs: dict, big: int,
+                 off_loop: bool) -> None: ...
+    def __call__(self, conn: Any, req: ProduceRequest) -> Any: ...
+    def arm(self, leader: FastLeader) -> None: ...
+    def disarm(self, tp: tuple[str, int]) -> None: ...

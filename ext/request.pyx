@@ -764,11 +764,6 @@ cdef class FastProduce:
             if not parts:
                 del self.leaders[tp[0]]
 
-    def armed(self, tp):
-        """-> the FastLeader of ``tp`` or None."""
-        parts = self.leaders.get(tp[0])
-        return None if parts is None else parts.get(tp[1])
-
 
 cdef int _produce_fast(FastProduce fp, conn, object view, const unsigned char *p, Py_ssize_t begin,
                        Py_ssize_t size, Py_ssize_t start, Py_ssize_t end, bint *run, no_response,

@@ -388,20 +388,25 @@ def two_brokers(tmp_path_factory):
             c.stop()
 
 
-def test_brokers_answer_byte_for_byte(two_brokers):
-    native_broker, python_broker = two_brokers
-    reqs = _requests(2024, 900)
+def _run_both(brokers, reqs):
+    """The same requests to each broker (one connection each, reopened after a close); every outcome
+    must be identical. -> (the first broker's outcomes, how many of each kind)."""
     outcomes = []
-    for broker in (native_broker, python_broker):
+    for broker in brokers:
         client = _Client(broker.bootstrap)
         outcomes.append([client.run(frame, answered) for frame, answered in reqs])
     diffs = compare(*outcomes)
     assert diffs == [], diffs[:3]
-    kinds = {k: sum(1 for o in outcomes[0] if o[0] == k) for k in ("answer", "closed", "none")}
+    return outcomes[0], {k: sum(1 for o in outcomes[0] if o[0] == k) for k in ("answer", "closed", "none")}
+
+
+def test_brokers_answer_byte_for_byte(two_brokers):
+    reqs = _requests(2024, 900)
+    first, kinds = _run_both(two_brokers, reqs)
     # The sequence exercised every outcome, and real appends happened (offsets moved).
     assert kinds["answer"] > 200 and kinds["closed"] > 50 and kinds["none"] > 20, kinds
     offsets = set()
-    for (frame, _answered), o in zip(reqs, outcomes[0]):
+    for (frame, _answered), o in zip(reqs, first):
         if o[0] == "answer" and frame[5] == PRODUCE:
             version = struct.unpack_from(">h", frame, 6)[0]
             _cid, body = api.decode_response(PRODUCE, version, o[1])
@@ -410,7 +415,7 @@ def test_brokers_answer_byte_for_byte(two_brokers):
     assert len(offsets) > 50
     # Fetches returned records (not only errors and empty answers).
     fetched = 0
-    for (frame, _answered), o in zip(reqs, outcomes[0]):
+    for (frame, _answered), o in zip(reqs, first):
         if o[0] == "answer" and frame[5] == FETCH:
             version = struct.unpack_from(">h", frame, 6)[0]
             _cid, body = api.decode_response(FETCH, version, o[1])
@@ -482,14 +487,7 @@ def test_fast_path_answers_and_logs_byte_for_byte(fast_pair):
     """The same sequence to a broker with the fast path and one without (both native): every outcome
     identical, and so are the partitions' log files; the fast path served most Produce requests."""
     (fast, slow), port = fast_pair
-    reqs = _fast_requests(10, 700)
-    outcomes = []
-    for broker in (fast, slow):
-        client = _Client(broker.bootstrap)
-        outcomes.append([client.run(frame, answered) for frame, answered in reqs])
-    diffs = compare(*outcomes)
-    assert diffs == [], diffs[:3]
-    kinds = {k: sum(1 for o in outcomes[0] if o[0] == k) for k in ("answer", "closed", "none")}
+    _first, kinds = _run_both((fast, slow), _fast_requests(10, 700))
     assert kinds["answer"] > 300 and kinds["closed"] > 10 and kinds["none"] > 50, kinds
     counts = _fast_counts(port)
     assert counts.get("fast", 0) > 300 and counts.get("slow", 0) > 30, counts

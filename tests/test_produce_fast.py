@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import os
 import struct
-import subprocess
-import tempfile
 import threading
 import time
 import urllib.request
@@ -28,6 +26,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from checkers import FETCH, PRODUCE, RawConn, all_batches, create_topic, end_offsets, segment_files, wait_for_topic
 from kbroker.testing import LocalCluster, free_port, wait_until
 from test_hostile_attacks import _batch, _record
+from test_produce_diskfull import _fill, tmpfs  # noqa: F401 (tmpfs: the fixture)
 
 NOT_LEADER_OR_FOLLOWER = 6
 MESSAGE_TOO_LARGE = 10
@@ -293,17 +292,6 @@ def test_topic_delete_and_recreate(single):
     assert r["base_offset"] == end_offsets(c.bootstrap, topic, 1)[0] - 1
 
 
-@pytest.fixture
-def tmpfs():
-    path = tempfile.mkdtemp(prefix="kbroker-fastfull-")
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", path], check=True)
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", path], check=False)
-        os.rmdir(path)
-
-
 def test_log_dir_failure(tmp_path, tmpfs):
     """A full log dir: a native append whose write fails answers KAFKA_STORAGE_ERROR (the Python
     finisher), the dir is then failing and appends take the Python path until one succeeds there;
@@ -313,13 +301,7 @@ def test_log_dir_failure(tmp_path, tmpfs):
                                                  "log.dirs": os.path.join(tmpfs, "data")}) as c:
         topic = new_topic(c)
         with RawConn(c.bootstrap, timeout=30) as conn:
-            with open(os.path.join(tmpfs, "ballast"), "wb") as f:
-                try:
-                    while True:
-                        f.write(b"\0" * (64 << 10))
-                        f.flush()
-                except OSError:
-                    pass
+            _fill(tmpfs)
             with Delta(port) as d:
                 codes = [produce_raw(conn, topic, one(b"f" * 60_000))["error_code"] for _ in range(4)]
             assert codes == [KAFKA_STORAGE_ERROR] * 4, codes
