@@ -292,6 +292,7 @@ def test_topic_delete_and_recreate(single):
     assert r["base_offset"] == end_offsets(c.bootstrap, topic, 1)[0] - 1
 
 
+@pytest.mark.slow
 def test_log_dir_failure(tmp_path, tmpfs):
     """A full log dir: a native append whose write fails answers KAFKA_STORAGE_ERROR (the Python
     finisher), the dir is then failing and appends take the Python path until one succeeds there;
@@ -345,6 +346,7 @@ def leader_conn(c, bid):
     return RawConn(f"127.0.0.1:{c.brokers[bid].port}", timeout=30)
 
 
+@pytest.mark.slow
 def test_rf3_leader_native_followers_replicate(three):
     c, ports = three
     topic = rf3_topic(c)
@@ -363,6 +365,7 @@ def _leo(c, bid, topic):
     return batches[-1][1].last_offset + 1 if batches else 0
 
 
+@pytest.mark.slow
 def test_rf3_acks_all_waits_for_followers(three):
     """acks=-1 with an ISR of three: the Python path (a waiter), answered once the followers have it."""
     c, ports = three
@@ -380,6 +383,7 @@ def test_rf3_acks_all_waits_for_followers(three):
         assert (d.fast, d.slow) == (1, 0)
 
 
+@pytest.mark.slow
 def test_rf3_isr_shrink_arms_acks_all(three):
     """An ISR shrinking to the leader alone (followers stopped, min.insync.replicas=1): acks=-1 is then
     answered natively at once; the followers back in the ISR: acks=-1 waits again (Python)."""
@@ -406,6 +410,7 @@ def test_rf3_isr_shrink_arms_acks_all(three):
         wait_until(expanded, 60, "acks=-1 back on the Python path after the ISR grew")
 
 
+@pytest.mark.slow
 def test_rf3_leadership_move(three):
     """The preferred leader takes the partition back (ElectLeaders): the old leader, still running,
     answers NOT_LEADER_OR_FOLLOWER (its slot disarmed), the new one serves natively, epoch bumped."""
