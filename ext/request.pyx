@@ -868,8 +868,11 @@ cdef int _produce_fast(FastProduce fp, conn, object view, const unsigned char *p
     except OSError as e:
         result = fp.write_failed(fl, e, version, correlation_id, acks)
         last = -1
-    if last == NOT_PLAIN:
-        return 0
+    else:
+        if last == NOT_PLAIN:
+            return 0
+        if last < 0:        # refused by the checks above (idempotent, flush due): never reached
+            raise RuntimeError(f"LeaderAppender.append_into answered {last} to a plain append")
     if last >= 0:
         # Log.append_as_leader's and ReplicaManager.append_records' bookkeeping of a plain append
         lg.dirty = True
