@@ -7,9 +7,9 @@ the socket is full (False): the would-block is a return code, not a raised ``Blo
 cursor's position is an index into a C array of pieces plus an offset into the current one, so a resume
 rebuilds no list and allocates nothing.
 
-Pieces: a bytes chunk goes out with ``send`` (``MSG_MORE`` while more of the answer follows, so a small
-header leaves with the file bytes behind it rather than in a packet of its own); a file range with
-``sendfile`` from its own offset (the file's position is not used nor moved). Empty pieces are dropped.
+Pieces: a bytes chunk goes out with ``send`` (no ``MSG_MORE``: corking the header in front of the file
+bytes cost broker CPU in the capacity A/B, docs/perf/fetch-capacity.md); a file range with ``sendfile``
+from its own offset (the file's position is not used nor moved). Empty pieces are dropped.
 A sendfile that returns 0 before its range is done means the file is shorter than the range the answer
 promised (segment truncated underneath): ``ConnectionError``, the connection must close. Any other
 failure is an ``OSError`` of its errno (``BrokenPipeError``, ``ConnectionResetError``...).
@@ -34,7 +34,6 @@ cdef extern from "<sys/sendfile.h>" nogil:
 
 cdef extern from "<sys/socket.h>" nogil:
     ssize_t send(int fd, const void *buf, size_t n, int flags)
-    int MSG_MORE
     int MSG_NOSIGNAL
 
 
@@ -144,12 +143,10 @@ cdef class SendCursor:
         cdef Piece *p
         cdef ssize_t n
         cdef off_t pos
-        cdef int flags
         while self.index < self.count:
             p = &self.pieces[self.index]
             if p.data != NULL:
-                flags = MSG_NOSIGNAL | (MSG_MORE if self.index + 1 < self.count else 0)
-                n = send(sock_fd, p.data + self.offset, p.length - self.offset, flags)
+                n = send(sock_fd, p.data + self.offset, p.length - self.offset, MSG_NOSIGNAL)
             else:
                 pos = <off_t>(p.pos + self.offset)
                 n = sendfile(sock_fd, p.fd, &pos, p.length - self.offset)
