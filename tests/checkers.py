@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kbroker.protocol import api
-from kbroker.testing import wait_until  # noqa: F401  (used by the test modules)
+from kbroker.testing import LocalCluster, free_port, wait_until  # noqa: F401  (wait_until: used by the test modules)
 
 # Kafka API keys and error codes used by the tests.
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS = 0, 1, 2, 3, 18
@@ -687,3 +687,11 @@ def strace_attached(pid: int, trace: str, out: Path, *extra: str):
         except subprocess.TimeoutExpired:
             tracer.kill()
             tracer.wait(10)
+
+
+@contextlib.contextmanager
+def metered_cluster(tmp_path_factory, name: str):
+    """A one-broker LocalCluster with its Prometheus endpoint on a free port -> (cluster, port)."""
+    port = free_port()
+    with LocalCluster(tmp_path_factory.mktemp(name), overrides={"kbroker.metrics.port": port}) as c:
+        yield c, port

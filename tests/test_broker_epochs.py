@@ -9,9 +9,8 @@ import pytest
 
 from kbroker._native import batch as native_batch
 from kbroker.protocol.errors import Errors
-from kbroker.testing import LocalCluster, free_port
 
-from checkers import RawConn
+from checkers import RawConn, metered_cluster
 
 OFFSET_FOR_LEADER_EPOCH, METADATA, FETCH = 23, 3, 1
 
@@ -72,9 +71,8 @@ def test_batches_carry_the_leader_epoch(bootstrap, topic):
 
 @pytest.fixture(scope="module")
 def metered(tmp_path_factory):
-    port = free_port()
-    with LocalCluster(tmp_path_factory.mktemp("epochs"), overrides={"kbroker.metrics.port": port}) as c:
-        yield c, port
+    with metered_cluster(tmp_path_factory, "epochs") as cluster:
+        yield cluster
 
 
 def _epoch_requests(port):

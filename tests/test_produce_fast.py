@@ -6,7 +6,8 @@ so (and to give Python's answer), and the plain requests to be served natively a
 
 Counter-checks (each was broken on purpose and this file failed): arming a partition whose ISR is
 larger than one for acks=-1 (the acks=all waiter test saw an answer before the followers had the
-batch), skipping the disarm in become_follower (the leadership move test saw the old leader append),
+batch), skipping the disarm in become_follower together with the per-request epoch and config-identity guards
+(the leadership move test saw the old leader append; with any one of the three left, it refuses),
 dropping the consumers' notifier wake (the long-poll test waited for its max wait), ignoring the
 log's config identity (LogAppendTime missing in the answer).
 """
@@ -23,7 +24,8 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from checkers import FETCH, PRODUCE, RawConn, all_batches, create_topic, end_offsets, segment_files, wait_for_topic
+from checkers import (FETCH, PRODUCE, RawConn, all_batches, create_topic, end_offsets, metered_cluster, segment_files,
+                      wait_for_topic)
 from kbroker.testing import LocalCluster, free_port, wait_until
 from test_hostile_attacks import _batch, _record
 from test_produce_diskfull import _fill, tmpfs  # noqa: F401 (tmpfs: the fixture)
@@ -126,9 +128,8 @@ def new_topic(c, config=None, warm=True):
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
-    port = free_port()
-    with LocalCluster(tmp_path_factory.mktemp("fast"), overrides={"kbroker.metrics.port": port}) as c:
-        yield c, port
+    with metered_cluster(tmp_path_factory, "fast") as cluster:
+        yield cluster
 
 
 # ---- RF=1 -------------------------------------------------------------------------------------------
