@@ -621,23 +621,24 @@ class Connection(asyncio.BufferedProtocol):
             if answered:
                 observe_slots(answered, _now())
                 answered = []
-            self._writing = True
             if self._direct_ok():
                 # Most sendfile responses fit in the socket buffer: send them now, from this callback;
                 # what is left (socket full) goes out from writability callbacks, registered once for
                 # the whole answer (a 4 MiB answer through a 200 KiB socket buffer waits ~10 times).
-                cursor = SendCursor(chunks)
+                cursor = SendCursor(chunks)     # (a malformed chunk raises here, before _writing is set)
+                self._writing = True
                 if not self._send_step(slot, cursor):
-                    return
-                if self.closed:
                     return
                 continue
             if self._selector:
+                self._writing = True
                 self.loop.create_task(self._write_regions(slot, chunks))
             else:
                 # uvloop has no loop.sendfile: its transport drains its buffer first (_on_writable waits
                 # for that), then the same direct send
-                self._send_rest = (slot, SendCursor(chunks))
+                cursor = SendCursor(chunks)
+                self._writing = True
+                self._send_rest = (slot, cursor)
                 self._register_writer(self._on_writable)
             return
         if out:
