@@ -15,12 +15,12 @@ from __future__ import annotations
 import os
 import socket
 import struct
-import urllib.request
 import uuid
 
 import pytest
 
 from checkers import wait_for_topic
+from test_sendfile import _metrics     # the broker's kbroker_network_fetch_* counters
 from kbroker._native.sendio import SendCursor
 from kbroker.protocol import api
 from kbroker.protocol.types import FileRegions
@@ -197,21 +197,11 @@ def _kafka_python_values(bootstrap, topic, n, timeout=90):
     return out
 
 
-def _sendfile_metrics(mport):
-    text = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5).read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("kbroker_network_fetch_sendfile_"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
-
-
 def test_slow_consumer_reads_large_answers_byte_identical(filled):
     c, topic, values, mport = filled
-    before = _sendfile_metrics(mport)
+    before = _metrics(mport)
     got = _kafka_python_values(c.bootstrap, topic, len(values))
-    after = _sendfile_metrics(mport)
+    after = _metrics(mport)
     assert got == values
     sent = after["kbroker_network_fetch_sendfile_bytes_total"] - before.get("kbroker_network_fetch_sendfile_bytes_total", 0)
     calls = after["kbroker_network_fetch_sendfile_calls_total"] - before.get("kbroker_network_fetch_sendfile_calls_total", 0)
