@@ -24,7 +24,6 @@ Threads: the event-loop thread; ZooKeeper writes go to worker threads.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import time
@@ -106,18 +105,19 @@ class ReplicaManager:
 
     # -- native Produce path (ext/request.pyx FastProduce; ARCHITECTURE.md "Native Produce fast path") --
 
-    def fast_produce(self, fallback):
+    def fast_produce(self, fallback, write_failed):
         """The Produce handler for the native request path: a FastProduce whose armed partitions
         are served without a Python frame, ``fallback`` (produce.handle_native) for everything else;
-        ``fallback`` itself when KBROKER_FAST_PRODUCE=0."""
+        ``fallback`` itself when KBROKER_FAST_PRODUCE=0. ``write_failed(slot, error, version,
+        correlation_id, acks)`` answers a fast append whose write failed (produce.fast_write_failed:
+        the server wires the handlers in, replica never imports server)."""
         if os.environ.get("KBROKER_FAST_PRODUCE", "1") == "0":
             log.info("native Produce fast path off (KBROKER_FAST_PRODUCE=0)")
             return fallback
-        from ..server.apis.produce import fast_write_failed
         threads = self._threads or self._append_threads()
         metrics = self.broker.metrics
         notifier = self.broker.notifier
-        self.fast = FastProduce(fallback, self._fast_rearm, functools.partial(fast_write_failed, self.broker),
+        self.fast = FastProduce(fallback, self._fast_rearm, write_failed,
                                 metrics.messages_in, metrics.bytes_in, notifier._waiters, notifier.appended,
                                 self._failing_dirs, threads.write_offload_bytes, threads.validates_off_loop)
         for p in self.partitions.values():

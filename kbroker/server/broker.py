@@ -104,7 +104,8 @@ class Broker:
             # handlers: kbroker/server/apis/produce.py, fetch.py).
             # The common one-partition Produce is served without a Python frame (ReplicaManager.fast_produce).
             native_handlers={int(api.ApiKey.PRODUCE): self.replica_manager.fast_produce(
-                                 functools.partial(produce_api.handle_native, self)),
+                                 functools.partial(produce_api.handle_native, self),
+                                 functools.partial(produce_api.fast_write_failed, self)),
                              int(api.ApiKey.FETCH): functools.partial(fetch_api.handle_native, self)},
         )
         await self.server.start()
