@@ -367,18 +367,31 @@ def encode_produce_response(int version, int32_t correlation_id, list topics):
         w.reserve(4)
         w.i32(<int32_t>len(parts))
         for res in parts:
-            w.reserve(4 + 2 + 8 + 8 + 8 + 4)
-            w.i32(<int32_t>res[0])
-            w.i16(<int16_t>res[1])
-            w.i64(<int64_t>res[2])
-            w.i64(<int64_t>res[3])               # log_append_time_ms (v2+)
-            if version >= 5:
-                w.i64(<int64_t>res[4])           # log_start_offset
-            if version >= 8:
-                w.i32(0)                         # record_errors: none
-                w.string(res[5], True)           # error_message
+            _produce_row(w, version, <int32_t>res[0], <int16_t>res[1], <int64_t>res[2], <int64_t>res[3],
+                         <int64_t>res[4], res[5])
+    return _produce_end(w)
+
+
+cdef int _produce_row(_Writer w, int version, int32_t index, int16_t error_code, int64_t base_offset,
+                      int64_t log_append_time_ms, int64_t log_start_offset, object error_message) except -1:
+    # one partition's row of a Produce v3-8 response (the layout both Produce encoders write)
+    w.reserve(4 + 2 + 8 + 8 + 8 + 4)
+    w.i32(index)
+    w.i16(error_code)
+    w.i64(base_offset)
+    w.i64(log_append_time_ms)           # v2+
+    if version >= 5:
+        w.i64(log_start_offset)
+    if version >= 8:
+        w.i32(0)                        # record_errors: none
+        w.string(error_message, True)
+    return 0
+
+
+cdef bytes _produce_end(_Writer w):
+    # throttle_time_ms (0: no quotas yet), the size prefix, the frame as bytes
     w.reserve(4)
-    w.i32(0)                                     # throttle_time_ms
+    w.i32(0)
     store_be32(w.p, <uint32_t>(w.pos - 4))
     return PyBytes_FromStringAndSize(w.p, w.pos)
 
@@ -924,7 +937,7 @@ cdef bytes _encode_one(int version, int32_t correlation_id, const unsigned char 
     # the request carried them)
     cdef _Writer w = _out
     w.pos = 0
-    w.reserve(4 + 4 + 4 + 2 + name_len + 4 + 4 + 2 + 8 + 8 + 8 + 4 + 2 + 4)
+    w.reserve(4 + 4 + 4 + 2 + name_len + 4)
     w.pos = 4
     w.i32(correlation_id)
     w.i32(1)
@@ -932,18 +945,8 @@ cdef bytes _encode_one(int version, int32_t correlation_id, const unsigned char 
     memcpy(w.p + w.pos, name, name_len)
     w.pos += name_len
     w.i32(1)
-    w.i32(index)
-    w.i16(0)
-    w.i64(base)
-    w.i64(append_time)
-    if version >= 5:
-        w.i64(log_start)
-    if version >= 8:
-        w.i32(0)                    # record_errors: none
-        w.i16(-1)                   # error_message: null
-    w.i32(0)                        # throttle_time_ms
-    store_be32(w.p, <uint32_t>(w.pos - 4))
-    return PyBytes_FromStringAndSize(w.p, w.pos)
+    _produce_row(w, version, index, 0, base, append_time, log_start, None)
+    return _produce_end(w)
 
 
 def dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_ssize_t max_frame, produce, fetch,
