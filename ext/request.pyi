@@ -95,7 +95,7 @@ class FastLeader:
     follower_key: tuple
     epoch_cache: Any
     def __init__(self, tp: tuple[str, int], partition: Any, log: Any, ap: Any, config: Any, epoch: int,
-                 acks_all: bool, followers: bool, hw_to_end: bool, follower_key: tuple, waiters: Any,
+                 alone: bool, followers: bool, follower_key: tuple, waiters: Any,
                  tails: dict, epoch_cache: Any) -> None: ...
 
 class FastProduce:

@@ -718,15 +718,15 @@ cdef class FastLeader:
     cdef object waiters                 # Partition.waiters (deque, never replaced)
     cdef dict tails                     # Log.append_tails (never replaced)
     cdef int32_t epoch
-    cdef bint acks_all                  # acks=-1 answered at once (ISR = this leader, min ISR <= 1)
     cdef bint followers                 # replicas beyond this one: wake their long polls
-    cdef bint hw_to_end                 # ISR of this leader alone: the HW follows the log end
+    cdef bint alone                     # ISR = this leader, min.insync.replicas <= 1: the HW follows the
+                                        # log end, and acks=-1 is answered at once
     cdef bint append_time               # LogAppendTime topic
 
-    def __init__(self, tp, partition, log, LeaderAppender ap not None, config, int epoch, bint acks_all,
-                 bint followers, bint hw_to_end, follower_key, waiters, dict tails not None, epoch_cache):
+    def __init__(self, tp, partition, log, LeaderAppender ap not None, config, int epoch, bint alone,
+                 bint followers, follower_key, waiters, dict tails not None, epoch_cache):
         self.tp, self.partition, self.log, self.ap, self.config = tp, partition, log, ap, config
-        self.epoch, self.acks_all, self.followers, self.hw_to_end = epoch, acks_all, followers, hw_to_end
+        self.epoch, self.alone, self.followers = epoch, alone, followers
         self.follower_key, self.waiters, self.tails, self.epoch_cache = follower_key, waiters, tails, epoch_cache
         self.append_time = bool(config.log_append_time)
         self.seg = None
@@ -845,9 +845,9 @@ cdef int _produce_fast(FastProduce fp, conn, object view, const unsigned char *p
     if fl is None:
         return 0
     # per request, O(1): what may change without the slot being re-armed
-    if ((acks == -1 and not fl.acks_all) or rsize >= fp.big
+    if ((acks == -1 and not fl.alone) or rsize >= fp.big
             or (fp.off_loop and rsize > 22 and f[rec_at + 22] & 7)      # compressed: validated off the loop
-            or (fl.hw_to_end and len(fl.waiters)) or fl.tails or fp.failing_dirs):
+            or (fl.alone and len(fl.waiters)) or fl.tails or fp.failing_dirs):
         return 0
     lg = fl.log
     if lg.config is not fl.config or fl.partition.leader_epoch != fl.epoch:
@@ -895,7 +895,7 @@ cdef int _produce_fast(FastProduce fp, conn, object view, const unsigned char *p
         _bump(fp.bytes_in, name, rsize)
         if fl.followers and PyDict_Contains(fp.notify, fl.follower_key):
             fp.appended(fl.follower_key)
-        if fl.hw_to_end:
+        if fl.alone:
             leo = st.next_offset
             if leo > <int64_t>lg._high_watermark:
                 lg._high_watermark = leo

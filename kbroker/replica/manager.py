@@ -142,7 +142,7 @@ class ReplicaManager:
             # an ISR of one that is not this leader alone moves the HW by maybe_increment_hw's full rule
             fp.disarm(tp)
             return
-        fp.arm(FastLeader(tp, p, lg, lg._appender, cfg, p.leader_epoch, alone, len(p.replicas) > 1, alone,
+        fp.arm(FastLeader(tp, p, lg, lg._appender, cfg, p.leader_epoch, alone, len(p.replicas) > 1,
                           p.follower_key, p.waiters, lg.append_tails, lg.epoch_cache))
 
     def _fast_rearm(self, tp) -> None:
