@@ -31,7 +31,8 @@ cdef extern from "Python.h":
     void *PyUnicode_DATA(object)
 
 from kbroker._native.hton cimport load_be16, load_be32, load_be64, store_be16, store_be32, store_be64
-from kbroker._native.segment cimport NOT_PLAIN, LeaderAppender, SegmentState, run_begin, run_end
+from kbroker._native.segment cimport (NOT_PLAIN, LeaderAppender, SegmentState, run_begin, run_end, seek_in,
+                                      tail_end, tail_position)
 
 from kbroker._native.batch import BatchError
 
@@ -417,6 +418,38 @@ cdef int _inline_region(_Writer w, object region) except -1:
     return 0
 
 
+cdef int _fetch_head(_Writer w, int version, int32_t correlation_id, int16_t error_code,
+                     int32_t n_topics) except -1:
+    # a Fetch v4-11 response from its start up to the topic count (the size prefix left to fill in)
+    w.pos = 0
+    w.reserve(4 + 4 + 4 + 2 + 4 + 4)
+    w.pos = 4
+    w.i32(correlation_id)
+    w.i32(0)                                         # throttle_time_ms
+    if version >= 7:
+        w.i16(error_code)
+        w.i32(0)                                     # session_id
+    w.i32(n_topics)
+    return 0
+
+
+cdef int _fetch_row(_Writer w, int version, int32_t index, int16_t error_code, int64_t high_watermark,
+                    int64_t last_stable_offset, int64_t log_start_offset) except -1:
+    # one partition's row of a Fetch v4-11 response up to its records (the layout both Fetch encoders
+    # write); room is reserved for the records' length too
+    w.reserve(4 + 2 + 8 + 8 + 8 + 4 + 4 + 4)
+    w.i32(index)
+    w.i16(error_code)
+    w.i64(high_watermark)
+    w.i64(last_stable_offset)                        # v4+
+    if version >= 5:
+        w.i64(log_start_offset)
+    w.i32(-1)                                        # aborted_transactions: null
+    if version >= 11:
+        w.i32(-1)                                    # preferred_read_replica
+    return 0
+
+
 def encode_fetch_response(int version, int32_t correlation_id, int16_t error_code, list topics,
                           Py_ssize_t inline_max):
     """The whole Fetch v4-11 response (size prefix included) -> (chunks, bytes copied inline).
@@ -437,30 +470,14 @@ def encode_fetch_response(int version, int32_t correlation_id, int16_t error_cod
     cdef list parts, res
     cdef object name, records, region
     cdef Py_buffer raw                               # bytes records (a segment read block's slice)
-    w.pos = 0
-    w.reserve(4 + 4 + 4 + 2 + 4 + 4)
-    w.pos = 4
-    w.i32(correlation_id)
-    w.i32(0)                                         # throttle_time_ms
-    if version >= 7:
-        w.i16(error_code)
-        w.i32(0)                                     # session_id
-    w.i32(<int32_t>len(topics))
+    _fetch_head(w, version, correlation_id, error_code, <int32_t>len(topics))
     for name, parts in topics:
         w.string(name, False)
         w.reserve(4)
         w.i32(<int32_t>len(parts))
         for res in parts:
-            w.reserve(4 + 2 + 8 + 8 + 8 + 4 + 4 + 4)
-            w.i32(<int32_t>res[0])
-            w.i16(<int16_t>res[1])
-            w.i64(<int64_t>res[2])
-            w.i64(<int64_t>res[3])                   # last_stable_offset (v4+)
-            if version >= 5:
-                w.i64(<int64_t>res[4])               # log_start_offset
-            w.i32(-1)                                # aborted_transactions: null
-            if version >= 11:
-                w.i32(-1)                            # preferred_read_replica
+            _fetch_row(w, version, <int32_t>res[0], <int16_t>res[1], <int64_t>res[2], <int64_t>res[3],
+                       <int64_t>res[4])
             records = res[5]
             if isinstance(records, FileRegions):
                 rsize = records.size
@@ -740,7 +757,7 @@ cdef class FastProduce:
     cdef object fallback
     cdef object rearm                   # rearm(tp): the ReplicaManager re-evaluates a slot (config changed)
     cdef object write_failed            # write_failed(slot, error, version, correlation_id, acks) -> answer
-    cdef dict leaders                   # topic -> {partition index: FastLeader}
+    cdef dict leaders                   # topic -> {partition index: FastLeader} (arm_leader / disarm_leader)
     cdef dict messages_in, bytes_in     # BrokerMetrics' per-topic counts (never replaced)
     cdef dict notify                    # AppendNotifier._waiters (never replaced)
     cdef object appended                # AppendNotifier.appended
@@ -749,33 +766,37 @@ cdef class FastProduce:
     cdef bint off_loop                  # AppendThreads.validates_off_loop
     cdef readonly long long fast, slow
 
-    def __init__(self, fallback, rearm, write_failed, dict messages_in not None, dict bytes_in not None,
-                 dict notify not None, appended, dict failing_dirs not None, int64_t big, bint off_loop):
+    def __init__(self, fallback, rearm, write_failed, dict leaders not None, dict messages_in not None,
+                 dict bytes_in not None, dict notify not None, appended, dict failing_dirs not None, int64_t big,
+                 bint off_loop):
         self.fallback, self.rearm, self.write_failed = fallback, rearm, write_failed
         self.messages_in, self.bytes_in = messages_in, bytes_in
         self.notify, self.appended, self.failing_dirs = notify, appended, failing_dirs
         self.big, self.off_loop = big, off_loop
-        self.leaders = {}
+        self.leaders = leaders
 
     def __call__(self, conn, req):
         self.slow += 1
         return self.fallback(conn, req)
 
-    def arm(self, FastLeader leader not None):
-        """Serve ``leader.tp`` natively (replaces its slot)."""
-        topic, index = leader.tp
-        parts = self.leaders.get(topic)
-        if parts is None:
-            parts = self.leaders[topic] = {}
-        parts[index] = leader
 
-    def disarm(self, tp):
-        """``tp`` takes the Python path."""
-        parts = self.leaders.get(tp[0])
-        if parts is not None:
-            parts.pop(tp[1], None)
-            if not parts:
-                del self.leaders[tp[0]]
+def arm_leader(dict leaders not None, FastLeader leader not None):
+    """Serve ``leader.tp`` natively (replaces its slot in ``leaders``, the ReplicaManager's dict of
+    armed slots that FastProduce and FastFetch share: topic -> {partition index: FastLeader})."""
+    topic, index = leader.tp
+    parts = leaders.get(topic)
+    if parts is None:
+        parts = leaders[topic] = {}
+    parts[index] = leader
+
+
+def disarm_leader(dict leaders not None, tp):
+    """``tp`` takes the Python path (its slot removed from ``leaders``)."""
+    parts = leaders.get(tp[0])
+    if parts is not None:
+        parts.pop(tp[1], None)
+        if not parts:
+            del leaders[tp[0]]
 
 
 cdef int _produce_fast(FastProduce fp, conn, object view, const unsigned char *p, Py_ssize_t begin,
@@ -949,6 +970,321 @@ cdef bytes _encode_one(int version, int32_t correlation_id, const unsigned char 
     return _produce_end(w)
 
 
+# ---- the one-partition consumer Fetch without a Python frame (issue 10) -----------------------------
+# dispatch_frames serves a Fetch v4-11 frame here when it is the common consumer request: replica_id < 0,
+# no fetch session, no forgotten topics, one topic with one partition whose leader slot (FastLeader, the
+# one the Produce path uses: armed and disarmed by the ReplicaManager on leadership changes) is armed,
+# current_leader_epoch -1 or the slot's, log start <= fetch_offset < high watermark, the offset in the
+# active segment, and batch boundaries the segment's recent-batch list or read block answer, and an
+# answer whose records (whole batches, as Log.read cuts them) are below the sendfile threshold and
+# held by the segment's read block. The high watermark, log start offset, active segment and offline
+# flag are read from the Log per request (no copies to keep exact). Everything else is left untouched
+# for the Python path (fetch.handle_native -> _read -> Log.read), which stays the reference: the
+# answer here must be the same bytes (tests/test_native_differential.py, tests/test_fetch_fast.py).
+
+cdef enum:
+    _HEADER_SIZE = 61                       # RecordBatch v2 header (ext/layout.pxd HEADER_SIZE)
+    _UNDECIDED = -2                         # a read position the native path leaves to Python
+
+cdef int64_t _I64_MAX = 0x7FFFFFFFFFFFFFFF
+# fetch.py _RESPONSE_DATA_CEILING: record data never brings an answer near the int32 size limit
+cdef int64_t _DATA_CEILING = 0x7FFFFFFF - (64 << 20)
+
+
+cdef class FastFetch:
+    """The Fetch handler dispatch_frames gets (broker.py): called as ``handle_native`` for any request
+    the native path leaves (``fallback(conn, req)``). Reads the ReplicaManager's armed leader slots
+    (``leaders``, shared with FastProduce), counts BytesOut per topic in ``bytes_out`` (never
+    replaced), caps answers by the broker's ``fetch.max.bytes`` (``config_values``: the BrokerConfig's
+    dict of typed values) and copies records from the segments' read blocks (kbroker.log.segment
+    ``_blocks``, at most ``read_block`` bytes each; ``read_blocks`` False: none are kept).
+    ``fast``/``slow``: requests served natively / through ``fallback`` (tests, A/B)."""
+    cdef object fallback
+    cdef object rearm                   # rearm(tp): the ReplicaManager re-evaluates a slot
+    cdef dict leaders
+    cdef dict bytes_out
+    cdef dict config_values
+    cdef dict blocks
+    cdef bint read_blocks
+    cdef int64_t read_block
+    cdef int32_t local_id
+    cdef readonly long long fast, slow
+
+    def __init__(self, fallback, rearm, dict leaders not None, dict bytes_out not None,
+                 dict config_values not None, dict blocks not None, bint read_blocks, int64_t read_block,
+                 int32_t local_id):
+        self.fallback, self.rearm, self.leaders, self.bytes_out = fallback, rearm, leaders, bytes_out
+        self.config_values, self.blocks = config_values, blocks
+        self.read_blocks, self.read_block, self.local_id = read_blocks, read_block, local_id
+
+    def __call__(self, conn, req):
+        self.slow += 1
+        return self.fallback(conn, req)
+
+
+cdef int64_t _batch_position(FastFetch ff, seg, SegmentState st, int64_t offset,
+                             int64_t start_position) except -3:
+    """LogSegment.batch_position answered from the recent-batch list or the read block, as that method
+    does (its block cursor moved the same way); _UNDECIDED where it would load a block or search the
+    index and the file (the Python path then does)."""
+    cdef int64_t pos = tail_position(st, offset, start_position), bpos, size = 0, base = -1, last = -1
+    cdef list block
+    cdef bytes data
+    if pos != -2:
+        return pos                      # -1: past the last batch
+    if not ff.read_blocks:
+        return _UNDECIDED
+    block = ff.blocks.get(seg)
+    if block is None or offset <= <int64_t>block[2]:
+        return _UNDECIDED
+    data = <bytes>block[1]
+    bpos = <int64_t>block[0]
+    pos = seek_in(PyBytes_AS_STRING(data), bpos, bpos + len(data),
+                  <int64_t>block[3] if offset > <int64_t>block[4] else bpos, st.size, offset, _I64_MAX,
+                  &size, &base, &last)
+    if size:
+        block[3] = pos
+        block[4] = base - 1
+        return pos if pos >= start_position else _UNDECIDED
+    if pos + _HEADER_SIZE > st.size:
+        return -1                       # past the last batch
+    return _UNDECIDED
+
+
+cdef int64_t _end_position(FastFetch ff, seg, SegmentState st, int64_t start, int64_t max_bytes,
+                           int64_t max_offset) except -3:
+    """LogSegment.end_position(start, max_bytes, max_offset, min_one_batch=True) from the recent-batch
+    list or the read block; _UNDECIDED where that method would load a block or walk the file."""
+    cdef int64_t end = st.size, pos, limit, byte_end, bpos, bend, size = 0, base, last
+    cdef list block
+    cdef bytes data
+    if max_offset < st.next_offset:
+        pos = _batch_position(ff, seg, st, max_offset, start)
+        if pos == _UNDECIDED:
+            return _UNDECIDED
+        if pos >= 0:
+            end = pos
+    if end - start <= max_bytes:
+        return end
+    limit = start + max_bytes
+    byte_end = tail_end(st, start, limit, True)
+    if byte_end != -2:
+        return end if end < byte_end else byte_end
+    if not ff.read_blocks:
+        return _UNDECIDED
+    block = ff.blocks.get(seg)
+    if block is None:
+        return _UNDECIDED               # loads a block (a small read) or walks the file
+    data = <bytes>block[1]
+    bpos = <int64_t>block[0]
+    bend = bpos + len(data)
+    if start < bpos or (limit + _HEADER_SIZE > bend and bend < end):
+        return _UNDECIDED
+    pos = seek_in(PyBytes_AS_STRING(data), bpos, bend, start, end, _I64_MAX, limit, &size, &base, &last)
+    if not size:
+        return _UNDECIDED               # the index and the file
+    byte_end = pos
+    if byte_end == start:
+        byte_end = start + size         # min_one_batch
+    return end if end < byte_end else byte_end
+
+
+cdef list _block_holding(FastFetch ff, seg, int64_t start, int64_t n):
+    """LogSegment.read_bytes' block when it holds [start, start + n) (moved to the most recently used
+    end, as that method does), else None (the Python path reads one)."""
+    cdef list block
+    cdef int64_t bpos
+    if not ff.read_blocks or n > ff.read_block:
+        return None
+    block = ff.blocks.get(seg)
+    if block is None:
+        return None
+    bpos = <int64_t>block[0]
+    if start < bpos or start + n > bpos + len(<bytes>block[1]):
+        return None
+    if next(reversed(ff.blocks)) is not seg:
+        ff.blocks[seg] = ff.blocks.pop(seg)
+    return block
+
+
+cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begin, Py_ssize_t size,
+                     no_response, close) except -1:
+    """The frame at ``begin`` (``size`` bytes) served natively -> 1 (its Slot queued with the answer),
+    or 0: not the common request (nothing was done but a read block's cursor moved as the Python path
+    moves it: the caller's path takes the request from scratch)."""
+    cdef const unsigned char *f = p + begin
+    cdef Py_ssize_t pos = 8, name_at
+    cdef int16_t n16, name_len
+    cdef int32_t version, correlation_id, replica_id, max_wait_ms, min_bytes, max_bytes, index
+    cdef int32_t leader_epoch = -1, part_max, session_epoch = -1
+    cdef int8_t isolation
+    cdef int64_t fetch_offset, hw, log_start, start, end, n, budget, limit
+    cdef object client_id = None, name, parts, lg, seg, cap, server, metrics
+    cdef list segments, block
+    cdef FastLeader fl
+    cdef SegmentState st
+    cdef FetchRequest req
+    cdef Slot slot
+    cdef _Writer w
+    cdef double started = _monotonic()
+    version = <int16_t>load_be16(<const char *>f + 2)
+    correlation_id = <int32_t>load_be32(<const char *>f + 4)
+    if size < pos + 2:
+        return 0
+    n16 = <int16_t>load_be16(<const char *>f + pos)               # client_id
+    pos += 2
+    if n16 > 0:
+        if n16 > size - pos:
+            return 0
+        try:
+            client_id = _decode_str(f + pos, n16)
+        except UnicodeDecodeError:
+            return 0
+        pos += n16
+    elif n16 == 0:
+        client_id = ""
+    # replica_id, max_wait_ms, min_bytes, max_bytes, isolation_level, [session_id, session_epoch],
+    # the topic count and the topic name's length
+    if size - pos < 17 + (8 if version >= 7 else 0) + 4 + 2:
+        return 0
+    replica_id = <int32_t>load_be32(<const char *>f + pos)
+    max_wait_ms = <int32_t>load_be32(<const char *>f + pos + 4)
+    min_bytes = <int32_t>load_be32(<const char *>f + pos + 8)
+    max_bytes = <int32_t>load_be32(<const char *>f + pos + 12)
+    isolation = <int8_t>f[pos + 16]
+    pos += 17
+    if replica_id >= 0:
+        return 0                                                  # a follower
+    if version >= 7:
+        if <int32_t>load_be32(<const char *>f + pos) != 0:       # a fetch session
+            return 0
+        session_epoch = <int32_t>load_be32(<const char *>f + pos + 4)
+        pos += 8
+    if <int32_t>load_be32(<const char *>f + pos) != 1:            # one topic
+        return 0
+    name_len = <int16_t>load_be16(<const char *>f + pos + 4)
+    pos += 6
+    # its name, one partition: index, [current_leader_epoch], fetch_offset, [log_start_offset], max bytes
+    if name_len <= 0 or size - pos < name_len + 4 + 4 + (4 if version >= 9 else 0) + 8 + (8 if version >= 5 else 0) + 4:
+        return 0
+    name_at = pos
+    pos += name_len
+    if <int32_t>load_be32(<const char *>f + pos) != 1:            # one partition
+        return 0
+    index = <int32_t>load_be32(<const char *>f + pos + 4)
+    pos += 8
+    if version >= 9:
+        leader_epoch = <int32_t>load_be32(<const char *>f + pos)
+        pos += 4
+    fetch_offset = <int64_t>load_be64(<const char *>f + pos)
+    pos += 8
+    if version >= 5:
+        pos += 8                                                  # the follower's log start: unused
+    part_max = <int32_t>load_be32(<const char *>f + pos)
+    pos += 4
+    if version >= 7:
+        if size - pos < 4 or <int32_t>load_be32(<const char *>f + pos) != 0:     # forgotten topics
+            return 0
+        pos += 4
+    if version >= 11:                                             # rack_id: an empty one
+        if size - pos < 2 or <int16_t>load_be16(<const char *>f + pos) != 0:
+            return 0
+        pos += 2
+    if pos != size:
+        return 0
+    try:
+        name = _decode_str(f + name_at, name_len)
+    except UnicodeDecodeError:
+        return 0
+    parts = ff.leaders.get(name)
+    if parts is None:
+        return 0
+    fl = (<dict>parts).get(index)
+    if fl is None or (leader_epoch >= 0 and leader_epoch != fl.epoch):
+        return 0                    # epoch fencing (KIP-320): the Python path answers the error
+    if fl.partition.leader_epoch != fl.epoch:
+        ff.rearm(fl.tp)             # a leadership change a re-arm missed: the next request sees the new slot
+        return 0
+    if fl.partition.leader_id != ff.local_id:
+        return 0
+    lg = fl.log
+    if lg.offline or lg._write_job is not None:
+        return 0
+    hw = lg._high_watermark
+    log_start = lg.log_start_offset
+    if fetch_offset >= hw or fetch_offset < log_start:
+        return 0                    # nothing to read yet (long poll), or out of range
+    segments = lg.segments
+    seg = segments[len(segments) - 1]
+    if seg is not fl.seg:           # rolled (or first use): the active segment's state
+        fl.st = seg._st
+        fl.seg = seg
+    st = fl.st
+    if fetch_offset < st.base_offset or hw > st.next_offset:
+        return 0                    # an older segment
+    # fetch._read's budget: the request's max_bytes capped by fetch.max.bytes and the data ceiling
+    cap = ff.config_values.get("fetch.max.bytes")
+    if cap is None:
+        return 0
+    budget = cap
+    if max_bytes < budget:
+        budget = max_bytes
+    if budget > _DATA_CEILING:
+        budget = _DATA_CEILING
+    limit = part_max if part_max < budget else budget
+    if limit < 0:
+        return 0
+    # Log.read of the active segment: from the batch holding fetch_offset, whole batches below the HW
+    start = _batch_position(ff, seg, st, fetch_offset, 0)
+    if start < 0:
+        return 0
+    end = _end_position(ff, seg, st, start, limit, hw)
+    if end == _UNDECIDED:
+        return 0
+    n = end - start
+    server = conn.server
+    if n <= 0 or n >= <int64_t>server.sendfile_min_bytes or (n < min_bytes and max_wait_ms > 0):
+        return 0                    # nothing, sent by sendfile, or a long poll
+    block = _block_holding(ff, seg, start, n)
+    if block is None:
+        return 0
+    # the answer: fetch._read's bookkeeping, then encode_fetch_response's bytes for one partition
+    metrics = server.metrics
+    _bump(ff.bytes_out, name, n)
+    metrics.fetch_copy_bytes += n
+    w = _out
+    _fetch_head(w, version, correlation_id, 0, 1)
+    w.reserve(2 + name_len + 4)
+    w.i16(name_len)
+    memcpy(w.p + w.pos, f + name_at, name_len)
+    w.pos += name_len
+    w.i32(1)
+    _fetch_row(w, version, index, 0, hw, hw, log_start)
+    w.i32(<int32_t>n)
+    w.reserve(n)
+    memcpy(w.p + w.pos, PyBytes_AS_STRING(<bytes>block[1]) + (start - <int64_t>block[0]), n)
+    w.pos += n
+    store_be32(w.p, <uint32_t>(w.pos - 4))
+    result = [PyBytes_FromStringAndSize(w.p, w.pos)]
+    ff.fast += 1
+    req = FetchRequest.__new__(FetchRequest)
+    req.api_key = FETCH
+    req.api_version = version
+    req.correlation_id = correlation_id
+    req.client_id = client_id
+    req.replica_id = replica_id
+    req.max_wait_ms = max_wait_ms
+    req.min_bytes = min_bytes
+    req.max_bytes = max_bytes
+    req.isolation_level = isolation
+    req.session_epoch = session_epoch
+    req.rack_id = ""
+    slot = _new_slot(req, FETCH, version, False, conn._pending, metrics.requests, conn.last_active,
+                     conn._read_at, started)
+    _end_native(slot, result, no_response, close)
+    return 1
+
+
 def dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_ssize_t max_frame, produce, fetch,
                     dict supported, no_response, close):
     """Every complete frame of a receive chunk (kbroker.network.connection ``_parse_chunk``), from
@@ -1014,6 +1350,7 @@ cdef object _dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_s
     cdef object handler, parse, frame, sv, result
     cdef Slot slot
     cdef FastProduce fast = produce if type(produce) is FastProduce else None
+    cdef FastFetch ffast = fetch if type(fetch) is FastFetch else None
     cdef bint done
     while not conn.closed:
         if end - start < 4:
@@ -1049,6 +1386,17 @@ cdef object _dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_s
             if handler is None:
                 conn._dispatch(view[begin:begin + size], chunk)
                 continue
+            if ffast is not None:
+                try:
+                    done = _fetch_fast(ffast, conn, p, begin, size, no_response, close)
+                except Exception:
+                    conn._handler_raised(_new_slot(_header(FETCH, version), FETCH, version, False, conn._pending,
+                                                   conn.server.metrics.requests, conn.last_active, conn._read_at,
+                                                   _monotonic()), None)
+                    continue
+                if done:
+                    _answered(conn, run)
+                    continue
         elif fast is not None:
             try:
                 done = _produce_fast(fast, conn, view, p, begin, size, start, end, run, no_response, close)

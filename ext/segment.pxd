@@ -88,3 +88,15 @@ cdef enum:
 cdef void run_begin() noexcept
 cdef int run_end() except -1
 
+
+
+# Tail reads without a call (ext/request.pyx's fetch fast path; SegmentState.tail_position / tail_end
+# are these): the remembered batch at or after ``offset`` (-1 past the last, -2 the list does not
+# answer), and the last boundary at or below ``limit`` for a read from ``start`` (-2 does not answer).
+cdef int64_t tail_position(SegmentState st, int64_t offset, int64_t start_position) noexcept
+cdef int64_t tail_end(SegmentState st, int64_t start, int64_t limit, bint min_one_batch) noexcept
+# seek_batch_in over the file bytes [block_pos, block_end) at ``data``: the position where the walk
+# stopped; the found batch's size (0: none), base and last offsets through the pointers.
+cdef int64_t seek_in(const char *data, int64_t block_pos, int64_t block_end, int64_t start, int64_t end,
+                     int64_t target_offset, int64_t limit_position, int64_t *size_out, int64_t *base_out,
+                     int64_t *last_out) noexcept

@@ -483,39 +483,13 @@ cdef class SegmentState:
         """Position of the first remembered batch whose last offset >= ``offset`` when it is at or
         after ``start_position``; -1 when ``offset`` is past the last batch; -2 when the list does
         not answer (empty, ``offset`` at or below its floor, or the batch before ``start_position``)."""
-        cdef Py_ssize_t lo = 0, hi = self.tail_n, mid
-        if hi == 0 or offset <= self.tail_floor:
-            return -2
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if self.tail_last[mid] < offset:
-                lo = mid + 1
-            else:
-                hi = mid
-        if lo == self.tail_n:
-            return -1
-        return self.tail_pos[lo] if self.tail_pos[lo] >= start_position else -2
+        return tail_position(self, offset, start_position)
 
     def tail_end(self, int64_t start, int64_t limit, bint min_one_batch):
         """The last remembered batch boundary at or below ``limit`` (the next one when that is
         ``start`` and ``min_one_batch``; ``size`` past the last batch), for a read from batch
         boundary ``start``; -2 when the list does not reach back to ``start``."""
-        cdef Py_ssize_t lo = 0, hi = self.tail_n, mid, n = self.tail_n
-        cdef int64_t byte_end
-        if n == 0 or start < self.tail_pos[0]:
-            return -2
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if self.tail_pos[mid] <= limit:
-                lo = mid + 1
-            else:
-                hi = mid
-        if lo == 0:
-            return -2
-        byte_end = self.tail_pos[lo - 1]
-        if byte_end == start and min_one_batch:
-            byte_end = self.tail_pos[lo] if lo < n else self.size
-        return byte_end
+        return tail_end(self, start, limit, min_one_batch)
 
     def forget_tail(self):
         self.tail_n = 0
@@ -537,6 +511,42 @@ cdef class SegmentState:
             self.tail_pos[i] = positions[i]
         self.tail_n = n
         self.publish_tail()
+
+
+cdef int64_t tail_position(SegmentState st, int64_t offset, int64_t start_position) noexcept:
+    # SegmentState.tail_position (also ext/request.pyx's fetch fast path)
+    cdef Py_ssize_t lo = 0, hi = st.tail_n, mid
+    if hi == 0 or offset <= st.tail_floor:
+        return -2
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if st.tail_last[mid] < offset:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo == st.tail_n:
+        return -1
+    return st.tail_pos[lo] if st.tail_pos[lo] >= start_position else -2
+
+
+cdef int64_t tail_end(SegmentState st, int64_t start, int64_t limit, bint min_one_batch) noexcept:
+    # SegmentState.tail_end (also ext/request.pyx's fetch fast path)
+    cdef Py_ssize_t lo = 0, hi = st.tail_n, mid, n = st.tail_n
+    cdef int64_t byte_end
+    if n == 0 or start < st.tail_pos[0]:
+        return -2
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if st.tail_pos[mid] <= limit:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo == 0:
+        return -2
+    byte_end = st.tail_pos[lo - 1]
+    if byte_end == start and min_one_batch:
+        byte_end = st.tail_pos[lo] if lo < n else st.size
+    return byte_end
 
 
 # ----------------------------------------------------------------------------------------
@@ -788,12 +798,23 @@ def seek_batch_in(bytes block not None, int64_t block_pos, int64_t start, int64_
     lastOffset >= target_offset or position + size > limit_position, or (position, 0, -1, -1) where
     the walk stopped first: at ``end`` or at a header the block does not hold whole (``position`` is
     then the batch boundary to continue from)."""
-    cdef const char *data = PyBytes_AS_STRING(block)
-    cdef int64_t block_end = block_pos + PyBytes_GET_SIZE(block)
+    cdef int64_t size = 0, base_off = -1, last_off = -1
+    cdef int64_t pos = seek_in(PyBytes_AS_STRING(block), block_pos, block_pos + PyBytes_GET_SIZE(block), start,
+                               end, target_offset, limit_position, &size, &base_off, &last_off)
+    return (pos, size, base_off, last_off)
+
+
+cdef int64_t seek_in(const char *data, int64_t block_pos, int64_t block_end, int64_t start, int64_t end,
+                     int64_t target_offset, int64_t limit_position, int64_t *size_out, int64_t *base_out,
+                     int64_t *last_out) noexcept:
+    # seek_batch_in over ``data`` (the file's bytes [block_pos, block_end)): the position, and the
+    # batch's size (0: not found), base and last offsets through the pointers
     cdef int64_t pos = start, size, base_off, last_off
     cdef const char *h
+    size_out[0] = 0
+    base_out[0] = last_out[0] = -1
     if start < block_pos:
-        return (start, 0, -1, -1)
+        return start
     while pos + HEADER_SIZE <= end and pos + HEADER_SIZE <= block_end:
         h = data + (pos - block_pos)
         size = batch_size(h)
@@ -802,9 +823,12 @@ def seek_batch_in(bytes block not None, int64_t block_pos, int64_t start, int64_
         base_off = batch_base_offset(h)
         last_off = base_off + batch_last_offset_delta(h)
         if last_off >= target_offset or pos + size > limit_position:
-            return (pos, size, base_off, last_off)
+            size_out[0] = size
+            base_out[0] = base_off
+            last_out[0] = last_off
+            return pos
         pos += size
-    return (pos, 0, -1, -1)
+    return pos
 
 
 # ----------------------------------------------------------------------------------------

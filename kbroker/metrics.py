@@ -105,6 +105,9 @@ def broker_snapshot(broker) -> dict:
         fast = getattr(rm, "fast", None)
         if fast is not None:
             snap["fast_produce"] = (fast.fast, fast.slow)
+        fast = getattr(rm, "fast_fetch_handler", None)
+        if fast is not None:
+            snap["fast_fetch"] = (fast.fast, fast.slow)
     else:
         snap["under_replicated"] = under
     controller = getattr(broker, "controller", None)
@@ -172,11 +175,13 @@ def broker_families(snap: dict) -> list[Metric]:
     else:
         out.append(_gauge("kafka_server_replicamanager_underreplicatedpartitions", "Led partitions with ISR < replicas",
                           [((), snap["under_replicated"])]))
-    if "fast_produce" in snap:
-        fast, slow = snap["fast_produce"]
-        out.append(_counter("kbroker_produce_native_requests",
-                            "Produce requests of the native request path: served without a Python frame (fast) "
-                            "or by the Python handler (slow)", [(("fast",), fast), (("slow",), slow)], ("path",)))
+    for key, name in (("fast_produce", "Produce"), ("fast_fetch", "Fetch")):
+        if key in snap:
+            fast, slow = snap[key]
+            out.append(_counter(f"kbroker_{name.lower()}_native_requests",
+                                f"{name} requests of the native request path: served without a Python frame "
+                                "(fast) or by the Python handler (slow)", [(("fast",), fast), (("slow",), slow)],
+                                ("path",)))
     active, offline, elections = snap["controller"]
     out.append(_gauge("kafka_controller_kafkacontroller_activecontrollercount", "1 on the active controller",
                       [((), active)]))

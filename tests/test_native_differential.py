@@ -458,25 +458,37 @@ def _fast_requests(seed, n):
     return out
 
 
-def _fast_counts(port):
+def _fast_counts(port, api_name="produce"):
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    prefix = f"kbroker_{api_name}_native_requests_total{{"
     return {line.split('path="', 1)[1].split('"', 1)[0]: float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines() if line.startswith("kbroker_produce_native_requests_total{")}
+            for line in text.splitlines() if line.startswith(prefix)}
 
 
-@pytest.fixture(scope="module")
-def fast_pair(tmp_path_factory):
+def _switch_pair(tmp_path_factory, switch):
+    """Two brokers, ``switch`` (an environment variable) on and off, topics d0 (2 partitions) and d1;
+    the first one's metrics on a free port. -> (clusters, port), to stop."""
     clusters = []
     port = free_port()
     try:
         for mode in ("1", "0"):
-            c = LocalCluster(tmp_path_factory.mktemp(f"diff-fast-{mode}"), num_partitions=1,
-                             env={"KBROKER_FAST_PRODUCE": mode},
-                             overrides={"kbroker.metrics.port": port if mode == "1" else -1})
-            c.start()
+            c = LocalCluster(tmp_path_factory.mktemp(f"diff-{switch.lower()}-{mode}"), num_partitions=1,
+                             env={switch: mode}, overrides={"kbroker.metrics.port": port if mode == "1" else -1})
             clusters.append(c)
+            c.start()
             create_topic(c.bootstrap, "d0", 2)
             create_topic(c.bootstrap, "d1", 1)
+    except BaseException:
+        for c in clusters:
+            c.stop()
+        raise
+    return clusters, port
+
+
+@pytest.fixture(scope="module")
+def fast_pair(tmp_path_factory):
+    clusters, port = _switch_pair(tmp_path_factory, "KBROKER_FAST_PRODUCE")
+    try:
         yield clusters, port
     finally:
         for c in clusters:
@@ -498,3 +510,93 @@ def test_fast_path_answers_and_logs_byte_for_byte(fast_pair):
             files.append({p.name: p.read_bytes() for p in sorted(d.glob("*.log"))})
         assert files[0] == files[1], (topic, index)
         assert sum(len(b) for b in files[0].values()) > 10_000, (topic, index)
+
+
+# ---- the native Fetch fast path (ext/request.pyx FastFetch) against the native path without it ------
+def _fill_requests(seed, n):
+    """Produce frames (acks=1, fixed timestamps) of 1-5 records each for d0/0, d0/1 and d1/0: both
+    brokers store the same batches at the same offsets."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        topic, index = rng.choice((("d0", 0), ("d0", 1), ("d1", 0)))
+        body = {"transactional_id": None, "acks": 1, "timeout_ms": 5000, "topic_data": [
+            {"name": topic, "partition_data": [{"index": index, "records": _batch(rng, rng.randint(1, 5))}]}]}
+        out.append((api.encode_request(PRODUCE, 7, i + 1, "fill", body), True))
+    return out
+
+
+def _fast_fetch_requests(seed, n, ends):
+    """Mostly the fast path's common request (one partition, any version 4-11) at offsets the fast
+    path must judge: log start, inside the log, HW-1, HW, beyond; partition limits that cut between
+    batches or below one; leader epochs current, older, newer; with malformed frames, followers,
+    sessions, several partitions, a non-empty rack and long polls at the HW in between.
+    ``ends``: {(topic, partition): high watermark}. [(frame, answered)]"""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        r = rng.random()
+        if r < 0.1:
+            frame = fetch_frame(rng, i + 1)             # anything fetch_body makes
+        else:
+            (topic, index), hw = rng.choice(sorted(ends.items()))
+            offset = rng.choice((0, 1, rng.randrange(hw), rng.randrange(hw), rng.randrange(hw), hw - 1, hw - 1,
+                                 hw, hw + 1, 1 << 40))
+            version = rng.choice(FETCH_VERSIONS)
+            body = {"replica_id": -1, "max_wait_ms": rng.choice((0, 0, 0, 5)), "min_bytes": rng.choice((0, 1, 1, 1, 5000)),
+                    "max_bytes": rng.choice((0x7FFFFFFF, 1 << 20, 300, 50)), "isolation_level": rng.choice((0, 1)),
+                    "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [],
+                    "rack_id": "", "topics": [{"topic": topic, "partitions": [{
+                        "partition": index, "current_leader_epoch": rng.choice((-1, -1, 0, 0, 1)),
+                        "fetch_offset": offset, "log_start_offset": -1,
+                        "partition_max_bytes": rng.choice((1, 100, 150, 400, 1000, 1 << 20))}]}]}
+            frame = api.encode_request(FETCH, version, i + 1, rng.choice(("fast", None, "", "ü-client")), body)
+        if rng.random() < 0.1:
+            frame = mutate(rng, frame)
+        out.append((frame, True))
+    return out
+
+
+@pytest.fixture(scope="module")
+def fetch_pair(tmp_path_factory):
+    clusters, port = _switch_pair(tmp_path_factory, "KBROKER_FAST_FETCH")
+    try:
+        yield clusters, port
+    finally:
+        for c in clusters:
+            c.stop()
+
+
+def test_fetch_fast_path_answers_byte_for_byte(fetch_pair):
+    """The same log (the same Produce frames to both) and the same Fetch sequence to a broker with the
+    Fetch fast path and one without: every outcome identical, and the fast path served most of the
+    plain consumer fetches while the others (errors, out of range, long polls, followers, malformed)
+    took the Python path."""
+    (fast, slow), port = fetch_pair
+    _run_both((fast, slow), _fill_requests(3, 300))
+    ends = {}
+    probe = RawConn(fast.bootstrap, timeout=10)
+    try:
+        for tp in (("d0", 0), ("d0", 1), ("d1", 0)):
+            body = probe.request(FETCH, 11, {
+                "replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1, "isolation_level": 0,
+                "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "",
+                "topics": [{"topic": tp[0], "partitions": [{"partition": tp[1], "current_leader_epoch": -1,
+                                                            "fetch_offset": 0, "log_start_offset": -1,
+                                                            "partition_max_bytes": 1}]}]}, timeout=10)
+            ends[tp] = body["responses"][0]["partitions"][0]["high_watermark"]
+    finally:
+        probe.close()
+    assert min(ends.values()) > 100, ends
+    before = _fast_counts(port, "fetch")
+    first, kinds = _run_both((fast, slow), _fast_fetch_requests(11, 800, ends))
+    assert kinds["answer"] > 500 and kinds["closed"] > 20, kinds
+    after = _fast_counts(port, "fetch")
+    served, left = after["fast"] - before.get("fast", 0), after["slow"] - before.get("slow", 0)
+    assert served > 250 and left > 100, (served, left)
+    # the answers carried records, cut at batch boundaries by the partition limits
+    fetched = 0
+    for o in first:
+        if o[0] == "answer" and len(o[1]) > 200:
+            fetched += 1
+    assert fetched > 200, fetched

@@ -29,7 +29,7 @@ import os
 import time
 from typing import NamedTuple
 
-from .._native.request import FastLeader, FastProduce
+from .._native.request import FastFetch, FastLeader, FastProduce, arm_leader, disarm_leader
 from ..log.appender import AppendThreads, codec_of
 from ..log.errors import LogAppendError
 from ..log.log import AppendResult
@@ -102,6 +102,8 @@ class ReplicaManager:
         self._throttle_watcher = None
         self._failing_dirs: dict = {}       # log dir -> appends failed there since its error line
         self.fast = None                    # FastProduce (fast_produce), when the native path serves Produce
+        self.fast_fetch_handler = None      # FastFetch (fast_fetch), when it serves the consumer's small Fetch
+        self._fast_leaders: dict = {}       # the armed slots both share: topic -> {partition: FastLeader}
 
     # -- native Produce path (ext/request.pyx FastProduce; ARCHITECTURE.md "Native Produce fast path") --
 
@@ -117,20 +119,38 @@ class ReplicaManager:
         threads = self._threads or self._append_threads()
         metrics = self.broker.metrics
         notifier = self.broker.notifier
-        self.fast = FastProduce(fallback, self._fast_rearm, write_failed,
+        self.fast = FastProduce(fallback, self._fast_rearm, write_failed, self._fast_leaders,
                                 metrics.messages_in, metrics.bytes_in, notifier._waiters, notifier.appended,
                                 self._failing_dirs, threads.write_offload_bytes, threads.validates_off_loop)
+        self._fast_refresh_all()
+        return self.fast
+
+    def fast_fetch(self, fallback):
+        """The Fetch handler for the native request path: a FastFetch serving the consumer's small
+        one-partition Fetch of an armed partition without a Python frame (ext/request.pyx; the slots
+        are the Produce path's), ``fallback`` (fetch.handle_native) for everything else; ``fallback``
+        itself when KBROKER_FAST_FETCH=0."""
+        if os.environ.get("KBROKER_FAST_FETCH", "1") == "0":
+            log.info("native Fetch fast path off (KBROKER_FAST_FETCH=0)")
+            return fallback
+        from ..log import segment
+        self.fast_fetch_handler = FastFetch(fallback, self._fast_rearm, self._fast_leaders,
+                                            self.broker.metrics.bytes_out, self.broker.config._values,
+                                            segment._blocks, segment.READ_BLOCKS > 0, segment.READ_BLOCK,
+                                            self.broker_id)
+        self._fast_refresh_all()
+        return self.fast_fetch_handler
+
+    def _fast_refresh_all(self) -> None:
         for p in self.partitions.values():
             self._fast_refresh(p)
-        return self.fast
 
     def _fast_refresh(self, p: Partition) -> None:
         """Arm ``p``'s native Produce slot when its state allows, else disarm it. Called on every
         change of what the slot holds or was decided from: leadership, leader epoch, ISR, replicas,
         stale (become_leader / become_follower / _write_isr), the partition gone (stop_replica), the
         log's config (the native path sees a new LogConfig object and calls _fast_rearm)."""
-        fp = self.fast
-        if fp is None:
+        if self.fast is None and self.fast_fetch_handler is None:
             return
         tp = p.tp
         lg = p.log
@@ -140,15 +160,16 @@ class ReplicaManager:
         if (self.partitions.get(tp) is not p or p.leader_id != p.local_id or tp[0] in INTERNAL_TOPICS
                 or (len(isr) == 1 and not alone) or lg.hw_follows_leo):
             # an ISR of one that is not this leader alone moves the HW by maybe_increment_hw's full rule
-            fp.disarm(tp)
+            disarm_leader(self._fast_leaders, tp)
             return
-        fp.arm(FastLeader(tp, p, lg, lg._appender, cfg, p.leader_epoch, alone, len(p.replicas) > 1,
-                          p.follower_key, p.waiters, lg.append_tails, lg.epoch_cache))
+        arm_leader(self._fast_leaders, FastLeader(tp, p, lg, lg._appender, cfg, p.leader_epoch, alone,
+                                                  len(p.replicas) > 1, p.follower_key, p.waiters, lg.append_tails,
+                                                  lg.epoch_cache))
 
     def _fast_rearm(self, tp) -> None:
         p = self.partitions.get(tp)
         if p is None:
-            self.fast.disarm(tp)
+            disarm_leader(self._fast_leaders, tp)
         else:
             self._fast_refresh(p)
 
@@ -584,8 +605,7 @@ class ReplicaManager:
     def stop_replica(self, tp, delete: bool) -> int:
         self._stop_fetching(tp)
         p = self.partitions.pop(tp, None)
-        if self.fast is not None:
-            self.fast.disarm(tp)
+        disarm_leader(self._fast_leaders, tp)
         if p is not None:
             self._fail_waiters(p, Errors.NOT_LEADER_OR_FOLLOWER)
         if delete:

@@ -106,7 +106,9 @@ class Broker:
             native_handlers={int(api.ApiKey.PRODUCE): self.replica_manager.fast_produce(
                                  functools.partial(produce_api.handle_native, self),
                                  functools.partial(produce_api.fast_write_failed, self)),
-                             int(api.ApiKey.FETCH): functools.partial(fetch_api.handle_native, self)},
+                             # and the consumer's small one-partition Fetch (ReplicaManager.fast_fetch).
+                             int(api.ApiKey.FETCH): self.replica_manager.fast_fetch(
+                                 functools.partial(fetch_api.handle_native, self))},
         )
         await self.server.start()
         adv = cfg.advertised_listeners[0]
