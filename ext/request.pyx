@@ -17,7 +17,7 @@ v0 (correlation id only).
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
-from libc.errno cimport errno
+from libc.errno cimport EINTR, errno
 from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 from posix.unistd cimport pread
 from cpython.unicode cimport PyUnicode_DecodeUTF8
@@ -977,10 +977,10 @@ cdef bytes _encode_one(int version, int32_t correlation_id, const unsigned char 
 # current_leader_epoch -1 or the slot's, log start <= fetch_offset < high watermark, the offset in the
 # active segment, and batch boundaries the segment's recent-batch list or read block answer, and an
 # answer whose records (whole batches, as Log.read cuts them) are below the sendfile threshold and
-# held by the segment's read block. The high watermark, log start offset, active segment and offline
-# flag are read from the Log per request (no copies to keep exact). Everything else is left untouched
-# for the Python path (fetch.handle_native -> _read -> Log.read), which stays the reference: the
-# answer here must be the same bytes (tests/test_native_differential.py, tests/test_fetch_fast.py).
+# copied from the segment's read block (read as LogSegment.read_bytes reads one). The high watermark,
+# log start offset, active segment and offline flag are read from the Log per request (no copies to
+# keep exact). Everything else is left untouched for the Python path (fetch.handle_native -> _read ->
+# Log.read), which stays the reference: the answer here must be the same bytes (tests/test_native_differential.py, tests/test_fetch_fast.py).
 
 cdef enum:
     _HEADER_SIZE = 61                       # RecordBatch v2 header (ext/layout.pxd HEADER_SIZE)
@@ -997,7 +997,7 @@ cdef class FastFetch:
     (``leaders``, shared with FastProduce), counts BytesOut per topic in ``bytes_out`` (never
     replaced), caps answers by the broker's ``fetch.max.bytes`` (``config_values``: the BrokerConfig's
     dict of typed values) and copies records from the segments' read blocks (kbroker.log.segment
-    ``_blocks``, at most ``read_block`` bytes each; ``read_blocks`` False: none are kept).
+    ``_blocks``: at most ``read_blocks`` of at most ``read_block`` bytes each; 0: none are kept).
     ``fast``/``slow``: requests served natively / through ``fallback`` (tests, A/B)."""
     cdef object fallback
     cdef object rearm                   # rearm(tp): the ReplicaManager re-evaluates a slot
@@ -1005,13 +1005,13 @@ cdef class FastFetch:
     cdef dict bytes_out
     cdef dict config_values
     cdef dict blocks
-    cdef bint read_blocks
+    cdef Py_ssize_t read_blocks         # kbroker.log.segment.READ_BLOCKS (0: no blocks)
     cdef int64_t read_block
     cdef int32_t local_id
     cdef readonly long long fast, slow
 
     def __init__(self, fallback, rearm, dict leaders not None, dict bytes_out not None,
-                 dict config_values not None, dict blocks not None, bint read_blocks, int64_t read_block,
+                 dict config_values not None, dict blocks not None, Py_ssize_t read_blocks, int64_t read_block,
                  int32_t local_id):
         self.fallback, self.rearm, self.leaders, self.bytes_out = fallback, rearm, leaders, bytes_out
         self.config_values, self.blocks = config_values, blocks
@@ -1089,22 +1089,58 @@ cdef int64_t _end_position(FastFetch ff, seg, SegmentState st, int64_t start, in
     return end if end < byte_end else byte_end
 
 
-cdef list _block_holding(FastFetch ff, seg, int64_t start, int64_t n):
-    """LogSegment.read_bytes' block when it holds [start, start + n) (moved to the most recently used
-    end, as that method does), else None (the Python path reads one)."""
+cdef list _block_holding(FastFetch ff, seg, SegmentState st, int64_t start, int64_t n):
+    """LogSegment.read_bytes' block for [start, start + n): the segment's read block when it holds the
+    range (moved to the most recently used end), else a new one read at ``start`` (LogSegment._load_block,
+    the least recently used block dropped past the limit); None when no block can hold it (the
+    Python path sends it from the file)."""
     cdef list block
-    cdef int64_t bpos
+    cdef int64_t bpos, want, floor
+    cdef bytes data
+    cdef dict blocks = ff.blocks
     if not ff.read_blocks or n > ff.read_block:
         return None
-    block = ff.blocks.get(seg)
-    if block is None:
+    block = blocks.get(seg)
+    if block is not None:
+        bpos = <int64_t>block[0]
+        if start >= bpos and start + n <= bpos + len(<bytes>block[1]):
+            if next(reversed(blocks)) is not seg:
+                blocks[seg] = blocks.pop(seg)
+            return block
+    want = st.size - start
+    if want > ff.read_block:
+        want = ff.read_block
+    if want < n:
         return None
-    bpos = <int64_t>block[0]
-    if start < bpos or start + n > bpos + len(<bytes>block[1]):
-        return None
-    if next(reversed(ff.blocks)) is not seg:
-        ff.blocks[seg] = ff.blocks.pop(seg)
+    data = PyBytes_FromStringAndSize(NULL, want)
+    if _pread_full(<int>seg.read_fd, PyBytes_AS_STRING(data), want, start) != want:
+        return None                     # cut underneath: the Python path reports it
+    floor = <int64_t>load_be64(PyBytes_AS_STRING(data)) - 1 if want >= _HEADER_SIZE else _I64_MAX
+    block = [start, data, floor, start, floor]
+    blocks.pop(seg, None)
+    blocks[seg] = block
+    if len(blocks) > ff.read_blocks:
+        try:
+            del blocks[next(iter(blocks))]
+        except (KeyError, RuntimeError):
+            pass
     return block
+
+
+cdef int64_t _pread_full(int fd, char *buf, int64_t n, int64_t pos) noexcept:
+    # bytes read at ``pos`` until ``n`` or the file's end (-1: an error)
+    cdef int64_t got = 0
+    cdef Py_ssize_t r
+    while got < n:
+        r = pread(fd, buf + got, n - got, pos + got)
+        if r < 0:
+            if errno == EINTR:
+                continue
+            return -1
+        if r == 0:
+            break
+        got += r
+    return got
 
 
 cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begin, Py_ssize_t size,
@@ -1245,7 +1281,7 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
     server = conn.server
     if n <= 0 or n >= <int64_t>server.sendfile_min_bytes or (n < min_bytes and max_wait_ms > 0):
         return 0                    # nothing, sent by sendfile, or a long poll
-    block = _block_holding(ff, seg, start, n)
+    block = _block_holding(ff, seg, st, start, n)
     if block is None:
         return 0
     # the answer: fetch._read's bookkeeping, then encode_fetch_response's bytes for one partition

@@ -1,0 +1,411 @@
+"""The consumer's small one-partition Fetch served without a Python frame (issue 10; ext/request.pyx
+FastFetch, the leader slots of kbroker/replica/manager.py ``_fast_refresh``): real brokers, real clients
+(confluent-kafka, kafka-python, aiokafka, kcat) and raw requests. The broker's
+``kbroker_fetch_native_requests_total{path=fast|slow}`` counters show which path served each Fetch;
+every reason the native path must leave a fetch to Python is shown to do so (and to give Python's
+answer), and plain fetches to be served natively again afterwards.
+
+Counter-checks (each broken on purpose, this file failed, then restored): the epoch check dropped
+(``current_leader_epoch`` newer than the slot's served: the fencing test saw records instead of
+UNKNOWN_LEADER_EPOCH); the high watermark cap replaced by the log end (the RF=3 lagging-follower test
+saw batches at and past the HW); the disarm on leadership loss together with the per-request epoch
+and leader guards dropped (the leadership test failed). Dropping the active-segment base check alone
+changes nothing visible: the recent-batch list's and the read block's floors already refuse offsets
+before the active segment (it stays as a guard).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import threading
+import time
+import urllib.request
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from checkers import FETCH, RawConn, all_batches, create_topic, segment_files
+from kbroker.testing import wait_until
+from test_produce_fast import (alter_topic, leader_conn, new_topic, one, produce_confluent, produce_raw,  # noqa: F401
+                               rf3_topic, single, three)
+
+OFFSET_OUT_OF_RANGE = 1
+UNKNOWN_TOPIC_OR_PARTITION = 3
+NOT_LEADER_OR_FOLLOWER = 6
+FENCED_LEADER_EPOCH = 74
+UNKNOWN_LEADER_EPOCH = 75
+_COUNTER = re.compile(r'^kbroker_fetch_native_requests_total\{path="(\w+)"\} (\S+)$', re.M)
+
+
+def fetch_counts(port: int) -> dict:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {path: int(float(n)) for path, n in _COUNTER.findall(text)}
+
+
+class Fetches:
+    """Fast/slow Fetch requests served between entering and leaving the block."""
+
+    def __init__(self, port):
+        self.port = port
+
+    def __enter__(self):
+        self.before = fetch_counts(self.port)
+        return self
+
+    def __exit__(self, *exc):
+        after = fetch_counts(self.port)
+        self.fast = after.get("fast", 0) - self.before.get("fast", 0)
+        self.slow = after.get("slow", 0) - self.before.get("slow", 0)
+
+
+def fetch_raw(conn, topic, offset, version=11, partition_max=1 << 20, epoch=-1, max_wait_ms=0, min_bytes=1,
+              timeout=30):
+    """-> the partition's answer dict (records as bytes)."""
+    body = {"replica_id": -1, "max_wait_ms": max_wait_ms, "min_bytes": min_bytes, "max_bytes": 1 << 20,
+            "isolation_level": 0, "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [],
+            "rack_id": "", "topics": [{"topic": topic, "partitions": [
+                {"partition": 0, "current_leader_epoch": epoch, "fetch_offset": offset, "log_start_offset": -1,
+                 "partition_max_bytes": partition_max}]}]}
+    part = conn.request(FETCH, version, body, timeout=timeout)["responses"][0]["partitions"][0]
+    part["records"] = bytes(part["records"] or b"")
+    return part
+
+
+def log_bytes(c, topic, bid=0) -> bytes:
+    return b"".join(p.read_bytes() for p in segment_files(c.brokers[bid].data_dir, topic, 0))
+
+
+def read_all(conn, topic, end, partition_max=1):
+    """Every batch from offset 0 to ``end`` by one-batch fetches -> the concatenated record bytes."""
+    out, offset = [], 0
+    while offset < end:
+        part = fetch_raw(conn, topic, offset, partition_max=partition_max)
+        assert part["error_code"] == 0, part
+        data = part["records"]
+        assert data, (offset, part)
+        out.append(data)
+        offset = int.from_bytes(data[:8], "big") + int.from_bytes(data[23:27], "big") + 1   # last offset + 1
+    return b"".join(out)
+
+
+# ---- RF=1 -------------------------------------------------------------------------------------------
+def test_consumers_read_everything_natively(single):
+    """One-record batches read back batch by batch byte for byte as the log holds them, and by
+    confluent-kafka, kafka-python, aiokafka and kcat in order; nearly every fetch native."""
+    c, port = single
+    topic = new_topic(c)
+    assert produce_confluent(c.bootstrap, topic, 300) == []
+    with Fetches(port) as d, RawConn(c.bootstrap, timeout=30) as conn:
+        got = read_all(conn, topic, 301)
+    assert got == log_bytes(c, topic)
+    # Python: the first fetch (no read block yet), and one each time the reader walks past a block
+    assert d.fast >= 290 and d.slow <= 5, (d.fast, d.slow)
+    want = [b"v"] + [b"value-%d" % i for i in range(300)]
+
+    cons = Consumer({"bootstrap.servers": c.bootstrap, "group.id": "ff-" + uuid.uuid4().hex[:6],
+                     "enable.auto.commit": False, "max.partition.fetch.bytes": 512})
+    values = []
+    with Fetches(port) as d:
+        try:
+            cons.assign([TopicPartition(topic, 0, 0)])
+            deadline = time.monotonic() + 60
+            while len(values) < 301 and time.monotonic() < deadline:
+                for m in cons.consume(500, timeout=0.5):
+                    assert not m.error(), m.error()
+                    values.append(m.value())
+        finally:
+            cons.close()
+    assert values == want
+    assert d.fast > 10, (d.fast, d.slow)
+
+    from kafka import KafkaConsumer
+    from kafka import TopicPartition as KTP
+    kc = KafkaConsumer(bootstrap_servers=c.bootstrap, enable_auto_commit=False, max_partition_fetch_bytes=512,
+                       fetch_max_bytes=4096, consumer_timeout_ms=5000)
+    try:
+        kc.assign([KTP(topic, 0)])
+        kc.seek(KTP(topic, 0), 0)
+        kvalues = []
+        for m in kc:
+            kvalues.append(m.value)
+            if len(kvalues) == 301:
+                break
+    finally:
+        kc.close()
+    assert kvalues == want
+
+    async def aio():
+        from aiokafka import AIOKafkaConsumer
+        from aiokafka.structs import TopicPartition as ATP
+        ac = AIOKafkaConsumer(bootstrap_servers=c.bootstrap, enable_auto_commit=False,
+                              max_partition_fetch_bytes=512, fetch_max_bytes=4096)
+        await ac.start()
+        try:
+            ac.assign([ATP(topic, 0)])
+            ac.seek(ATP(topic, 0), 0)
+            out = []
+            while len(out) < 301:
+                batch = await asyncio.wait_for(ac.getmany(timeout_ms=500), 30)
+                for msgs in batch.values():
+                    out.extend(m.value for m in msgs)
+            return out
+        finally:
+            await ac.stop()
+    assert asyncio.run(aio()) == want
+
+    kcat = subprocess.run(["kcat", "-C", "-b", c.bootstrap, "-t", topic, "-p", "0", "-o", "beginning", "-e",
+                           "-f", "%s\\n", "-X", "fetch.message.max.bytes=512"],
+                          capture_output=True, timeout=60, check=True)
+    assert kcat.stdout.split(b"\n")[:301] == want
+
+
+def test_offsets_at_and_past_the_high_watermark(single):
+    """HW-1 native; at the HW (nothing to read: an empty answer) and past it (OFFSET_OUT_OF_RANGE) by
+    Python; a limit below the batch size still gets one whole batch (KIP-74), natively."""
+    c, port = single
+    topic = new_topic(c)
+    with RawConn(c.bootstrap, timeout=30) as conn:
+        for i in range(5):
+            assert produce_raw(conn, topic, one(b"x%d" % i))["error_code"] == 0
+        with Fetches(port) as d:
+            last = fetch_raw(conn, topic, 5, partition_max=1)
+        assert (d.fast, d.slow) == (1, 0)
+        assert last["error_code"] == 0 and last["high_watermark"] == 6 and b"x4" in last["records"]
+        with Fetches(port) as d:
+            at = fetch_raw(conn, topic, 6)
+            past = fetch_raw(conn, topic, 7)
+        assert (d.fast, d.slow) == (0, 2)
+        assert at["error_code"] == 0 and at["records"] == b"" and at["high_watermark"] == 6
+        assert past["error_code"] == OFFSET_OUT_OF_RANGE
+        with Fetches(port) as d:
+            every = fetch_raw(conn, topic, 0)
+        assert (d.fast, d.slow) == (1, 0)
+        assert every["records"] == log_bytes(c, topic)
+
+
+def test_epoch_fencing(single):
+    """current_leader_epoch newer than the leader's: UNKNOWN_LEADER_EPOCH by Python; the current one
+    (and -1) native."""
+    c, port = single
+    topic = new_topic(c)
+    with RawConn(c.bootstrap, timeout=30) as conn:
+        with Fetches(port) as d:
+            newer = fetch_raw(conn, topic, 0, epoch=1)
+            current = fetch_raw(conn, topic, 0, epoch=0)
+            anyone = fetch_raw(conn, topic, 0, epoch=-1)
+        assert newer["error_code"] == UNKNOWN_LEADER_EPOCH and newer["records"] == b""
+        assert current["error_code"] == 0 and current["records"] == anyone["records"] != b""
+        assert (d.fast, d.slow) == (2, 1), (d.fast, d.slow)
+
+
+def test_segment_rolls_and_old_segments(single):
+    """Small segments: fetches of closed segments go to Python, of the active one natively; a reader
+    following the appends across rolls gets every batch byte for byte; versions 4-11 alike."""
+    c, port = single
+    topic = new_topic(c, {"segment.bytes": "600"})
+    with RawConn(c.bootstrap, timeout=30) as conn:
+        for i in range(40):
+            assert produce_raw(conn, topic, one(b"s%d" % i))["error_code"] == 0
+        files = segment_files(c.brokers[0].data_dir, topic, 0)
+        assert len(files) >= 4, files
+        active_base = int(files[-1].name.split(".")[0])
+        with Fetches(port) as d:
+            old = fetch_raw(conn, topic, 0, partition_max=1)
+            new = fetch_raw(conn, topic, active_base, partition_max=1)
+        assert (d.fast, d.slow) == (1, 1), (d.fast, d.slow)
+        assert old["error_code"] == new["error_code"] == 0
+        assert int.from_bytes(new["records"][:8], "big") == active_base
+        with Fetches(port) as d:
+            assert read_all(conn, topic, 41) == log_bytes(c, topic)
+        assert d.fast >= 1 and d.slow >= 30, (d.fast, d.slow)
+        # a reader at the tail while the log rolls under it
+        offset, seen = 41, []
+        with Fetches(port) as d:
+            for i in range(30):
+                assert produce_raw(conn, topic, one(b"t%d" % i))["error_code"] == 0
+                part = fetch_raw(conn, topic, offset, version=4 + i % 8, partition_max=1)
+                assert part["error_code"] == 0, part
+                seen.append(part["records"])
+                offset += 1
+        stored = [path.read_bytes()[b.position:b.position + b.length + 12]
+                  for path, b in all_batches(c.brokers[0].data_dir, topic, 0)[-30:]]
+        assert seen == stored
+        assert [int.from_bytes(r[:8], "big") for r in seen] == list(range(41, 71))
+        assert d.fast >= 20, (d.fast, d.slow)
+
+
+def test_retention_moves_log_start(tmp_path):
+    """Retention deletes old segments and moves the log start: below it OFFSET_OUT_OF_RANGE (Python),
+    in the active segment native, with the new log start in the answer."""
+    from kbroker.testing import LocalCluster, free_port
+    port = free_port()
+    with LocalCluster(tmp_path / "ret", overrides={"kbroker.metrics.port": port,
+                                                   "log.retention.check.interval.ms": 300}) as c:
+        topic = new_topic(c, {"segment.bytes": "600"})
+        with RawConn(c.bootstrap, timeout=30) as conn:
+            for i in range(20):
+                assert produce_raw(conn, topic, one(b"r%d" % i))["error_code"] == 0
+            alter_topic(c.bootstrap, topic, retention_bytes=700)
+            wait_until(lambda: fetch_raw(conn, topic, 0)["error_code"] == OFFSET_OUT_OF_RANGE, 30,
+                       "old segments deleted")
+            fetch_raw(conn, topic, 20, partition_max=1)     # reads the block
+            with Fetches(port) as d:
+                below = fetch_raw(conn, topic, 0)
+                last = fetch_raw(conn, topic, 20, partition_max=1)
+        assert below["error_code"] == OFFSET_OUT_OF_RANGE
+        start = int(segment_files(c.brokers[0].data_dir, topic, 0)[0].name.split(".")[0])
+        assert last["error_code"] == 0 and last["log_start_offset"] == start > 0, (last, start)
+        assert int.from_bytes(last["records"][:8], "big") == 20
+        assert (d.fast, d.slow) == (1, 1), (d.fast, d.slow)
+
+
+def test_long_poll_woken_by_append(single):
+    """A fetch at the HW long-polls (Python) and is woken by an append."""
+    c, port = single
+    topic = new_topic(c)
+    result = {}
+
+    def poll():
+        with RawConn(c.bootstrap, timeout=30) as f:
+            t0 = time.monotonic()
+            result["part"] = fetch_raw(f, topic, 1, max_wait_ms=20000)
+            result["waited"] = time.monotonic() - t0
+
+    with Fetches(port) as d:
+        t = threading.Thread(target=poll)
+        t.start()
+        wait_until(lambda: fetch_counts(port).get("slow", 0) > d.before.get("slow", 0), 10, "the poll parked")
+        with RawConn(c.bootstrap) as conn:
+            assert produce_raw(conn, topic, one(b"wake"))["error_code"] == 0
+        t.join(40)
+    assert b"wake" in result["part"]["records"]
+    assert result["waited"] < 15, result["waited"]
+    assert (d.fast, d.slow) == (0, 1)
+
+
+def test_large_answer_goes_by_sendfile(single):
+    """An answer of the sendfile threshold or more (64 KiB) leaves the native path; a small one of
+    the same log stays native."""
+    c, port = single
+    topic = new_topic(c)
+    with RawConn(c.bootstrap, timeout=30) as conn:
+        for i in range(12):
+            assert produce_raw(conn, topic, one(b"L" * 8000))["error_code"] == 0
+        with Fetches(port) as d:
+            big = fetch_raw(conn, topic, 0)
+            small = fetch_raw(conn, topic, 3, partition_max=1)
+        assert (d.fast, d.slow) == (1, 1), (d.fast, d.slow)     # the small one reads its block natively
+        assert big["records"] == log_bytes(c, topic)
+        assert len(big["records"]) > 64 * 1024
+        assert int.from_bytes(small["records"][:8], "big") == 3
+
+
+def test_topic_delete(single):
+    c, port = single
+    topic = new_topic(c)
+    with RawConn(c.bootstrap, timeout=30) as conn:
+        assert fetch_raw(conn, topic, 0)["error_code"] == 0
+        admin = AdminClient({"bootstrap.servers": c.bootstrap})
+        admin.delete_topics([topic])[topic].result(30)
+        wait_until(lambda: fetch_raw(conn, topic, 0)["error_code"] != 0, 30, "the topic gone")
+        with Fetches(port) as d:
+            gone = fetch_raw(conn, topic, 0)
+        assert gone["error_code"] in (UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER_OR_FOLLOWER)
+        assert (d.fast, d.slow) == (0, 1)
+    create_topic(c.bootstrap, topic, 1)
+    with RawConn(c.bootstrap, timeout=30) as conn:
+        wait_until(lambda: produce_raw(conn, topic, one(b"again"))["error_code"] == 0, 30, "the topic back")
+        with Fetches(port) as d:
+            back = fetch_raw(conn, topic, 0)
+        assert b"again" in back["records"] and (d.fast, d.slow) == (1, 0)
+
+
+def test_switch_off(tmp_path):
+    """KBROKER_FAST_FETCH=0: every Fetch by Python (the counter then absent), same answers."""
+    from kbroker.testing import LocalCluster, free_port
+    port = free_port()
+    with LocalCluster(tmp_path / "off", overrides={"kbroker.metrics.port": port},
+                      env={"KBROKER_FAST_FETCH": "0"}) as c:
+        topic = new_topic(c)
+        with RawConn(c.bootstrap, timeout=30) as conn:
+            part = fetch_raw(conn, topic, 0)
+        assert part["error_code"] == 0 and part["records"] == log_bytes(c, topic)
+        assert fetch_counts(port) == {}
+        assert "native Fetch fast path off" in c.brokers[0].log_path.read_text()
+
+
+# ---- RF=3 -------------------------------------------------------------------------------------------
+# The followers' own fetches count on the slow path too (replica_id >= 0): only fast counts are exact.
+@pytest.mark.slow
+def test_rf3_consumer_never_sees_past_the_hw(three):
+    """Followers stopped: appends (acks=1) stay above the HW until the ISR shrinks; a consumer's fetch
+    (natively) ends below the HW, and one at the HW gets nothing."""
+    c, ports = three
+    topic = rf3_topic(c)
+    with leader_conn(c, 0) as conn:
+        wait_until(lambda: fetch_raw(conn, topic, 0)["high_watermark"] == 1, 30, "HW at the first record")
+        for bid in (1, 2):
+            os.kill(c.brokers[bid].pid, 19)       # SIGSTOP
+        try:
+            for i in range(5):
+                assert produce_raw(conn, topic, one(b"h%d" % i))["error_code"] == 0
+            with Fetches(ports[0]) as d:
+                part = fetch_raw(conn, topic, 0)
+                at = fetch_raw(conn, topic, 1)
+            hw = part["high_watermark"]
+            batches = all_batches(c.brokers[0].data_dir, topic, 0)
+            if hw == 1:         # the ISR has not shrunk yet (replica.lag.time.max.ms: 3 s)
+                assert part["records"] == log_bytes(c, topic)[:batches[1][1].position]
+                assert at["records"] == b""
+                assert d.fast == 1, (d.fast, d.slow)
+        finally:
+            for bid in (1, 2):
+                os.kill(c.brokers[bid].pid, 18)   # SIGCONT
+    assert hw == 1, "the ISR shrank before the read: rerun"
+
+
+@pytest.mark.slow
+def test_rf3_leadership_move(three):
+    """Leadership moves away: the old leader answers NOT_LEADER_OR_FOLLOWER (Python), the new leader
+    serves natively with the new epoch and fences the old one."""
+    from confluent_kafka import ElectionType
+    c, ports = three
+    topic = rf3_topic(c, leader=1)
+    c.stop_broker(1)
+    c.start_broker(1)
+    with leader_conn(c, 0) as conn:
+        wait_until(lambda: fetch_raw(conn, topic, 0)["error_code"] == 0, 30, "broker 0 leads")
+        with Fetches(ports[0]) as d:
+            assert fetch_raw(conn, topic, 0, epoch=1)["error_code"] == 0
+        assert d.fast == 1
+    admin = AdminClient({"bootstrap.servers": c.bootstrap})
+
+    def elected():
+        try:
+            errors = admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition(topic, 0)]).result(30)
+        except Exception:
+            time.sleep(0.5)
+            return False
+        if any(e is not None for e in errors.values()):
+            time.sleep(0.5)
+            return False
+        return True
+    wait_until(elected, 60, "the preferred leader elected")
+    with leader_conn(c, 0) as conn:
+        wait_until(lambda: fetch_raw(conn, topic, 0)["error_code"] == NOT_LEADER_OR_FOLLOWER, 30,
+                   "the old leader refuses")
+        with Fetches(ports[0]) as d:
+            assert fetch_raw(conn, topic, 0)["error_code"] == NOT_LEADER_OR_FOLLOWER
+        assert d.fast == 0
+    with leader_conn(c, 1) as conn:
+        wait_until(lambda: fetch_raw(conn, topic, 0)["error_code"] == 0, 30, "the new leader")
+        with Fetches(ports[1]) as d:
+            fenced = fetch_raw(conn, topic, 0, epoch=1)
+            ok = fetch_raw(conn, topic, 0, epoch=2)
+        assert fenced["error_code"] == FENCED_LEADER_EPOCH
+        assert ok["error_code"] == 0 and ok["records"]
+        assert d.fast == 1, (d.fast, d.slow)
