@@ -103,9 +103,23 @@ class FastProduce:
     everything else by ``fallback(conn, req)`` (produce.handle_native)."""
     fast: int
     slow: int
-    def __init__(self, fallback: Any, rearm: Any, write_failed: Any, messages_in: dict[str, int],
+    def __init__(self, fallback: Any, rearm: Any, write_failed: Any, leaders: dict, messages_in: dict[str, int],
                  bytes_in: dict[str, int], notify: dict, appended: Any, failing_dirs: dict, big: int,
                  off_loop: bool) -> None: ...
     def __call__(self, conn: Any, req: ProduceRequest) -> Any: ...
-    def arm(self, leader: FastLeader) -> None: ...
-    def disarm(self, tp: tuple[str, int]) -> None: ...
+
+class FastFetch:
+    """The Fetch handler of the native request path: the consumer's small one-partition Fetch of an
+    armed partition served inside dispatch_frames, everything else by ``fallback(conn, req)``
+    (fetch.handle_native)."""
+    fast: int
+    slow: int
+    def __init__(self, fallback: Any, rearm: Any, leaders: dict, bytes_out: dict[str, int],
+                 config_values: dict, blocks: dict, read_blocks: int, read_block: int, local_id: int) -> None: ...
+    def __call__(self, conn: Any, req: FetchRequest) -> Any: ...
+
+def arm_leader(leaders: dict, leader: FastLeader) -> None:
+    """Serve ``leader.tp`` natively (its slot in the shared ``leaders`` dict replaced)."""
+
+def disarm_leader(leaders: dict, tp: tuple[str, int]) -> None:
+    """``tp`` takes the Python path."""

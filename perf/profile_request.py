@@ -182,10 +182,10 @@ def _fill_for_fetch(c: LocalCluster, topic: str, count: int) -> None:
         raise RuntimeError(f"fill for the fetch profile: {r}")
 
 
-def _fetch(c: LocalCluster, topic: str, count: int, warmup: int, max_s: float) -> dict:
+def _fetch(c: LocalCluster, topic: str, count: int, warmup: int, max_s: float, depth: int = 1) -> dict:
     from .request_bench import fetch_run
     b = c.brokers[0]
-    return fetch_run(f"127.0.0.1:{b.port}", topic, b.pid, 500, count, warmup, 1, max_s)
+    return fetch_run(f"127.0.0.1:{b.port}", topic, b.pid, 500, count, warmup, depth, max_s)
 
 
 def _what(workload: str) -> str:
@@ -244,12 +244,12 @@ def pyspy(out: Path, requests: int, seconds: float, workload: str = "produce") -
     return text
 
 
-def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = False) -> str:
+def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = False, depth: int = 1) -> str:
     vg, ctl, ann = shutil.which("valgrind"), shutil.which("callgrind_control"), shutil.which("callgrind_annotate")
     if not (vg and ctl and ann):
         raise SystemExit("valgrind (with callgrind_control, callgrind_annotate) is not installed")
     root = Path(tempfile.mkdtemp(prefix="kbroker-profile-", dir="/dev/shm"))
-    name = f"callgrind-{workload}" + ("-rf3" if rf3 else "")
+    name = f"callgrind-{workload}" + ("-rf3" if rf3 else "") + (f"-depth{depth}" if depth != 1 else "")
     for old in out.glob(f"{name}.out*"):
         old.unlink()
     cg_out = out / f"{name}.out"
@@ -274,7 +274,7 @@ def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = F
                 _fill_for_fetch(c, topic, requests)
                 _fetch(c, topic, 200, 0, 600)            # warm-up, not instrumented
                 subprocess.run([ctl, "-i", "on", str(pid)], check=True, capture_output=True, timeout=120)
-                n = _fetch(c, topic, requests, 0, 900)["requests"]
+                n = _fetch(c, topic, requests, 0, 900, depth)["requests"]
                 subprocess.run([ctl, "-i", "off", str(pid)], check=True, capture_output=True, timeout=120)
         finally:
             c.stop()        # SIGTERM: callgrind writes its profile as the broker exits
@@ -294,6 +294,7 @@ def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = F
     n = max(1, n)
     head = (f"callgrind of the broker while it served {n:,} {_what(workload)}"
             + (" as the leader of an RF=3 partition (followers running, not profiled)" if rf3 else "")
+            + (f" ({depth} in flight, not 1)" if depth != 1 else "")
             + "; instrumentation on for those "
             f"requests only, all threads, user space only (no kernel): {total:,} instructions = "
             f"{total / n:,.0f} per request\n\n")
@@ -776,6 +777,8 @@ def main(argv=None) -> int:
                                                  "(default 200000 for pyspy, 3000 for callgrind)")
     ap.add_argument("--seconds", type=float, default=6.0, help="py-spy sampling time")
     ap.add_argument("--rf3", action="store_true", help="callgrind: the profiled broker leads an RF=3 partition")
+    ap.add_argument("--depth", type=int, default=1,
+                    help="callgrind --workload fetch: fetches in flight (default 1; request_bench also reports 8)")
     ap.add_argument("--batches", type=int, default=1024, help="capacity: Produce requests per run (~512 KiB each)")
     ap.add_argument("--rounds", type=int, default=3, help="capacity: interleaved broker/sink rounds")
     ap.add_argument("--variant", action="append", help="capacity: a broker to run side by side, "
@@ -803,7 +806,7 @@ def main(argv=None) -> int:
     elif a.tool == "capacity":
         text = capacity(out, a.batches, a.rounds, a.variant, a.persist, a.storage, not a.no_profile)
     else:
-        text = callgrind(out, a.requests or 3_000, a.workload, a.rf3)
+        text = callgrind(out, a.requests or 3_000, a.workload, a.rf3, a.depth)
     print(text)
     H.progress(f"{a.tool} done in {time.monotonic() - t0:.0f} s; output in {out}")
     return 0
