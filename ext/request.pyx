@@ -373,16 +373,24 @@ def encode_produce_response(int version, int32_t correlation_id, list topics):
     return _produce_end(w)
 
 
+cdef inline void _row_head(_Writer w, int version, int32_t index, int16_t error_code, int64_t a, int64_t b,
+                           int64_t log_start_offset) noexcept:
+    # the start both Produce and Fetch partition rows share (room reserved by the caller): index, error
+    # code, two int64 (Produce: base offset, log append time; Fetch: HW, last stable offset) and the log
+    # start offset from v5 on
+    w.i32(index)
+    w.i16(error_code)
+    w.i64(a)
+    w.i64(b)
+    if version >= 5:
+        w.i64(log_start_offset)
+
+
 cdef int _produce_row(_Writer w, int version, int32_t index, int16_t error_code, int64_t base_offset,
                       int64_t log_append_time_ms, int64_t log_start_offset, object error_message) except -1:
     # one partition's row of a Produce v3-8 response (the layout both Produce encoders write)
     w.reserve(4 + 2 + 8 + 8 + 8 + 4)
-    w.i32(index)
-    w.i16(error_code)
-    w.i64(base_offset)
-    w.i64(log_append_time_ms)           # v2+
-    if version >= 5:
-        w.i64(log_start_offset)
+    _row_head(w, version, index, error_code, base_offset, log_append_time_ms, log_start_offset)
     if version >= 8:
         w.i32(0)                        # record_errors: none
         w.string(error_message, True)
@@ -438,12 +446,7 @@ cdef int _fetch_row(_Writer w, int version, int32_t index, int16_t error_code, i
     # one partition's row of a Fetch v4-11 response up to its records (the layout both Fetch encoders
     # write); room is reserved for the records' length too
     w.reserve(4 + 2 + 8 + 8 + 8 + 4 + 4 + 4)
-    w.i32(index)
-    w.i16(error_code)
-    w.i64(high_watermark)
-    w.i64(last_stable_offset)                        # v4+
-    if version >= 5:
-        w.i64(log_start_offset)
+    _row_head(w, version, index, error_code, high_watermark, last_stable_offset, log_start_offset)
     w.i32(-1)                                        # aborted_transactions: null
     if version >= 11:
         w.i32(-1)                                    # preferred_read_replica
@@ -799,6 +802,41 @@ def disarm_leader(dict leaders not None, tp):
             del leaders[tp[0]]
 
 
+cdef object _REFUSED = object()      # _client_id: the frame is not one a fast path takes
+
+
+cdef object _client_id(const unsigned char *f, Py_ssize_t size, Py_ssize_t *pos):
+    """The request header's nullable client_id at ``pos[0]`` (two bytes there are the caller's to
+    check), ``pos[0]`` moved past it; _REFUSED when it runs past the frame or is not UTF-8."""
+    cdef int16_t n = <int16_t>load_be16(<const char *>f + pos[0])
+    cdef object s
+    pos[0] += 2
+    if n < 0:
+        return None
+    if n > size - pos[0]:
+        return _REFUSED
+    try:
+        s = _decode_str(f + pos[0], n) if n else ""
+    except UnicodeDecodeError:
+        return _REFUSED
+    pos[0] += n
+    return s
+
+
+cdef FastLeader _armed(dict leaders, const unsigned char *name, Py_ssize_t n, int32_t index):
+    """The armed slot of partition ``index`` of the topic whose name is the ``n`` bytes at ``name``,
+    or None (not armed, or not UTF-8)."""
+    cdef object topic, parts
+    try:
+        topic = _decode_str(name, n)
+    except UnicodeDecodeError:
+        return None
+    parts = leaders.get(topic)
+    if parts is None:
+        return None
+    return (<dict>parts).get(index)
+
+
 cdef int _produce_fast(FastProduce fp, conn, object view, const unsigned char *p, Py_ssize_t begin,
                        Py_ssize_t size, Py_ssize_t start, Py_ssize_t end, bint *run, no_response,
                        close) except -1:
@@ -821,18 +859,9 @@ cdef int _produce_fast(FastProduce fp, conn, object view, const unsigned char *p
         return 0
     version = <int16_t>load_be16(<const char *>f + 2)
     correlation_id = <int32_t>load_be32(<const char *>f + 4)
-    n16 = <int16_t>load_be16(<const char *>f + pos)               # client_id
-    pos += 2
-    if n16 > 0:
-        if n16 > size - pos:
-            return 0
-        try:
-            client_id = _decode_str(f + pos, n16)
-        except UnicodeDecodeError:
-            return 0
-        pos += n16
-    elif n16 == 0:
-        client_id = ""
+    client_id = _client_id(f, size, &pos)
+    if client_id is _REFUSED:
+        return 0
     if size - pos < 2 + 2 + 4 + 4 + 2:
         return 0
     if <int16_t>load_be16(<const char *>f + pos) != -1:           # a transactional id
@@ -855,16 +884,10 @@ cdef int _produce_fast(FastProduce fp, conn, object view, const unsigned char *p
     rec_at = pos + 12
     if rsize <= 0 or rsize != size - rec_at:                      # the batch ends the frame
         return 0
-    try:
-        name = _decode_str(f + name_at, n16)
-    except UnicodeDecodeError:
-        return 0
-    parts = fp.leaders.get(name)
-    if parts is None:
-        return 0
-    fl = (<dict>parts).get(index)
+    fl = _armed(fp.leaders, f + name_at, n16, index)
     if fl is None:
         return 0
+    name = fl.tp[0]
     # per request, O(1): what may change without the slot being re-armed
     if ((acks == -1 and not fl.alone) or rsize >= fp.big
             or (fp.off_loop and rsize > 22 and f[rec_at + 22] & 7)      # compressed: validated off the loop
@@ -1150,7 +1173,7 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
     moves it: the caller's path takes the request from scratch)."""
     cdef const unsigned char *f = p + begin
     cdef Py_ssize_t pos = 8, name_at
-    cdef int16_t n16, name_len
+    cdef int16_t name_len
     cdef int32_t version, correlation_id, replica_id, max_wait_ms, min_bytes, max_bytes, index
     cdef int32_t leader_epoch = -1, part_max, session_epoch = -1
     cdef int8_t isolation
@@ -1163,22 +1186,13 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
     cdef Slot slot
     cdef _Writer w
     cdef double started = _monotonic()
-    version = <int16_t>load_be16(<const char *>f + 2)
-    correlation_id = <int32_t>load_be32(<const char *>f + 4)
     if size < pos + 2:
         return 0
-    n16 = <int16_t>load_be16(<const char *>f + pos)               # client_id
-    pos += 2
-    if n16 > 0:
-        if n16 > size - pos:
-            return 0
-        try:
-            client_id = _decode_str(f + pos, n16)
-        except UnicodeDecodeError:
-            return 0
-        pos += n16
-    elif n16 == 0:
-        client_id = ""
+    version = <int16_t>load_be16(<const char *>f + 2)
+    correlation_id = <int32_t>load_be32(<const char *>f + 4)
+    client_id = _client_id(f, size, &pos)
+    if client_id is _REFUSED:
+        return 0
     # replica_id, max_wait_ms, min_bytes, max_bytes, isolation_level, [session_id, session_epoch],
     # the topic count and the topic name's length
     if size - pos < 17 + (8 if version >= 7 else 0) + 4 + 2:
@@ -1228,16 +1242,10 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
         pos += 2
     if pos != size:
         return 0
-    try:
-        name = _decode_str(f + name_at, name_len)
-    except UnicodeDecodeError:
-        return 0
-    parts = ff.leaders.get(name)
-    if parts is None:
-        return 0
-    fl = (<dict>parts).get(index)
+    fl = _armed(ff.leaders, f + name_at, name_len, index)
     if fl is None or (leader_epoch >= 0 and leader_epoch != fl.epoch):
         return 0                    # epoch fencing (KIP-320): the Python path answers the error
+    name = fl.tp[0]
     if fl.partition.leader_epoch != fl.epoch:
         ff.rearm(fl.tp)             # a leadership change a re-arm missed: the next request sees the new slot
         return 0
@@ -1422,29 +1430,22 @@ cdef object _dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_s
             if handler is None:
                 conn._dispatch(view[begin:begin + size], chunk)
                 continue
-            if ffast is not None:
-                try:
-                    done = _fetch_fast(ffast, conn, p, begin, size, no_response, close)
-                except Exception:
-                    conn._handler_raised(_new_slot(_header(FETCH, version), FETCH, version, False, conn._pending,
-                                                   conn.server.metrics.requests, conn.last_active, conn._read_at,
-                                                   _monotonic()), None)
-                    continue
-                if done:
-                    _answered(conn, run)
-                    continue
-        elif fast is not None:
-            try:
-                done = _produce_fast(fast, conn, view, p, begin, size, start, end, run, no_response, close)
-            except Exception:
-                # as a raising handler: logged, the connection closed (the slot only names the request)
-                conn._handler_raised(_new_slot(_header(PRODUCE, version), PRODUCE, version, False, conn._pending,
-                                               conn.server.metrics.requests, conn.last_active, conn._read_at,
-                                               _monotonic()), None)
-                continue
-            if done:
-                _answered(conn, run)
-                continue
+        done = False
+        try:
+            if key == PRODUCE:
+                if fast is not None:
+                    done = _produce_fast(fast, conn, view, p, begin, size, start, end, run, no_response, close)
+            elif ffast is not None:
+                done = _fetch_fast(ffast, conn, p, begin, size, no_response, close)
+        except Exception:
+            # as a raising handler: logged, the connection closed (the slot only names the request)
+            conn._handler_raised(_new_slot(_header(key, version), key, version, False, conn._pending,
+                                           conn.server.metrics.requests, conn.last_active, conn._read_at,
+                                           _monotonic()), None)
+            continue
+        if done:
+            _answered(conn, run)
+            continue
         frame = view[begin:begin + size]
         try:
             slot = _begin_native(frame, parse, conn._pending, conn.server.metrics.requests, conn.last_active,

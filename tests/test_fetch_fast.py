@@ -16,11 +16,13 @@ before the active segment (it stays as a guard).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import subprocess
 import threading
 import time
+import types
 import urllib.request
 import uuid
 
@@ -32,6 +34,7 @@ from checkers import FETCH, RawConn, all_batches, create_topic, segment_files
 from kbroker.testing import wait_until
 from test_produce_fast import (alter_topic, leader_conn, new_topic, one, produce_confluent, produce_raw,  # noqa: F401
                                rf3_topic, single, three)
+from test_produce_fast import test_long_poll_woken_by_native_append as _produce_long_poll
 
 OFFSET_OUT_OF_RANGE = 1
 UNKNOWN_TOPIC_OR_PARTITION = 3
@@ -46,20 +49,14 @@ def fetch_counts(port: int) -> dict:
     return {path: int(float(n)) for path, n in _COUNTER.findall(text)}
 
 
-class Fetches:
-    """Fast/slow Fetch requests served between entering and leaving the block."""
-
-    def __init__(self, port):
-        self.port = port
-
-    def __enter__(self):
-        self.before = fetch_counts(self.port)
-        return self
-
-    def __exit__(self, *exc):
-        after = fetch_counts(self.port)
-        self.fast = after.get("fast", 0) - self.before.get("fast", 0)
-        self.slow = after.get("slow", 0) - self.before.get("slow", 0)
+@contextlib.contextmanager
+def Fetches(port):
+    """Fast/slow Fetch requests served while the block ran: ``d.fast``, ``d.slow`` once it left."""
+    d = types.SimpleNamespace(before=fetch_counts(port))
+    yield d
+    after = fetch_counts(port)
+    d.fast = after.get("fast", 0) - d.before.get("fast", 0)
+    d.slow = after.get("slow", 0) - d.before.get("slow", 0)
 
 
 def fetch_raw(conn, topic, offset, version=11, partition_max=1 << 20, epoch=-1, max_wait_ms=0, min_bytes=1,
@@ -264,26 +261,11 @@ def test_retention_moves_log_start(tmp_path):
 
 
 def test_long_poll_woken_by_append(single):
-    """A fetch at the HW long-polls (Python) and is woken by an append."""
+    """A fetch at the HW long-polls (the Python path) and is woken by a native append: test_produce_fast's
+    long-poll test, run here with the Fetch fast path on, the fetch counted as Python's."""
     c, port = single
-    topic = new_topic(c)
-    result = {}
-
-    def poll():
-        with RawConn(c.bootstrap, timeout=30) as f:
-            t0 = time.monotonic()
-            result["part"] = fetch_raw(f, topic, 1, max_wait_ms=20000)
-            result["waited"] = time.monotonic() - t0
-
     with Fetches(port) as d:
-        t = threading.Thread(target=poll)
-        t.start()
-        wait_until(lambda: fetch_counts(port).get("slow", 0) > d.before.get("slow", 0), 10, "the poll parked")
-        with RawConn(c.bootstrap) as conn:
-            assert produce_raw(conn, topic, one(b"wake"))["error_code"] == 0
-        t.join(40)
-    assert b"wake" in result["part"]["records"]
-    assert result["waited"] < 15, result["waited"]
+        _produce_long_poll(single)
     assert (d.fast, d.slow) == (0, 1)
 
 

@@ -16,6 +16,7 @@ The comparison helper is shown to catch a single differing byte and a close/answ
 """
 from __future__ import annotations
 
+import contextlib
 import random
 import socket
 import struct
@@ -465,9 +466,10 @@ def _fast_counts(port, api_name="produce"):
             for line in text.splitlines() if line.startswith(prefix)}
 
 
+@contextlib.contextmanager
 def _switch_pair(tmp_path_factory, switch):
     """Two brokers, ``switch`` (an environment variable) on and off, topics d0 (2 partitions) and d1;
-    the first one's metrics on a free port. -> (clusters, port), to stop."""
+    the first one's metrics on a free port. -> (clusters, port), stopped on leaving."""
     clusters = []
     port = free_port()
     try:
@@ -478,21 +480,16 @@ def _switch_pair(tmp_path_factory, switch):
             c.start()
             create_topic(c.bootstrap, "d0", 2)
             create_topic(c.bootstrap, "d1", 1)
-    except BaseException:
-        for c in clusters:
-            c.stop()
-        raise
-    return clusters, port
-
-
-@pytest.fixture(scope="module")
-def fast_pair(tmp_path_factory):
-    clusters, port = _switch_pair(tmp_path_factory, "KBROKER_FAST_PRODUCE")
-    try:
         yield clusters, port
     finally:
         for c in clusters:
             c.stop()
+
+
+@pytest.fixture(scope="module")
+def fast_pair(tmp_path_factory):
+    with _switch_pair(tmp_path_factory, "KBROKER_FAST_PRODUCE") as pair:
+        yield pair
 
 
 def test_fast_path_answers_and_logs_byte_for_byte(fast_pair):
@@ -559,12 +556,8 @@ def _fast_fetch_requests(seed, n, ends):
 
 @pytest.fixture(scope="module")
 def fetch_pair(tmp_path_factory):
-    clusters, port = _switch_pair(tmp_path_factory, "KBROKER_FAST_FETCH")
-    try:
-        yield clusters, port
-    finally:
-        for c in clusters:
-            c.stop()
+    with _switch_pair(tmp_path_factory, "KBROKER_FAST_FETCH") as pair:
+        yield pair
 
 
 def test_fetch_fast_path_answers_byte_for_byte(fetch_pair):
