@@ -805,7 +805,7 @@ def disarm_leader(dict leaders not None, tp):
 cdef object _REFUSED = object()      # _client_id: the frame is not one a fast path takes
 
 
-cdef object _client_id(const unsigned char *f, Py_ssize_t size, Py_ssize_t *pos):
+cdef inline object _client_id(const unsigned char *f, Py_ssize_t size, Py_ssize_t *pos):
     """The request header's nullable client_id at ``pos[0]`` (two bytes there are the caller's to
     check), ``pos[0]`` moved past it; _REFUSED when it runs past the frame or is not UTF-8."""
     cdef int16_t n = <int16_t>load_be16(<const char *>f + pos[0])
@@ -815,23 +815,23 @@ cdef object _client_id(const unsigned char *f, Py_ssize_t size, Py_ssize_t *pos)
         return None
     if n > size - pos[0]:
         return _REFUSED
-    try:
-        s = _decode_str(f + pos[0], n) if n else ""
-    except UnicodeDecodeError:
-        return _REFUSED
-    pos[0] += n
+    s = _utf8(f + pos[0], n) if n else ""
+    if s is not _REFUSED:
+        pos[0] += n
     return s
 
 
-cdef FastLeader _armed(dict leaders, const unsigned char *name, Py_ssize_t n, int32_t index):
-    """The armed slot of partition ``index`` of the topic whose name is the ``n`` bytes at ``name``,
-    or None (not armed, or not UTF-8)."""
-    cdef object topic, parts
+cdef inline object _utf8(const unsigned char *p, Py_ssize_t n):
+    # _decode_str, or _REFUSED for bytes that are not UTF-8
     try:
-        topic = _decode_str(name, n)
+        return _decode_str(p, n)
     except UnicodeDecodeError:
-        return None
-    parts = leaders.get(topic)
+        return _REFUSED
+
+
+cdef inline FastLeader _armed(dict leaders, object topic, int32_t index):
+    # the armed slot of partition ``index`` of ``topic``, or None
+    cdef object parts = leaders.get(topic)
     if parts is None:
         return None
     return (<dict>parts).get(index)
@@ -884,10 +884,10 @@ cdef int _produce_fast(FastProduce fp, conn, object view, const unsigned char *p
     rec_at = pos + 12
     if rsize <= 0 or rsize != size - rec_at:                      # the batch ends the frame
         return 0
-    fl = _armed(fp.leaders, f + name_at, n16, index)
+    name = _utf8(f + name_at, n16)
+    fl = None if name is _REFUSED else _armed(fp.leaders, name, index)
     if fl is None:
         return 0
-    name = fl.tp[0]
     # per request, O(1): what may change without the slot being re-armed
     if ((acks == -1 and not fl.alone) or rsize >= fp.big
             or (fp.off_loop and rsize > 22 and f[rec_at + 22] & 7)      # compressed: validated off the loop
@@ -1242,10 +1242,10 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
         pos += 2
     if pos != size:
         return 0
-    fl = _armed(ff.leaders, f + name_at, name_len, index)
+    name = _utf8(f + name_at, name_len)
+    fl = None if name is _REFUSED else _armed(ff.leaders, name, index)
     if fl is None or (leader_epoch >= 0 and leader_epoch != fl.epoch):
         return 0                    # epoch fencing (KIP-320): the Python path answers the error
-    name = fl.tp[0]
     if fl.partition.leader_epoch != fl.epoch:
         ff.rearm(fl.tp)             # a leadership change a re-arm missed: the next request sees the new slot
         return 0
