@@ -15,7 +15,6 @@ int32-length arrays and records, request header v1 (client_id nullable string), 
 v0 (correlation id only).
 """
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
-from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.errno cimport EINTR, errno
 from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
@@ -924,6 +923,7 @@ cdef int _produce_fast(FastProduce fp, conn, object view, const unsigned char *p
         return 0                    # refused before anything was stamped: the Python path answers it
     except OSError as e:
         result = fp.write_failed(fl, e, version, correlation_id, acks)
+        fp.slow += 1                # answered by Python's storage-failure finisher
         last = -1
     else:
         if last == NOT_PLAIN:
@@ -1332,7 +1332,8 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
 def dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_ssize_t max_frame, produce, fetch,
                     dict supported, no_response, close):
     """Every complete frame of a receive chunk (kbroker.network.connection ``_parse_chunk``), from
-    ``start`` up to ``end``, in one call per read: a Produce v3-8 / Fetch v4-11 frame whose version is
+    ``start`` up to ``end``, in one call per read, or the one frame of a buffer of its own (an mmap,
+    size prefix included: ``_complete_frame``): a Produce v3-8 / Fetch v4-11 frame whose version is
     advertised (``supported``, api.SUPPORTED) and has a handler (``produce``/``fetch``, None when the
     native path is off) is parsed, counted, handled and, when the handler returns its encoded answer,
     queued right here; any other frame, a malformed one included, goes to ``conn._dispatch`` (which
@@ -1349,12 +1350,16 @@ def dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_ssize_t ma
     -> 0 (the rest is an incomplete frame, or nothing), 1 (the frame at ``conn._start`` announces a
     size outside (0, max_frame]) or 2 (the frame at ``conn._start`` will not fit in this chunk)."""
     cdef bint run = False
+    cdef Py_buffer pb
+    # the chunk's buffer: a receive chunk's bytearray, or the mmap of a frame too large for one
+    PyObject_GetBuffer(chunk.buf, &pb, PyBUF_SIMPLE)
     try:
-        return _dispatch_frames(conn, chunk, start, end, max_frame, produce, fetch, supported, no_response,
-                                close, &run)
+        return _dispatch_frames(conn, chunk, <const unsigned char *>pb.buf, pb.len, start, end, max_frame,
+                                produce, fetch, supported, no_response, close, &run)
     finally:
         if run:
             _end_run(conn, &run)
+        PyBuffer_Release(&pb)
 
 
 cdef inline int _end_run(conn, bint *run) except -1:
@@ -1383,12 +1388,11 @@ cdef inline bint _frame_follows(const unsigned char *p, Py_ssize_t start, Py_ssi
     return 0 < size <= end - start - 4
 
 
-cdef object _dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_ssize_t max_frame, produce,
-                             fetch, dict supported, no_response, close, bint *run):
-    cdef bytearray buf = chunk.buf
+cdef object _dispatch_frames(conn, chunk, const unsigned char *p, Py_ssize_t buflen, Py_ssize_t start,
+                             Py_ssize_t end, Py_ssize_t max_frame, produce, fetch, dict supported, no_response,
+                             close, bint *run):
     cdef object view = chunk.view
-    cdef const unsigned char *p = <const unsigned char *>PyByteArray_AS_STRING(buf)
-    cdef Py_ssize_t buflen = PyByteArray_GET_SIZE(buf), begin
+    cdef Py_ssize_t begin
     cdef int32_t size
     cdef int key, version
     cdef object handler, parse, frame, sv, result
@@ -1441,7 +1445,7 @@ cdef object _dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_s
             # as a raising handler: logged, the connection closed (the slot only names the request)
             conn._handler_raised(_new_slot(_header(key, version), key, version, False, conn._pending,
                                            conn.server.metrics.requests, conn.last_active, conn._read_at,
-                                           _monotonic()), None)
+                                           _monotonic()))
             continue
         if done:
             _answered(conn, run)
@@ -1461,12 +1465,12 @@ cdef object _dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_s
         try:
             result = handler(conn, slot.header)
         except Exception:
-            conn._handler_raised(slot, None)
+            conn._handler_raised(slot)
             continue
         if _end_native(slot, result, no_response, close):
             _answered(conn, run)
         else:
-            conn._dispatch_later(slot, result, chunk, None)
+            conn._dispatch_later(slot, result, chunk)
     return 0
 
 

@@ -115,10 +115,10 @@ class _Conn:
     def _dispatch(self, frame, chunk):
         self.generic.append(bytes(frame[:2]))
 
-    def _dispatch_later(self, slot, result, chunk, release):
+    def _dispatch_later(self, slot, result, chunk):
         self.later.append(slot)
 
-    def _handler_raised(self, slot, release):
+    def _handler_raised(self, slot):
         self.raised.append(slot)
         self.closed = True
 

@@ -4,7 +4,9 @@ Receiving (``asyncio.BufferedProtocol``): the kernel copies straight into a 32 K
 complete frame inside it is handed to the handler as a memoryview slice of the chunk (no copy). A frame
 larger than what is left of the chunk gets a buffer of its own (an anonymous mmap: its pages cost
 memory only once written; recycled through the server's FrameCache once no view of it is left, so a
-stream of large Produce requests does not fault in fresh pages for each) which the kernel fills directly. Pool memory for such a frame is reserved as
+stream of large Produce requests does not fault in fresh pages for each) which the kernel fills
+directly; its size prefix is kept in front, so once complete it goes through the same native dispatch
+as a chunk's frames (a chunk of one frame: ``_OwnFrame``). Pool memory for such a frame is reserved as
 its bytes arrive, a step ahead of them (``FRAME_STEP``, then half of what has arrived), never for the
 size it announces: a client that announces 100 MiB and sends 2 KB holds about ``FRAME_STEP``. The size
 prefix is checked before anything is reserved: a frame over ``socket.request.max.bytes`` or a
@@ -38,8 +40,7 @@ import time
 from collections import deque
 
 from .._native.sendio import SendCursor
-from .._native.request import (FETCH_MAX, FETCH_MIN, PRODUCE_MAX, PRODUCE_MIN, Slot, begin_native, dispatch_frames,
-                               end_native, observe_slots, parse_fetch, parse_produce, take_answers)
+from .._native.request import Slot, dispatch_frames, observe_slots, take_answers
 from ..protocol import api
 from ..protocol.types import FileRegions, ProtocolError
 from .. import request_metrics  # noqa: F401  (binds the slots' RequestStats registry)
@@ -80,7 +81,6 @@ OFFLOAD_BYTES = 256 * 1024  # non-Produce requests this large are decoded and an
 FRAME_STEP = 64 * 1024      # pool memory a large frame may hold beyond the bytes it has sent
 _MIN_TAIL = 4096            # below this much free tail space, rotate the chunk rather than read in dribbles
 _SIZE = struct.Struct(">i")
-_KEY_VERSION = struct.Struct(">hh")
 
 NO_RESPONSE = object()      # acks=0 produce: nothing is sent back
 CLOSE = object()            # handler asks to close the connection (e.g. acks=0 produce with an error)
@@ -117,6 +117,35 @@ class _Chunk:
             elif self.owner._paused_mem:
                 # Its owner may be waiting for a fresh chunk only because this one was in use.
                 self.owner.loop.call_soon(self.owner._on_memory)
+
+
+class _OwnFrame:
+    """A frame too large for the receive chunk, complete in a buffer of its own (size prefix in
+    front): dispatch_frames serves it as a chunk of one frame. ``refs`` as a chunk's; ``done`` gives
+    the buffer and its pool memory back once the dispatch returned (``retire``) and no request holds
+    a view of it."""
+    __slots__ = ("buf", "view", "refs", "retired", "done")
+
+    def __init__(self, buf, done):
+        self.buf = buf
+        self.view = memoryview(buf)
+        self.refs = 0
+        self.retired = False
+        self.done = done
+
+    def unref(self):
+        self.refs -= 1
+        if self.refs == 0 and self.retired:
+            self._free()
+
+    def retire(self):
+        self.retired = True
+        if self.refs == 0:
+            self._free()
+
+    def _free(self):
+        self.buf = self.view = None     # the FrameCache reuses a buffer only once no view is left
+        self.done()
 
 
 # One request from its frame to its answer's last byte (its metrics' times too): a C type
@@ -243,21 +272,30 @@ class Connection(asyncio.BufferedProtocol):
             pool.release(size)
             frames.give(frame, loop.time())     # reused only once no view of it is left
 
-        self._dispatch(memoryview(frame)[:size], None, done)
+        own = _OwnFrame(frame, done)
+        start = self._start       # the receive chunk's (all of it went into the frame: start == end)
+        try:
+            self._dispatch_frames(own, 0, 4 + size)
+        finally:
+            self._start = start   # dispatch_frames moved it through the frame's own buffer
+            own.retire()
 
     def eof_received(self):
         return False  # close our side too
 
     # ---- receive path ----------------------------------------------------------------------------
-    def _parse_chunk(self):
-        # every complete frame of the chunk in one native call (ext/request.pyx dispatch_frames: the
-        # native Produce/Fetch path inline, every other frame through _dispatch)
+    def _dispatch_frames(self, chunk, start, end):
+        # every complete frame from start to end in one native call (ext/request.pyx dispatch_frames:
+        # the native Produce/Fetch path inline, every other frame through _dispatch)
         server = self.server
         native = server.native_on
-        chunk = self._chunk
-        code = dispatch_frames(self, chunk, self._start, self._end, self.max_frame,
+        return dispatch_frames(self, chunk, start, end, self.max_frame,
                                server.native_produce if native else None, server.native_fetch if native else None,
                                _SUPPORTED, NO_RESPONSE, CLOSE)
+
+    def _parse_chunk(self):
+        chunk = self._chunk
+        code = self._dispatch_frames(chunk, self._start, self._end)
         if not code or self.closed:
             return
         size = _SIZE.unpack_from(chunk.buf, self._start)[0]
@@ -276,7 +314,7 @@ class Connection(asyncio.BufferedProtocol):
                 if not self.pool.try_reserve(grow, partial=True):
                     return False
                 self._frame_reserved += grow
-            self._next = memoryview(self._frame)[self._frame_fill:self._frame_reserved]
+            self._next = memoryview(self._frame)[4 + self._frame_fill:4 + self._frame_reserved]
             return True
         if self._frame_need:
             size = self._frame_need
@@ -285,11 +323,12 @@ class Connection(asyncio.BufferedProtocol):
             if not self.pool.try_reserve(first, partial=True):
                 return False
             self._frame_need = 0
-            frame = self.server.frames.take(size, self.last_active)
-            frame[:have] = self._chunk.buf[self._start + 4:self._end]
+            # the size prefix is kept in front: the complete frame is dispatched as a chunk of one frame
+            frame = self.server.frames.take(4 + size, self.last_active)
+            frame[:4 + have] = self._chunk.buf[self._start:self._end]
             self._start = self._end
             self._frame, self._frame_size, self._frame_fill, self._frame_reserved = frame, size, have, first
-            self._next = memoryview(frame)[have:first]
+            self._next = memoryview(frame)[4 + have:4 + first]
             return True
         chunk = self._chunk
         if chunk is not None and self._start == self._end and chunk.refs == 0:
@@ -349,63 +388,13 @@ class Connection(asyncio.BufferedProtocol):
             self.pool.wait(self._on_pool_memory)
 
     # ---- dispatch --------------------------------------------------------------------------------
-    def _dispatch(self, frame, chunk, release=None):
-        """One complete request frame: a view of ``chunk`` (a receive chunk: its ``refs`` count the
-        frames still holding a view, so it is not reused under them), or with ``chunk`` None a buffer
-        of its own that ``release`` gives back once the request no longer needs it.
-
-        Produce v3-8 / Fetch v4-11 are parsed natively (no dicts) and answered as encoded chunks (no
-        schema encode), in this one frame: the same outcomes as the generic path (malformed -> closed,
-        handler failure -> closed). A native request answered before its handler returns (acks=1, a
-        fetch with data) never takes a chunk reference: nothing can reuse the chunk while the handler
-        runs (memory wake-ups and reads are loop callbacks), and it would be dropped on return."""
-        server = self.server
-        if server.native_on and len(frame) >= 4:
-            key, version = _KEY_VERSION.unpack_from(frame, 0)
-            if key == 0:
-                handler = server.native_produce if PRODUCE_MIN <= version <= PRODUCE_MAX else None
-                parse = parse_produce
-            elif key == 1:
-                handler = server.native_fetch if FETCH_MIN <= version <= FETCH_MAX else None
-                parse = parse_fetch
-            else:
-                handler = None
-            if handler is not None:
-                supported = _SUPPORTED.get(key)
-                if supported is None or not supported[0] <= version <= supported[1]:
-                    handler = None
-        else:
-            handler = None
-        if handler is None:
-            if chunk is not None:
-                chunk.refs += 1
-                release = chunk.unref
-            self._dispatch_generic(frame, release)
-            return
-        # the native path (release is None for a chunk's frame): parse, slot, count and clock in one
-        # native call, the handler, then its stamp and (encoded already) the answer queued in another
-        try:
-            slot = begin_native(frame, parse, self._pending, server.metrics.requests, self.last_active,
-                                self._read_at)
-        except ProtocolError as e:
-            if chunk is None:
-                release()
-            self._refuse("malformed request: %s", e)
-            return
-        try:
-            result = handler(self, slot.header)
-        except Exception:
-            self._handler_raised(slot, release)
-            return
-        if end_native(slot, result, NO_RESPONSE, CLOSE):
-            if chunk is None:
-                release()
-            # queued as the handler returned (_finish, inlined: inside a read the flush waits for the
-            # read's end anyway)
-            if not self._in_read:
-                self._flush()
-            return
-        self._dispatch_later(slot, result, chunk, release)
+    def _dispatch(self, frame, chunk):
+        """A frame that dispatch_frames does not serve natively (another API, an unadvertised version,
+        the native path off, a malformed Produce/Fetch): the generic schema path, which gives a
+        malformed frame its outcome (logged, connection closed). ``frame`` is a view of ``chunk`` (a
+        receive chunk or an ``_OwnFrame``), referenced until the request no longer needs it."""
+        chunk.refs += 1
+        self._dispatch_generic(frame, chunk.unref)
 
     def _refuse(self, reason, *args):
         """A frame this connection cannot serve (bad size, malformed, unsupported version): counted as
@@ -421,22 +410,19 @@ class Connection(asyncio.BufferedProtocol):
         hostile_log(logging.ERROR, "closing %s: appends of its last read could not be written", self.peer)
         self.close()
 
-    def _handler_raised(self, slot, release):
-        """A native handler raised (called from its except clause: the traceback is logged); ``release``
-        gives a dedicated frame buffer back (None for a chunk's frame, which took no reference)."""
-        if release is not None:
-            release()
+    def _handler_raised(self, slot):
+        """A native handler raised (called from its except clause: the traceback is logged). Its frame
+        took no reference on its chunk."""
         h = slot.header
         hostile_log(logging.ERROR, "error handling %s v%d from %s", api.API_NAMES[h.api_key], h.api_version,
                     self.peer, exc_info=True)
         self.close()
 
-    def _dispatch_later(self, slot, result, chunk, release):
-        """A native handler's answer is an awaitable: queued once it is done; a chunk's frame holds a
-        reference on the chunk until then."""
-        if chunk is not None:
-            chunk.refs += 1
-            release = chunk.unref
+    def _dispatch_later(self, slot, result, chunk):
+        """A native handler's answer is an awaitable: queued once it is done; the frame holds a
+        reference on its chunk until then."""
+        chunk.refs += 1
+        release = chunk.unref
         if asyncio.isfuture(result):
             # A Fetch long poll (replica/longpoll.py): its answer is encoded in the poll's last callback;
             # a done-callback queues it, with no Task and coroutine per poll.
