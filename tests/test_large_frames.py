@@ -48,36 +48,34 @@ def produce_values(bootstrap: str, topic: str, values: list[bytes]) -> None:
     assert p.flush(60) == 0 and errors == [], errors
 
 
-def test_large_produce_frames_take_the_native_path(single):
+def round_trip(single, values: list[bytes], config: dict | None = None) -> Delta:
+    """``values`` produced one request each to a fresh topic (after a first record that arms the
+    partition's fast-path slot through Python), read back in order, and the request memory back in
+    the pool -> the fast/slow counts of those requests."""
     c, port = single
     before = pool_used(port)
     topic = f"large-{uuid.uuid4().hex[:8]}"
-    create_topic(c.bootstrap, topic, 1)
-    produce_values(c.bootstrap, topic, [b"warm"])     # the slot armed by a first (Python) append
-    values = [bytes([65 + i]) * (100_000 + i) for i in range(12)]       # 3x the chunk: own buffers
+    create_topic(c.bootstrap, topic, 1, config)
+    produce_values(c.bootstrap, topic, [b"warm"])
     with Delta(port) as d:
         produce_values(c.bootstrap, topic, values)
-    assert (d.fast, d.slow) == (12, 0), (d.fast, d.slow)
-    got = consume_values(c.bootstrap, topic, 13)
+    got = consume_values(c.bootstrap, topic, len(values) + 1)
     assert [v for _, v, _ in got] == [b"warm"] + values
     wait_pool_back(port, before)
+    return d
+
+
+def test_large_produce_frames_take_the_native_path(single):
+    d = round_trip(single, [bytes([65 + i]) * (100_000 + i) for i in range(12)])    # 3x the chunk: own buffers
+    assert (d.fast, d.slow) == (12, 0), (d.fast, d.slow)
 
 
 def test_off_loop_append_of_a_large_frame_releases_it_when_answered(single):
     # >= kbroker.log.writer.offload.bytes (1 MiB): the Python path appends on the writer thread and
     # answers later, so the frame's buffer is held past dispatch_frames' return
-    c, port = single
-    before = pool_used(port)
-    topic = f"large-{uuid.uuid4().hex[:8]}"
-    create_topic(c.bootstrap, topic, 1, {"max.message.bytes": str(4 << 20)})
-    produce_values(c.bootstrap, topic, [b"warm"])
-    values = [bytes([97 + i]) * ((1 << 20) + 1000 * i) for i in range(3)]
-    with Delta(port) as d:
-        produce_values(c.bootstrap, topic, values)
+    d = round_trip(single, [bytes([97 + i]) * ((1 << 20) + 1000 * i) for i in range(3)],
+                   {"max.message.bytes": str(4 << 20)})
     assert (d.fast, d.slow) == (0, 3), (d.fast, d.slow)
-    got = consume_values(c.bootstrap, topic, 4)
-    assert [v for _, v, _ in got] == [b"warm"] + values
-    wait_pool_back(port, before)
 
 
 def test_large_frame_of_another_api_takes_the_generic_path(single):
