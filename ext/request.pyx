@@ -16,7 +16,7 @@ v0 (correlation id only).
 """
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
-from libc.errno cimport EINTR, errno
+from libc.errno cimport errno
 from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 from posix.unistd cimport pread
 from cpython.unicode cimport PyUnicode_DecodeUTF8
@@ -30,8 +30,9 @@ cdef extern from "Python.h":
     void *PyUnicode_DATA(object)
 
 from kbroker._native.hton cimport load_be16, load_be32, load_be64, store_be16, store_be32, store_be64
-from kbroker._native.segment cimport (NOT_PLAIN, LeaderAppender, SegmentState, run_begin, run_end, seek_in,
-                                      tail_end, tail_position)
+from kbroker._native.segment cimport (NOT_PLAIN, LeaderAppender, SegmentState, read_full, run_begin, run_end,
+                                      seek_in, tail_end, tail_position)
+from layout cimport HEADER_SIZE
 
 from kbroker._native.batch import BatchError
 
@@ -1006,7 +1007,6 @@ cdef bytes _encode_one(int version, int32_t correlation_id, const unsigned char 
 # Log.read), which stays the reference: the answer here must be the same bytes (tests/test_native_differential.py, tests/test_fetch_fast.py).
 
 cdef enum:
-    _HEADER_SIZE = 61                       # RecordBatch v2 header (ext/layout.pxd HEADER_SIZE)
     _UNDECIDED = -2                         # a read position the native path leaves to Python
 
 cdef int64_t _I64_MAX = 0x7FFFFFFFFFFFFFFF
@@ -1069,7 +1069,7 @@ cdef int64_t _batch_position(FastFetch ff, seg, SegmentState st, int64_t offset,
         block[3] = pos
         block[4] = base - 1
         return pos if pos >= start_position else _UNDECIDED
-    if pos + _HEADER_SIZE > st.size:
+    if pos + HEADER_SIZE > st.size:
         return -1                       # past the last batch
     return _UNDECIDED
 
@@ -1101,7 +1101,7 @@ cdef int64_t _end_position(FastFetch ff, seg, SegmentState st, int64_t start, in
     data = <bytes>block[1]
     bpos = <int64_t>block[0]
     bend = bpos + len(data)
-    if start < bpos or (limit + _HEADER_SIZE > bend and bend < end):
+    if start < bpos or (limit + HEADER_SIZE > bend and bend < end):
         return _UNDECIDED
     pos = seek_in(PyBytes_AS_STRING(data), bpos, bend, start, end, _I64_MAX, limit, &size, &base, &last)
     if not size:
@@ -1136,9 +1136,9 @@ cdef list _block_holding(FastFetch ff, seg, SegmentState st, int64_t start, int6
     if want < n:
         return None
     data = PyBytes_FromStringAndSize(NULL, want)
-    if _pread_full(<int>seg.read_fd, PyBytes_AS_STRING(data), want, start) != want:
+    if read_full(<int>seg.read_fd, PyBytes_AS_STRING(data), want, start) != want:
         return None                     # cut underneath: the Python path reports it
-    floor = <int64_t>load_be64(PyBytes_AS_STRING(data)) - 1 if want >= _HEADER_SIZE else _I64_MAX
+    floor = <int64_t>load_be64(PyBytes_AS_STRING(data)) - 1 if want >= HEADER_SIZE else _I64_MAX
     block = [start, data, floor, start, floor]
     blocks.pop(seg, None)
     blocks[seg] = block
@@ -1148,22 +1148,6 @@ cdef list _block_holding(FastFetch ff, seg, SegmentState st, int64_t start, int6
         except (KeyError, RuntimeError):
             pass
     return block
-
-
-cdef int64_t _pread_full(int fd, char *buf, int64_t n, int64_t pos) noexcept:
-    # bytes read at ``pos`` until ``n`` or the file's end (-1: an error)
-    cdef int64_t got = 0
-    cdef Py_ssize_t r
-    while got < n:
-        r = pread(fd, buf + got, n - got, pos + got)
-        if r < 0:
-            if errno == EINTR:
-                continue
-            return -1
-        if r == 0:
-            break
-        got += r
-    return got
 
 
 cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begin, Py_ssize_t size,

@@ -95,6 +95,8 @@ cdef int run_end() except -1
 # answer), and the last boundary at or below ``limit`` for a read from ``start`` (-2 does not answer).
 cdef int64_t tail_position(SegmentState st, int64_t offset, int64_t start_position) noexcept
 cdef int64_t tail_end(SegmentState st, int64_t start, int64_t limit, bint min_one_batch) noexcept
+# pread at ``pos`` until ``n`` bytes or the end of the file: the bytes read, or -errno
+cdef int read_full(int fd, char *buf, int64_t n, int64_t pos) noexcept nogil
 # seek_batch_in over the file bytes [block_pos, block_end) at ``data``: the position where the walk
 # stopped; the found batch's size (0: none), base and last offsets through the pointers.
 cdef int64_t seek_in(const char *data, int64_t block_pos, int64_t block_end, int64_t start, int64_t end,

@@ -841,7 +841,7 @@ cdef struct BatchRec:
     char header[HEADER_SIZE]
 
 
-cdef int _read_full(int fd, char *buf, int64_t n, int64_t pos) noexcept nogil:
+cdef int read_full(int fd, char *buf, int64_t n, int64_t pos) noexcept nogil:
     # pread until n bytes or EOF; returns bytes read, or -errno.
     cdef int64_t got = 0
     cdef Py_ssize_t r
@@ -894,7 +894,7 @@ def scan_batches(int fd, int64_t start, int64_t end, int64_t segment_base,
                     break
                 # Make sure the header is in the window.
                 if pos + HEADER_SIZE > wstart + wlen:
-                    got = _read_full(fd, buf, min(cap, end - pos), pos)
+                    got = read_full(fd, buf, min(cap, end - pos), pos)
                     if got < 0:
                         reason = 6
                         break
@@ -920,7 +920,7 @@ def scan_batches(int fd, int64_t start, int64_t end, int64_t segment_base,
                             break
                         buf = nb
                         cap = size
-                    got = _read_full(fd, buf, min(cap, end - pos), pos)
+                    got = read_full(fd, buf, min(cap, end - pos), pos)
                     if got < size:
                         reason = 6 if got < 0 else 2
                         break
