@@ -759,7 +759,7 @@ cdef class FastProduce:
     ``fast``/``slow``: requests served natively / through ``fallback`` (tests, A/B)."""
     cdef object fallback
     cdef object rearm                   # rearm(tp): the ReplicaManager re-evaluates a slot (config changed)
-    cdef object write_failed            # write_failed(slot, error, version, correlation_id, acks) -> answer
+    cdef object write_failed            # produce.fast_write_failed (bound to the broker): a write failed
     cdef dict leaders                   # topic -> {partition index: FastLeader} (arm_leader / disarm_leader)
     cdef dict messages_in, bytes_in     # BrokerMetrics' per-topic counts (never replaced)
     cdef dict notify                    # AppendNotifier._waiters (never replaced)
@@ -837,24 +837,45 @@ cdef inline FastLeader _armed(dict leaders, object topic, int32_t index):
     return (<dict>parts).get(index)
 
 
+cdef enum:
+    FAST_PARTS = 64     # partitions of one request the fast path takes (more: the Python path)
+
+
 cdef int _produce_fast(FastProduce fp, conn, object view, const unsigned char *p, Py_ssize_t begin,
                        Py_ssize_t size, Py_ssize_t start, Py_ssize_t end, bint *run, no_response,
-                       close) except -1:
+                       close, chunk) except -1:
     """The frame at ``begin`` (``size`` bytes) served natively -> 1 (its Slot queued with the answer),
     or 0: not the common request, or not a plain append (nothing was done: the caller's path takes
-    it from scratch; a write-behind run may have begun, which the caller would begin all the same)."""
+    it from scratch; a write-behind run may have begun, which the caller would begin all the same).
+    Every partition (up to FAST_PARTS, of any number of topics) is looked up and checked first
+    (LeaderAppender.check_plain: no effect), then all are appended in request order, so a refusal
+    of any leaves the whole request untouched."""
     cdef const unsigned char *f = p + begin
-    cdef Py_ssize_t pos = 8, name_at, rec_at
+    cdef Py_ssize_t pos = 8, name_at
     cdef int16_t n16, acks
-    cdef int32_t version, correlation_id, timeout_ms, index, rsize, count = 0
-    cdef int64_t last, now, base, leo, append_time, log_start
-    cdef object client_id = None, name, parts, lg, seg, result
+    cdef int32_t version, correlation_id, timeout_ms, index, rsize, n_topics, n_parts, count = 0
+    cdef int32_t t, j, k, n = 0, failed = -1
+    cdef int64_t last, now, leo
+    cdef object client_id = None, name, parts, lg, seg, result, records, error = None
     cdef list entries, segments
+    cdef list fls = [], names = [], bufs = []
     cdef FastLeader fl
     cdef SegmentState st
     cdef ProduceRequest req
     cdef Slot slot
     cdef double started
+    # per partition: records position and size, index, topic; the answer's base offset, log start
+    cdef Py_ssize_t at[FAST_PARTS]
+    cdef int32_t sizes[FAST_PARTS]
+    cdef int32_t indexes[FAST_PARTS]
+    cdef int32_t topic_of[FAST_PARTS]
+    cdef int64_t bases[FAST_PARTS]
+    cdef int64_t starts[FAST_PARTS]
+    cdef int64_t times[FAST_PARTS]
+    # per topic: its name's position and length in the frame, its partition count
+    cdef Py_ssize_t t_at[FAST_PARTS]
+    cdef int16_t t_len[FAST_PARTS]
+    cdef int32_t t_parts[FAST_PARTS]
     if size < 8 + 2 + 2 + 2 + 4 + 4:
         return 0
     version = <int16_t>load_be16(<const char *>f + 2)
@@ -862,82 +883,114 @@ cdef int _produce_fast(FastProduce fp, conn, object view, const unsigned char *p
     client_id = _client_id(f, size, &pos)
     if client_id is _REFUSED:
         return 0
-    if size - pos < 2 + 2 + 4 + 4 + 2:
+    if size - pos < 2 + 2 + 4 + 4:
         return 0
     if <int16_t>load_be16(<const char *>f + pos) != -1:           # a transactional id
         return 0
     acks = <int16_t>load_be16(<const char *>f + pos + 2)
     timeout_ms = <int32_t>load_be32(<const char *>f + pos + 4)
-    if not (-1 <= acks <= 1) or <int32_t>load_be32(<const char *>f + pos + 8) != 1:   # one topic
+    n_topics = <int32_t>load_be32(<const char *>f + pos + 8)
+    if not (-1 <= acks <= 1) or not (1 <= n_topics <= FAST_PARTS) or fp.failing_dirs:
         return 0
     pos += 12
-    n16 = <int16_t>load_be16(<const char *>f + pos)               # its name
-    pos += 2
-    if n16 <= 0 or size - pos < n16 + 4 + 4 + 4:
+    for t in range(n_topics):
+        if size - pos < 2 + 4:
+            return 0
+        n16 = <int16_t>load_be16(<const char *>f + pos)           # the topic's name
+        pos += 2
+        if n16 <= 0 or size - pos < n16 + 4:
+            return 0
+        name_at = pos
+        pos += n16
+        n_parts = <int32_t>load_be32(<const char *>f + pos)
+        pos += 4
+        if not (1 <= n_parts <= FAST_PARTS - n):
+            return 0
+        name = _utf8(f + name_at, n16)
+        parts = None if name is _REFUSED else fp.leaders.get(name)
+        if parts is None:
+            return 0
+        t_at[t] = name_at
+        t_len[t] = n16
+        t_parts[t] = n_parts
+        names.append(name)
+        for j in range(n_parts):
+            if size - pos < 4 + 4:
+                return 0
+            index = <int32_t>load_be32(<const char *>f + pos)
+            rsize = <int32_t>load_be32(<const char *>f + pos + 4)
+            pos += 8
+            if rsize <= 0 or rsize > size - pos:
+                return 0
+            fl = (<dict>parts).get(index)
+            if fl is None:
+                return 0
+            # per partition, O(1): what may change without the slot being re-armed
+            if ((acks == -1 and not fl.alone) or rsize >= fp.big
+                    or (fp.off_loop and rsize > 22 and f[pos + 22] & 7)      # compressed: validated off the loop
+                    or (fl.alone and len(fl.waiters)) or fl.tails):
+                return 0
+            lg = fl.log
+            if lg.config is not fl.config or fl.partition.leader_epoch != fl.epoch:
+                # a config change (or a leadership change a re-arm missed): the next request sees the
+                # new slot, or none
+                fp.rearm(fl.tp)
+                return 0
+            if lg.offline or lg._write_job is not None or lg.write_future is not None:
+                return 0
+            entries = fl.epoch_cache.entries
+            if not entries or entries[len(entries) - 1][0] < fl.epoch:  # not yet in the cache: Python assigns it
+                return 0
+            for k in range(n):
+                if fls[k] is fl:            # the same partition twice: Python answers INVALID_RECORD
+                    return 0
+            segments = lg.segments
+            seg = segments[len(segments) - 1]
+            if seg is not fl.seg:                         # rolled (or first use): the active segment's state
+                fl.st = seg._st
+                fl.seg = seg
+            fls.append(fl)
+            at[n] = pos
+            sizes[n] = rsize
+            indexes[n] = index
+            topic_of[n] = t
+            n += 1
+            pos += rsize
+    if pos != size:                                   # the last batch ends the frame
         return 0
-    name_at = pos
-    pos += n16
-    if <int32_t>load_be32(<const char *>f + pos) != 1:            # one partition
-        return 0
-    index = <int32_t>load_be32(<const char *>f + pos + 4)
-    rsize = <int32_t>load_be32(<const char *>f + pos + 8)
-    rec_at = pos + 12
-    if rsize <= 0 or rsize != size - rec_at:                      # the batch ends the frame
-        return 0
-    name = _utf8(f + name_at, n16)
-    fl = None if name is _REFUSED else _armed(fp.leaders, name, index)
-    if fl is None:
-        return 0
-    # per request, O(1): what may change without the slot being re-armed
-    if ((acks == -1 and not fl.alone) or rsize >= fp.big
-            or (fp.off_loop and rsize > 22 and f[rec_at + 22] & 7)      # compressed: validated off the loop
-            or (fl.alone and len(fl.waiters)) or fl.tails or fp.failing_dirs):
-        return 0
-    lg = fl.log
-    if lg.config is not fl.config or fl.partition.leader_epoch != fl.epoch:
-        # a config change (or a leadership change a re-arm missed): the next request sees the new
-        # slot, or none
-        fp.rearm(fl.tp)
-        return 0
-    if lg.offline or lg._write_job is not None or lg.write_future is not None:
-        return 0
-    entries = fl.epoch_cache.entries
-    if not entries or entries[len(entries) - 1][0] < fl.epoch:      # the epoch is not yet in the cache: Python assigns it
-        return 0
-    segments = lg.segments
-    seg = segments[len(segments) - 1]
-    if seg is not fl.seg:                             # rolled (or first use): the active segment's state
-        fl.st = seg._st
-        fl.seg = seg
-    st = fl.st
+    # every batch checked before any is appended (no effect: nothing stamped, written or counted)
+    now = _now_ms()
+    for k in range(n):
+        fl = <FastLeader>fls[k]
+        records = view[begin + at[k]:begin + at[k] + sizes[k]]
+        bufs.append(records)
+        try:
+            if fl.ap.check_plain(fl.st, records, fl.config, now, <char *>f + at[k], sizes[k]):
+                return 0            # not a plain append (idempotent, flush or roll due)
+        except BatchError:
+            return 0                # refused: the Python path answers it
     started = _monotonic()
     if not run[0] and _frame_follows(p, start, end):
         run_begin()
         run[0] = True
-    now = _now_ms()
-    base = st.next_offset
-    records = view[begin + rec_at:begin + size]
-    try:
-        last = fl.ap.append_into(st, records, fl.epoch, fl.config, False, now,
-                                 <const char *>f + rec_at, rsize, &count)
-    except BatchError:
-        return 0                    # refused before anything was stamped: the Python path answers it
-    except OSError as e:
-        result = fp.write_failed(fl, e, version, correlation_id, acks)
-        fp.slow += 1                # answered by Python's storage-failure finisher
-        last = -1
-    else:
-        if last == NOT_PLAIN:
-            return 0
-        if last < 0:        # refused by the checks above (idempotent, flush due): never reached
-            raise RuntimeError(f"LeaderAppender.append_into answered {last} to a plain append")
-    if last >= 0:
+    for k in range(n):
+        fl = <FastLeader>fls[k]
+        st = fl.st
+        lg = fl.log
+        name = names[topic_of[k]]
+        bases[k] = st.next_offset
+        try:
+            last = fl.ap.append_checked(st, bufs[k], <char *>f + at[k], sizes[k], fl.epoch, now, &count)
+        except OSError as e:
+            failed = k
+            error = e
+            break
         # Log.append_as_leader's and ReplicaManager.append_records' bookkeeping of a plain append
         lg.dirty = True
-        log_start = lg.log_start_offset
-        append_time = now if fl.append_time else -1
-        _bump(fp.messages_in, name, last - base + 1)
-        _bump(fp.bytes_in, name, rsize)
+        starts[k] = lg.log_start_offset
+        times[k] = now if fl.append_time else -1
+        _bump(fp.messages_in, name, last - bases[k] + 1)
+        _bump(fp.bytes_in, name, sizes[k])
         if fl.followers and PyDict_Contains(fp.notify, fl.follower_key):
             fp.appended(fl.follower_key)
         if fl.alone:
@@ -946,11 +999,19 @@ cdef int _produce_fast(FastProduce fp, conn, object view, const unsigned char *p
                 lg._high_watermark = leo
                 if PyDict_Contains(fp.notify, fl.tp):
                     fp.appended(fl.tp)
+    if failed >= 0:
+        # partition ``failed`` could not be written: Python's storage-failure finisher answers it
+        # and appends the partitions after it as append_records would have
+        result = fp.write_failed(conn, fls[failed], error, version, correlation_id, acks, timeout_ms,
+                                 *_rows_after_failure(n_topics, t_parts, names, fls, bufs, indexes, bases,
+                                                      times, starts, failed))
+        fp.slow += 1
+    else:
         if acks == 0:
             result = no_response
         else:
-            result = [_encode_one(version, correlation_id, f + name_at, n16, index, base, append_time,
-                                  log_start)]
+            result = [_encode_rows(version, correlation_id, f, n_topics, t_at, t_len, t_parts, indexes, bases,
+                                   times, starts)]
         fp.fast += 1
     req = _header(PRODUCE, version)
     req.correlation_id = correlation_id
@@ -959,8 +1020,37 @@ cdef int _produce_fast(FastProduce fp, conn, object view, const unsigned char *p
     req.timeout_ms = timeout_ms
     slot = _new_slot(req, PRODUCE, version, False, conn._pending, conn.server.metrics.requests, conn.last_active,
                      conn._read_at, started)
-    _end_native(slot, result, no_response, close)
+    if not _end_native(slot, result, no_response, close):
+        conn._dispatch_later(slot, result, chunk)
     return 1
+
+
+cdef tuple _rows_after_failure(int32_t n_topics, int32_t *t_parts, list names, list fls, list bufs,
+                               int32_t *indexes, int64_t *bases, int64_t *times, int64_t *starts,
+                               int32_t failed):
+    # The answer rows as execute builds them (request order), those before partition ``failed``
+    # filled in; the failed partition's row; the (tp, row) slots and {tp: records} entries of the
+    # partitions after it (not appended yet): produce.fast_write_failed's arguments.
+    cdef list out = [], rows, slots = [], failed_row = None
+    cdef dict rest = {}
+    cdef int32_t t, j, k = 0
+    cdef FastLeader fl
+    for t in range(n_topics):
+        rows = []
+        for j in range(t_parts[t]):
+            fl = <FastLeader>fls[k]
+            if k < failed:
+                rows.append([indexes[k], 0, bases[k], times[k], starts[k], None])
+            else:
+                rows.append([indexes[k], 0, -1, -1, -1, None])
+                if k == failed:
+                    failed_row = rows[j]
+                else:
+                    slots.append((fl.tp, rows[j]))
+                    rest[fl.tp] = bufs[k]
+            k += 1
+        out.append((names[t], rows))
+    return out, failed_row, slots, rest
 
 
 cdef ProduceRequest _header(int api_key, int version):
@@ -976,21 +1066,27 @@ cdef inline int _bump(dict counts, key, int64_t n) except -1:
     return 0
 
 
-cdef bytes _encode_one(int version, int32_t correlation_id, const unsigned char *name, Py_ssize_t name_len,
-                       int32_t index, int64_t base, int64_t append_time, int64_t log_start):
-    # encode_produce_response of one topic with one appended partition (the topic name's bytes as
-    # the request carried them)
+cdef bytes _encode_rows(int version, int32_t correlation_id, const unsigned char *f, int32_t n_topics,
+                        Py_ssize_t *t_at, int16_t *t_len, int32_t *t_parts, int32_t *indexes, int64_t *bases,
+                        int64_t *times, int64_t *starts):
+    # encode_produce_response of the appended partitions, in request order (each topic name's bytes
+    # as the request carried them at ``f + t_at[t]``)
     cdef _Writer w = _out
+    cdef int32_t t, j, k = 0
     w.pos = 0
-    w.reserve(4 + 4 + 4 + 2 + name_len + 4)
+    w.reserve(4 + 4 + 4)
     w.pos = 4
     w.i32(correlation_id)
-    w.i32(1)
-    w.i16(<int16_t>name_len)
-    memcpy(w.p + w.pos, name, name_len)
-    w.pos += name_len
-    w.i32(1)
-    _produce_row(w, version, index, 0, base, append_time, log_start, None)
+    w.i32(n_topics)
+    for t in range(n_topics):
+        w.reserve(2 + t_len[t] + 4)
+        w.i16(t_len[t])
+        memcpy(w.p + w.pos, f + t_at[t], t_len[t])
+        w.pos += t_len[t]
+        w.i32(t_parts[t])
+        for j in range(t_parts[t]):
+            _produce_row(w, version, indexes[k], 0, bases[k], times[k], starts[k], None)
+            k += 1
     return _produce_end(w)
 
 
@@ -1422,7 +1518,8 @@ cdef object _dispatch_frames(conn, chunk, const unsigned char *p, Py_ssize_t buf
         try:
             if key == PRODUCE:
                 if fast is not None:
-                    done = _produce_fast(fast, conn, view, p, begin, size, start, end, run, no_response, close)
+                    done = _produce_fast(fast, conn, view, p, begin, size, start, end, run, no_response, close,
+                                         chunk)
             elif ffast is not None:
                 done = _fetch_fast(ffast, conn, p, begin, size, no_response, close)
         except Exception:

@@ -8,6 +8,15 @@ from libc.stdint cimport int32_t, int64_t
 from posix.uio cimport iovec
 
 
+# One batch's append as _append_leader_into / LeaderAppender leave it.
+cdef struct Appended:
+    int64_t size                 # bytes written; -1: the segment must roll first (nothing done)
+    int64_t last_offset
+    int64_t max_timestamp        # as stamped
+    int32_t record_count
+    char *data                   # the stamped batch (with ``defer``: not written)
+
+
 @cython.final
 cdef class SegmentState:
     cdef public int fd                      # O_APPEND descriptor of the .log, -1 when inactive
@@ -74,6 +83,13 @@ cdef class LeaderAppender:
     cdef int64_t append_into(self, SegmentState st, object buf, int32_t leader_epoch, object cfg,
                              bint prevalidated, int64_t now_ms, const char *plain, Py_ssize_t n,
                              int32_t *records) except? -9
+    cdef int commit(self, SegmentState st, object buf, Appended *out, int64_t position, int64_t base,
+                    bint defer) except -1
+    # several partitions' plain appends (ext/request.pyx): all checked (no effect), then all appended
+    cdef int check_plain(self, SegmentState st, object buf, object cfg, int64_t now_ms, char *p,
+                         Py_ssize_t n) except -1
+    cdef int64_t append_checked(self, SegmentState st, object buf, char *p, Py_ssize_t n, int32_t leader_epoch,
+                                int64_t now_ms, int32_t *records) except? -9
 
 
 # LeaderAppender.append_into(plain=...): not a plain append, nothing done (the Python path takes it)

@@ -174,14 +174,6 @@ cdef object _append_leader(int fd, object buf, int64_t position, int64_t base_of
                                last_offset_limit, &out, True, False)
 
 
-cdef struct Appended:
-    int64_t size                 # bytes written; -1: the segment must roll first (nothing done)
-    int64_t last_offset
-    int64_t max_timestamp        # as stamped
-    int32_t record_count
-    char *data                   # the stamped batch (with ``defer``: not written)
-
-
 cdef object _append_leader_into(int fd, object buf, int64_t position, int64_t base_offset,
                                 int32_t leader_epoch, int64_t max_message_bytes, int64_t log_append_time_ms,
                                 bint compacted, bint prevalidated, int64_t room, int64_t max_timestamp_limit,
@@ -192,8 +184,6 @@ cdef object _append_leader_into(int fd, object buf, int64_t position, int64_t ba
     cdef Py_buffer view
     cdef char *p
     cdef Py_ssize_t n
-    cdef int64_t max_ts
-    cdef int err = 0
     cdef BatchInfo info
     PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE)
     try:
@@ -208,29 +198,51 @@ cdef object _append_leader_into(int fd, object buf, int64_t position, int64_t ba
             info = parse_header(p, 0)
             info.position = -1
             return info
-        max_ts = log_append_time_ms if log_append_time_ms >= 0 else <int64_t>load_be64(p + OFF_MAX_TIMESTAMP)
-        out.last_offset = base_offset + <int32_t>load_be32(p + OFF_LAST_OFFSET_DELTA)
-        if n > room or max_ts > max_timestamp_limit or out.last_offset > last_offset_limit:
+        if _roll_first(p, n, base_offset, log_append_time_ms, room, max_timestamp_limit, last_offset_limit,
+                       out):
             out.size = -1
             return None
-        if defer:
-            stamp(p, n, base_offset, leader_epoch, log_append_time_ms)
-        elif n >= NOGIL_APPEND_BYTES:
-            with nogil:
-                stamp(p, n, base_offset, leader_epoch, log_append_time_ms)
-                err = _write_full(fd, p, n)
-        else:
-            stamp(p, n, base_offset, leader_epoch, log_append_time_ms)
-            err = _write_full(fd, p, n)
-        if err:
-            raise _os_error(err)
-        out.size = n
-        out.max_timestamp = max_ts
-        out.record_count = <int32_t>load_be32(p + OFF_RECORDS_COUNT)
-        out.data = p
+        _stamp_write(fd, p, n, base_offset, leader_epoch, log_append_time_ms, defer, out)
         return parse_header(p, <Py_ssize_t>position) if want_info else None
     finally:
         PyBuffer_Release(&view)
+
+
+cdef inline bint _roll_first(const char *p, Py_ssize_t n, int64_t base_offset, int64_t log_append_time_ms,
+                             int64_t room, int64_t max_timestamp_limit, int64_t last_offset_limit,
+                             Appended *out) noexcept:
+    # the roll rule on a checked batch (``out``: its last offset and max timestamp as stamped)
+    _limits(p, base_offset, log_append_time_ms, out)
+    return n > room or out.max_timestamp > max_timestamp_limit or out.last_offset > last_offset_limit
+
+
+cdef inline void _limits(const char *p, int64_t base_offset, int64_t log_append_time_ms,
+                         Appended *out) noexcept:
+    out.max_timestamp = (log_append_time_ms if log_append_time_ms >= 0
+                         else <int64_t>load_be64(p + OFF_MAX_TIMESTAMP))
+    out.last_offset = base_offset + <int32_t>load_be32(p + OFF_LAST_OFFSET_DELTA)
+
+
+cdef int _stamp_write(int fd, char *p, Py_ssize_t n, int64_t base_offset, int32_t leader_epoch,
+                      int64_t log_append_time_ms, bint defer, Appended *out) except -1:
+    # stamp a checked batch that needs no roll and write it (with ``defer``: only stamp it);
+    # ``out`` completed. OSError when the write failed.
+    cdef int err = 0
+    if defer:
+        stamp(p, n, base_offset, leader_epoch, log_append_time_ms)
+    elif n >= NOGIL_APPEND_BYTES:
+        with nogil:
+            stamp(p, n, base_offset, leader_epoch, log_append_time_ms)
+            err = _write_full(fd, p, n)
+    else:
+        stamp(p, n, base_offset, leader_epoch, log_append_time_ms)
+        err = _write_full(fd, p, n)
+    if err:
+        raise _os_error(err)
+    out.size = n
+    out.record_count = <int32_t>load_be32(p + OFF_RECORDS_COUNT)
+    out.data = p
+    return 0
 
 
 # ----------------------------------------------------------------------------------------
@@ -1149,14 +1161,60 @@ cdef class LeaderAppender:
         if out.size < 0:
             self.write_pending()
             return NOT_PLAIN if plain != NULL else CODE_ROLL
-        if defer:
-            self.push(st, buf, out.data, out.size, position, base)
-        st.committed(position, out.size, out.last_offset, out.max_timestamp)
-        self.unflushed += out.record_count
+        self.commit(st, buf, &out, position, base, defer)
         if records != NULL:
             records[0] = out.record_count
         if self.unflushed >= self.flush_messages:
             self.write_pending()
             self.last = out.last_offset
             return CODE_FLUSH_DUE
+        return out.last_offset
+
+    cdef int commit(self, SegmentState st, object buf, Appended *out, int64_t position, int64_t base,
+                    bint defer) except -1:
+        # a stamped (and, unless ``defer``, written) batch committed to the segment's state
+        if defer:
+            self.push(st, buf, out.data, out.size, position, base)
+        st.committed(position, out.size, out.last_offset, out.max_timestamp)
+        self.unflushed += out.record_count
+        return 0
+
+    cdef int check_plain(self, SegmentState st, object buf, object cfg, int64_t now_ms, char *p,
+                         Py_ssize_t n) except -1:
+        # The refusals of append_into(..., plain) with no effect at all (nothing stamped, written,
+        # counted; no pending bytes written): -> 0 when ``append_checked`` with the same ``now_ms``
+        # will append the ``n`` bytes at ``p`` (``buf``'s) as a plain append, else NOT_PLAIN;
+        # BatchError as append_into. Several partitions of one request (ext/request.pyx) are all
+        # checked before the first is appended. The answer holds while nothing else appends to
+        # this log.
+        cdef Appended out
+        cdef int64_t room, ts_limit, off_limit
+        if cfg is not self.config:
+            self.load(cfg)
+        if (n < OFF_RECORDS_COUNT + 4 or <int64_t>load_be64(p + OFF_PRODUCER_ID) >= 0
+                or self.unflushed + <int32_t>load_be32(p + OFF_RECORDS_COUNT) >= self.flush_messages):
+            return NOT_PLAIN
+        check_for_append(p, n, buf, self.max_message_bytes, self.compact, False)
+        st.roll_limits(self.segment_bytes, self.segment_ms, now_ms, &room, &ts_limit, &off_limit)
+        if _roll_first(p, n, st.next_offset, now_ms if self.log_append_time else -1, room, ts_limit,
+                       off_limit, &out):
+            return NOT_PLAIN
+        return 0
+
+    cdef int64_t append_checked(self, SegmentState st, object buf, char *p, Py_ssize_t n, int32_t leader_epoch,
+                                int64_t now_ms, int32_t *records) except? -9:
+        # The append ``check_plain`` (0, same ``now_ms``, nothing else appended to this log since)
+        # cleared: stamped, written (inside a run: deferred) and committed -> its last offset.
+        # Pending bytes of another segment are written first (OSError as append_into).
+        cdef Appended out
+        cdef int64_t position, base
+        cdef bint defer = _run_open and PyThread_get_thread_ident() == _run_thread
+        if self.pend_n and self.pend_st is not st:
+            self.write_pending()
+        position = st.size
+        base = st.next_offset
+        _limits(p, base, now_ms if self.log_append_time else -1, &out)
+        _stamp_write(st.fd, p, n, base, leader_epoch, now_ms if self.log_append_time else -1, defer, &out)
+        self.commit(st, buf, &out, position, base, defer)
+        records[0] = out.record_count
         return out.last_offset

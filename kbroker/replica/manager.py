@@ -110,9 +110,9 @@ class ReplicaManager:
     def fast_produce(self, fallback, write_failed):
         """The Produce handler for the native request path: a FastProduce whose armed partitions
         are served without a Python frame, ``fallback`` (produce.handle_native) for everything else;
-        ``fallback`` itself when KBROKER_FAST_PRODUCE=0. ``write_failed(slot, error, version,
-        correlation_id, acks)`` answers a fast append whose write failed (produce.fast_write_failed:
-        the server wires the handlers in, replica never imports server)."""
+        ``fallback`` itself when KBROKER_FAST_PRODUCE=0. ``write_failed`` answers a request one of
+        whose fast appends could not be written (produce.fast_write_failed bound to the broker: the
+        server wires the handlers in, replica never imports server)."""
         if os.environ.get("KBROKER_FAST_PRODUCE", "1") == "0":
             log.info("native Produce fast path off (KBROKER_FAST_PRODUCE=0)")
             return fallback

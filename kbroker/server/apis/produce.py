@@ -39,29 +39,40 @@ def handle_native(broker, conn, req):
     if out is NO_RESPONSE or out is CLOSE:
         return out
     if not isinstance(out, list):
-        return _encode_later(req, out)
+        return _encode_later(req.api_version, req.correlation_id, out)
     return [encode_produce_response(req.api_version, req.correlation_id, out)]
 
 
-async def _encode_later(req, awaitable):
+async def _encode_later(version, correlation_id, awaitable):
     out = await awaitable
     if out is NO_RESPONSE or out is CLOSE:        # acks=0 whose appends were queued off the loop
         return out
-    return [encode_produce_response(req.api_version, req.correlation_id, out)]
+    return [encode_produce_response(version, correlation_id, out)]
 
 
-def fast_write_failed(broker, leader, error, version, correlation_id, acks):
-    """The native path's append (ext/request.pyx, FastProduce) could not write its batch (OSError
-    ``error``; the segment's state is as before): what append_as_leader, append_records and execute
-    do then -> the encoded KAFKA_STORAGE_ERROR answer, or CLOSE for acks=0."""
+def fast_write_failed(broker, conn, leader, error, version, correlation_id, acks, timeout_ms, out, row, slots,
+                      rest):
+    """The native path's append (ext/request.pyx, FastProduce) could not write one partition's batch
+    (OSError ``error``; that segment's state is as before): what append_as_leader, append_records and
+    execute do then. ``out``: execute's answer rows in request order, those of the partitions appended
+    before it filled in; ``row``: the failed partition's (KAFKA_STORAGE_ERROR is written into it);
+    ``slots``/``rest``: (tp, row) and {tp: records} of the partitions after it, not appended yet, which
+    go through append_records as in execute's loop. -> the encoded answer, CLOSE for acks=0, or an
+    awaitable of either."""
     lg = leader.log
     tp = leader.tp
     try:
         lg._write_failed(lg.segments[-1], error)
     except LogAppendError as e:
         broker.replica_manager._storage_failed(tp, lg, e)
-        out = [(tp[0], [[tp[1], int(e.error_code), -1, -1, -1, e.message or None]])]
+        row[1] = int(e.error_code)
+        row[5] = e.message or None
     broker.metrics.produce_failed(tp[0])
+    if rest:
+        results = broker.replica_manager.append_records(rest, acks, timeout_ms, source=conn)
+        if not isinstance(results, dict):
+            return _encode_later(version, correlation_id, _finish_later(broker, results, slots, out, acks, True))
+        _fill(broker, results, slots)
     if acks == 0:
         return CLOSE
     return [encode_produce_response(version, correlation_id, out)]
