@@ -28,6 +28,7 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from checkers import API_VERSIONS, PRODUCE, RawConn, create_topic, wait_for_topic
 from kbroker._native import request as native
+from kbroker._native.crc import crc32c
 from kbroker.protocol import api
 from kbroker.protocol.types import ProtocolError
 from kbroker.testing import LocalCluster, free_port
@@ -501,6 +502,99 @@ def test_fast_path_answers_and_logs_byte_for_byte(fast_pair):
     counts = _fast_counts(port)
     assert counts.get("fast", 0) > 300 and counts.get("slow", 0) > 30, counts
     for topic, index in (("d0", 0), ("d0", 1), ("d1", 0)):
+        files = []
+        for c in (fast, slow):
+            d = c.brokers[0].data_dir / f"{topic}-{index}"
+            files.append({p.name: p.read_bytes() for p in sorted(d.glob("*.log"))})
+        assert files[0] == files[1], (topic, index)
+        assert sum(len(b) for b in files[0].values()) > 10_000, (topic, index)
+
+
+MULTI_POOL = (("m4", 0), ("m4", 1), ("m4", 2), ("m4", 3), ("d0", 0), ("d0", 1), ("d1", 0))
+
+
+def _recounted(batch: bytes, count: int) -> bytes:
+    """``batch`` claiming ``count`` records, its CRC recomputed (a well-formed header, wrong content)."""
+    b = bytearray(batch)
+    struct.pack_into(">i", b, 57, count)
+    struct.pack_into(">I", b, 17, crc32c(bytes(b[21:])))
+    return bytes(b)
+
+
+def _spoiled(rng, batch: bytes) -> bytes:
+    """One bad batch: CRC mismatch, magic 1, or a wrong record count with a matching CRC."""
+    kind = rng.randrange(3)
+    if kind == 0:
+        b = bytearray(batch)
+        b[rng.randrange(61, len(b))] ^= 0xFF
+        return bytes(b)
+    if kind == 1:
+        return batch[:16] + b"\x01" + batch[17:]
+    return _recounted(batch, struct.unpack_from(">i", batch, 57)[0] + rng.choice((1, -1, 5)))
+
+
+def _multi_requests(seed, n):
+    """Produce requests carrying 2-7 partitions of several topics (any version 3-8, acks 0/1/-1):
+    mostly all plain, the rest with one thing the fast path must leave whole to Python — one bad
+    batch among good ones, an unknown or unarmed partition, the same partition twice, a transactional
+    id, an idempotent batch. [(frame, answered)]"""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        tps = rng.sample(MULTI_POOL, rng.randint(2, len(MULTI_POOL)))
+        batches = [_batch(rng, codec=rng.choice((0,) * 12 + (1,))) for _ in tps]
+        r = rng.random()
+        txn = None
+        if r < 0.1:
+            k = rng.randrange(len(tps))
+            batches[k] = _spoiled(rng, batches[k])
+        elif r < 0.15:
+            tps[rng.randrange(len(tps))] = rng.choice((("m4", 9), ("nope", 0), ("d1", 3)))
+        elif r < 0.2:
+            tps.append(rng.choice(tps))                 # the same partition twice
+            batches.append(_batch(rng))
+        elif r < 0.23:
+            txn = "tx"
+        elif r < 0.26:
+            k = rng.randrange(len(tps))                 # idempotent: producer id 7, epoch 0, sequence 0
+            b = bytearray(batches[k])
+            struct.pack_into(">qhi", b, 43, 7, 0, 0)
+            batches[k] = _recounted(bytes(b), struct.unpack_from(">i", b, 57)[0])
+        topics = []
+        for (topic, index), batch in zip(tps, batches):
+            if topics and topics[-1]["name"] == topic and rng.random() < 0.8:
+                topics[-1]["partition_data"].append({"index": index, "records": batch})
+            else:
+                topics.append({"name": topic, "partition_data": [{"index": index, "records": batch}]})
+        body = {"transactional_id": txn, "acks": rng.choice((1, 1, 0, -1)), "timeout_ms": 5000, "topic_data": topics}
+        frame = api.encode_request(PRODUCE, rng.choice(VERSIONS), i + 1, rng.choice(("multi", None)), body)
+        out.append((frame, _answered(frame)))
+    return out
+
+
+def test_fast_path_several_partitions_byte_for_byte(fast_pair):
+    """Requests of several topics and partitions, to the fast broker and the one without the fast
+    path: every outcome identical (per-partition errors included), the same log files; the fast path
+    served most of them (all partitions at once) and left the others whole to Python."""
+    (fast, slow), port = fast_pair
+    for c in (fast, slow):
+        create_topic(c.bootstrap, "m4", 4)
+        wait_for_topic(c.bootstrap, "m4", 4)
+    before = _fast_counts(port)
+    reqs = _multi_requests(12, 500)
+    first, kinds = _run_both((fast, slow), reqs)
+    assert kinds["answer"] > 250 and kinds["none"] > 50 and kinds["closed"] > 5, kinds
+    after = _fast_counts(port)
+    served, left = after["fast"] - before.get("fast", 0), after["slow"] - before.get("slow", 0)
+    assert served > 250 and left > 60, (served, left)
+    errors = set()
+    for (frame, _answered), o in zip(reqs, first):
+        if o[0] == "answer":
+            _cid, body = api.decode_response(PRODUCE, struct.unpack_from(">h", frame, 6)[0], o[1])
+            errors.update(p["error_code"] for t in body["responses"] for p in t["partition_responses"])
+    # none, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION, UNSUPPORTED_FOR_MESSAGE_FORMAT, INVALID_RECORD
+    assert {0, 2, 3, 43, 87} <= errors, errors
+    for topic, index in MULTI_POOL:
         files = []
         for c in (fast, slow):
             d = c.brokers[0].data_dir / f"{topic}-{index}"
