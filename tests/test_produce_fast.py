@@ -1,4 +1,4 @@
-"""The one-partition Produce served without a Python frame (issue 10; ext/request.pyx FastProduce,
+"""The common Produce (one or several partitions) served without a Python frame (issue 10; ext/request.pyx FastProduce,
 kbroker/replica/manager.py ``_fast_refresh``): real brokers, real clients (confluent-kafka) and raw
 requests. The broker's ``kbroker_produce_native_requests_total{path=fast|slow}`` counters show which
 path served each Produce; every reason the native path must leave a request to Python is shown to do
@@ -9,7 +9,15 @@ larger than one for acks=-1 (the acks=all waiter test saw an answer before the f
 batch), skipping the disarm in become_follower together with the per-request epoch and config-identity guards
 (the leadership move test saw the old leader append; with any one of the three left, it refuses),
 dropping the consumers' notifier wake (the long-poll test waited for its max wait), ignoring the
-log's config identity (LogAppendTime missing in the answer).
+log's config identity (LogAppendTime missing in the answer); refusing requests of more than one
+partition (the keyed kafka-python/aiokafka producers, the RF=3 leaders and the write-behind run saw them
+served slow); not ending the write-behind run before a Fetch of the same chunk (the run test's fetch);
+not handing the partitions after a failed write to append_records (the mid-request log-dir failure
+answered the last partition "no error, offset -1").
+
+Several partitions per request: librdkafka (2.16) sends one Produce per partition, so confluent-kafka
+only shows the fast path keeps serving it; kafka-python and aiokafka carry every ready partition in one
+request per broker.
 """
 from __future__ import annotations
 
@@ -294,6 +302,151 @@ def test_topic_delete_and_recreate(single):
     assert r["base_offset"] == end_offsets(c.bootstrap, topic, 1)[0] - 1
 
 
+# ---- several partitions per request ----------------------------------------------------------------
+def multi_topic(c, n, replicas=None):
+    """An ``n``-partition topic (``replicas``: its replica assignment, leaders first), each partition
+    warmed through its leader (see new_topic)."""
+    name = f"multi-{uuid.uuid4().hex[:8]}"
+    if replicas:
+        admin = AdminClient({"bootstrap.servers": c.bootstrap})
+        admin.create_topics([NewTopic(name, n, replica_assignment=replicas)])[name].result(30)
+    else:
+        create_topic(c.bootstrap, name, n)
+    wait_for_topic(c.bootstrap, name, n)
+    for index in range(n):
+        with leader_conn(c, replicas[index][0] if replicas else 0) as conn:
+            wait_until(lambda: produce_raw(conn, name, one(), index=index)["error_code"] == 0, 30, "the first append")
+    return name
+
+
+def keyed_confluent(bootstrap, topic, n):
+    acked = []
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": 1})
+    for i in range(n):
+        p.produce(topic, key=b"key-%d" % (i % 97), value=b"value-%d" % i,
+                  on_delivery=lambda err, m: acked.append(err or (m.partition(), m.offset(), m.value())))
+        p.poll(0)
+    assert p.flush(60) == 0
+    return acked
+
+
+def keyed_kafka_python(bootstrap, topic, n):
+    from kafka import KafkaProducer
+    p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks=1)
+    try:
+        futures = [(p.send(topic, key=b"key-%d" % (i % 97), value=b"value-%d" % i), b"value-%d" % i)
+                   for i in range(n)]
+        p.flush(60)
+        return [(f.get(30).partition, f.get(30).offset, v) for f, v in futures]
+    finally:
+        p.close(10)
+
+
+def keyed_aiokafka(bootstrap, topic, n):
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+
+    async def run():
+        p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks=1)
+        await p.start()
+        try:
+            futures = [(await p.send(topic, key=b"key-%d" % (i % 97), value=b"value-%d" % i), b"value-%d" % i)
+                       for i in range(n)]
+            return [(m.partition, m.offset, v) for m, v in [(await f, v) for f, v in futures]]
+        finally:
+            await p.stop()
+    return asyncio.run(run())
+
+
+def check_multi(c, topic, n_parts, acked, brokers=(0,)):
+    """Every acknowledged record reads back at its offset, and each partition holds them in the order
+    they were sent; -> the number of batches the producer's requests stored (the warm-up ones left out)."""
+    assert all(type(a) is tuple for a in acked), [a for a in acked if type(a) is not tuple][:3]
+    sent = {v: i for i, (_p, _o, v) in enumerate(acked)}
+    by_part = {}
+    for part, offset, v in acked:
+        by_part.setdefault(part, []).append((offset, sent[v]))
+    assert len(by_part) == n_parts, sorted(by_part)
+    for part, rows in by_part.items():
+        rows.sort()
+        assert [o for o, _i in rows] == list(range(1, len(rows) + 1)), part     # after the warm-up record
+        assert [i for _o, i in rows] == sorted(i for _o, i in rows), part       # in send order
+    cons = Consumer({"bootstrap.servers": c.bootstrap, "group.id": "multi-" + uuid.uuid4().hex[:6],
+                     "enable.auto.commit": False})
+    got = set()
+    try:
+        cons.assign([TopicPartition(topic, p, 1) for p in range(n_parts)])
+        deadline = time.monotonic() + 60
+        while len(got) < len(acked) and time.monotonic() < deadline:
+            for m in cons.consume(1000, timeout=0.5):
+                assert not m.error(), m.error()
+                got.add((m.partition(), m.offset(), m.value()))
+    finally:
+        cons.close()
+    assert got == set(acked)
+    batches = 0
+    for part in range(n_parts):
+        for bid in brokers:
+            stored = all_batches(c.brokers[bid].data_dir, topic, part)
+            if stored and stored[0][1].base_offset == 0:     # this broker leads or follows it
+                batches += len(stored) - 1
+                break
+    return batches
+
+
+@pytest.mark.parametrize("client", ["confluent", "kafka-python", "aiokafka"])
+def test_keyed_producer_several_partitions_native(single, client):
+    """A client producing keyed records over 6 partitions with linger.ms=5 sends one request per
+    broker carrying every partition with a batch: those requests are served natively (all of them,
+    and fewer requests than stored batches), every record reads back in order per partition."""
+    c, port = single
+    topic = multi_topic(c, 6)
+    produce = {"confluent": keyed_confluent, "kafka-python": keyed_kafka_python, "aiokafka": keyed_aiokafka}[client]
+    with Delta(port) as d:
+        acked = produce(c.bootstrap, topic, 3000)
+    batches = check_multi(c, topic, 6, acked)
+    assert d.slow == 0 and d.fast > 0, (d.fast, d.slow)
+    if client != "confluent":       # librdkafka (2.16) sends one partition per Produce request
+        assert batches >= 2 * d.fast, (batches, d.fast)   # two partitions or more per request, on average
+
+
+def test_write_behind_run_over_several_partitions(single):
+    """Produce frames of 6 partitions each, sent in one write (one receive chunk: a write-behind run)
+    and followed by a Fetch in the same write: every frame served natively, answered with consecutive
+    offsets per partition, and the Fetch (after the run ended) sees all of them."""
+    from kbroker.protocol import api
+    c, port = single
+    topic = multi_topic(c, 6)
+    frames = []
+    for k in range(20):
+        body = {"transactional_id": None, "acks": 1, "timeout_ms": 10000, "topic_data": [
+            {"name": topic, "partition_data": [{"index": p, "records": one(b"wb-%d-%d" % (k, p))}
+                                               for p in (5, 0, 3)]},
+            {"name": topic, "partition_data": [{"index": p, "records": one(b"wb-%d-%d" % (k, p))}
+                                               for p in (1, 4, 2)]}]}
+        frames.append(api.encode_request(PRODUCE, 3 + k % 6, k + 1, "wb", body))
+    fetch = api.encode_request(FETCH, 11, 999, "wb", {
+        "replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1 << 20, "isolation_level": 0,
+        "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "",
+        "topics": [{"topic": topic, "partitions": [{"partition": 4, "current_leader_epoch": -1, "fetch_offset": 1,
+                                                     "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}]})
+    with Delta(port) as d, RawConn(c.bootstrap, timeout=30) as conn:
+        conn.send(b"".join(frames) + fetch)
+        answers = [api.decode_response(PRODUCE, 3 + k % 6, conn.recv_frame(timeout=30))[1] for k in range(20)]
+        fetched = api.decode_response(FETCH, 11, conn.recv_frame(timeout=30))[1]
+    assert (d.fast, d.slow) == (20, 0), (d.fast, d.slow)
+    for k, body in enumerate(answers):
+        rows = [(t["name"], p["index"], p["error_code"], p["base_offset"])
+                for t in body["responses"] for p in t["partition_responses"]]
+        assert rows == [(topic, p, 0, k + 1) for p in (5, 0, 3, 1, 4, 2)], rows
+    records = bytes(fetched["responses"][0]["partitions"][0]["records"])
+    assert all(b"wb-%d-4" % k in records for k in range(20))
+    for p in range(6):
+        stored = [b for _path, b in all_batches(c.brokers[0].data_dir, topic, p)]
+        assert [b.base_offset for b in stored] == list(range(21)), p
+
+
 @pytest.mark.slow
 def test_log_dir_failure(tmp_path, tmpfs):
     """A full log dir: a native append whose write fails answers KAFKA_STORAGE_ERROR (the Python
@@ -317,6 +470,52 @@ def test_log_dir_failure(tmp_path, tmpfs):
                     assert produce_raw(conn, topic, one())["error_code"] == 0
             assert (d.fast, d.slow) == (2, 1), (d.fast, d.slow)
         assert end_offsets(c.bootstrap, topic, 1) == {0: 4}      # the warm-up record and these 3
+
+
+def produce_multi(conn, topic, batches, acks=1):
+    """One request carrying ``batches`` ({partition: batch}) -> [(partition, error code, base offset)]."""
+    body = {"transactional_id": None, "acks": acks, "timeout_ms": 10000, "topic_data": [
+        {"name": topic, "partition_data": [{"index": p, "records": b} for p, b in batches.items()]}]}
+    r = conn.request(PRODUCE, 7, body, timeout=30)
+    return [(p["index"], p["error_code"], p["base_offset"]) for t in r["responses"] for p in t["partition_responses"]]
+
+
+@pytest.mark.slow
+def test_log_dir_failure_mid_request(tmp_path, tmpfs):
+    """A log dir with room for one batch of three: the native path appends the first partition, the
+    second's write fails (KAFKA_STORAGE_ERROR, Python's finisher, its log cut back) and the third goes
+    through append_records (which fails it too); the answer keeps the request's order and the log holds
+    exactly what was acknowledged. With room again, the dir's first success is Python's and the next
+    request is native."""
+    port = free_port()
+    with LocalCluster(tmp_path / "c", overrides={"kbroker.metrics.port": port,
+                                                 "log.dirs": os.path.join(tmpfs, "data")}) as c:
+        topic = multi_topic(c, 3)
+        with RawConn(c.bootstrap, timeout=30) as conn:
+            spare = os.path.join(tmpfs, "spare")
+            with open(spare, "wb") as f:
+                f.write(b"\0" * 100_000)
+            _fill(tmpfs)
+            fd = os.open(os.path.join(tmpfs, "ballast"), os.O_WRONLY | os.O_APPEND)
+            try:
+                while os.write(fd, b"\0" * 4096):                      # to the last page
+                    pass
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+            os.unlink(spare)                                        # room for one 60 KB batch
+            with Delta(port) as d:
+                rows = produce_multi(conn, topic, {p: one(b"f" * 60_000) for p in (0, 1, 2)})
+            assert rows == [(0, 0, 1), (1, KAFKA_STORAGE_ERROR, -1), (2, KAFKA_STORAGE_ERROR, -1)], rows
+            assert (d.fast, d.slow) == (0, 1), (d.fast, d.slow)
+            os.unlink(os.path.join(tmpfs, "ballast"))
+            with Delta(port) as d:
+                for k in range(2):
+                    rows = produce_multi(conn, topic, {p: one() for p in (2, 1, 0)})
+                    assert rows == [(2, 0, 1 + k), (1, 0, 1 + k), (0, 0, 2 + k)], rows
+            assert (d.fast, d.slow) == (1, 1), (d.fast, d.slow)
+        assert end_offsets(c.bootstrap, topic, 3) == {0: 4, 1: 3, 2: 3}
 
 
 # ---- RF=3 -------------------------------------------------------------------------------------------
@@ -365,7 +564,36 @@ def test_rf3_leader_native_followers_replicate(three):
 
 
 def _leo(c, bid, topic):
-    batches = all_batches(c.brokers[bid].data_dir, topic, 0)
+    return _part_leo(c, bid, topic, 0)
+
+
+@pytest.mark.slow
+def test_rf3_leaders_several_partitions_acks1(three):
+    """9 partitions led by the three brokers in turn (RF=3), a keyed kafka-python producer, acks=1:
+    each leader serves its requests of several partitions natively, the followers replicate them."""
+    c, ports = three
+    replicas = [[p % 3, (p + 1) % 3, (p + 2) % 3] for p in range(9)]
+    topic = multi_topic(c, 9, replicas=replicas)
+    deltas = [Delta(ports[bid]) for bid in (0, 1, 2)]
+    for d in deltas:
+        d.__enter__()
+    acked = keyed_kafka_python(c.bootstrap, topic, 3000)
+    for d in deltas:
+        d.__exit__(None, None, None)
+    batches = check_multi(c, topic, 9, acked, brokers=(0, 1, 2))
+    # a leader may leave a request or so to Python while its followers join the ISR (as rf3_topic's)
+    fast, slow = sum(d.fast for d in deltas), sum(d.slow for d in deltas)
+    assert all(d.fast > 0 for d in deltas) and slow <= 3, [(d.fast, d.slow) for d in deltas]
+    assert batches > 1.5 * (fast + slow), (batches, fast, slow)     # each broker leads three partitions
+    for p in range(9):
+        leader = replicas[p][0]
+        end = [b for _path, b in all_batches(c.brokers[leader].data_dir, topic, p)][-1].last_offset + 1
+        for bid in replicas[p][1:]:
+            wait_until(lambda b=bid: _part_leo(c, b, topic, p) == end, 30, f"broker {bid} replicated {p}")
+
+
+def _part_leo(c, bid, topic, p):
+    batches = all_batches(c.brokers[bid].data_dir, topic, p)
     return batches[-1][1].last_offset + 1 if batches else 0
 
 
