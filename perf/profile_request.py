@@ -2,7 +2,7 @@
 of one kbroker broker serving request_bench's producer (linger.ms=0, batch.num.messages=1, acks=1, 100 B).
 
     python -m kbroker.perf.profile_request pyspy     [--requests 200000] [--seconds 6] [--out DIR]
-    python -m kbroker.perf.profile_request callgrind [--requests 3000] [--rf3] [--out DIR]
+    python -m kbroker.perf.profile_request callgrind [--requests 3000] [--rf3] [--partitions N] [--out DIR]
     python -m kbroker.perf.profile_request capacity  [--batches 1024] [--rounds 3] [--variant NAME:k=v,..:ENV=v,..]
         [--persist write-shm --persist splice-shm --persist write-disk ...] [--storage shm|disk] [--no-profile]
     ... [--workload fetch]: small Fetch v11 requests with 1 in flight (request_bench's fetch, one ~170 B
@@ -19,7 +19,9 @@ of one kbroker broker serving request_bench's producer (linger.ms=0, batch.num.m
   per request (user space) and ``callgrind_annotate``'s top functions, self and inclusive (``DIR/callgrind-produce.txt``).
   ``--rf3``: three brokers, the topic replicated on all of them, the profiled broker (under valgrind) its
   leader; the count then also holds the leader's share of replication (its followers' fetches)
-  (``DIR/callgrind-produce-rf3.txt``).
+  (``DIR/callgrind-produce-rf3.txt``). ``--partitions N`` (N > 1): raw Produce v7 frames of N partitions x one
+  record, 1 in flight, instead of the producer (librdkafka sends one partition per request)
+  (``DIR/callgrind-produce-Np.txt``).
 
 * ``capacity``: where the broker's CPU per GB of the suite's capacity produce goes (``broker_bench``'s
   ~512 KiB RecordBatches as Produce v7 over two raw-socket connections). Interleaved rounds of the broker
@@ -107,19 +109,52 @@ def _cluster(root: Path, wrapper: list[str] | None, brokers: int = 1) -> LocalCl
     return LocalCluster(root, brokers=brokers, num_partitions=1, overrides=overrides)
 
 
-def _topic(c: LocalCluster) -> str:
-    """One partition; with several brokers replicated on all of them, broker 0 its (preferred) leader."""
+def _topic(c: LocalCluster, partitions: int = 1) -> str:
+    """``partitions`` partitions; with several brokers replicated on all of them, broker 0 their
+    (preferred) leader."""
     from .targets import admin_create, wait_topic
     topic = f"profile-{uuid.uuid4().hex[:8]}"
     if len(c.brokers) > 1:
         from confluent_kafka.admin import AdminClient, NewTopic
         admin = AdminClient({"bootstrap.servers": c.bootstrap, "client.id": "kbroker-perf-setup"})
-        admin.create_topics([NewTopic(topic, 1, replica_assignment=[sorted(c.brokers)])],
+        admin.create_topics([NewTopic(topic, partitions, replica_assignment=[sorted(c.brokers)] * partitions)],
                             operation_timeout=60, request_timeout=60)[topic].result(timeout=120)
-    elif not admin_create(c.bootstrap, topic, 1):
+    elif not admin_create(c.bootstrap, topic, partitions):
         raise RuntimeError(f"could not create {topic}")
-    wait_topic(c.bootstrap, topic, 1, timeout=120)
+    wait_topic(c.bootstrap, topic, partitions, timeout=120)
     return topic
+
+
+def _raw_produce(bootstrap: str, topic: str, partitions: int, count: int, max_s: float) -> int:
+    """``count`` Produce v7 requests (acks=1) each carrying ``partitions`` partitions x one 100 B record,
+    one in flight over a raw socket (librdkafka sends one partition per request) -> requests answered
+    without error. The same frame every time (the broker stamps its own receive buffer)."""
+    import socket
+    import struct
+
+    from kbroker._native.batch import BatchBuilder
+    from kbroker.protocol import api
+    b = BatchBuilder()
+    b.append(int(time.time() * 1000), None, (b"0123456789abcdef" * 7)[:100])
+    batch = b.build()
+    body = {"transactional_id": None, "acks": 1, "timeout_ms": 30000, "topic_data": [
+        {"name": topic, "partition_data": [{"index": p, "records": batch} for p in range(partitions)]}]}
+    frame = api.encode_request(0, 7, 1, "kbroker-perf-request", body)
+    host, port = bootstrap.rsplit(":", 1)
+    deadline = time.monotonic() + max_s
+    ok = 0
+    with socket.create_connection((host, int(port)), timeout=60) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(count):
+            s.sendall(frame)
+            head = s.recv(4, socket.MSG_WAITALL)
+            data = s.recv(struct.unpack(">i", head)[0], socket.MSG_WAITALL)
+            _cid, resp = api.decode_response(0, 7, head + data)
+            if all(p["error_code"] == 0 for t in resp["responses"] for p in t["partition_responses"]):
+                ok += 1
+            if time.monotonic() > deadline:
+                break
+    return ok
 
 
 # py-spy --native cannot tell a waiting thread from a running one (its idle filter needs the Python-only
@@ -188,9 +223,13 @@ def _fetch(c: LocalCluster, topic: str, count: int, warmup: int, max_s: float, d
     return fetch_run(f"127.0.0.1:{b.port}", topic, b.pid, 500, count, warmup, depth, max_s)
 
 
-def _what(workload: str) -> str:
-    return ("one-record Produce requests (acks=1, linger.ms=0, batch.num.messages=1)" if workload == "produce"
-            else "small Fetch v11 requests, 1 in flight (one ~170 B batch per answer)")
+def _what(workload: str, partitions: int = 1) -> str:
+    if workload == "fetch":
+        return "small Fetch v11 requests, 1 in flight (one ~170 B batch per answer)"
+    if partitions > 1:
+        return (f"Produce v7 requests of {partitions} partitions x one 100 B record (acks=1, 1 in flight, "
+                "raw socket)")
+    return "one-record Produce requests (acks=1, linger.ms=0, batch.num.messages=1)"
 
 
 def pyspy(out: Path, requests: int, seconds: float, workload: str = "produce") -> str:
@@ -244,12 +283,14 @@ def pyspy(out: Path, requests: int, seconds: float, workload: str = "produce") -
     return text
 
 
-def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = False, depth: int = 1) -> str:
+def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = False, depth: int = 1,
+              partitions: int = 1) -> str:
     vg, ctl, ann = shutil.which("valgrind"), shutil.which("callgrind_control"), shutil.which("callgrind_annotate")
     if not (vg and ctl and ann):
         raise SystemExit("valgrind (with callgrind_control, callgrind_annotate) is not installed")
     root = Path(tempfile.mkdtemp(prefix="kbroker-profile-", dir="/dev/shm"))
-    name = f"callgrind-{workload}" + ("-rf3" if rf3 else "") + (f"-depth{depth}" if depth != 1 else "")
+    name = (f"callgrind-{workload}" + ("-rf3" if rf3 else "") + (f"-depth{depth}" if depth != 1 else "")
+            + (f"-{partitions}p" if partitions != 1 else ""))
     for old in out.glob(f"{name}.out*"):
         old.unlink()
     cg_out = out / f"{name}.out"
@@ -259,8 +300,13 @@ def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = F
         try:
             c.start()
             pid = c.brokers[0].pid
-            topic = _topic(c)
-            if workload == "produce":
+            topic = _topic(c, partitions if workload == "produce" else 1)
+            if workload == "produce" and partitions > 1:
+                _raw_produce(c.bootstrap, topic, partitions, 500, 600)      # warm-up, not instrumented
+                subprocess.run([ctl, "-i", "on", str(pid)], check=True, capture_output=True, timeout=120)
+                n = _raw_produce(c.bootstrap, topic, partitions, requests, 900)
+                subprocess.run([ctl, "-i", "off", str(pid)], check=True, capture_output=True, timeout=120)
+            elif workload == "produce":
                 proc, lines = _producer(c.bootstrap, topic, requests, 500, 600)
                 try:
                     subprocess.run([ctl, "-i", "on", str(pid)], check=True, capture_output=True, timeout=120)
@@ -292,7 +338,7 @@ def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = F
     incl_t = subprocess.run([ann, "--inclusive=yes", "--threshold=99", str(outs[0])], capture_output=True,
                             text=True, timeout=300).stdout
     n = max(1, n)
-    head = (f"callgrind of the broker while it served {n:,} {_what(workload)}"
+    head = (f"callgrind of the broker while it served {n:,} {_what(workload, partitions)}"
             + (" as the leader of an RF=3 partition (followers running, not profiled)" if rf3 else "")
             + (f" ({depth} in flight, not 1)" if depth != 1 else "")
             + "; instrumentation on for those "
@@ -779,6 +825,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rf3", action="store_true", help="callgrind: the profiled broker leads an RF=3 partition")
     ap.add_argument("--depth", type=int, default=1,
                     help="callgrind --workload fetch: fetches in flight (default 1; request_bench also reports 8)")
+    ap.add_argument("--partitions", type=int, default=1,
+                    help="callgrind --workload produce: partitions per request (default 1: request_bench's "
+                         "producer; more: raw Produce v7 frames of that many partitions x one record)")
     ap.add_argument("--batches", type=int, default=1024, help="capacity: Produce requests per run (~512 KiB each)")
     ap.add_argument("--rounds", type=int, default=3, help="capacity: interleaved broker/sink rounds")
     ap.add_argument("--variant", action="append", help="capacity: a broker to run side by side, "
@@ -806,7 +855,7 @@ def main(argv=None) -> int:
     elif a.tool == "capacity":
         text = capacity(out, a.batches, a.rounds, a.variant, a.persist, a.storage, not a.no_profile)
     else:
-        text = callgrind(out, a.requests or 3_000, a.workload, a.rf3, a.depth)
+        text = callgrind(out, a.requests or 3_000, a.workload, a.rf3, a.depth, a.partitions)
     print(text)
     H.progress(f"{a.tool} done in {time.monotonic() - t0:.0f} s; output in {out}")
     return 0
