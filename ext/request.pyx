@@ -714,19 +714,20 @@ cdef bint _end_native(Slot slot, result, no_response, close):
     return False
 
 
-# ---- the one-partition Produce without a Python frame (issue 10) -----------------------------------
+# ---- the common Produce without a Python frame (issue 10) ------------------------------------------
 # dispatch_frames serves a Produce v3-8 frame here when it is the common request: no transactional id,
-# acks 0/1 (-1 when the ISR is this leader alone and min.insync.replicas <= 1), one topic with one
-# partition whose leader slot (FastLeader) the ReplicaManager armed, and a batch that ends as a plain
-# leader append (LeaderAppender.append_into with ``plain``: not idempotent, no roll or flush due, not
-# compressed when validation runs off the loop, below kbroker.log.writer.offload.bytes). Everything
-# else, any refusal included, is left untouched for the Python path (produce.handle_native ->
-# execute -> ReplicaManager.append_records), which stays the reference: what the native path does
+# acks 0/1 (-1 when each partition's ISR is this leader alone and min.insync.replicas <= 1), up to
+# FAST_PARTS partitions of any topics, each with an armed leader slot (FastLeader), none twice, and
+# every batch ending as a plain leader append (LeaderAppender.check_plain: not idempotent, no roll or
+# flush due, the batch checks pass; not compressed when validation runs off the loop, below
+# kbroker.log.writer.offload.bytes). All partitions are checked before the first is appended, so
+# everything else, any refusal included, is left untouched for the Python path (produce.handle_native
+# -> execute -> ReplicaManager.append_records), which stays the reference: what the native path does
 # must give the same bytes in the log and in the answer (tests/test_native_differential.py,
 # tests/test_produce_fast.py). Policy stays in Python as the slots' state: the ReplicaManager arms a
 # slot when the conditions hold and disarms or re-arms it when they change (ARCHITECTURE.md, "Native
 # Produce fast path"); what may change without it (the log's config, offline flag, writes in flight,
-# active segment, epoch cache, queued appends, waiters) is checked here per request, O(1).
+# active segment, epoch cache, queued appends, waiters) is checked here per request, O(1) per partition.
 
 cdef class FastLeader:
     """One partition this broker leads, as the native Produce path needs it (armed by
