@@ -15,6 +15,7 @@ int32-length arrays and records, request header v1 (client_id nullable string), 
 v0 (correlation id only).
 """
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.ref cimport PyObject, Py_DECREF, Py_INCREF
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.errno cimport errno
 from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
@@ -842,6 +843,44 @@ cdef enum:
     FAST_PARTS = 64     # partitions of one request the fast path takes (more: the Python path)
 
 
+cdef struct _Parts:
+    # one request's partitions as _produce_fast reads them (request order), with no Python list: the
+    # object pointers are owned references (_Parts_release drops them)
+    int32_t n                       # partitions
+    int32_t n_topics
+    int32_t n_bufs                  # records views taken so far
+    PyObject *leader[FAST_PARTS]    # FastLeader
+    PyObject *buf[FAST_PARTS]       # memoryview of the batch in the frame
+    Py_ssize_t at[FAST_PARTS]       # the batch's position in the frame
+    int32_t size[FAST_PARTS]
+    int32_t index[FAST_PARTS]
+    int32_t topic[FAST_PARTS]
+    int64_t base[FAST_PARTS]        # the answer: base offset, append time, log start
+    int64_t time[FAST_PARTS]
+    int64_t start[FAST_PARTS]
+    PyObject *name[FAST_PARTS]      # per topic: its name (str), its bytes' position and length, partitions
+    Py_ssize_t t_at[FAST_PARTS]
+    int16_t t_len[FAST_PARTS]
+    int32_t t_parts[FAST_PARTS]
+    int64_t t_msgs[FAST_PARTS]      # per topic: messages and bytes appended (MessagesIn / BytesIn)
+    int64_t t_bytes[FAST_PARTS]
+
+
+cdef inline void _parts_release(_Parts *ps) noexcept:
+    cdef int32_t k
+    for k in range(ps.n):
+        Py_DECREF(<object>ps.leader[k])
+    for k in range(ps.n_bufs):
+        Py_DECREF(<object>ps.buf[k])
+    for k in range(ps.n_topics):
+        Py_DECREF(<object>ps.name[k])
+
+
+cdef inline PyObject *_held(object o) noexcept:
+    Py_INCREF(o)
+    return <PyObject *>o
+
+
 cdef int _produce_fast(FastProduce fp, conn, object view, const unsigned char *p, Py_ssize_t begin,
                        Py_ssize_t size, Py_ssize_t start, Py_ssize_t end, bint *run, no_response,
                        close, chunk) except -1:
@@ -851,32 +890,30 @@ cdef int _produce_fast(FastProduce fp, conn, object view, const unsigned char *p
     Every partition (up to FAST_PARTS, of any number of topics) is looked up and checked first
     (LeaderAppender.check_plain: no effect), then all are appended in request order, so a refusal
     of any leaves the whole request untouched."""
+    cdef _Parts ps
+    ps.n = ps.n_topics = ps.n_bufs = 0
+    try:
+        return _produce_parts(fp, conn, view, p, begin, size, start, end, run, no_response, close, chunk, &ps)
+    finally:
+        _parts_release(&ps)
+
+
+cdef int _produce_parts(FastProduce fp, conn, object view, const unsigned char *p, Py_ssize_t begin,
+                        Py_ssize_t size, Py_ssize_t start, Py_ssize_t end, bint *run, no_response,
+                        close, chunk, _Parts *ps) except -1:
     cdef const unsigned char *f = p + begin
     cdef Py_ssize_t pos = 8, name_at
     cdef int16_t n16, acks
     cdef int32_t version, correlation_id, timeout_ms, index, rsize, n_topics, n_parts, count = 0
-    cdef int32_t t, j, k, n = 0, failed = -1
+    cdef int32_t t, j, k, failed = -1
     cdef int64_t last, now, leo
     cdef object client_id = None, name, parts, lg, seg, result, records, error = None
     cdef list entries, segments
-    cdef list fls = [], names = [], bufs = []
     cdef FastLeader fl
     cdef SegmentState st
     cdef ProduceRequest req
     cdef Slot slot
     cdef double started
-    # per partition: records position and size, index, topic; the answer's base offset, log start
-    cdef Py_ssize_t at[FAST_PARTS]
-    cdef int32_t sizes[FAST_PARTS]
-    cdef int32_t indexes[FAST_PARTS]
-    cdef int32_t topic_of[FAST_PARTS]
-    cdef int64_t bases[FAST_PARTS]
-    cdef int64_t starts[FAST_PARTS]
-    cdef int64_t times[FAST_PARTS]
-    # per topic: its name's position and length in the frame, its partition count
-    cdef Py_ssize_t t_at[FAST_PARTS]
-    cdef int16_t t_len[FAST_PARTS]
-    cdef int32_t t_parts[FAST_PARTS]
     if size < 8 + 2 + 2 + 2 + 4 + 4:
         return 0
     version = <int16_t>load_be16(<const char *>f + 2)
@@ -905,16 +942,18 @@ cdef int _produce_fast(FastProduce fp, conn, object view, const unsigned char *p
         pos += n16
         n_parts = <int32_t>load_be32(<const char *>f + pos)
         pos += 4
-        if not (1 <= n_parts <= FAST_PARTS - n):
+        if not (1 <= n_parts <= FAST_PARTS - ps.n):
             return 0
         name = _utf8(f + name_at, n16)
         parts = None if name is _REFUSED else fp.leaders.get(name)
         if parts is None:
             return 0
-        t_at[t] = name_at
-        t_len[t] = n16
-        t_parts[t] = n_parts
-        names.append(name)
+        ps.name[t] = _held(name)
+        ps.n_topics = t + 1
+        ps.t_at[t] = name_at
+        ps.t_len[t] = n16
+        ps.t_parts[t] = n_parts
+        ps.t_msgs[t] = ps.t_bytes[t] = 0
         for j in range(n_parts):
             if size - pos < 4 + 4:
                 return 0
@@ -942,31 +981,33 @@ cdef int _produce_fast(FastProduce fp, conn, object view, const unsigned char *p
             entries = fl.epoch_cache.entries
             if not entries or entries[len(entries) - 1][0] < fl.epoch:  # not yet in the cache: Python assigns it
                 return 0
-            for k in range(n):
-                if fls[k] is fl:            # the same partition twice: Python answers INVALID_RECORD
+            for k in range(ps.n):
+                if ps.leader[k] == <PyObject *>fl:  # the same partition twice: Python answers INVALID_RECORD
                     return 0
             segments = lg.segments
             seg = segments[len(segments) - 1]
             if seg is not fl.seg:                         # rolled (or first use): the active segment's state
                 fl.st = seg._st
                 fl.seg = seg
-            fls.append(fl)
-            at[n] = pos
-            sizes[n] = rsize
-            indexes[n] = index
-            topic_of[n] = t
-            n += 1
+            k = ps.n
+            ps.leader[k] = _held(fl)
+            ps.n = k + 1
+            ps.at[k] = pos
+            ps.size[k] = rsize
+            ps.index[k] = index
+            ps.topic[k] = t
             pos += rsize
     if pos != size:                                   # the last batch ends the frame
         return 0
     # every batch checked before any is appended (no effect: nothing stamped, written or counted)
     now = _now_ms()
-    for k in range(n):
-        fl = <FastLeader>fls[k]
-        records = view[begin + at[k]:begin + at[k] + sizes[k]]
-        bufs.append(records)
+    for k in range(ps.n):
+        fl = <FastLeader>ps.leader[k]
+        records = view[begin + ps.at[k]:begin + ps.at[k] + ps.size[k]]
+        ps.buf[k] = _held(records)
+        ps.n_bufs = k + 1
         try:
-            if fl.ap.check_plain(fl.st, records, fl.config, now, <char *>f + at[k], sizes[k]):
+            if fl.ap.check_plain(fl.st, records, fl.config, now, <char *>f + ps.at[k], ps.size[k]):
                 return 0            # not a plain append (idempotent, flush or roll due)
         except BatchError:
             return 0                # refused: the Python path answers it
@@ -974,24 +1015,24 @@ cdef int _produce_fast(FastProduce fp, conn, object view, const unsigned char *p
     if not run[0] and _frame_follows(p, start, end):
         run_begin()
         run[0] = True
-    for k in range(n):
-        fl = <FastLeader>fls[k]
+    for k in range(ps.n):
+        fl = <FastLeader>ps.leader[k]
         st = fl.st
         lg = fl.log
-        name = names[topic_of[k]]
-        bases[k] = st.next_offset
+        ps.base[k] = st.next_offset
         try:
-            last = fl.ap.append_checked(st, bufs[k], <char *>f + at[k], sizes[k], fl.epoch, now, &count)
+            last = fl.ap.append_checked(st, <object>ps.buf[k], <char *>f + ps.at[k], ps.size[k], fl.epoch, now,
+                                        &count)
         except OSError as e:
             failed = k
             error = e
             break
         # Log.append_as_leader's and ReplicaManager.append_records' bookkeeping of a plain append
         lg.dirty = True
-        starts[k] = lg.log_start_offset
-        times[k] = now if fl.append_time else -1
-        _bump(fp.messages_in, name, last - bases[k] + 1)
-        _bump(fp.bytes_in, name, sizes[k])
+        ps.start[k] = lg.log_start_offset
+        ps.time[k] = now if fl.append_time else -1
+        ps.t_msgs[ps.topic[k]] += last - ps.base[k] + 1
+        ps.t_bytes[ps.topic[k]] += ps.size[k]
         if fl.followers and PyDict_Contains(fp.notify, fl.follower_key):
             fp.appended(fl.follower_key)
         if fl.alone:
@@ -1000,19 +1041,21 @@ cdef int _produce_fast(FastProduce fp, conn, object view, const unsigned char *p
                 lg._high_watermark = leo
                 if PyDict_Contains(fp.notify, fl.tp):
                     fp.appended(fl.tp)
+    for t in range(ps.n_topics):                      # per topic, as append_records' per-partition sums
+        if ps.t_bytes[t]:
+            _bump(fp.messages_in, <object>ps.name[t], ps.t_msgs[t])
+            _bump(fp.bytes_in, <object>ps.name[t], ps.t_bytes[t])
     if failed >= 0:
         # partition ``failed`` could not be written: Python's storage-failure finisher answers it
         # and appends the partitions after it as append_records would have
-        result = fp.write_failed(conn, fls[failed], error, version, correlation_id, acks, timeout_ms,
-                                 *_rows_after_failure(n_topics, t_parts, names, fls, bufs, indexes, bases,
-                                                      times, starts, failed))
+        result = fp.write_failed(conn, <object>ps.leader[failed], error, version, correlation_id, acks, timeout_ms,
+                                 *_rows_after_failure(ps, failed))
         fp.slow += 1
     else:
         if acks == 0:
             result = no_response
         else:
-            result = [_encode_rows(version, correlation_id, f, n_topics, t_at, t_len, t_parts, indexes, bases,
-                                   times, starts)]
+            result = [_encode_rows(version, correlation_id, f, ps)]
         fp.fast += 1
     req = _header(PRODUCE, version)
     req.correlation_id = correlation_id
@@ -1026,31 +1069,30 @@ cdef int _produce_fast(FastProduce fp, conn, object view, const unsigned char *p
     return 1
 
 
-cdef tuple _rows_after_failure(int32_t n_topics, int32_t *t_parts, list names, list fls, list bufs,
-                               int32_t *indexes, int64_t *bases, int64_t *times, int64_t *starts,
-                               int32_t failed):
+cdef tuple _rows_after_failure(_Parts *ps, int32_t failed):
     # The answer rows as execute builds them (request order), those before partition ``failed``
     # filled in; the failed partition's row; the (tp, row) slots and {tp: records} entries of the
     # partitions after it (not appended yet): produce.fast_write_failed's arguments.
-    cdef list out = [], rows, slots = [], failed_row = None
+    cdef list out = [], rows, slots = [], row, failed_row = None
     cdef dict rest = {}
     cdef int32_t t, j, k = 0
     cdef FastLeader fl
-    for t in range(n_topics):
+    for t in range(ps.n_topics):
         rows = []
-        for j in range(t_parts[t]):
-            fl = <FastLeader>fls[k]
+        for j in range(ps.t_parts[t]):
+            fl = <FastLeader>ps.leader[k]
             if k < failed:
-                rows.append([indexes[k], 0, bases[k], times[k], starts[k], None])
+                row = [ps.index[k], 0, ps.base[k], ps.time[k], ps.start[k], None]
             else:
-                rows.append([indexes[k], 0, -1, -1, -1, None])
+                row = [ps.index[k], 0, -1, -1, -1, None]
                 if k == failed:
-                    failed_row = rows[j]
+                    failed_row = row
                 else:
-                    slots.append((fl.tp, rows[j]))
-                    rest[fl.tp] = bufs[k]
+                    slots.append((fl.tp, row))
+                    rest[fl.tp] = <object>ps.buf[k]
+            rows.append(row)
             k += 1
-        out.append((names[t], rows))
+        out.append((<object>ps.name[t], rows))
     return out, failed_row, slots, rest
 
 
@@ -1067,26 +1109,24 @@ cdef inline int _bump(dict counts, key, int64_t n) except -1:
     return 0
 
 
-cdef bytes _encode_rows(int version, int32_t correlation_id, const unsigned char *f, int32_t n_topics,
-                        Py_ssize_t *t_at, int16_t *t_len, int32_t *t_parts, int32_t *indexes, int64_t *bases,
-                        int64_t *times, int64_t *starts):
+cdef bytes _encode_rows(int version, int32_t correlation_id, const unsigned char *f, _Parts *ps):
     # encode_produce_response of the appended partitions, in request order (each topic name's bytes
-    # as the request carried them at ``f + t_at[t]``)
+    # as the request carried them in the frame ``f``)
     cdef _Writer w = _out
     cdef int32_t t, j, k = 0
     w.pos = 0
     w.reserve(4 + 4 + 4)
     w.pos = 4
     w.i32(correlation_id)
-    w.i32(n_topics)
-    for t in range(n_topics):
-        w.reserve(2 + t_len[t] + 4)
-        w.i16(t_len[t])
-        memcpy(w.p + w.pos, f + t_at[t], t_len[t])
-        w.pos += t_len[t]
-        w.i32(t_parts[t])
-        for j in range(t_parts[t]):
-            _produce_row(w, version, indexes[k], 0, bases[k], times[k], starts[k], None)
+    w.i32(ps.n_topics)
+    for t in range(ps.n_topics):
+        w.reserve(2 + ps.t_len[t] + 4)
+        w.i16(ps.t_len[t])
+        memcpy(w.p + w.pos, f + ps.t_at[t], ps.t_len[t])
+        w.pos += ps.t_len[t]
+        w.i32(ps.t_parts[t])
+        for j in range(ps.t_parts[t]):
+            _produce_row(w, version, ps.index[k], 0, ps.base[k], ps.time[k], ps.start[k], None)
             k += 1
     return _produce_end(w)
 

@@ -149,7 +149,7 @@ def _raw_produce(bootstrap: str, topic: str, partitions: int, count: int, max_s:
             s.sendall(frame)
             head = s.recv(4, socket.MSG_WAITALL)
             data = s.recv(struct.unpack(">i", head)[0], socket.MSG_WAITALL)
-            _cid, resp = api.decode_response(0, 7, head + data)
+            _cid, resp = api.decode_response(0, 7, data)
             if all(p["error_code"] == 0 for t in resp["responses"] for p in t["partition_responses"]):
                 ok += 1
             if time.monotonic() > deadline:
