@@ -881,6 +881,16 @@ cdef inline PyObject *_held(object o) noexcept:
     return <PyObject *>o
 
 
+cdef inline int _active_segment(FastLeader fl, object lg) except -1:
+    # ``fl.st``: the SegmentState of ``lg``'s active segment (re-read after a roll, or on first use)
+    cdef list segments = lg.segments
+    cdef object seg = segments[len(segments) - 1]
+    if seg is not fl.seg:
+        fl.st = seg._st
+        fl.seg = seg
+    return 0
+
+
 cdef int _produce_fast(FastProduce fp, conn, object view, const unsigned char *p, Py_ssize_t begin,
                        Py_ssize_t size, Py_ssize_t start, Py_ssize_t end, bint *run, no_response,
                        close, chunk) except -1:
@@ -907,8 +917,8 @@ cdef int _produce_parts(FastProduce fp, conn, object view, const unsigned char *
     cdef int32_t version, correlation_id, timeout_ms, index, rsize, n_topics, n_parts, count = 0
     cdef int32_t t, j, k, failed = -1
     cdef int64_t last, now, leo
-    cdef object client_id = None, name, parts, lg, seg, result, records, error = None
-    cdef list entries, segments
+    cdef object client_id = None, name, parts, lg, result, records, error = None
+    cdef list entries
     cdef FastLeader fl
     cdef SegmentState st
     cdef ProduceRequest req
@@ -984,11 +994,7 @@ cdef int _produce_parts(FastProduce fp, conn, object view, const unsigned char *
             for k in range(ps.n):
                 if ps.leader[k] == <PyObject *>fl:  # the same partition twice: Python answers INVALID_RECORD
                     return 0
-            segments = lg.segments
-            seg = segments[len(segments) - 1]
-            if seg is not fl.seg:                         # rolled (or first use): the active segment's state
-                fl.st = seg._st
-                fl.seg = seg
+            _active_segment(fl, lg)
             k = ps.n
             ps.leader[k] = _held(fl)
             ps.n = k + 1

@@ -21,7 +21,8 @@ of one kbroker broker serving request_bench's producer (linger.ms=0, batch.num.m
   leader; the count then also holds the leader's share of replication (its followers' fetches)
   (``DIR/callgrind-produce-rf3.txt``). ``--partitions N`` (N > 1): raw Produce v7 frames of N partitions x one
   record, 1 in flight, instead of the producer (librdkafka sends one partition per request)
-  (``DIR/callgrind-produce-Np.txt``).
+  (``DIR/callgrind-produce-Np.txt``); ``--raw`` the same frames for one partition (one frame per read: a
+  steadier count than the producer's, whose frames per read vary from run to run).
 
 * ``capacity``: where the broker's CPU per GB of the suite's capacity produce goes (``broker_bench``'s
   ~512 KiB RecordBatches as Produce v7 over two raw-socket connections). Interleaved rounds of the broker
@@ -223,10 +224,10 @@ def _fetch(c: LocalCluster, topic: str, count: int, warmup: int, max_s: float, d
     return fetch_run(f"127.0.0.1:{b.port}", topic, b.pid, 500, count, warmup, depth, max_s)
 
 
-def _what(workload: str, partitions: int = 1) -> str:
+def _what(workload: str, partitions: int = 1, raw: bool = False) -> str:
     if workload == "fetch":
         return "small Fetch v11 requests, 1 in flight (one ~170 B batch per answer)"
-    if partitions > 1:
+    if partitions > 1 or raw:
         return (f"Produce v7 requests of {partitions} partitions x one 100 B record (acks=1, 1 in flight, "
                 "raw socket)")
     return "one-record Produce requests (acks=1, linger.ms=0, batch.num.messages=1)"
@@ -284,13 +285,13 @@ def pyspy(out: Path, requests: int, seconds: float, workload: str = "produce") -
 
 
 def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = False, depth: int = 1,
-              partitions: int = 1) -> str:
+              partitions: int = 1, raw: bool = False) -> str:
     vg, ctl, ann = shutil.which("valgrind"), shutil.which("callgrind_control"), shutil.which("callgrind_annotate")
     if not (vg and ctl and ann):
         raise SystemExit("valgrind (with callgrind_control, callgrind_annotate) is not installed")
     root = Path(tempfile.mkdtemp(prefix="kbroker-profile-", dir="/dev/shm"))
     name = (f"callgrind-{workload}" + ("-rf3" if rf3 else "") + (f"-depth{depth}" if depth != 1 else "")
-            + (f"-{partitions}p" if partitions != 1 else ""))
+            + (f"-{partitions}p" if partitions != 1 or raw else ""))
     for old in out.glob(f"{name}.out*"):
         old.unlink()
     cg_out = out / f"{name}.out"
@@ -301,7 +302,7 @@ def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = F
             c.start()
             pid = c.brokers[0].pid
             topic = _topic(c, partitions if workload == "produce" else 1)
-            if workload == "produce" and partitions > 1:
+            if workload == "produce" and (partitions > 1 or raw):
                 _raw_produce(c.bootstrap, topic, partitions, 500, 600)      # warm-up, not instrumented
                 subprocess.run([ctl, "-i", "on", str(pid)], check=True, capture_output=True, timeout=120)
                 n = _raw_produce(c.bootstrap, topic, partitions, requests, 900)
@@ -338,7 +339,7 @@ def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = F
     incl_t = subprocess.run([ann, "--inclusive=yes", "--threshold=99", str(outs[0])], capture_output=True,
                             text=True, timeout=300).stdout
     n = max(1, n)
-    head = (f"callgrind of the broker while it served {n:,} {_what(workload, partitions)}"
+    head = (f"callgrind of the broker while it served {n:,} {_what(workload, partitions, raw)}"
             + (" as the leader of an RF=3 partition (followers running, not profiled)" if rf3 else "")
             + (f" ({depth} in flight, not 1)" if depth != 1 else "")
             + "; instrumentation on for those "
@@ -828,6 +829,9 @@ def main(argv=None) -> int:
     ap.add_argument("--partitions", type=int, default=1,
                     help="callgrind --workload produce: partitions per request (default 1: request_bench's "
                          "producer; more: raw Produce v7 frames of that many partitions x one record)")
+    ap.add_argument("--raw", action="store_true",
+                    help="callgrind --workload produce: raw frames (as --partitions N) for one partition too: "
+                         "one frame per read, so the count does not depend on how the producer's frames group")
     ap.add_argument("--batches", type=int, default=1024, help="capacity: Produce requests per run (~512 KiB each)")
     ap.add_argument("--rounds", type=int, default=3, help="capacity: interleaved broker/sink rounds")
     ap.add_argument("--variant", action="append", help="capacity: a broker to run side by side, "
@@ -855,7 +859,7 @@ def main(argv=None) -> int:
     elif a.tool == "capacity":
         text = capacity(out, a.batches, a.rounds, a.variant, a.persist, a.storage, not a.no_profile)
     else:
-        text = callgrind(out, a.requests or 3_000, a.workload, a.rf3, a.depth, a.partitions)
+        text = callgrind(out, a.requests or 3_000, a.workload, a.rf3, a.depth, a.partitions, a.raw)
     print(text)
     H.progress(f"{a.tool} done in {time.monotonic() - t0:.0f} s; output in {out}")
     return 0
