@@ -994,17 +994,20 @@ cdef bytes _encode_one(int version, int32_t correlation_id, const unsigned char 
     return _produce_end(w)
 
 
-# ---- the one-partition consumer Fetch without a Python frame (issue 10) -----------------------------
+# ---- the consumer Fetch without a Python frame (issue 10) -------------------------------------------
 # dispatch_frames serves a Fetch v4-11 frame here when it is the common consumer request: replica_id < 0,
-# no fetch session, no forgotten topics, one topic with one partition whose leader slot (FastLeader, the
-# one the Produce path uses: armed and disarmed by the ReplicaManager on leadership changes) is armed,
-# current_leader_epoch -1 or the slot's, log start <= fetch_offset < high watermark, the offset in the
-# active segment, and batch boundaries the segment's recent-batch list or read block answer, and an
-# answer whose records (whole batches, as Log.read cuts them) are below the sendfile threshold and
-# copied from the segment's read block (read as LogSegment.read_bytes reads one). The high watermark,
-# log start offset, active segment and offline flag are read from the Log per request (no copies to
-# keep exact). Everything else is left untouched for the Python path (fetch.handle_native -> _read ->
-# Log.read), which stays the reference: the answer here must be the same bytes (tests/test_native_differential.py, tests/test_fetch_fast.py).
+# no fetch session, no forgotten topics, any rack id (no replica selector: fetch.py ignores it), any
+# number of topics and partitions, each partition's leader slot (FastLeader, the one the Produce path
+# uses: armed and disarmed by the ReplicaManager on leadership changes) armed, current_leader_epoch -1
+# or the slot's, log start <= fetch_offset <= log end, a read (fetch_offset < high watermark) in the
+# active segment with batch boundaries the segment's recent-batch list or read block answer, and an
+# answer fetch.handle_native would give at once (bytes >= min_bytes, or max_wait_ms <= 0) whose records
+# (whole batches, as Log.read cuts them under fetch._read's shrinking budget) are below the sendfile
+# threshold in total and copied from the segments' read blocks (read as LogSegment.read_bytes reads
+# one). The high watermark, log start offset, active segment and offline flag are read from the Log per
+# request (no copies to keep exact). Everything else is left untouched for the Python path
+# (fetch.handle_native -> _read -> Log.read), which stays the reference: the answer here must be the
+# same bytes (tests/test_native_differential.py, tests/test_fetch_fast.py).
 
 cdef enum:
     _UNDECIDED = -2                         # a read position the native path leaves to Python
@@ -1173,8 +1176,9 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
     cdef int64_t fetch_offset, hw, log_start, start, end, n, budget, limit, total = 0, topic_total
     cdef int64_t sendfile_min
     cdef bint first = True
-    cdef object client_id = None, rack = "", name, tparts, lg, seg, cap, server, metrics
-    cdef list segments, block, out_bytes = None
+    cdef object client_id = None, rack = "", name, tparts, lg, seg, cap, server, metrics, name0 = None
+    cdef list segments, block, more = None   # BytesOut: the first topic with data (name0, total0), the others
+    cdef int64_t total0 = 0
     cdef FastLeader fl
     cdef SegmentState st
     cdef FetchRequest req
@@ -1346,16 +1350,22 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
                 topic_total += n
                 first = False
         if topic_total:
-            if out_bytes is None:
-                out_bytes = []
-            out_bytes.append((name, topic_total))
+            if name0 is None:
+                name0 = name
+                total0 = topic_total
+            elif more is None:
+                more = [(name, topic_total)]
+            else:
+                more.append((name, topic_total))
     if total < min_bytes and max_wait_ms > 0:
         return 0                        # a long poll
     # the answer: fetch._read's bookkeeping (BytesOut per topic, the bytes copied), the Slot
     metrics = server.metrics
-    if out_bytes is not None:
-        for name, n in out_bytes:
-            _bump(ff.bytes_out, name, n)
+    if name0 is not None:
+        _bump(ff.bytes_out, name0, total0)
+        if more is not None:
+            for name, n in more:
+                _bump(ff.bytes_out, name, n)
         metrics.fetch_copy_bytes += total
     store_be32(w.p, <uint32_t>(w.pos - 4))
     result = [PyBytes_FromStringAndSize(w.p, w.pos)]
