@@ -1162,6 +1162,16 @@ cdef inline bint _valid_utf8(const unsigned char *s, Py_ssize_t n):
     return True
 
 
+cdef inline SegmentState _active_state(FastLeader fl, lg):
+    # the log's active segment as the slot's (seg, st), re-read after a roll (or on first use)
+    cdef list segments = lg.segments
+    cdef object seg = segments[len(segments) - 1]
+    if seg is not fl.seg:
+        fl.st = seg._st
+        fl.seg = seg
+    return fl.st
+
+
 cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begin, Py_ssize_t size,
                      no_response, close) except -1:
     """The frame at ``begin`` (``size`` bytes) served natively -> 1 (its Slot queued with the answer),
@@ -1177,7 +1187,7 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
     cdef int64_t sendfile_min
     cdef bint first = True
     cdef object client_id = None, rack = "", name, tparts, lg, seg, cap, server, metrics, name0 = None
-    cdef list segments, block, more = None   # BytesOut: the first topic with data (name0, total0), the others
+    cdef list block, more = None            # BytesOut: the first topic with data (name0, total0), the others
     cdef int64_t total0 = 0
     cdef FastLeader fl
     cdef SegmentState st
@@ -1310,12 +1320,8 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
             log_start = lg.log_start_offset
             if fetch_offset < log_start:
                 return 0                # out of range
-            segments = lg.segments
-            seg = segments[len(segments) - 1]
-            if seg is not fl.seg:       # rolled (or first use): the active segment's state
-                fl.st = seg._st
-                fl.seg = seg
-            st = fl.st
+            st = _active_state(fl, lg)
+            seg = fl.seg
             limit = part_max if part_max < budget else budget
             n = 0
             if fetch_offset >= hw:      # Log.read: nothing to read yet (an empty row); past the log end
