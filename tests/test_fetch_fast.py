@@ -11,7 +11,14 @@ UNKNOWN_LEADER_EPOCH); the high watermark cap replaced by the log end (the RF=3 
 saw batches at and past the HW); the disarm on leadership loss together with the per-request epoch
 and leader guards dropped (the leadership test failed). Dropping the active-segment base check alone
 changes nothing visible: the recent-batch list's and the read block's floors already refuse offsets
-before the active segment (it stays as a guard).
+before the active segment (it stays as a guard). Several partitions per Fetch (each broken alone, the
+named tests failed, restored): the fast path limited to one topic with one partition again (every
+client of the six-partition topic served slow: 0 fast for confluent-kafka, kafka-python, aiokafka;
+the multi-partition differential 0 fast); a non-empty rack id refused (the rack-id fetches and
+confluent-kafka with client.rack went slow); every partition given a whole first batch (the max_bytes
+budget test and the differential saw records where Python leaves the row empty); the HW cap replaced
+by the log end (the RF=3 six-partition test saw batches past each HW). The budget left undecremented
+is caught by tests/test_native_differential.py's multi-partition test alone.
 """
 from __future__ import annotations
 
