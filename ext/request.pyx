@@ -881,14 +881,15 @@ cdef inline PyObject *_held(object o) noexcept:
     return <PyObject *>o
 
 
-cdef inline int _active_segment(FastLeader fl, object lg) except -1:
-    # ``fl.st``: the SegmentState of ``lg``'s active segment (re-read after a roll, or on first use)
+cdef inline SegmentState _active_state(FastLeader fl, object lg):
+    # ``lg``'s active segment as the slot's (``fl.seg``, ``fl.st``), re-read after a roll or on first
+    # use (both fast paths)
     cdef list segments = lg.segments
     cdef object seg = segments[len(segments) - 1]
     if seg is not fl.seg:
         fl.st = seg._st
         fl.seg = seg
-    return 0
+    return fl.st
 
 
 cdef int _produce_fast(FastProduce fp, conn, object view, const unsigned char *p, Py_ssize_t begin,
@@ -994,7 +995,7 @@ cdef int _produce_parts(FastProduce fp, conn, object view, const unsigned char *
             for k in range(ps.n):
                 if ps.leader[k] == <PyObject *>fl:  # the same partition twice: Python answers INVALID_RECORD
                     return 0
-            _active_segment(fl, lg)
+            _active_state(fl, lg)
             k = ps.n
             ps.leader[k] = _held(fl)
             ps.n = k + 1
@@ -1137,17 +1138,20 @@ cdef bytes _encode_rows(int version, int32_t correlation_id, const unsigned char
     return _produce_end(w)
 
 
-# ---- the one-partition consumer Fetch without a Python frame (issue 10) -----------------------------
+# ---- the consumer Fetch without a Python frame (issue 10) -------------------------------------------
 # dispatch_frames serves a Fetch v4-11 frame here when it is the common consumer request: replica_id < 0,
-# no fetch session, no forgotten topics, one topic with one partition whose leader slot (FastLeader, the
-# one the Produce path uses: armed and disarmed by the ReplicaManager on leadership changes) is armed,
-# current_leader_epoch -1 or the slot's, log start <= fetch_offset < high watermark, the offset in the
-# active segment, and batch boundaries the segment's recent-batch list or read block answer, and an
-# answer whose records (whole batches, as Log.read cuts them) are below the sendfile threshold and
-# copied from the segment's read block (read as LogSegment.read_bytes reads one). The high watermark,
-# log start offset, active segment and offline flag are read from the Log per request (no copies to
-# keep exact). Everything else is left untouched for the Python path (fetch.handle_native -> _read ->
-# Log.read), which stays the reference: the answer here must be the same bytes (tests/test_native_differential.py, tests/test_fetch_fast.py).
+# no fetch session, no forgotten topics, any rack id (no replica selector: fetch.py ignores it), any
+# number of topics and partitions, each partition's leader slot (FastLeader, the one the Produce path
+# uses: armed and disarmed by the ReplicaManager on leadership changes) armed, current_leader_epoch -1
+# or the slot's, log start <= fetch_offset <= log end, a read (fetch_offset < high watermark) in the
+# active segment with batch boundaries the segment's recent-batch list or read block answer, and an
+# answer fetch.handle_native would give at once (bytes >= min_bytes, or max_wait_ms <= 0) whose records
+# (whole batches, as Log.read cuts them under fetch._read's shrinking budget) are below the sendfile
+# threshold in total and copied from the segments' read blocks (read as LogSegment.read_bytes reads
+# one). The high watermark, log start offset, active segment and offline flag are read from the Log per
+# request (no copies to keep exact). Everything else is left untouched for the Python path
+# (fetch.handle_native -> _read -> Log.read), which stays the reference: the answer here must be the
+# same bytes (tests/test_native_differential.py, tests/test_fetch_fast.py).
 
 cdef enum:
     _UNDECIDED = -2                         # a read position the native path leaves to Python
@@ -1218,8 +1222,8 @@ cdef int64_t _batch_position(FastFetch ff, seg, SegmentState st, int64_t offset,
 
 
 cdef int64_t _end_position(FastFetch ff, seg, SegmentState st, int64_t start, int64_t max_bytes,
-                           int64_t max_offset) except -3:
-    """LogSegment.end_position(start, max_bytes, max_offset, min_one_batch=True) from the recent-batch
+                           int64_t max_offset, bint min_one_batch) except -3:
+    """LogSegment.end_position(start, max_bytes, max_offset, min_one_batch) from the recent-batch
     list or the read block; _UNDECIDED where that method would load a block or walk the file."""
     cdef int64_t end = st.size, pos, limit, byte_end, bpos, bend, size = 0, base, last
     cdef list block
@@ -1233,7 +1237,7 @@ cdef int64_t _end_position(FastFetch ff, seg, SegmentState st, int64_t start, in
     if end - start <= max_bytes:
         return end
     limit = start + max_bytes
-    byte_end = tail_end(st, start, limit, True)
+    byte_end = tail_end(st, start, limit, min_one_batch)
     if byte_end != -2:
         return end if end < byte_end else byte_end
     if not ff.read_blocks:
@@ -1250,8 +1254,8 @@ cdef int64_t _end_position(FastFetch ff, seg, SegmentState st, int64_t start, in
     if not size:
         return _UNDECIDED               # the index and the file
     byte_end = pos
-    if byte_end == start:
-        byte_end = start + size         # min_one_batch
+    if byte_end == start and min_one_batch:
+        byte_end = start + size
     return end if end < byte_end else byte_end
 
 
@@ -1293,20 +1297,32 @@ cdef list _block_holding(FastFetch ff, seg, SegmentState st, int64_t start, int6
     return block
 
 
+cdef inline bint _valid_utf8(const unsigned char *s, Py_ssize_t n):
+    # whether n bytes decode as a request string does (the common ASCII name: no decode)
+    cdef Py_ssize_t i
+    for i in range(n):
+        if s[i] >= 0x80:
+            return _utf8(s, n) is not _REFUSED
+    return True
+
+
 cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begin, Py_ssize_t size,
                      no_response, close) except -1:
     """The frame at ``begin`` (``size`` bytes) served natively -> 1 (its Slot queued with the answer),
-    or 0: not the common request (nothing was done but a read block's cursor moved as the Python path
-    moves it: the caller's path takes the request from scratch)."""
+    or 0: not the common request (nothing was done but read blocks read and their cursors moved as the
+    Python path reads and moves them: the caller's path takes the request from scratch)."""
     cdef const unsigned char *f = p + begin
-    cdef Py_ssize_t pos = 8, name_at
-    cdef int16_t name_len
+    cdef Py_ssize_t pos = 8, name_at, topics_at, part_len
+    cdef int16_t name_len, rack_len = 0
     cdef int32_t version, correlation_id, replica_id, max_wait_ms, min_bytes, max_bytes, index
-    cdef int32_t leader_epoch = -1, part_max, session_epoch = -1
+    cdef int32_t leader_epoch = -1, part_max, session_epoch = -1, n_topics, n_parts, t, j
     cdef int8_t isolation
-    cdef int64_t fetch_offset, hw, log_start, start, end, n, budget, limit
-    cdef object client_id = None, name, parts, lg, seg, cap, server, metrics
-    cdef list segments, block
+    cdef int64_t fetch_offset, hw, log_start, start, end, n, budget, limit, total = 0, topic_total
+    cdef int64_t sendfile_min
+    cdef bint first = True
+    cdef object client_id = None, rack = "", name, tparts, lg, seg, cap, server, metrics, name0 = None
+    cdef list block, more = None            # BytesOut: the first topic with data (name0, total0), the others
+    cdef int64_t total0 = 0
     cdef FastLeader fl
     cdef SegmentState st
     cdef FetchRequest req
@@ -1321,8 +1337,8 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
     if client_id is _REFUSED:
         return 0
     # replica_id, max_wait_ms, min_bytes, max_bytes, isolation_level, [session_id, session_epoch],
-    # the topic count and the topic name's length
-    if size - pos < 17 + (8 if version >= 7 else 0) + 4 + 2:
+    # the topic count
+    if size - pos < 17 + (8 if version >= 7 else 0) + 4:
         return 0
     replica_id = <int32_t>load_be32(<const char *>f + pos)
     max_wait_ms = <int32_t>load_be32(<const char *>f + pos + 4)
@@ -1337,62 +1353,45 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
             return 0
         session_epoch = <int32_t>load_be32(<const char *>f + pos + 4)
         pos += 8
-    if <int32_t>load_be32(<const char *>f + pos) != 1:            # one topic
-        return 0
-    name_len = <int16_t>load_be16(<const char *>f + pos + 4)
-    pos += 6
-    # its name, one partition: index, [current_leader_epoch], fetch_offset, [log_start_offset], max bytes
-    if name_len <= 0 or size - pos < name_len + 4 + 4 + (4 if version >= 9 else 0) + 8 + (8 if version >= 5 else 0) + 4:
-        return 0
-    name_at = pos
-    pos += name_len
-    if <int32_t>load_be32(<const char *>f + pos) != 1:            # one partition
-        return 0
-    index = <int32_t>load_be32(<const char *>f + pos + 4)
-    pos += 8
-    if version >= 9:
-        leader_epoch = <int32_t>load_be32(<const char *>f + pos)
-        pos += 4
-    fetch_offset = <int64_t>load_be64(<const char *>f + pos)
-    pos += 8
-    if version >= 5:
-        pos += 8                                                  # the follower's log start: unused
-    part_max = <int32_t>load_be32(<const char *>f + pos)
+    n_topics = <int32_t>load_be32(<const char *>f + pos)
     pos += 4
+    topics_at = pos
+    # The whole frame's layout first (nothing read before it is known to be the common request): each
+    # topic's name (UTF-8, not empty) and partitions (index, [current_leader_epoch], fetch_offset,
+    # [log_start_offset], max bytes), no forgotten topics, a rack id (UTF-8, any: no replica
+    # selector, so fetch.py ignores it, KIP-392's preferred read replica is always -1), nothing after.
+    part_len = 4 + (4 if version >= 9 else 0) + 8 + (8 if version >= 5 else 0) + 4
+    if n_topics < 0:
+        return 0
+    for t in range(n_topics):
+        if size - pos < 2:
+            return 0
+        name_len = <int16_t>load_be16(<const char *>f + pos)
+        if name_len <= 0 or size - pos - 2 < name_len + 4 or not _valid_utf8(f + pos + 2, name_len):
+            return 0
+        pos += 2 + name_len
+        n_parts = <int32_t>load_be32(<const char *>f + pos)
+        pos += 4
+        if n_parts < 0 or <int64_t>n_parts * part_len > size - pos:
+            return 0
+        pos += n_parts * part_len
     if version >= 7:
         if size - pos < 4 or <int32_t>load_be32(<const char *>f + pos) != 0:     # forgotten topics
             return 0
         pos += 4
-    if version >= 11:                                             # rack_id: an empty one
-        if size - pos < 2 or <int16_t>load_be16(<const char *>f + pos) != 0:
+    if version >= 11:
+        if size - pos < 2:
             return 0
-        pos += 2
+        rack_len = <int16_t>load_be16(<const char *>f + pos)
+        if rack_len < 0 or size - pos - 2 < rack_len:
+            return 0
+        if rack_len:
+            rack = _utf8(f + pos + 2, rack_len)
+            if rack is _REFUSED:
+                return 0
+        pos += 2 + rack_len
     if pos != size:
         return 0
-    name = _utf8(f + name_at, name_len)
-    fl = None if name is _REFUSED else _armed(ff.leaders, name, index)
-    if fl is None or (leader_epoch >= 0 and leader_epoch != fl.epoch):
-        return 0                    # epoch fencing (KIP-320): the Python path answers the error
-    if fl.partition.leader_epoch != fl.epoch:
-        ff.rearm(fl.tp)             # a leadership change a re-arm missed: the next request sees the new slot
-        return 0
-    if fl.partition.leader_id != ff.local_id:
-        return 0
-    lg = fl.log
-    if lg.offline or lg._write_job is not None:
-        return 0
-    hw = lg._high_watermark
-    log_start = lg.log_start_offset
-    if fetch_offset >= hw or fetch_offset < log_start:
-        return 0                    # nothing to read yet (long poll), or out of range
-    segments = lg.segments
-    seg = segments[len(segments) - 1]
-    if seg is not fl.seg:           # rolled (or first use): the active segment's state
-        fl.st = seg._st
-        fl.seg = seg
-    st = fl.st
-    if fetch_offset < st.base_offset or hw > st.next_offset:
-        return 0                    # an older segment
     # fetch._read's budget: the request's max_bytes capped by fetch.max.bytes and the data ceiling
     cap = ff.config_values.get("fetch.max.bytes")
     if cap is None:
@@ -1402,39 +1401,112 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
         budget = max_bytes
     if budget > _DATA_CEILING:
         budget = _DATA_CEILING
-    limit = part_max if part_max < budget else budget
-    if limit < 0:
-        return 0
-    # Log.read of the active segment: from the batch holding fetch_offset, whole batches below the HW
-    start = _batch_position(ff, seg, st, fetch_offset, 0)
-    if start < 0:
-        return 0
-    end = _end_position(ff, seg, st, start, limit, hw)
-    if end == _UNDECIDED:
-        return 0
-    n = end - start
     server = conn.server
-    if n <= 0 or n >= <int64_t>server.sendfile_min_bytes or (n < min_bytes and max_wait_ms > 0):
-        return 0                    # nothing, sent by sendfile, or a long poll
-    block = _block_holding(ff, seg, st, start, n)
-    if block is None:
-        return 0
-    # the answer: fetch._read's bookkeeping, then encode_fetch_response's bytes for one partition
-    metrics = server.metrics
-    _bump(ff.bytes_out, name, n)
-    metrics.fetch_copy_bytes += n
+    sendfile_min = server.sendfile_min_bytes
+    # fetch._read partition by partition in request order (Log.read of the active segment: from the
+    # batch holding fetch_offset, whole batches below the HW, the first batch of the answer whole as
+    # KIP-74, the budget shrinking by what each partition got), written as encode_fetch_response
+    # writes it; the records (all of them below the sendfile threshold: fetch._read copies each from
+    # the read block) copied from the read blocks
     w = _out
-    _fetch_head(w, version, correlation_id, 0, 1)
-    w.reserve(2 + name_len + 4)
-    w.i16(name_len)
-    memcpy(w.p + w.pos, f + name_at, name_len)
-    w.pos += name_len
-    w.i32(1)
-    _fetch_row(w, version, index, 0, hw, hw, log_start)
-    w.i32(<int32_t>n)
-    w.reserve(n)
-    memcpy(w.p + w.pos, PyBytes_AS_STRING(<bytes>block[1]) + (start - <int64_t>block[0]), n)
-    w.pos += n
+    _fetch_head(w, version, correlation_id, 0, n_topics)
+    pos = topics_at
+    for t in range(n_topics):
+        name_len = <int16_t>load_be16(<const char *>f + pos)
+        name_at = pos + 2
+        pos = name_at + name_len
+        n_parts = <int32_t>load_be32(<const char *>f + pos)
+        pos += 4
+        name = _utf8(f + name_at, name_len)
+        tparts = ff.leaders.get(name)
+        if tparts is None:
+            return 0
+        w.reserve(2 + name_len + 4)
+        w.i16(name_len)
+        memcpy(w.p + w.pos, f + name_at, name_len)
+        w.pos += name_len
+        w.i32(n_parts)
+        topic_total = 0
+        for j in range(n_parts):
+            index = <int32_t>load_be32(<const char *>f + pos)
+            pos += 4
+            if version >= 9:
+                leader_epoch = <int32_t>load_be32(<const char *>f + pos)
+                pos += 4
+            fetch_offset = <int64_t>load_be64(<const char *>f + pos)
+            pos += 8
+            if version >= 5:
+                pos += 8                                          # the follower's log start: unused
+            part_max = <int32_t>load_be32(<const char *>f + pos)
+            pos += 4
+            fl = (<dict>tparts).get(index)
+            if fl is None or (leader_epoch >= 0 and leader_epoch != fl.epoch):
+                return 0                # epoch fencing (KIP-320): the Python path answers the error
+            if fl.partition.leader_epoch != fl.epoch:
+                ff.rearm(fl.tp)         # a leadership change a re-arm missed: the next request sees the new slot
+                return 0
+            if fl.partition.leader_id != ff.local_id:
+                return 0
+            lg = fl.log
+            if lg.offline or lg._write_job is not None:
+                return 0
+            hw = lg._high_watermark
+            log_start = lg.log_start_offset
+            if fetch_offset < log_start:
+                return 0                # out of range
+            st = _active_state(fl, lg)
+            seg = fl.seg
+            limit = part_max if part_max < budget else budget
+            n = 0
+            if fetch_offset >= hw:      # Log.read: nothing to read yet (an empty row); past the log end
+                if fetch_offset > st.next_offset:       # out of range
+                    return 0
+            else:
+                if fetch_offset < st.base_offset or hw > st.next_offset or (first and limit < 0):
+                    return 0            # an older segment
+                start = _batch_position(ff, seg, st, fetch_offset, 0)
+                if start < 0:
+                    return 0
+                end = _end_position(ff, seg, st, start, limit, hw, first)
+                if end == _UNDECIDED:
+                    return 0
+                n = end - start
+                if n > 0:
+                    total += n
+                    if total >= sendfile_min:
+                        return 0        # sent by sendfile
+                    block = _block_holding(ff, seg, st, start, n)
+                    if block is None:
+                        return 0
+                else:
+                    n = 0
+            _fetch_row(w, version, index, 0, hw, hw, log_start)
+            w.i32(<int32_t>n)
+            if n:
+                w.reserve(n)
+                memcpy(w.p + w.pos, PyBytes_AS_STRING(<bytes>block[1]) + (start - <int64_t>block[0]), n)
+                w.pos += n
+                budget -= n
+                topic_total += n
+                first = False
+        if topic_total:
+            if name0 is None:
+                name0 = name
+                total0 = topic_total
+            elif more is None:
+                more = [(name, topic_total)]
+            else:
+                more.append((name, topic_total))
+    if total < min_bytes and max_wait_ms > 0:
+        return 0                        # a long poll
+    # the answer: fetch._read's bookkeeping (BytesOut per topic, the bytes copied), the Slot
+    metrics = server.metrics
+    if name0 is not None:
+        _bump(ff.bytes_out, name0, total0)
+        if more is not None:
+            for name, n in more:
+                _bump(ff.bytes_out, name, n)
+        metrics.fetch_copy_bytes += total
     store_be32(w.p, <uint32_t>(w.pos - 4))
     result = [PyBytes_FromStringAndSize(w.p, w.pos)]
     ff.fast += 1
@@ -1449,7 +1521,7 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
     req.max_bytes = max_bytes
     req.isolation_level = isolation
     req.session_epoch = session_epoch
-    req.rack_id = ""
+    req.rack_id = rack
     slot = _new_slot(req, FETCH, version, False, conn._pending, metrics.requests, conn.last_active,
                      conn._read_at, started)
     _end_native(slot, result, no_response, close)

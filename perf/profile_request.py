@@ -7,6 +7,8 @@ of one kbroker broker serving request_bench's producer (linger.ms=0, batch.num.m
         [--persist write-shm --persist splice-shm --persist write-disk ...] [--storage shm|disk] [--no-profile]
     ... [--workload fetch]: small Fetch v11 requests with 1 in flight (request_bench's fetch, one ~170 B
     batch per answer) over records written first, instead of Produce requests
+    callgrind --workload fetch --partitions N [--data-partitions K]: each Fetch names N partitions of one
+    topic, K of them (default N) with one batch to read per answer, the others at their high watermark
 
 * ``pyspy``: ``py-spy record --native --format raw`` of the broker (all threads; samples inside blocking
   waits are counted as idle and left out) while the producer runs; prints and writes
@@ -111,8 +113,8 @@ def _cluster(root: Path, wrapper: list[str] | None, brokers: int = 1) -> LocalCl
 
 
 def _topic(c: LocalCluster, partitions: int = 1) -> str:
-    """``partitions`` partitions; with several brokers replicated on all of them, broker 0 their
-    (preferred) leader."""
+    """``partitions`` partitions (default one); with several brokers replicated on all of them, broker 0
+    their (preferred) leader."""
     from .targets import admin_create, wait_topic
     topic = f"profile-{uuid.uuid4().hex[:8]}"
     if len(c.brokers) > 1:
@@ -224,8 +226,98 @@ def _fetch(c: LocalCluster, topic: str, count: int, warmup: int, max_s: float, d
     return fetch_run(f"127.0.0.1:{b.port}", topic, b.pid, 500, count, warmup, depth, max_s)
 
 
-def _what(workload: str, partitions: int = 1, raw: bool = False) -> str:
+def _fill_partitions(c: LocalCluster, topic: str, parts: int, count: int) -> None:
+    """``count`` one-record batches (100 B values) in each of partitions 0..parts-1 (confluent-kafka,
+    one record per Produce request), for ``_fetch_partitions`` to read."""
+    from confluent_kafka import Producer
+    prod = Producer({"bootstrap.servers": c.bootstrap, "linger.ms": 0, "batch.num.messages": 1, "acks": 1,
+                     "client.id": "kbroker-perf-setup"})
+    errors = []
+    deadline = time.monotonic() + 900
+    for i in range(count):
+        for k in range(parts):
+            prod.produce(topic, value=b"x" * 100, partition=k,
+                         on_delivery=lambda err, _m: errors.append(err) if err else None)
+        prod.poll(0)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"fill for the fetch profile over 900 s after {i} rounds")
+    if prod.flush(300) or errors:
+        raise RuntimeError(f"fill for the fetch profile: {len(errors)} errors, e.g. {errors[:1]}")
+
+
+def _fetch_partitions(c: LocalCluster, topic: str, parts: int, data_parts: int, count: int, warmup: int,
+                      max_s: float) -> int:
+    """``warmup`` then ``count`` Fetch v11 requests (1 in flight) each naming partitions 0..parts-1: the
+    first ``data_parts`` (filled by ``_fill_partitions``) at the next offset, one batch each (partition
+    limit 1.5 batches: the first partition's batch whole as KIP-74, each later one's within its limit),
+    the others at their high watermark (empty rows, as most partitions of a consumer's fetch).
+    Every 50th answer is checked. -> the counted requests."""
+    from kbroker._native.batch import iter_batches
+    from kbroker.protocol.api import decode_response, encode_request
+    from .request_bench import FETCH_VERSION
+
+    b = c.brokers[0]
+    sock = H.connect("127.0.0.1", b.port, timeout=max_s)
+    head = bytearray(4)
+
+    def frame(corr: int, offset: int, limit: int) -> bytes:
+        return encode_request(1, FETCH_VERSION, corr, "kbroker-perf-request", {
+            "replica_id": -1, "max_wait_ms": 500, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0,
+            "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "",
+            "topics": [{"topic": topic, "partitions": [{
+                "partition": k, "current_leader_epoch": -1, "fetch_offset": offset if k < data_parts else 0,
+                "log_start_offset": -1, "partition_max_bytes": limit} for k in range(parts)]}]})
+
+    def answer(corr: int) -> list:
+        resp = H.recv_frame(sock, head)
+        if int.from_bytes(resp[:4], "big") != corr:
+            raise RuntimeError(f"fetch answer {corr} carries correlation id {int.from_bytes(resp[:4], 'big')}")
+        return resp
+
+    def check(resp, offset: int) -> None:
+        _, body = decode_response(1, FETCH_VERSION, memoryview(resp))
+        rows = body["responses"][0]["partitions"]
+        got = [(r["error_code"], [(x.base_offset, x.record_count) for x in iter_batches(r["records"] or b"")])
+               for r in rows]
+        want = [(0, [(offset, 1)] if k < data_parts else []) for k in range(parts)]
+        if got != want:
+            raise RuntimeError(f"fetch at {offset}: (error, [(base offset, records)]) per partition {got}, "
+                               f"wanted {want}")
+
+    try:
+        sock.sendall(frame(0, 0, 1))
+        _, body = decode_response(1, FETCH_VERSION, memoryview(answer(0)))
+        size = len(body["responses"][0]["partitions"][0]["records"] or b"")
+        if not size:
+            raise RuntimeError("fetch profile: partition 0 holds no batch")
+        limit = size + size // 2
+        deadline = time.monotonic() + max_s
+        for i in range(warmup + count):
+            if i == warmup:
+                _instrument("on", b.pid)
+            sock.sendall(frame(i + 1, i, limit))
+            resp = answer(i + 1)
+            if i % 50 == 0 or i == warmup + count - 1:
+                check(resp, i)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"fetch loop over its {max_s} s bound after {i} answers")
+        _instrument("off", b.pid)
+    finally:
+        sock.close()
+    return count
+
+
+def _instrument(state: str, pid: int) -> None:
+    subprocess.run([shutil.which("callgrind_control"), "-i", state, str(pid)], check=True, capture_output=True,
+                   timeout=120)
+
+
+def _what(workload: str, partitions: int = 1, raw: bool = False, data_parts: int = 1) -> str:
     if workload == "fetch":
+        if partitions > 1:
+            return (f"small Fetch v11 requests naming {partitions} partitions, 1 in flight ({data_parts} of them "
+                    f"with one ~170 B batch each per answer"
+                    + (", the others at their high watermark)" if data_parts < partitions else ")"))
         return "small Fetch v11 requests, 1 in flight (one ~170 B batch per answer)"
     if partitions > 1 or raw:
         return (f"Produce v7 requests of {partitions} partitions x one 100 B record (acks=1, 1 in flight, "
@@ -285,13 +377,15 @@ def pyspy(out: Path, requests: int, seconds: float, workload: str = "produce") -
 
 
 def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = False, depth: int = 1,
-              partitions: int = 1, raw: bool = False) -> str:
+              partitions: int = 1, raw: bool = False, data_parts: int = 0) -> str:
     vg, ctl, ann = shutil.which("valgrind"), shutil.which("callgrind_control"), shutil.which("callgrind_annotate")
     if not (vg and ctl and ann):
         raise SystemExit("valgrind (with callgrind_control, callgrind_annotate) is not installed")
     root = Path(tempfile.mkdtemp(prefix="kbroker-profile-", dir="/dev/shm"))
+    data_parts = data_parts or partitions
     name = (f"callgrind-{workload}" + ("-rf3" if rf3 else "") + (f"-depth{depth}" if depth != 1 else "")
-            + (f"-{partitions}p" if partitions != 1 or raw else ""))
+            + (f"-{partitions}p" if workload == "produce" and (partitions != 1 or raw) else "")
+            + (f"-p{partitions}d{data_parts}" if workload == "fetch" and partitions > 1 else ""))
     for old in out.glob(f"{name}.out*"):
         old.unlink()
     cg_out = out / f"{name}.out"
@@ -301,12 +395,15 @@ def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = F
         try:
             c.start()
             pid = c.brokers[0].pid
-            topic = _topic(c, partitions if workload == "produce" else 1)
+            topic = _topic(c, partitions)
             if workload == "produce" and (partitions > 1 or raw):
                 _raw_produce(c.bootstrap, topic, partitions, 500, 600)      # warm-up, not instrumented
-                subprocess.run([ctl, "-i", "on", str(pid)], check=True, capture_output=True, timeout=120)
+                _instrument("on", pid)
                 n = _raw_produce(c.bootstrap, topic, partitions, requests, 900)
-                subprocess.run([ctl, "-i", "off", str(pid)], check=True, capture_output=True, timeout=120)
+                _instrument("off", pid)
+            elif workload == "fetch" and partitions > 1:
+                _fill_partitions(c, topic, data_parts, requests + 210)
+                n = _fetch_partitions(c, topic, partitions, data_parts, requests, 200, 1800)
             elif workload == "produce":
                 proc, lines = _producer(c.bootstrap, topic, requests, 500, 600)
                 try:
@@ -339,7 +436,7 @@ def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = F
     incl_t = subprocess.run([ann, "--inclusive=yes", "--threshold=99", str(outs[0])], capture_output=True,
                             text=True, timeout=300).stdout
     n = max(1, n)
-    head = (f"callgrind of the broker while it served {n:,} {_what(workload, partitions, raw)}"
+    head = (f"callgrind of the broker while it served {n:,} {_what(workload, partitions, raw, data_parts)}"
             + (" as the leader of an RF=3 partition (followers running, not profiled)" if rf3 else "")
             + (f" ({depth} in flight, not 1)" if depth != 1 else "")
             + "; instrumentation on for those "
@@ -827,11 +924,15 @@ def main(argv=None) -> int:
     ap.add_argument("--depth", type=int, default=1,
                     help="callgrind --workload fetch: fetches in flight (default 1; request_bench also reports 8)")
     ap.add_argument("--partitions", type=int, default=1,
-                    help="callgrind --workload produce: partitions per request (default 1: request_bench's "
-                         "producer; more: raw Produce v7 frames of that many partitions x one record)")
+                    help="callgrind: partitions per request (default 1: request_bench's producer / fetch); "
+                         "--workload produce: raw Produce v7 frames of that many partitions x one record; "
+                         "--workload fetch: a Fetch naming that many partitions")
     ap.add_argument("--raw", action="store_true",
                     help="callgrind --workload produce: raw frames (as --partitions N) for one partition too: "
                          "one frame per read, so the count does not depend on how the producer's frames group")
+    ap.add_argument("--data-partitions", type=int, default=0,
+                    help="callgrind --workload fetch --partitions N: how many of them have a batch to read in "
+                         "every answer (default all N; the others sit at their high watermark)")
     ap.add_argument("--batches", type=int, default=1024, help="capacity: Produce requests per run (~512 KiB each)")
     ap.add_argument("--rounds", type=int, default=3, help="capacity: interleaved broker/sink rounds")
     ap.add_argument("--variant", action="append", help="capacity: a broker to run side by side, "
@@ -859,7 +960,8 @@ def main(argv=None) -> int:
     elif a.tool == "capacity":
         text = capacity(out, a.batches, a.rounds, a.variant, a.persist, a.storage, not a.no_profile)
     else:
-        text = callgrind(out, a.requests or 3_000, a.workload, a.rf3, a.depth, a.partitions, a.raw)
+        text = callgrind(out, a.requests or 3_000, a.workload, a.rf3, a.depth, a.partitions, a.raw,
+                         a.data_partitions)
     print(text)
     H.progress(f"{a.tool} done in {time.monotonic() - t0:.0f} s; output in {out}")
     return 0

@@ -11,7 +11,14 @@ UNKNOWN_LEADER_EPOCH); the high watermark cap replaced by the log end (the RF=3 
 saw batches at and past the HW); the disarm on leadership loss together with the per-request epoch
 and leader guards dropped (the leadership test failed). Dropping the active-segment base check alone
 changes nothing visible: the recent-batch list's and the read block's floors already refuse offsets
-before the active segment (it stays as a guard).
+before the active segment (it stays as a guard). Several partitions per Fetch (each broken alone, the
+named tests failed, restored): the fast path limited to one topic with one partition again (every
+client of the six-partition topic served slow: 0 fast for confluent-kafka, kafka-python, aiokafka;
+the multi-partition differential 0 fast); a non-empty rack id refused (the rack-id fetches and
+confluent-kafka with client.rack went slow); every partition given a whole first batch (the max_bytes
+budget test and the differential saw records where Python leaves the row empty); the HW cap replaced
+by the log end (the RF=3 six-partition test saw batches past each HW). The budget left undecremented
+is caught by tests/test_native_differential.py's multi-partition test alone.
 """
 from __future__ import annotations
 
@@ -27,10 +34,10 @@ import urllib.request
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
-from checkers import FETCH, RawConn, all_batches, create_topic, segment_files
+from checkers import FETCH, RawConn, all_batches, create_topic, segment_files, wait_for_topic
 from kbroker.testing import wait_until
 from test_produce_fast import (alter_topic, leader_conn, new_topic, one, produce_confluent, produce_raw,  # noqa: F401
                                rf3_topic, single, three)
@@ -161,8 +168,9 @@ def test_consumers_read_everything_natively(single):
 
 
 def test_offsets_at_and_past_the_high_watermark(single):
-    """HW-1 native; at the HW (nothing to read: an empty answer) and past it (OFFSET_OUT_OF_RANGE) by
-    Python; a limit below the batch size still gets one whole batch (KIP-74), natively."""
+    """HW-1 native; at the HW with max_wait_ms 0 (nothing to read: an empty answer at once) native,
+    with max_wait_ms > 0 a long poll (Python), past it (OFFSET_OUT_OF_RANGE) Python; a limit below the
+    batch size still gets one whole batch (KIP-74), natively."""
     c, port = single
     topic = new_topic(c)
     with RawConn(c.bootstrap, timeout=30) as conn:
@@ -175,8 +183,12 @@ def test_offsets_at_and_past_the_high_watermark(single):
         with Fetches(port) as d:
             at = fetch_raw(conn, topic, 6)
             past = fetch_raw(conn, topic, 7)
-        assert (d.fast, d.slow) == (0, 2)
+        assert (d.fast, d.slow) == (1, 1)
         assert at["error_code"] == 0 and at["records"] == b"" and at["high_watermark"] == 6
+        with Fetches(port) as d:
+            polled = fetch_raw(conn, topic, 6, max_wait_ms=20)
+        assert (d.fast, d.slow) == (0, 1)
+        assert polled["error_code"] == 0 and polled["records"] == b"" and polled["high_watermark"] == 6
         assert past["error_code"] == OFFSET_OUT_OF_RANGE
         with Fetches(port) as d:
             every = fetch_raw(conn, topic, 0)
@@ -320,6 +332,174 @@ def test_switch_off(tmp_path):
         assert "native Fetch fast path off" in c.brokers[0].log_path.read_text()
 
 
+# ---- several partitions per Fetch ------------------------------------------------------------------
+PARTS = 6
+
+
+def spread_topic(c, parts=PARTS, per=60):
+    """A ``parts``-partition topic, each partition holding b"v" then ``per`` one-record batches
+    b"p<partition>-<i>" (confluent-kafka, one record per Produce). -> (name, {partition: values})."""
+    name = f"fastm-{uuid.uuid4().hex[:8]}"
+    create_topic(c.bootstrap, name, parts)
+    with RawConn(c.bootstrap, timeout=30) as conn:
+        for p in range(parts):
+            wait_until(lambda p=p: produce_raw(conn, name, one(), index=p)["error_code"] == 0, 30, "the first append")
+    prod = Producer({"bootstrap.servers": c.bootstrap, "linger.ms": 0, "batch.num.messages": 1, "acks": 1})
+    for i in range(per):
+        for p in range(parts):
+            prod.produce(name, value=b"p%d-%d" % (p, i), partition=p)
+        prod.poll(0)
+    assert prod.flush(60) == 0
+    return name, {p: [b"v"] + [b"p%d-%d" % (p, i) for i in range(per)] for p in range(parts)}
+
+
+def fetch_parts(conn, topic, offsets, version=11, partition_max=1 << 20, max_bytes=1 << 20, rack=""):
+    """One consumer Fetch naming every partition of ``offsets`` ({partition: offset}) in that order
+    -> the answer's partition dicts (records as bytes)."""
+    body = {"replica_id": -1, "max_wait_ms": 0, "min_bytes": 1, "max_bytes": max_bytes, "isolation_level": 0,
+            "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": rack,
+            "topics": [{"topic": topic, "partitions": [
+                {"partition": p, "current_leader_epoch": -1, "fetch_offset": o, "log_start_offset": -1,
+                 "partition_max_bytes": partition_max} for p, o in offsets.items()]}]}
+    parts = conn.request(FETCH, version, body, timeout=30)["responses"][0]["partitions"]
+    for part in parts:
+        part["records"] = bytes(part["records"] or b"")
+    return parts
+
+
+def part_bytes(c, topic, p, below=None, bid=0) -> bytes:
+    """Partition ``p``'s stored batches (those whose last offset is below ``below``, when given)."""
+    return b"".join(path.read_bytes()[b.position:b.position + b.length + 12]
+                    for path, b in all_batches(c.brokers[bid].data_dir, topic, p)
+                    if below is None or b.last_offset < below)
+
+
+def test_several_partitions_in_one_fetch(single):
+    """One Fetch of six partitions (and of the same six in another order, with a rack id, v4-11):
+    native, every partition's whole log in request order; at the HW an empty row; a budget (max_bytes)
+    smaller than the data: the first partition with data gets one whole batch (KIP-74), the later ones
+    nothing, still natively; a partition of a closed segment or out of range: Python for the whole
+    request."""
+    c, port = single
+    topic, _want = spread_topic(c, per=10)
+    order = [3, 0, 5, 1, 4, 2]
+    with RawConn(c.bootstrap, timeout=30) as conn:
+        with Fetches(port) as d:
+            whole = fetch_parts(conn, topic, {p: 0 for p in range(PARTS)})
+            shuffled = [fetch_parts(conn, topic, {p: 0 for p in order}, version=v, rack="rack-1") for v in range(4, 12)]
+            at_hw = fetch_parts(conn, topic, {p: 11 for p in range(PARTS)})
+            budget = fetch_parts(conn, topic, {p: 0 for p in order}, max_bytes=1)
+        assert (d.fast, d.slow) == (11, 0), (d.fast, d.slow)
+        assert [r["partition_index"] for r in whole] == list(range(PARTS))
+        assert [r["records"] for r in whole] == [part_bytes(c, topic, p) for p in range(PARTS)]
+        for rows in shuffled:
+            assert [(r["partition_index"], r["records"]) for r in rows] == [(p, part_bytes(c, topic, p)) for p in order]
+        assert [(r["error_code"], r["high_watermark"], r["records"]) for r in at_hw] == [(0, 11, b"")] * PARTS
+        first = part_bytes(c, topic, order[0], below=1)
+        assert [r["records"] for r in budget] == [first] + [b""] * (PARTS - 1)
+        with Fetches(port) as d:
+            out_of_range = fetch_parts(conn, topic, {0: 0, 1: 99})
+        assert (d.fast, d.slow) == (0, 1)
+        assert out_of_range[0]["records"] == part_bytes(c, topic, 0)
+        assert out_of_range[1]["error_code"] == OFFSET_OUT_OF_RANGE
+
+
+def _consume_all(c, port, topic, want):
+    """confluent-kafka, kafka-python, aiokafka and kcat each read every partition of ``topic`` from the
+    start (all partitions assigned: one Fetch names them all), in order per partition.
+    -> {client: (fast, slow)} fetches served while it read."""
+    counts = {}
+    total = sum(len(v) for v in want.values())
+
+    def by_partition(pairs):
+        got = {p: [] for p in want}
+        for p, v in pairs:
+            got[p].append(v)
+        return got
+
+    cons = Consumer({"bootstrap.servers": c.bootstrap, "group.id": "ffm-" + uuid.uuid4().hex[:6],
+                     "enable.auto.commit": False, "max.partition.fetch.bytes": 256, "client.rack": "rack-a"})
+    pairs = []
+    with Fetches(port) as d:
+        try:
+            cons.assign([TopicPartition(topic, p, 0) for p in want])
+            deadline = time.monotonic() + 60
+            while len(pairs) < total and time.monotonic() < deadline:
+                for m in cons.consume(500, timeout=0.5):
+                    assert not m.error(), m.error()
+                    pairs.append((m.partition(), m.value()))
+        finally:
+            cons.close()
+    assert by_partition(pairs) == want
+    counts["confluent-kafka"] = (d.fast, d.slow)
+
+    from kafka import KafkaConsumer
+    from kafka import TopicPartition as KTP
+    kc = KafkaConsumer(bootstrap_servers=c.bootstrap, enable_auto_commit=False, max_partition_fetch_bytes=256,
+                       consumer_timeout_ms=5000)
+    pairs = []
+    with Fetches(port) as d:
+        try:
+            kc.assign([KTP(topic, p) for p in want])
+            for p in want:
+                kc.seek(KTP(topic, p), 0)
+            for m in kc:
+                pairs.append((m.partition, m.value))
+                if len(pairs) == total:
+                    break
+        finally:
+            kc.close()
+    assert by_partition(pairs) == want
+    counts["kafka-python"] = (d.fast, d.slow)
+
+    async def aio():
+        from aiokafka import AIOKafkaConsumer
+        from aiokafka.structs import TopicPartition as ATP
+        ac = AIOKafkaConsumer(bootstrap_servers=c.bootstrap, enable_auto_commit=False,
+                              max_partition_fetch_bytes=256)
+        await ac.start()
+        try:
+            ac.assign([ATP(topic, p) for p in want])
+            for p in want:
+                ac.seek(ATP(topic, p), 0)
+            out = []
+            deadline = time.monotonic() + 60
+            while len(out) < total and time.monotonic() < deadline:
+                batch = await asyncio.wait_for(ac.getmany(timeout_ms=500), 30)
+                for msgs in batch.values():
+                    out.extend((m.partition, m.value) for m in msgs)
+            return out
+        finally:
+            await ac.stop()
+    with Fetches(port) as d:
+        pairs = asyncio.run(aio())
+    assert by_partition(pairs) == want
+    counts["aiokafka"] = (d.fast, d.slow)
+
+    with Fetches(port) as d:
+        kcat = subprocess.run(["kcat", "-C", "-b", c.bootstrap, "-t", topic, "-o", "beginning", "-e",
+                               "-f", "%p %s\\n", "-X", "fetch.message.max.bytes=256"],
+                              capture_output=True, timeout=60, check=True)
+    pairs = [(int(p), v) for p, v in (line.split(b" ", 1) for line in kcat.stdout.split(b"\n") if line)]
+    assert by_partition(pairs) == want
+    counts["kcat"] = (d.fast, d.slow)
+    return counts
+
+
+def test_consumers_of_six_partitions_read_natively(single):
+    """Each real client assigned all six partitions reads everything in order per partition, its
+    multi-partition fetches served natively: more fast than slow for every client (before several
+    partitions per Fetch were served, all of them were slow), confluent-kafka's with a rack id
+    (client.rack). The counts are printed: every client's fetches come with session_id 0 (kafka-python
+    asks for a session, epoch 0, and is told none: session_id 0 in every answer, so it stays sessionless)."""
+    c, port = single
+    topic, want = spread_topic(c)
+    counts = _consume_all(c, port, topic, want)
+    print("fast/slow fetches per client:", counts)
+    for client, (fast, slow) in counts.items():
+        assert fast > slow and fast >= 5, (client, counts)
+
+
 # ---- RF=3 -------------------------------------------------------------------------------------------
 # The followers' own fetches count on the slow path too (replica_id >= 0): only fast counts are exact.
 @pytest.mark.slow
@@ -343,7 +523,7 @@ def test_rf3_consumer_never_sees_past_the_hw(three):
             if hw == 1:         # the ISR has not shrunk yet (replica.lag.time.max.ms: 3 s)
                 assert part["records"] == log_bytes(c, topic)[:batches[1][1].position]
                 assert at["records"] == b""
-                assert d.fast == 1, (d.fast, d.slow)
+                assert d.fast == 2, (d.fast, d.slow)        # both: at the HW with max_wait_ms 0 too
         finally:
             for bid in (1, 2):
                 os.kill(c.brokers[bid].pid, 18)   # SIGCONT
@@ -391,3 +571,34 @@ def test_rf3_leadership_move(three):
         assert fenced["error_code"] == FENCED_LEADER_EPOCH
         assert ok["error_code"] == 0 and ok["records"]
         assert d.fast == 1, (d.fast, d.slow)
+
+
+@pytest.mark.slow
+def test_rf3_several_partitions_never_past_the_hw(three):
+    """Six partitions led by broker 0, followers stopped: appends (acks=1) stay above each partition's
+    HW until the ISR shrinks; one Fetch of all six (natively) ends below every partition's HW."""
+    c, ports = three
+    name = f"fast3m-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": c.bootstrap})
+    admin.create_topics([NewTopic(name, PARTS, replica_assignment=[[0, 1, 2]] * PARTS)])[name].result(30)
+    wait_for_topic(c.bootstrap, name, PARTS)
+    with leader_conn(c, 0) as conn:
+        for p in range(PARTS):
+            wait_until(lambda p=p: produce_raw(conn, name, one(), index=p)["error_code"] == 0, 30, "the first append")
+        wait_until(lambda: all(r["high_watermark"] == 1 for r in fetch_parts(conn, name, dict.fromkeys(range(PARTS), 0))),
+                   30, "every HW at the first record")
+        for bid in (1, 2):
+            os.kill(c.brokers[bid].pid, 19)       # SIGSTOP
+        try:
+            for p in range(PARTS):
+                for i in range(p + 1):
+                    assert produce_raw(conn, name, one(b"h%d" % i), index=p)["error_code"] == 0
+            with Fetches(ports[0]) as d:
+                rows = fetch_parts(conn, name, dict.fromkeys(range(PARTS), 0))
+        finally:
+            for bid in (1, 2):
+                os.kill(c.brokers[bid].pid, 18)   # SIGCONT
+    assert [r["high_watermark"] for r in rows] == [1] * PARTS, "the ISR shrank before the read: rerun"
+    assert d.fast == 1, (d.fast, d.slow)
+    for p, r in enumerate(rows):
+        assert r["records"] == part_bytes(c, name, p, below=1) != part_bytes(c, name, p), p
