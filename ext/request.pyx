@@ -31,7 +31,7 @@ cdef extern from "Python.h":
     void *PyUnicode_DATA(object)
 
 from kbroker._native.hton cimport load_be16, load_be32, load_be64, store_be16, store_be32, store_be64
-from kbroker._native.segment cimport (NOT_PLAIN, LeaderAppender, SegmentState, read_full, run_begin, run_end,
+from kbroker._native.segment cimport (LeaderAppender, SegmentState, read_full, run_begin, run_end,
                                       seek_in, tail_end, tail_position)
 from layout cimport HEADER_SIZE
 
@@ -829,14 +829,6 @@ cdef inline object _utf8(const unsigned char *p, Py_ssize_t n):
         return _decode_str(p, n)
     except UnicodeDecodeError:
         return _REFUSED
-
-
-cdef inline FastLeader _armed(dict leaders, object topic, int32_t index):
-    # the armed slot of partition ``index`` of ``topic``, or None
-    cdef object parts = leaders.get(topic)
-    if parts is None:
-        return None
-    return (<dict>parts).get(index)
 
 
 cdef enum:

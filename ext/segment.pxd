@@ -80,9 +80,6 @@ cdef class LeaderAppender:
     cdef int write_pending(self) except -1
     cdef int push(self, SegmentState st, object buf, char *data, int64_t n, int64_t position,
                   int64_t base) except -1
-    cdef int64_t append_into(self, SegmentState st, object buf, int32_t leader_epoch, object cfg,
-                             bint prevalidated, int64_t now_ms, const char *plain, Py_ssize_t n,
-                             int32_t *records) except? -9
     cdef int commit(self, SegmentState st, object buf, Appended *out, int64_t position, int64_t base,
                     bint defer) except -1
     # several partitions' plain appends (ext/request.pyx): all checked (no effect), then all appended
@@ -92,7 +89,7 @@ cdef class LeaderAppender:
                                 int64_t now_ms, int32_t *records) except? -9
 
 
-# LeaderAppender.append_into(plain=...): not a plain append, nothing done (the Python path takes it)
+# LeaderAppender.check_plain: not a plain append, nothing done (the Python path takes it)
 cdef enum:
     NOT_PLAIN = -4
 

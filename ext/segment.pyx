@@ -1125,27 +1125,11 @@ cdef class LeaderAppender:
         APPEND_IDEMPOTENT for an idempotent batch, stamped, not written (its header in ``info``).
         Deferred bytes are written before the last three. BatchError / OSError as
         SegmentState.append_leader."""
-        return self.append_into(st, buf, leader_epoch, cfg, prevalidated, now_ms, NULL, 0, NULL)
-
-    cdef int64_t append_into(self, SegmentState st, object buf, int32_t leader_epoch, object cfg,
-                             bint prevalidated, int64_t now_ms, const char *plain, Py_ssize_t n,
-                             int32_t *records) except? -9:
-        # ``append``'s work. ``plain`` (the native Produce path, ext/request.pyx: ``buf``'s bytes,
-        # ``n`` of them): a batch that would not end as a plain append (too short to read,
-        # idempotent, flush due, roll due) is refused with NOT_PLAIN before anything is
-        # stamped, written or counted, so that the Python path can take it from scratch.
-        # ``records``: the appended batch's record count.
         cdef Appended out
         cdef int64_t position, base, room, ts_limit, off_limit
         cdef bint defer = _run_open and PyThread_get_thread_ident() == _run_thread
         if cfg is not self.config:
             self.load(cfg)
-        # the header fields the refusals read (a malformed batch is refused by the check in
-        # _append_leader_into, before any effect, whatever these bytes say)
-        if plain != NULL and (n < OFF_RECORDS_COUNT + 4 or <int64_t>load_be64(plain + OFF_PRODUCER_ID) >= 0
-                              or self.unflushed + <int32_t>load_be32(plain + OFF_RECORDS_COUNT)
-                              >= self.flush_messages):
-            return NOT_PLAIN
         if self.pend_n and self.pend_st is not st:
             self.write_pending()
         position = st.size
@@ -1160,10 +1144,8 @@ cdef class LeaderAppender:
             return CODE_IDEMPOTENT
         if out.size < 0:
             self.write_pending()
-            return NOT_PLAIN if plain != NULL else CODE_ROLL
+            return CODE_ROLL
         self.commit(st, buf, &out, position, base, defer)
-        if records != NULL:
-            records[0] = out.record_count
         if self.unflushed >= self.flush_messages:
             self.write_pending()
             self.last = out.last_offset
@@ -1181,10 +1163,10 @@ cdef class LeaderAppender:
 
     cdef int check_plain(self, SegmentState st, object buf, object cfg, int64_t now_ms, char *p,
                          Py_ssize_t n) except -1:
-        # The refusals of append_into(..., plain) with no effect at all (nothing stamped, written,
-        # counted; no pending bytes written): -> 0 when ``append_checked`` with the same ``now_ms``
-        # will append the ``n`` bytes at ``p`` (``buf``'s) as a plain append, else NOT_PLAIN;
-        # BatchError as append_into. Several partitions of one request (ext/request.pyx) are all
+        # What ``append`` would not end as a plain append (too short to read, idempotent, flush or
+        # roll due), refused with no effect at all (nothing stamped, written, counted; no pending
+        # bytes written): -> 0 when ``append_checked`` with the same ``now_ms`` will append the ``n``
+        # bytes at ``p`` (``buf``'s) as a plain append, else NOT_PLAIN; BatchError as ``append``. Several partitions of one request (ext/request.pyx) are all
         # checked before the first is appended. The answer holds while nothing else appends to
         # this log.
         cdef Appended out
@@ -1205,7 +1187,7 @@ cdef class LeaderAppender:
                                 int64_t now_ms, int32_t *records) except? -9:
         # The append ``check_plain`` (0, same ``now_ms``, nothing else appended to this log since)
         # cleared: stamped, written (inside a run: deferred) and committed -> its last offset.
-        # Pending bytes of another segment are written first (OSError as append_into).
+        # Pending bytes of another segment are written first (OSError as ``append``).
         cdef Appended out
         cdef int64_t position, base
         cdef bint defer = _run_open and PyThread_get_thread_ident() == _run_thread
