@@ -552,6 +552,12 @@ def summarize(doc: dict) -> dict:
                                 ("fetch_depth1", "us_per_fetch"), ("fetch_depth8", "us_per_fetch"),
                                 ("latency", "p99_ms")):
                 add(f"{meas}.{field}: {t} ÷ {base} (native ÷ Python request path)", t, base, meas, meas, field)
+    for t in kb:
+        # the base tree as an RF=3 cluster too (--rf3 kbroker,kbroker-base): leader CPU per request, A/B
+        if t.endswith("-rf3") and t != "kbroker-base-rf3" and "kbroker-base-rf3" in targets:
+            for meas in ("produce", "produce_acks_all"):
+                add(f"{meas}.us_per_request: {t} ÷ kbroker-base-rf3 (leader CPU)", t, "kbroker-base-rf3", meas, meas,
+                    "us_per_request")
     if "kbroker-uvloop" in targets and "kbroker-asyncio" in targets:
         for meas, field in (("produce", "us_per_request"), ("produce", "requests_per_s"),
                             ("fetch_depth1", "us_per_fetch"), ("fetch_depth8", "us_per_fetch"),
