@@ -901,7 +901,8 @@ def main(argv=None) -> int:
         write_markdown(out / f"{a.stem}.md", doc)
         H.progress(f"re-rendered {out / (a.stem + '.md')}")
         return 0
-    targets = [t for t in (a.targets or ",".join(QUICK_TARGETS if a.quick else DEFAULT_TARGETS)).split(",") if t]
+    default = ",".join(QUICK_TARGETS if a.quick else DEFAULT_TARGETS)
+    targets = [t for t in (a.targets if a.targets is not None else default).split(",") if t]    # '': RF=3 only
     rf3 = [t for t in (a.rf3 if a.rf3 is not None else "kbroker").split(",") if t]
     latency = [t for t in (a.latency if a.latency is not None else ",".join(
         t for t in targets if t in KBROKER_VARIANTS or t in ("tansu", "mock"))).split(",") if t]
