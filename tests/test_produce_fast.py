@@ -521,6 +521,43 @@ def test_log_dir_failure_mid_request(tmp_path, tmpfs):
         assert end_offsets(c.bootstrap, topic, 3) == {0: 4, 1: 3, 2: 3}
 
 
+@pytest.mark.slow
+def test_log_dir_failure_mid_request_acks_all_rf3(tmp_path, tmpfs):
+    """The mid-request write failure with acks=-1 on RF=3 partitions (the leader's log dir on a full
+    tmpfs, room for one batch of three): the first partition, appended natively, waits for its
+    followers (produce.fast_write_failed's DelayedProduce) and is answered with its offset once they
+    have it; the second answers KAFKA_STORAGE_ERROR and the third fails in append_records, as on the
+    Python path."""
+    c = LocalCluster(tmp_path / "c", brokers=3, overrides={"replica.lag.time.max.ms": 3000})
+    port = free_port()
+    c.brokers[0].extra = {"kbroker.metrics.port": port, "log.dirs": os.path.join(tmpfs, "data")}
+    with c:
+        topic = multi_topic(c, 3, replicas=[[0, 1, 2], [0, 2, 1], [0, 1, 2]])
+        for p in range(3):
+            wait_until(lambda p=p: isr_of(c, topic, 0, p) == [0, 1, 2], 30, f"a full ISR of {p}")
+        with leader_conn(c, 0) as conn:
+            spare = os.path.join(tmpfs, "spare")
+            with open(spare, "wb") as f:
+                f.write(b"\0" * 100_000)
+            _fill(tmpfs)
+            fd = os.open(os.path.join(tmpfs, "ballast"), os.O_WRONLY | os.O_APPEND)
+            try:
+                while os.write(fd, b"\0" * 4096):                      # to the last page
+                    pass
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+            os.unlink(spare)                                        # room for one 60 KB batch
+            with Delta(port) as d:
+                rows = produce_multi(conn, topic, {p: one(b"f" * 60_000) for p in (0, 1, 2)}, acks=-1)
+            assert rows == [(0, 0, 1), (1, KAFKA_STORAGE_ERROR, -1), (2, KAFKA_STORAGE_ERROR, -1)], rows
+            assert (d.fast, d.slow) == (0, 1), (d.fast, d.slow)
+            for bid in (1, 2):                                      # answered once both followers had it
+                assert _part_leo(c, bid, topic, 0) >= 2, bid
+            os.unlink(os.path.join(tmpfs, "ballast"))
+
+
 # ---- RF=3 -------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def three(tmp_path_factory):
