@@ -720,7 +720,8 @@ cdef bint _end_native(Slot slot, result, no_response, close):
 # acks 0/1/-1 (-1 when each partition's ISR is this leader alone and min.insync.replicas <= 1, or has
 # followers and would be waited for by append_records: then parked, ParkedProduce), up to
 # FAST_PARTS partitions of any topics, each with an armed leader slot (FastLeader), none twice, and
-# every batch ending as a plain leader append (LeaderAppender.check_plain: not idempotent, no roll or
+# every batch ending as a plain leader append (LeaderAppender.check_plain: not idempotent unless
+# the producer's next batch in sequence (LeaderAppender.in_sequence), no roll or
 # flush due, the batch checks pass; not compressed when validation runs off the loop, below
 # kbroker.log.writer.offload.bytes). All partitions are checked before the first is appended, so
 # everything else, any refusal included, is left untouched for the Python path (produce.handle_native
@@ -1014,7 +1015,7 @@ cdef int _produce_parts(FastProduce fp, conn, object view, const unsigned char *
         ps.n_bufs = k + 1
         try:
             if fl.ap.check_plain(fl.st, records, fl.config, now, <char *>f + ps.at[k], ps.size[k]):
-                return 0            # not a plain append (idempotent, flush or roll due)
+                return 0            # not a plain append (idempotent out of sequence, flush or roll due)
         except BatchError:
             return 0                # refused: the Python path answers it
     started = _monotonic()

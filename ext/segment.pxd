@@ -85,6 +85,7 @@ cdef class LeaderAppender:
     # several partitions' plain appends (ext/request.pyx): all checked (no effect), then all appended
     cdef int check_plain(self, SegmentState st, object buf, object cfg, int64_t now_ms, char *p,
                          Py_ssize_t n) except -1
+    cdef bint in_sequence(self, const char *p) except -1
     cdef int64_t append_checked(self, SegmentState st, object buf, char *p, Py_ssize_t n, int32_t leader_epoch,
                                 int64_t now_ms, int32_t *records) except? -9
 

@@ -1018,6 +1018,10 @@ def close_run():
     return run_end()
 
 
+cdef enum:
+    SEQ_MAX = 0x7FFFFFFF        # producer sequences wrap from here to 0 (producer_state.in_sequence)
+
+
 @cython.final
 cdef class LeaderAppender:
     """One log's leader-append settings, read once per LogConfig object (a config change
@@ -1163,8 +1167,8 @@ cdef class LeaderAppender:
 
     cdef int check_plain(self, SegmentState st, object buf, object cfg, int64_t now_ms, char *p,
                          Py_ssize_t n) except -1:
-        # What ``append`` would not end as a plain append (too short to read, idempotent, flush or
-        # roll due), refused with no effect at all (nothing stamped, written, counted; no pending
+        # What ``append`` would not end as a plain append (too short to read, idempotent but not
+        # ``in_sequence``, flush or roll due), refused with no effect at all (nothing stamped, written, counted; no pending
         # bytes written): -> 0 when ``append_checked`` with the same ``now_ms`` will append the ``n``
         # bytes at ``p`` (``buf``'s) as a plain append, else NOT_PLAIN; BatchError as ``append``. Several partitions of one request (ext/request.pyx) are all
         # checked before the first is appended. The answer holds while nothing else appends to
@@ -1173,8 +1177,10 @@ cdef class LeaderAppender:
         cdef int64_t room, ts_limit, off_limit
         if cfg is not self.config:
             self.load(cfg)
-        if (n < OFF_RECORDS_COUNT + 4 or <int64_t>load_be64(p + OFF_PRODUCER_ID) >= 0
+        if (n < OFF_RECORDS_COUNT + 4
                 or self.unflushed + <int32_t>load_be32(p + OFF_RECORDS_COUNT) >= self.flush_messages):
+            return NOT_PLAIN
+        if <int64_t>load_be64(p + OFF_PRODUCER_ID) >= 0 and not self.in_sequence(p):
             return NOT_PLAIN
         check_for_append(p, n, buf, self.max_message_bytes, self.compact, False)
         st.roll_limits(self.segment_bytes, self.segment_ms, now_ms, &room, &ts_limit, &off_limit)
@@ -1183,20 +1189,54 @@ cdef class LeaderAppender:
             return NOT_PLAIN
         return 0
 
+    cdef bint in_sequence(self, const char *p) except -1:
+        # An idempotent batch that producer state would append as it is (``check`` -> None) and that
+        # needs nothing else: not transactional nor control, its producer known with this epoch and
+        # at least one retained batch, not a duplicate of one, its first sequence the one after the
+        # last (wrapping). Anything else (new producer, epoch bump, retry, out of order, older epoch)
+        # is the Python path's (Log._append_leader_other).
+        cdef int32_t first, prev
+        cdef int64_t last
+        if <int16_t>load_be16(p + OFF_ATTRIBUTES) & (ATTR_TRANSACTIONAL | ATTR_CONTROL):
+            return False
+        entry = self.log.producer_state.producers.get(<int64_t>load_be64(p + OFF_PRODUCER_ID))
+        if entry is None or entry.epoch != <int16_t>load_be16(p + OFF_PRODUCER_EPOCH):
+            return False
+        batches = entry.batches
+        if not batches:
+            return False
+        first = <int32_t>load_be32(p + OFF_BASE_SEQUENCE)
+        if first < 0:
+            return False
+        last = (<int64_t>first + <int32_t>load_be32(p + OFF_LAST_OFFSET_DELTA)) % (<int64_t>SEQ_MAX + 1)
+        for b in batches:
+            if b.first_seq == first and b.last_seq == last:
+                return False    # a retry: answered from producer state
+        prev = batches[len(batches) - 1].last_seq      # (no wraparound in this module)
+        return first == prev + 1 if prev != SEQ_MAX else first == 0
+
     cdef int64_t append_checked(self, SegmentState st, object buf, char *p, Py_ssize_t n, int32_t leader_epoch,
                                 int64_t now_ms, int32_t *records) except? -9:
         # The append ``check_plain`` (0, same ``now_ms``, nothing else appended to this log since)
         # cleared: stamped, written (inside a run: deferred) and committed -> its last offset.
         # Pending bytes of another segment are written first (OSError as ``append``).
+        # An idempotent batch is never deferred: this log's pending bytes, then it, are written at
+        # once, and only then is it recorded in producer state (as Log._append_leader_other), so a
+        # failed write (a cut-back run included) never leaves a retry answered as a duplicate.
         cdef Appended out
         cdef int64_t position, base
-        cdef bint defer = _run_open and PyThread_get_thread_ident() == _run_thread
-        if self.pend_n and self.pend_st is not st:
+        cdef int64_t pid = <int64_t>load_be64(p + OFF_PRODUCER_ID)
+        cdef bint defer = pid < 0 and _run_open and PyThread_get_thread_ident() == _run_thread
+        if self.pend_n and (pid >= 0 or self.pend_st is not st):
             self.write_pending()
         position = st.size
         base = st.next_offset
         _limits(p, base, now_ms if self.log_append_time else -1, &out)
         _stamp_write(st.fd, p, n, base, leader_epoch, now_ms if self.log_append_time else -1, defer, &out)
         self.commit(st, buf, &out, position, base, defer)
+        if pid >= 0:
+            self.log.producer_state.update(pid, <int16_t>load_be16(p + OFF_PRODUCER_EPOCH),
+                                           <int32_t>load_be32(p + OFF_BASE_SEQUENCE),
+                                           <int32_t>load_be32(p + OFF_LAST_OFFSET_DELTA), base, out.max_timestamp)
         records[0] = out.record_count
         return out.last_offset

@@ -604,6 +604,99 @@ def test_fast_path_several_partitions_byte_for_byte(fast_pair):
     _same_logs((fast, slow), MULTI_POOL)
 
 
+# ---- idempotent producers on the Produce fast path ---------------------------------------------------
+IDEM_POOL = (("d0", 0), ("d0", 1), ("d1", 0))
+TXN_PID = 9000          # transactional batches' producer (kept apart from the model below)
+
+
+def _idem_batch(rng, pid, epoch, seq, txn=False):
+    b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=txn, producer_id=pid,
+                                  producer_epoch=epoch, base_sequence=seq, batch_size=1 << 20)
+    for i in range(rng.randint(1, 4)):
+        b.append(i, timestamp=TS + i, key=None, value=bytes(rng.randrange(256) for _ in range(rng.randint(0, 40))),
+                 headers=[])
+    return bytes(b.build())
+
+
+def _idem_requests(seed, n):
+    """Produce requests (1-3 partitions, acks 1/-1/0, versions 3-8) from a few idempotent producers
+    that mostly send their next batch in sequence (the fast path's case), with, per partition: a
+    retry of one of its last 1..5 batches, a sequence gap, an epoch bump (sequence 0), a new
+    producer id, an older epoch, a transactional batch. A model of what the broker accepted keeps
+    the in-sequence batches in sequence. [(frame, answered)]"""
+    rng = random.Random(seed)
+    epochs = {1000: 0, 1001: 0, 1002: 0}
+    nxt, sent = {}, {}
+    out = []
+    for i in range(n):
+        topics = []
+        for tp in rng.sample(IDEM_POOL, rng.choice((1, 1, 1, 2, 3))):
+            pid = rng.choice(list(epochs))
+            key = (pid, tp)
+            history = sent.setdefault(key, [])
+            seq = nxt.get(key, 0)
+            r = rng.random()
+            if r < 0.1 and history:
+                batch = history[-rng.randint(1, min(5, len(history)))]           # a retry
+            elif r < 0.13:
+                batch = _idem_batch(rng, pid, epochs[pid], seq + rng.randint(1, 3))   # out of order
+            elif r < 0.15 and epochs[pid] > 0:
+                batch = _idem_batch(rng, pid, epochs[pid] - 1, seq)               # an older epoch
+            elif r < 0.17:
+                batch = _idem_batch(rng, TXN_PID, 0, rng.randrange(3), txn=True)
+            else:
+                if r < 0.19:                                                     # an epoch bump
+                    epochs[pid] += 1
+                    for k in [k for k in nxt if k[0] == pid]:
+                        nxt[k] = 0
+                        sent[k] = []
+                    seq = 0
+                elif r < 0.2:                                                    # a new producer id
+                    pid = max(epochs) + 1
+                    epochs[pid] = 0
+                    key, seq = (pid, tp), rng.choice((0, 7))
+                    history = sent.setdefault(key, [])
+                batch = _idem_batch(rng, pid, epochs[pid], seq)
+                nxt[key] = seq + struct.unpack_from(">i", batch, 57)[0]
+                history.append(batch)
+            topic, index = tp
+            if topics and topics[-1]["name"] == topic:
+                topics[-1]["partition_data"].append({"index": index, "records": batch})
+            else:
+                topics.append({"name": topic, "partition_data": [{"index": index, "records": batch}]})
+        body = {"transactional_id": None, "acks": rng.choice((1, 1, -1, -1, 0)), "timeout_ms": 5000,
+                "topic_data": topics}
+        frame = api.encode_request(PRODUCE, rng.choice(VERSIONS), i + 1, rng.choice(("idem", None)), body)
+        out.append((frame, _answered(frame)))
+    return out
+
+
+def test_fast_path_idempotent_byte_for_byte(tmp_path_factory):
+    """Idempotent producers to a broker with the fast path and one without: every answer identical
+    (duplicates answered with their first offsets, OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH
+    alike), the same log files and, after a clean stop, the same producer-state snapshots (what the
+    fast path recorded for its batches); most requests were served by the fast path."""
+    with _switch_pair(tmp_path_factory, "KBROKER_FAST_PRODUCE") as ((fast, slow), port):
+        reqs = _idem_requests(31, 700)
+        first, kinds = _run_both((fast, slow), reqs)
+        assert kinds["answer"] > 400 and kinds["none"] > 50, kinds
+        counts = _fast_counts(port)
+        assert counts.get("fast", 0) > 300 and counts.get("slow", 0) > 100, counts
+        errors, dups = set(), 0
+        for (frame, _answered), o in zip(reqs, first):
+            if o[0] == "answer":
+                _cid, body = api.decode_response(PRODUCE, struct.unpack_from(">h", frame, 6)[0], o[1])
+                errors.update(p["error_code"] for t in body["responses"] for p in t["partition_responses"])
+        assert {0, 45, 47} <= errors, errors
+        _same_logs((fast, slow), IDEM_POOL)
+        for c in (fast, slow):
+            c.stop()
+        for topic, index in IDEM_POOL:
+            snaps = [{p.name: p.read_bytes() for p in (c.brokers[0].data_dir / f"{topic}-{index}").glob("*.snapshot")}
+                     for c in (fast, slow)]
+            assert snaps[0] == snaps[1] and snaps[0], (topic, index)
+
+
 # ---- the native Fetch fast path (ext/request.pyx FastFetch) against the native path without it ------
 def _fill_requests(seed, n):
     """Produce frames (acks=1, fixed timestamps) of 1-5 records each for d0/0, d0/1 and d1/0: both
