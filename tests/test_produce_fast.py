@@ -34,6 +34,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from checkers import (FETCH, PRODUCE, RawConn, all_batches, create_topic, end_offsets, metered_cluster, segment_files,
                       wait_for_topic)
+from kbroker._native.crc import crc32c
 from kbroker.testing import LocalCluster, free_port, wait_until
 from test_hostile_attacks import _batch, _record
 from test_produce_diskfull import _fill, tmpfs  # noqa: F401 (tmpfs: the fixture)
@@ -171,13 +172,24 @@ def test_every_version_and_acks_native(single, acks):
     assert d.fast == 6 and d.slow == 0, (d.fast, d.slow)
 
 
-def test_idempotent_producer_takes_python_path(single):
+def test_idempotent_producer_native_in_steady_state(single):
+    """confluent-kafka with enable.idempotence (acks=all): the producer's first batch (a new producer
+    id) is Python's, its next ones in sequence are native; every record reads back once, in order."""
     c, port = single
     topic = new_topic(c)
     with Delta(port) as d:
-        assert produce_confluent(c.bootstrap, topic, 50, **{"enable.idempotence": True, "acks": "all"}) == []
-    assert d.slow >= 50 and d.fast == 0, (d.fast, d.slow)
-    assert len(consume_values(c.bootstrap, topic, 51)) == 51
+        assert produce_confluent(c.bootstrap, topic, 300, **{"enable.idempotence": True, "acks": "all"}) == []
+    assert d.fast >= 290 and d.fast + d.slow == 300, (d.fast, d.slow)
+    got = consume_values(c.bootstrap, topic, 301)
+    assert [(o, v) for o, v, _ts in got[1:]] == [(i + 1, b"value-%d" % i) for i in range(300)]
+
+
+def idem(batch, pid, epoch, seq):
+    """``batch`` from producer ``pid`` (``epoch``) at sequence ``seq``, its CRC recomputed."""
+    b = bytearray(batch)
+    struct.pack_into(">qhi", b, 43, pid, epoch, seq)
+    struct.pack_into(">I", b, 17, crc32c(bytes(b[21:])))
+    return bytes(b)
 
 
 def test_compressed_batch_validated_off_the_loop_takes_python_path(single):
@@ -319,9 +331,11 @@ def multi_topic(c, n, replicas=None):
     return name
 
 
-def keyed_confluent(bootstrap, topic, n, acks=1):
+def keyed_confluent(bootstrap, topic, n, acks=1, idempotent=False):
     acked = []
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": acks})
+    # idempotent: small batches (else 3000 records leave in one batch per partition: no steady state)
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all" if idempotent else acks,
+                  "enable.idempotence": idempotent, "batch.num.messages": 20 if idempotent else 10000})
     for i in range(n):
         p.produce(topic, key=b"key-%d" % (i % 97), value=b"value-%d" % i,
                   on_delivery=lambda err, m: acked.append(err or (m.partition(), m.offset(), m.value())))
@@ -330,10 +344,11 @@ def keyed_confluent(bootstrap, topic, n, acks=1):
     return acked
 
 
-def keyed_kafka_python(bootstrap, topic, n, acks=1):
+def keyed_kafka_python(bootstrap, topic, n, acks=1, idempotent=False):
     from kafka import KafkaProducer
-    # kafka-python 3 makes acks="all" idempotent unless told not to (idempotent batches are Python's)
-    p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks=acks, enable_idempotence=False)
+    # kafka-python 3 makes acks="all" idempotent unless told not to
+    p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks="all" if idempotent else acks,
+                      enable_idempotence=idempotent, batch_size=512 if idempotent else 16384)
     try:
         futures = [(p.send(topic, key=b"key-%d" % (i % 97), value=b"value-%d" % i), b"value-%d" % i)
                    for i in range(n)]
@@ -343,13 +358,14 @@ def keyed_kafka_python(bootstrap, topic, n, acks=1):
         p.close(10)
 
 
-def keyed_aiokafka(bootstrap, topic, n, acks=1):
+def keyed_aiokafka(bootstrap, topic, n, acks=1, idempotent=False):
     import asyncio
 
     from aiokafka import AIOKafkaProducer
 
     async def run():
-        p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks=acks)
+        p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks="all" if idempotent else acks,
+                             enable_idempotence=idempotent, max_batch_size=512 if idempotent else 16384)
         await p.start()
         try:
             futures = [(await p.send(topic, key=b"key-%d" % (i % 97), value=b"value-%d" % i), b"value-%d" % i)
@@ -414,6 +430,21 @@ def test_keyed_producer_several_partitions_native(single, client):
         assert batches >= 2 * d.fast, (batches, d.fast)   # two partitions or more per request, on average
 
 
+@pytest.mark.parametrize("client", ["confluent", "kafka-python", "aiokafka"])
+def test_idempotent_keyed_producer_several_partitions_native(single, client):
+    """The keyed producers with idempotence on (acks=all): once each partition has the producer's first
+    batch (Python's: a new producer id there), its requests are native; every record reads back exactly
+    once, in order per partition."""
+    c, port = single
+    topic = multi_topic(c, 6)
+    produce = {"confluent": keyed_confluent, "kafka-python": keyed_kafka_python, "aiokafka": keyed_aiokafka}[client]
+    with Delta(port) as d:
+        acked = produce(c.bootstrap, topic, 3000, idempotent=True)
+    check_multi(c, topic, 6, acked)
+    # confluent: one request per partition, the first of each Python's; the others carry several
+    assert d.fast > 3 * d.slow and d.slow <= 8, (d.fast, d.slow)
+
+
 def test_write_behind_run_over_several_partitions(single):
     """Produce frames of 6 partitions each, sent in one write (one receive chunk: a write-behind run)
     and followed by a Fetch in the same write: every frame served natively, answered with consecutive
@@ -473,6 +504,34 @@ def test_log_dir_failure(tmp_path, tmpfs):
                     assert produce_raw(conn, topic, one())["error_code"] == 0
             assert (d.fast, d.slow) == (2, 1), (d.fast, d.slow)
         assert end_offsets(c.bootstrap, topic, 1) == {0: 4}      # the warm-up record and these 3
+
+
+@pytest.mark.slow
+def test_log_dir_failure_idempotent(tmp_path, tmpfs):
+    """An idempotent producer's native append whose write fails (a full log dir): KAFKA_STORAGE_ERROR
+    and nothing recorded in producer state, so its retry, once there is room, is appended (not answered
+    as a duplicate of the lost batch); the log holds exactly the acknowledged batches, in sequence."""
+    port = free_port()
+    with LocalCluster(tmp_path / "c", overrides={"kbroker.metrics.port": port,
+                                                 "log.dirs": os.path.join(tmpfs, "data")}) as c:
+        topic = new_topic(c)
+        with RawConn(c.bootstrap, timeout=30) as conn:
+            batches = [idem(one(b"i%d" % k + b"f" * (60_000 if k == 2 else 0)), 4242, 0, k) for k in range(4)]
+            with Delta(port) as d:
+                rows = [produce_raw(conn, topic, batches[k], acks=-1) for k in (0, 1)]
+            assert [(r["error_code"], r["base_offset"]) for r in rows] == [(0, 1), (0, 2)], rows
+            assert (d.fast, d.slow) == (1, 1), (d.fast, d.slow)        # the new producer id is Python's
+            _fill(tmpfs)
+            with Delta(port) as d:
+                r = produce_raw(conn, topic, batches[2], acks=-1)
+            assert r["error_code"] == KAFKA_STORAGE_ERROR and d.fast == 0, (r, d.fast, d.slow)
+            os.unlink(os.path.join(tmpfs, "ballast"))
+            rows = [produce_raw(conn, topic, batches[k], acks=-1) for k in (2, 2, 3)]
+            # the retry appended at 3, its second retry answered from producer state, then the next in sequence
+            assert [(r["error_code"], r["base_offset"]) for r in rows] == [(0, 3), (0, 3), (0, 4)], rows
+        assert end_offsets(c.bootstrap, topic, 1) == {0: 5}
+        values = [v for _o, v, _ts in consume_values(c.bootstrap, topic, 5)]
+        assert [v[:2] for v in values[1:]] == [b"i0", b"i1", b"i2", b"i3"], values
 
 
 def produce_multi(conn, topic, batches, acks=1):
