@@ -128,10 +128,12 @@ def _topic(c: LocalCluster, partitions: int = 1) -> str:
     return topic
 
 
-def _raw_produce(bootstrap: str, topic: str, partitions: int, count: int, max_s: float) -> int:
+def _raw_produce(bootstrap: str, topic: str, partitions: int, count: int, max_s: float, seq: int = -1) -> int:
     """``count`` Produce v7 requests (acks=1) each carrying ``partitions`` partitions x one 100 B record,
     one in flight over a raw socket (librdkafka sends one partition per request) -> requests answered
-    without error. The same frame every time (the broker stamps its own receive buffer)."""
+    without error. The same frame every time (the broker stamps its own receive buffer), unless ``seq``
+    >= 0: then idempotent batches (producer id 1, epoch 0) at sequences ``seq``, ``seq`` + 1, ... (each
+    frame patched: its sequence and CRC)."""
     import socket
     import struct
 
@@ -143,12 +145,22 @@ def _raw_produce(bootstrap: str, topic: str, partitions: int, count: int, max_s:
     body = {"transactional_id": None, "acks": 1, "timeout_ms": 30000, "topic_data": [
         {"name": topic, "partition_data": [{"index": p, "records": batch} for p in range(partitions)]}]}
     frame = api.encode_request(0, 7, 1, "kbroker-perf-request", body)
+    if seq >= 0:
+        from kbroker._native.crc import crc32c
+        frame = bytearray(frame)
+        at = [i for i in range(len(frame) - len(batch) + 1) if frame[i:i + len(batch)] == batch]
+        for i in at:
+            struct.pack_into(">qh", frame, i + 43, 1, 0)
     host, port = bootstrap.rsplit(":", 1)
     deadline = time.monotonic() + max_s
     ok = 0
     with socket.create_connection((host, int(port)), timeout=60) as s:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for _ in range(count):
+        for k in range(count):
+            if seq >= 0:
+                for i in at:
+                    struct.pack_into(">i", frame, i + 53, seq + k)
+                    struct.pack_into(">I", frame, i + 17, crc32c(bytes(frame[i + 21:i + len(batch)])))
             s.sendall(frame)
             head = s.recv(4, socket.MSG_WAITALL)
             data = s.recv(struct.unpack(">i", head)[0], socket.MSG_WAITALL)
@@ -377,7 +389,7 @@ def pyspy(out: Path, requests: int, seconds: float, workload: str = "produce") -
 
 
 def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = False, depth: int = 1,
-              partitions: int = 1, raw: bool = False, data_parts: int = 0) -> str:
+              partitions: int = 1, raw: bool = False, data_parts: int = 0, idempotent: bool = False) -> str:
     vg, ctl, ann = shutil.which("valgrind"), shutil.which("callgrind_control"), shutil.which("callgrind_annotate")
     if not (vg and ctl and ann):
         raise SystemExit("valgrind (with callgrind_control, callgrind_annotate) is not installed")
@@ -385,6 +397,7 @@ def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = F
     data_parts = data_parts or partitions
     name = (f"callgrind-{workload}" + ("-rf3" if rf3 else "") + (f"-depth{depth}" if depth != 1 else "")
             + (f"-{partitions}p" if workload == "produce" and (partitions != 1 or raw) else "")
+            + ("-idempotent" if workload == "produce" and idempotent else "")
             + (f"-p{partitions}d{data_parts}" if workload == "fetch" and partitions > 1 else ""))
     for old in out.glob(f"{name}.out*"):
         old.unlink()
@@ -396,10 +409,11 @@ def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = F
             c.start()
             pid = c.brokers[0].pid
             topic = _topic(c, partitions)
-            if workload == "produce" and (partitions > 1 or raw):
-                _raw_produce(c.bootstrap, topic, partitions, 500, 600)      # warm-up, not instrumented
+            if workload == "produce" and (partitions > 1 or raw or idempotent):
+                # warm-up, not instrumented (idempotent: the new producer id's first batch among them)
+                _raw_produce(c.bootstrap, topic, partitions, 500, 600, 0 if idempotent else -1)
                 _instrument("on", pid)
-                n = _raw_produce(c.bootstrap, topic, partitions, requests, 900)
+                n = _raw_produce(c.bootstrap, topic, partitions, requests, 900, 500 if idempotent else -1)
                 _instrument("off", pid)
             elif workload == "fetch" and partitions > 1:
                 _fill_partitions(c, topic, data_parts, requests + 210)
@@ -436,7 +450,8 @@ def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = F
     incl_t = subprocess.run([ann, "--inclusive=yes", "--threshold=99", str(outs[0])], capture_output=True,
                             text=True, timeout=300).stdout
     n = max(1, n)
-    head = (f"callgrind of the broker while it served {n:,} {_what(workload, partitions, raw, data_parts)}"
+    head = (f"callgrind of the broker while it served {n:,} {_what(workload, partitions, raw or idempotent, data_parts)}"
+            + (" (idempotent: producer id 1, each batch the next sequence)" if idempotent else "")
             + (" as the leader of an RF=3 partition (followers running, not profiled)" if rf3 else "")
             + (f" ({depth} in flight, not 1)" if depth != 1 else "")
             + "; instrumentation on for those "
@@ -930,6 +945,9 @@ def main(argv=None) -> int:
     ap.add_argument("--raw", action="store_true",
                     help="callgrind --workload produce: raw frames (as --partitions N) for one partition too: "
                          "one frame per read, so the count does not depend on how the producer's frames group")
+    ap.add_argument("--idempotent", action="store_true",
+                    help="callgrind --workload produce: raw frames (as --raw) of idempotent batches, each the "
+                         "producer's next sequence (the native path's steady idempotent case)")
     ap.add_argument("--data-partitions", type=int, default=0,
                     help="callgrind --workload fetch --partitions N: how many of them have a batch to read in "
                          "every answer (default all N; the others sit at their high watermark)")
@@ -961,7 +979,7 @@ def main(argv=None) -> int:
         text = capacity(out, a.batches, a.rounds, a.variant, a.persist, a.storage, not a.no_profile)
     else:
         text = callgrind(out, a.requests or 3_000, a.workload, a.rf3, a.depth, a.partitions, a.raw,
-                         a.data_partitions)
+                         a.data_partitions, a.idempotent)
     print(text)
     H.progress(f"{a.tool} done in {time.monotonic() - t0:.0f} s; output in {out}")
     return 0
