@@ -34,6 +34,7 @@ class FetchRequest:
     session_id: int
     session_epoch: int
     topics: list[tuple[str, list[tuple[int, int, int, int, int]]]]
+    recorded: bool          # a follower's fetch whose positions the native path recorded (long poll only)
     rack_id: str
 
 def parse_fetch(frame: Any) -> FetchRequest: ...
@@ -114,8 +115,12 @@ class FastFetch:
     (fetch.handle_native)."""
     fast: int
     slow: int
+    follower_fast: int      # followers' fetches answered natively
+    follower_polled: int    # followers' fetches recorded natively, long-polled by ``fallback``
+    follower_slow: int      # followers' fetches left whole to ``fallback``
     def __init__(self, fallback: Any, rearm: Any, leaders: dict, bytes_out: dict[str, int],
-                 config_values: dict, blocks: dict, read_blocks: int, read_block: int, local_id: int) -> None: ...
+                 config_values: dict, blocks: dict, read_blocks: int, read_block: int, local_id: int,
+                 topic_configs: dict, complete: Any, broker_metrics: Any) -> None: ...
     def __call__(self, conn: Any, req: FetchRequest) -> Any: ...
 
 def arm_leader(leaders: dict, leader: FastLeader) -> None:

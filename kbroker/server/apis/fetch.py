@@ -89,6 +89,10 @@ def handle_native(broker, conn, req):
     ranges below the server's sendfile threshold are copied into the response so that small fetches
     leave in one write with the other responses of their read. A consumer's fetch answered at once
     (the common small fetch) is read and encoded here, without ``execute`` and ``_encode`` frames."""
+    if req.recorded:
+        # A follower's fetch the native path (ext/request.pyx _fetch_fast) checked and recorded
+        # (record_follower_fetch's effect) with nothing to read: execute's long poll, nothing again.
+        return _poll(broker, req, True, _encode, conn)
     if req.session_id == 0 and req.replica_id < 0:
         rows, size, errors = _read(broker, req)
         if size >= req.min_bytes or req.max_wait_ms <= 0 or errors:
