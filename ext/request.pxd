@@ -31,6 +31,7 @@ cdef class FetchRequest:
     # a follower's fetch whose positions the native path recorded (ReplicaManager.record_follower_fetch's
     # effect, nothing to read yet): the Fetch handler only long-polls it, recording nothing again
     cdef readonly bint recorded
+    cdef readonly bytes frame               # the frame of a recorded fetch (FastFetch.reread); else None
 
 
 cdef class TimeHistogram:

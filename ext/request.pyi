@@ -35,6 +35,7 @@ class FetchRequest:
     session_epoch: int
     topics: list[tuple[str, list[tuple[int, int, int, int, int]]]]
     recorded: bool          # a follower's fetch whose positions the native path recorded (long poll only)
+    frame: bytes | None     # a recorded fetch's frame (FastFetch.reread)
     rack_id: str
 
 def parse_fetch(frame: Any) -> FetchRequest: ...
@@ -121,6 +122,8 @@ class FastFetch:
     def __init__(self, fallback: Any, rearm: Any, leaders: dict, bytes_out: dict[str, int],
                  config_values: dict, blocks: dict, read_blocks: int, read_block: int, local_id: int,
                  topic_configs: dict, complete: Any, broker_metrics: Any) -> None: ...
+    def reread(self, conn: Any, frame: bytes) -> list | None:
+        """A long poll's read of a recorded follower fetch -> [chunks, records' size] or None (Python)."""
     def __call__(self, conn: Any, req: FetchRequest) -> Any: ...
 
 def arm_leader(leaders: dict, leader: FastLeader) -> None:

@@ -1185,6 +1185,16 @@ cdef class FastFetch:
         self.read_blocks, self.read_block, self.local_id = read_blocks, read_block, local_id
         self.topic_configs, self.complete, self.broker_metrics = topic_configs, complete, broker_metrics
 
+    def reread(self, conn, bytes frame not None):
+        """A long poll's read of a follower's fetch whose positions were recorded natively (fetch.py
+        ``_poll_recorded``; ``frame``: FetchRequest.frame) -> [the answer's chunks, its records' size],
+        or None: Python's read (fetch._read) this time."""
+        cdef list out = []
+        if _fetch_fast(self, conn, <const unsigned char *>PyBytes_AS_STRING(frame), 0, len(frame), None, None,
+                       out):
+            return out
+        return None
+
     def __call__(self, conn, req):
         if type(req) is FetchRequest and (<FetchRequest>req).recorded:
             self.follower_polled += 1   # not "slow": its positions were recorded natively
@@ -1310,12 +1320,15 @@ cdef inline bint _valid_utf8(const unsigned char *s, Py_ssize_t n):
 
 
 cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begin, Py_ssize_t size,
-                     no_response, close) except -1:
+                     no_response, close, list reread=None) except -1:
     """The frame at ``begin`` (``size`` bytes) served natively -> 1 (its Slot queued with the answer),
     2: a follower's fetch with nothing to read whose positions were recorded here (the caller's path
     long-polls it, FetchRequest.recorded), or 0: not the common request (nothing was done but read
     blocks read and their cursors moved as the Python path reads and moves them: the caller's path
-    takes the request from scratch)."""
+    takes the request from scratch). ``reread``: a long poll's read of a follower's fetch recorded
+    before (FastFetch.reread): nothing recorded, no Slot; 1 with [the answer's chunks, its records'
+    size] appended to ``reread`` (whether or not that is min_bytes: the poll decides), or 0 (Python's
+    read)."""
     cdef const unsigned char *f = p + begin
     cdef Py_ssize_t pos = 8, name_at, topics_at, part_len
     cdef int16_t name_len, rack_len = 0
@@ -1418,7 +1431,10 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
     # the read block) copied from the read blocks
     if follower:
         rid = replica_id
-        recs = []
+        if reread is None:
+            recs = []
+    elif reread is not None:
+        return 0
     w = _out
     _fetch_head(w, version, correlation_id, 0, n_topics)
     pos = topics_at
@@ -1507,7 +1523,7 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
                         return 0
                 else:
                     n = 0
-            if follower:                # its HW is written once the position is recorded (below)
+            if recs is not None:        # its HW is written once the position is recorded (below)
                 recs.append((fl, fs, fetch_offset, leader_epoch, st.next_offset, w.pos))
             _fetch_row(w, version, index, 0, hw, hw, log_start)
             w.i32(<int32_t>n)
@@ -1526,6 +1542,19 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
                 more = [(name, topic_total)]
             else:
                 more.append((name, topic_total))
+    metrics = server.metrics
+    if reread is not None:
+        # fetch._read's re-read in the long poll: its bookkeeping whatever the poll makes of it
+        if total:
+            ff.broker_metrics.replication_bytes_out += total
+            metrics.fetch_copy_bytes += total
+        store_be32(w.p, <uint32_t>(w.pos - 4))
+        reread.append([PyBytes_FromStringAndSize(w.p, w.pos)])
+        reread.append(total)
+        if total >= min_bytes:
+            ff.fast += 1                # the answer (the poll's deadline answers the others)
+            ff.follower_fast += 1
+        return 1
     if total < min_bytes and max_wait_ms > 0:
         if not follower or total:
             return 0                    # a long poll
@@ -1534,7 +1563,6 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
         _record_followers(ff, recs)
         return 2
     # the answer: fetch._read's bookkeeping (BytesOut per topic, the bytes copied), the Slot
-    metrics = server.metrics
     if follower:
         # recorded before the answer's HW is read (fetch._read: record, then read)
         _record_followers(ff, recs)
@@ -1760,7 +1788,9 @@ cdef object _dispatch_frames(conn, chunk, const unsigned char *p, Py_ssize_t buf
             conn._dispatch(frame, chunk)        # malformed: the generic outcome (nothing was queued)
             continue
         if done == 2:
-            (<FetchRequest>slot.header).recorded = True     # _fetch_fast recorded its follower's positions
+            # _fetch_fast recorded its follower's positions: the long poll's reads take the frame again
+            (<FetchRequest>slot.header).recorded = True
+            (<FetchRequest>slot.header).frame = bytes(frame)
         if key == PRODUCE and not run[0] and _frame_follows(p, start, end):
             # a run only when another frame of the chunk follows: a lone request (one in flight) is
             # written as it is handled, so a failing disk still answers it KAFKA_STORAGE_ERROR
