@@ -1560,17 +1560,12 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
             return 0                    # a long poll
         # a follower's fetch with nothing to read (caught up): its positions recorded here, the long
         # poll left to Python (fetch.handle_native, FetchRequest.recorded)
-        _record_followers(ff, recs)
+        _record_followers(ff, recs, None)
         return 2
     # the answer: fetch._read's bookkeeping (BytesOut per topic, the bytes copied), the Slot
     if follower:
-        # recorded before the answer's HW is read (fetch._read: record, then read)
-        _record_followers(ff, recs)
-        for rec in recs:
-            hw = (<FastLeader>(<tuple>rec)[0]).log._high_watermark
-            n = <int64_t>(<tuple>rec)[5]
-            store_be64(w.p + n + 6, <uint64_t>hw)              # the row's HW and last stable offset
-            store_be64(w.p + n + 14, <uint64_t>hw)
+        # each row's HW read after its own position was recorded (fetch._read: record, then read)
+        _record_followers(ff, recs, w)
         if total:
             ff.broker_metrics.replication_bytes_out += total
             metrics.fetch_copy_bytes += total
@@ -1602,59 +1597,71 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
     return 1
 
 
-cdef int _record_followers(FastFetch ff, list recs) except -1:
+cdef int _record_followers(FastFetch ff, list recs, _Writer w) except -1:
     """ReplicaManager.record_follower_fetch for each partition of a follower's fetch, in request order,
-    for the case _fetch_fast checked (a known ISR follower, a leader not stale): Partition.update_follower
-    (the follower's LEO, fetch epoch and caught-up time), then, past the HW, maybe_increment_hw (HW =
-    min LEO over the ISR, clamped as Log.high_watermark's setter does) and _complete when it moved."""
-    cdef int64_t now = _now_ms(), o, leo, hw, cur, f_leo, start
+    for the case _fetch_fast checked (a known ISR follower, a leader not stale); with ``w``, then each
+    row's HW and last stable offset (written before, at the row's position) set to the HW after it, as
+    fetch._read reads it after its record (a partition named twice: the first row before the second
+    record)."""
+    cdef int64_t now = _now_ms(), hw, pos
+    for rec in recs:
+        _record_one(ff, <tuple>rec, now)
+        if w is not None:
+            hw = (<FastLeader>(<tuple>rec)[0]).log._high_watermark
+            pos = <int64_t>(<tuple>rec)[5]
+            store_be64(w.p + pos + 6, <uint64_t>hw)
+            store_be64(w.p + pos + 14, <uint64_t>hw)
+    return 0
+
+
+cdef int _record_one(FastFetch ff, tuple rec, int64_t now) except -1:
+    """One partition of _record_followers: Partition.update_follower (the follower's LEO, fetch epoch
+    and caught-up time), then, past the HW, maybe_increment_hw (HW = min LEO over the ISR, clamped as
+    Log.high_watermark's setter does) and _complete when it moved."""
+    cdef int64_t o, leo, hw, cur, f_leo, start
     cdef object fs, p, lg, f2, r
-    cdef FastLeader fl
+    cdef FastLeader fl = <FastLeader>rec[0]
     cdef list isr
     cdef dict followers
-    for rec in recs:
-        fl = <FastLeader>(<tuple>rec)[0]
-        fs = (<tuple>rec)[1]
-        o = <int64_t>(<tuple>rec)[2]
-        leo = <int64_t>(<tuple>rec)[4]
-        if o >= leo:
-            if now > <int64_t>fs.last_caught_up_ms:
-                fs.last_caught_up_ms = now
-        elif o >= <int64_t>fs.last_fetch_leader_leo >= 0:
-            if <int64_t>fs.last_fetch_ms > <int64_t>fs.last_caught_up_ms:
-                fs.last_caught_up_ms = fs.last_fetch_ms
-        fs.last_fetch_leader_leo = leo
-        fs.last_fetch_ms = now
-        fs.leo = o
-        fs.fetch_epoch = (<tuple>rec)[3]
-        lg = fl.log
-        cur = lg._high_watermark
-        if o <= cur:
-            continue                    # an ISR follower at or below the HW cannot move it
-        p = fl.partition
-        isr = p.isr
-        if len(isr) < <Py_ssize_t>lg.config.min_insync_replicas:
+    fs = rec[1]
+    o = <int64_t>rec[2]
+    leo = <int64_t>rec[4]
+    if o >= leo:
+        if now > <int64_t>fs.last_caught_up_ms:
+            fs.last_caught_up_ms = now
+    elif o >= <int64_t>fs.last_fetch_leader_leo >= 0:
+        if <int64_t>fs.last_fetch_ms > <int64_t>fs.last_caught_up_ms:
+            fs.last_caught_up_ms = fs.last_fetch_ms
+    fs.last_fetch_leader_leo = leo
+    fs.last_fetch_ms = now
+    fs.leo = o
+    fs.fetch_epoch = rec[3]
+    lg = fl.log
+    cur = lg._high_watermark
+    if o <= cur:
+        return 0                        # an ISR follower at or below the HW cannot move it
+    p = fl.partition
+    isr = p.isr
+    if len(isr) < <Py_ssize_t>lg.config.min_insync_replicas:
+        return 0
+    hw = leo
+    followers = p.followers
+    for r in isr:
+        if <int32_t>r == ff.local_id:
             continue
-        hw = leo
-        followers = p.followers
-        for r in isr:
-            if <int32_t>r == ff.local_id:
-                continue
-            f2 = followers.get(r)
-            if f2 is None:
-                hw = -1
-                break
-            f_leo = f2.leo
-            if f_leo < 0:
-                hw = -1
-                break
-            if f_leo < hw:
-                hw = f_leo
-        if hw <= cur:
-            continue
-        start = lg.log_start_offset
-        lg._high_watermark = (hw if hw > start else start) if hw < leo else leo
-        ff.complete(p)
+        f2 = followers.get(r)
+        if f2 is None:
+            return 0
+        f_leo = f2.leo
+        if f_leo < 0:
+            return 0
+        if f_leo < hw:
+            hw = f_leo
+    if hw <= cur:
+        return 0
+    start = lg.log_start_offset
+    lg._high_watermark = (hw if hw > start else start) if hw < leo else leo
+    ff.complete(p)
     return 0
 
 

@@ -858,7 +858,7 @@ def _follower_requests(seed, n):
     replicas 1 and 2 in between: each follower at its own position, then its position moved to the
     log end (below, at and past the HW up to the LEO), sometimes behind it or past it; one or both
     partitions; partition limits and max_bytes that cut between batches or below one; leader epochs
-    current, older, newer; v4-11; max_wait 0 or 5 ms with min_bytes 0, 1 or 5000 (long polls, and
+    current, older, newer; now and then a partition named twice; v4-11; max_wait 0 or 5 ms with min_bytes 0, 1 or 5000 (long polls, and
     the caught-up follower's wait the fast path hands to Python with its positions recorded); now
     and then a broker that is not a replica, this leader itself, an unknown partition, a mutated
     frame. -> [(frame, answered)] (the log ends are simulated: every produce to r0 succeeds)."""
@@ -878,7 +878,10 @@ def _follower_requests(seed, n):
             continue
         replica = rng.choice((1, 2, 1, 2, 1, 2, 1, 2, 3, 0))
         parts = []
-        for index in rng.sample((0, 1), rng.choice((1, 2, 2))):
+        indexes = rng.sample((0, 1), rng.choice((1, 2, 2)))
+        if rng.random() < 0.05:
+            indexes = [indexes[0]] * 2      # a partition named twice: each row's HW after its own record
+        for index in indexes:
             key = (replica if replica in (1, 2) else 1, index)
             r = rng.random()
             if r < 0.6:
