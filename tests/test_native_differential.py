@@ -943,7 +943,9 @@ def test_follower_fetch_fast_path_byte_for_byte(follower_pair):
     """Followers' fetches (replica_id >= 0) with the fetch fast path on and off, produces in between:
     every answer identical (records up to the log end, the HW each fetch moved: the follower positions
     recorded before it), the ISR and the high watermarks the same at the end. The fast path
-    answered most follower fetches (the rest: errors, long polls with data, non-replicas, mutations)."""
+    answered most follower fetches (the rest: errors, long polls with data, non-replicas, mutations).
+    Counter-checks (each broken alone, this test failed, restored): followers' reads bounded by the HW
+    instead of the log end; the rows' HW left as read before the follower's position was recorded."""
     (fast, slow), port = follower_pair
     before = _fast_counts(port, "fetch")
     reqs = _follower_requests(31, 900)
