@@ -98,7 +98,7 @@ class FastLeader:
     epoch_cache: Any
     def __init__(self, tp: tuple[str, int], partition: Any, log: Any, ap: Any, config: Any, epoch: int,
                  alone: bool, followers: bool, follower_key: tuple, waiters: Any,
-                 tails: dict, epoch_cache: Any) -> None: ...
+                 tails: dict, epoch_cache: Any, park: bool = False) -> None: ...
 
 class FastProduce:
     """The Produce handler of the native request path: armed partitions served inside dispatch_frames,
@@ -107,8 +107,18 @@ class FastProduce:
     slow: int
     def __init__(self, fallback: Any, rearm: Any, write_failed: Any, leaders: dict, messages_in: dict[str, int],
                  bytes_in: dict[str, int], notify: dict, appended: Any, failing_dirs: dict, big: int,
-                 off_loop: bool) -> None: ...
+                 off_loop: bool, produce_failed: Any = None) -> None: ...
     def __call__(self, conn: Any, req: ProduceRequest) -> Any: ...
+
+class ParkedProduce:
+    """An acks=-1 Produce the native path appended and parked until the high watermark covers it (a
+    ``Partition.waiters`` entry, DelayedProduce's protocol); ``future`` resolves to the encoded answer."""
+    future: Any
+    timer: Any
+    remaining: int
+    def decide(self, tp: tuple[str, int], error_code: int) -> None: ...
+    def expire(self) -> None: ...
+    def undecided(self) -> list[tuple[str, int]]: ...
 
 class FastFetch:
     """The Fetch handler of the native request path: the consumer's small one-partition Fetch of an

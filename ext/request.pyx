@@ -717,7 +717,8 @@ cdef bint _end_native(Slot slot, result, no_response, close):
 
 # ---- the common Produce without a Python frame (issue 10) ------------------------------------------
 # dispatch_frames serves a Produce v3-8 frame here when it is the common request: no transactional id,
-# acks 0/1 (-1 when each partition's ISR is this leader alone and min.insync.replicas <= 1), up to
+# acks 0/1/-1 (-1 when each partition's ISR is this leader alone and min.insync.replicas <= 1, or has
+# followers and would be waited for by append_records: then parked, ParkedProduce), up to
 # FAST_PARTS partitions of any topics, each with an armed leader slot (FastLeader), none twice, and
 # every batch ending as a plain leader append (LeaderAppender.check_plain: not idempotent, no roll or
 # flush due, the batch checks pass; not compressed when validation runs off the loop, below
@@ -743,12 +744,14 @@ cdef class FastLeader:
     cdef bint followers                 # replicas beyond this one: wake their long polls
     cdef bint alone                     # ISR = this leader, min.insync.replicas <= 1: the HW follows the
                                         # log end, and acks=-1 is answered at once
+    cdef bint park                      # ISR with followers, >= min.insync.replicas, not stale: acks=-1 is
+                                        # appended and waits for the HW (ParkedProduce)
     cdef bint append_time               # LogAppendTime topic
 
     def __init__(self, tp, partition, log, LeaderAppender ap not None, config, int epoch, bint alone,
-                 bint followers, follower_key, waiters, dict tails not None, epoch_cache):
+                 bint followers, follower_key, waiters, dict tails not None, epoch_cache, bint park=False):
         self.tp, self.partition, self.log, self.ap, self.config = tp, partition, log, ap, config
-        self.epoch, self.alone, self.followers = epoch, alone, followers
+        self.epoch, self.alone, self.followers, self.park = epoch, alone, followers, park
         self.follower_key, self.waiters, self.tails, self.epoch_cache = follower_key, waiters, tails, epoch_cache
         self.append_time = bool(config.log_append_time)
         self.seg = None
@@ -769,12 +772,14 @@ cdef class FastProduce:
     cdef dict failing_dirs              # ReplicaManager._failing_dirs (never replaced)
     cdef int64_t big                    # AppendThreads.write_offload_bytes
     cdef bint off_loop                  # AppendThreads.validates_off_loop
+    cdef object produce_failed          # BrokerMetrics.produce_failed: a parked row that failed (ParkedProduce)
     cdef readonly long long fast, slow
 
     def __init__(self, fallback, rearm, write_failed, dict leaders not None, dict messages_in not None,
                  dict bytes_in not None, dict notify not None, appended, dict failing_dirs not None, int64_t big,
-                 bint off_loop):
+                 bint off_loop, produce_failed=None):
         self.fallback, self.rearm, self.write_failed = fallback, rearm, write_failed
+        self.produce_failed = produce_failed
         self.messages_in, self.bytes_in = messages_in, bytes_in
         self.notify, self.appended, self.failing_dirs = notify, appended, failing_dirs
         self.big, self.off_loop = big, off_loop
@@ -848,6 +853,8 @@ cdef struct _Parts:
     int32_t index[FAST_PARTS]
     int32_t topic[FAST_PARTS]
     int64_t base[FAST_PARTS]        # the answer: base offset, append time, log start
+    int64_t last[FAST_PARTS]        # the batch's last offset
+    bint wait[FAST_PARTS]           # acks=-1 waits for the HW to pass ``last`` (a ParkedProduce row)
     int64_t time[FAST_PARTS]
     int64_t start[FAST_PARTS]
     PyObject *name[FAST_PARTS]      # per topic: its name (str), its bytes' position and length, partitions
@@ -908,7 +915,7 @@ cdef int _produce_parts(FastProduce fp, conn, object view, const unsigned char *
     cdef Py_ssize_t pos = 8, name_at
     cdef int16_t n16, acks
     cdef int32_t version, correlation_id, timeout_ms, index, rsize, n_topics, n_parts, count = 0
-    cdef int32_t t, j, k, failed = -1
+    cdef int32_t t, j, k, failed = -1, waiting = 0
     cdef int64_t last, now, leo
     cdef object client_id = None, name, parts, lg, result, records, error = None
     cdef list entries
@@ -969,7 +976,7 @@ cdef int _produce_parts(FastProduce fp, conn, object view, const unsigned char *
             if fl is None:
                 return 0
             # per partition, O(1): what may change without the slot being re-armed
-            if ((acks == -1 and not fl.alone) or rsize >= fp.big
+            if ((acks == -1 and not (fl.alone or fl.park)) or rsize >= fp.big
                     or (fp.off_loop and rsize > 22 and f[pos + 22] & 7)      # compressed: validated off the loop
                     or (fl.alone and len(fl.waiters)) or fl.tails):
                 return 0
@@ -1019,6 +1026,7 @@ cdef int _produce_parts(FastProduce fp, conn, object view, const unsigned char *
         st = fl.st
         lg = fl.log
         ps.base[k] = st.next_offset
+        ps.wait[k] = False
         try:
             last = fl.ap.append_checked(st, <object>ps.buf[k], <char *>f + ps.at[k], ps.size[k], fl.epoch, now,
                                         &count)
@@ -1040,6 +1048,10 @@ cdef int _produce_parts(FastProduce fp, conn, object view, const unsigned char *
                 lg._high_watermark = leo
                 if PyDict_Contains(fp.notify, fl.tp):
                     fp.appended(fl.tp)
+        ps.last[k] = last
+        if acks == -1 and last >= <int64_t>lg._high_watermark:
+            ps.wait[k] = True           # append_records' pending (only a slot with followers gets here)
+            waiting += 1
     for t in range(ps.n_topics):                      # per topic, as append_records' per-partition sums
         if ps.t_bytes[t]:
             _bump(fp.messages_in, <object>ps.name[t], ps.t_msgs[t])
@@ -1053,6 +1065,8 @@ cdef int _produce_parts(FastProduce fp, conn, object view, const unsigned char *
     else:
         if acks == 0:
             result = no_response
+        elif waiting:
+            result = _park(fp, conn, version, correlation_id, timeout_ms, ps, waiting)
         else:
             result = [_encode_rows(version, correlation_id, f, ps)]
         fp.fast += 1
@@ -1071,8 +1085,10 @@ cdef int _produce_parts(FastProduce fp, conn, object view, const unsigned char *
 cdef tuple _rows_after_failure(_Parts *ps, int32_t failed):
     # The answer rows as execute builds them (request order), those before partition ``failed``
     # filled in; the failed partition's row; the (tp, row) slots and {tp: records} entries of the
-    # partitions after it (not appended yet): produce.fast_write_failed's arguments.
-    cdef list out = [], rows, slots = [], row, failed_row = None
+    # partitions after it (not appended yet); the acks=-1 partitions before it still waiting for the
+    # HW, as (Partition, required offset, tp, row, base offset, append time, log start) with their
+    # rows left unfilled: produce.fast_write_failed's arguments.
+    cdef list out = [], rows, slots = [], row, failed_row = None, parked = []
     cdef dict rest = {}
     cdef int32_t t, j, k = 0
     cdef FastLeader fl
@@ -1080,7 +1096,11 @@ cdef tuple _rows_after_failure(_Parts *ps, int32_t failed):
         rows = []
         for j in range(ps.t_parts[t]):
             fl = <FastLeader>ps.leader[k]
-            if k < failed:
+            if k < failed and ps.wait[k]:
+                # acks=-1 appended, waiting for the HW: its row is filled when decided
+                row = [ps.index[k], 0, -1, -1, -1, None]
+                parked.append((fl.partition, ps.last[k] + 1, fl.tp, row, ps.base[k], ps.time[k], ps.start[k]))
+            elif k < failed:
                 row = [ps.index[k], 0, ps.base[k], ps.time[k], ps.start[k], None]
             else:
                 row = [ps.index[k], 0, -1, -1, -1, None]
@@ -1092,7 +1112,7 @@ cdef tuple _rows_after_failure(_Parts *ps, int32_t failed):
             rows.append(row)
             k += 1
         out.append((<object>ps.name[t], rows))
-    return out, failed_row, slots, rest
+    return out, failed_row, slots, rest, parked
 
 
 cdef ProduceRequest _header(int api_key, int version):
@@ -1128,6 +1148,135 @@ cdef bytes _encode_rows(int version, int32_t correlation_id, const unsigned char
             _produce_row(w, version, ps.index[k], 0, ps.base[k], ps.time[k], ps.start[k], None)
             k += 1
     return _produce_end(w)
+
+
+# ---- acks=all with followers: the request parked until the high watermark covers it ---------------
+cdef enum:
+    _PARKED = -1                # a row still waiting (DelayedProduce's UNDECIDED)
+    _REQUEST_TIMED_OUT = 7      # Errors.REQUEST_TIMED_OUT
+
+
+cdef class ParkedProduce:
+    """An acks=-1 Produce the native path appended to partitions whose ISR has followers, waiting for
+    the high watermark: a waiter in ReplicaManager's protocol, DelayedProduce's twin for this path.
+    Each waiting partition's ``Partition.waiters`` holds ``(last offset + 1, this)``; ``decide(tp,
+    code)`` comes from ReplicaManager._complete (0: the HW covers it) and _fail_waiters
+    (NOT_LEADER_OR_FOLLOWER, NOT_ENOUGH_REPLICAS_AFTER_APPEND), ``expire`` from the timer at timeout_ms
+    (REQUEST_TIMED_OUT, as ReplicaManager._timed_out). DelayedProduce's rules: a partition is decided
+    once; an error answers base offset, append time and log start -1 and no message (produce._fill's
+    row of a failed result) and counts produce_failed for its topic; when the last is decided the
+    timer is cancelled and the answer encoded once: ``future``'s result is ([bytes]), the bytes
+    produce.handle_native would answer. No per-partition dict: the rows are C arrays in request order.
+    Threads: the event-loop thread only."""
+    cdef readonly object future
+    cdef readonly object timer
+    cdef object produce_failed
+    cdef list tps                   # per partition, request order: its tp (the Partition's own tuple)
+    cdef list names                 # per topic: its name
+    cdef int version
+    cdef int32_t correlation_id, n, n_topics
+    cdef readonly int32_t remaining
+    cdef int32_t t_parts[FAST_PARTS]
+    cdef int32_t index[FAST_PARTS]
+    cdef int32_t topic[FAST_PARTS]
+    cdef int16_t code[FAST_PARTS]
+    cdef int64_t base[FAST_PARTS]
+    cdef int64_t time[FAST_PARTS]
+    cdef int64_t start[FAST_PARTS]
+
+    cpdef decide(self, tp, int error_code):
+        """``tp``'s outcome (0 or an error code), unless it is already decided."""
+        cdef int32_t k
+        for k in range(self.n):
+            if self.tps[k] is tp:
+                return self._decide(k, error_code)
+        for k in range(self.n):
+            if self.tps[k] == tp:
+                return self._decide(k, error_code)
+        raise KeyError(tp)
+
+    def expire(self):
+        """timeout_ms passed: every partition not decided yet answers REQUEST_TIMED_OUT."""
+        cdef int32_t k
+        for k in range(self.n):
+            if self.code[k] == _PARKED:
+                self._decide(k, _REQUEST_TIMED_OUT)
+
+    def undecided(self):
+        """The tps still waiting (DelayedProduce.undecided)."""
+        cdef int32_t k
+        return [self.tps[k] for k in range(self.n) if self.code[k] == _PARKED]
+
+    cdef object _decide(self, int32_t k, int error_code):
+        if self.code[k] != _PARKED:
+            return None
+        self.code[k] = <int16_t>error_code
+        if error_code:
+            self.base[k] = self.time[k] = self.start[k] = -1
+        self.remaining -= 1
+        if self.remaining == 0:
+            if self.timer is not None:
+                self.timer.cancel()
+            if not self.future.done():
+                for k in range(self.n):
+                    if self.code[k] and self.produce_failed is not None:
+                        self.produce_failed(self.names[self.topic[k]])
+                self.future.set_result([self._encode()])
+        return None
+
+    cdef bytes _encode(self):
+        # encode_produce_response of the rows (each topic name as the request carried it: a name the
+        # fast path took was UTF-8, so encoding it gives the same bytes)
+        cdef _Writer w = _out
+        cdef int32_t t, j, k = 0
+        w.pos = 0
+        w.reserve(4 + 4 + 4)
+        w.pos = 4
+        w.i32(self.correlation_id)
+        w.i32(self.n_topics)
+        for t in range(self.n_topics):
+            w.string(self.names[t], False)
+            w.reserve(4)
+            w.i32(self.t_parts[t])
+            for j in range(self.t_parts[t]):
+                _produce_row(w, self.version, self.index[k], self.code[k], self.base[k], self.time[k],
+                             self.start[k], None)
+                k += 1
+        return _produce_end(w)
+
+
+cdef object _park(FastProduce fp, conn, int version, int32_t correlation_id, int32_t timeout_ms, _Parts *ps,
+                  int32_t waiting):
+    # append_records' DelayedProduce for the appended request ``ps`` (``waiting`` of its partitions
+    # wait for the HW): a ParkedProduce registered with each waiting partition -> its future
+    cdef ParkedProduce w = ParkedProduce.__new__(ParkedProduce)
+    cdef int32_t k, t
+    cdef FastLeader fl
+    loop = conn.loop
+    w.future = loop.create_future()
+    w.produce_failed = fp.produce_failed
+    w.version = version
+    w.correlation_id = correlation_id
+    w.n = ps.n
+    w.n_topics = ps.n_topics
+    w.remaining = waiting
+    w.names = [<object>ps.name[t] for t in range(ps.n_topics)]
+    for t in range(ps.n_topics):
+        w.t_parts[t] = ps.t_parts[t]
+    w.tps = []
+    for k in range(ps.n):
+        w.tps.append((<FastLeader>ps.leader[k]).tp)
+        w.index[k] = ps.index[k]
+        w.topic[k] = ps.topic[k]
+        w.code[k] = _PARKED if ps.wait[k] else 0
+        w.base[k] = ps.base[k]
+        w.time[k] = ps.time[k]
+        w.start[k] = ps.start[k]
+    w.timer = loop.call_later((timeout_ms if timeout_ms > 0 else 0) / 1000.0, w.expire)
+    for k in range(ps.n):
+        if ps.wait[k]:
+            (<FastLeader>ps.leader[k]).waiters.append((ps.last[k] + 1, w))
+    return w.future
 
 
 # ---- the consumer Fetch without a Python frame (issue 10) -------------------------------------------

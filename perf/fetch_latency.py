@@ -17,7 +17,9 @@ Targets: ``asyncio`` / ``uvloop`` (``kbroker.event.loop``), ``base-asyncio`` / `
 editable install maps: A/B of Python changes; run from a folder without a kbroker/ in it, e.g. /tmp);
 ``mock``: librdkafka's mock cluster (C) in its own confluent-kafka host process, as request_bench starts it
 (its topic has the 4 partitions the mock auto-creates; partition 0 is filled and fetched; CPU is that whole
-process's, the mock broker threads plus the host's idle client threads).
+process's, the mock broker threads plus the host's idle client threads); ``floor-block`` / ``floor-epoll``:
+perf/fetch_floor.py, a server that answers every fetch from one precomputed answer with no broker work (the
+machine's price of the round trip itself: what no broker can go below; blocking recv/send, or an epoll loop).
 
 ``--strace``: after the rounds, one more depth-1 pass per target under ``strace -c -f`` (syscalls per
 fetch; strace slows the broker, so no CPU figure is taken from it). ``--perf-record DIR``: one more
@@ -42,6 +44,7 @@ import uuid
 from pathlib import Path
 
 from . import harness as H
+from .fetch_floor import FloorTarget
 from .request_bench import fetch_run, produce_run
 from .targets import KbrokerTarget, MockTarget
 
@@ -51,6 +54,9 @@ DEPTHS = (1, 8)
 def make_targets(names: list[str], base_tree: str | None, workdir: Path) -> list:
     out = []
     for name in names:
+        if name in ("floor-block", "floor-epoll"):
+            out.append(FloorTarget(name.split("-")[1]))
+            continue
         if name == "mock":
             mock = MockTarget(workdir)
             mock.partitions = 4         # the only topic shape the mock creates; partition 0 is fetched
@@ -58,7 +64,8 @@ def make_targets(names: list[str], base_tree: str | None, workdir: Path) -> list
             continue
         base, _, loop = name.rpartition("-")
         if loop not in ("asyncio", "uvloop") or base not in ("", "base"):
-            raise SystemExit(f"unknown target {name!r}: asyncio, uvloop, base-asyncio, base-uvloop, mock")
+            raise SystemExit(f"unknown target {name!r}: asyncio, uvloop, base-asyncio, base-uvloop, mock, "
+                             f"floor-block, floor-epoll")
         env = {}
         if base:
             if not base_tree:
@@ -141,7 +148,8 @@ def main(argv=None) -> int:
             t.start()
             topic = f"fetch-latency-{uuid.uuid4().hex[:8]}"
             t.create_topic(topic, getattr(t, "partitions", 1))
-            produce_run(t.bootstrap, topic, {"broker": t.pid}, need, 100, a.max_seconds)
+            if not getattr(t, "synthetic", False):
+                produce_run(t.bootstrap, topic, {"broker": t.pid}, need, 100, a.max_seconds)
             topics[t.name] = topic
             H.progress(f"{t.name}: pid {t.pid}, {need} one-record batches in {topic}")
         for rnd in range(a.rounds):

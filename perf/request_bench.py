@@ -552,6 +552,12 @@ def summarize(doc: dict) -> dict:
                                 ("fetch_depth1", "us_per_fetch"), ("fetch_depth8", "us_per_fetch"),
                                 ("latency", "p99_ms")):
                 add(f"{meas}.{field}: {t} ÷ {base} (native ÷ Python request path)", t, base, meas, meas, field)
+    for t in kb:
+        # the base tree as an RF=3 cluster too (--rf3 kbroker,kbroker-base): leader CPU per request, A/B
+        if t.endswith("-rf3") and t != "kbroker-base-rf3" and "kbroker-base-rf3" in targets:
+            for meas in ("produce", "produce_acks_all"):
+                add(f"{meas}.us_per_request: {t} ÷ kbroker-base-rf3 (leader CPU)", t, "kbroker-base-rf3", meas, meas,
+                    "us_per_request")
     if "kbroker-uvloop" in targets and "kbroker-asyncio" in targets:
         for meas, field in (("produce", "us_per_request"), ("produce", "requests_per_s"),
                             ("fetch_depth1", "us_per_fetch"), ("fetch_depth8", "us_per_fetch"),
@@ -895,7 +901,8 @@ def main(argv=None) -> int:
         write_markdown(out / f"{a.stem}.md", doc)
         H.progress(f"re-rendered {out / (a.stem + '.md')}")
         return 0
-    targets = [t for t in (a.targets or ",".join(QUICK_TARGETS if a.quick else DEFAULT_TARGETS)).split(",") if t]
+    default = ",".join(QUICK_TARGETS if a.quick else DEFAULT_TARGETS)
+    targets = [t for t in (a.targets if a.targets is not None else default).split(",") if t]    # '': RF=3 only
     rf3 = [t for t in (a.rf3 if a.rf3 is not None else "kbroker").split(",") if t]
     latency = [t for t in (a.latency if a.latency is not None else ",".join(
         t for t in targets if t in KBROKER_VARIANTS or t in ("tansu", "mock"))).split(",") if t]

@@ -17,7 +17,9 @@ The comparison helper is shown to catch a single differing byte and a close/answ
 from __future__ import annotations
 
 import contextlib
+import os
 import random
+import signal
 import socket
 import struct
 import time
@@ -973,3 +975,122 @@ def test_follower_fetch_fast_path_byte_for_byte(follower_pair):
     # the same high watermarks after the sequence (what the followers' recorded positions give)
     tps = [("r0", 0), ("r0", 1)]
     assert _high_watermarks(fast.bootstrap, tps) == _high_watermarks(slow.bootstrap, tps)
+
+
+# ---- acks=-1 on partitions with followers (RF=3): parked natively (ParkedProduce) vs Python's waiter --
+R3_POOL = (("r3", 0), ("r3", 1), ("r3", 2), ("r1", 0))      # r3: RF=3, all led by broker 0; r1: broker 0 alone
+
+
+class _Leader:
+    """What _run_both needs of a cluster: the address of broker 0 (every partition's leader)."""
+
+    def __init__(self, c):
+        self.bootstrap = f"127.0.0.1:{c.brokers[0].port}"
+        self.brokers = c.brokers
+
+
+def _isr_full(c, topic, n, size) -> bool:
+    from checkers import METADATA
+    with RawConn(f"127.0.0.1:{c.brokers[0].port}") as conn:
+        resp = conn.request(METADATA, 8, {"topics": [{"name": topic}], "allow_auto_topic_creation": False,
+                                          "include_cluster_authorized_operations": False,
+                                          "include_topic_authorized_operations": False})
+    parts = [p for t in resp["topics"] for p in t["partitions"] if p["leader_id"] == 0]
+    return len(parts) == n and all(len(p["isr_nodes"]) == size for p in parts)
+
+
+@pytest.fixture(scope="module")
+def rf3_pair(tmp_path_factory):
+    """Two 3-broker clusters, KBROKER_FAST_PRODUCE on and off, each with r3 (3 partitions, RF=3) and
+    r1 (RF=1) led by broker 0, every ISR full; the fast one's broker 0 metrics on a free port."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from kbroker.testing import wait_until
+    clusters = []
+    port = free_port()
+    try:
+        for mode in ("1", "0"):
+            c = LocalCluster(tmp_path_factory.mktemp(f"diff-rf3-{mode}"), brokers=3,
+                             env={"KBROKER_FAST_PRODUCE": mode})
+            if mode == "1":
+                c.brokers[0].extra = {"kbroker.metrics.port": port}
+            clusters.append(c)
+            c.start()
+            admin = AdminClient({"bootstrap.servers": c.bootstrap})
+            for f in admin.create_topics([NewTopic("r3", 3, replica_assignment=[[0, 1, 2], [0, 2, 1], [0, 1, 2]]),
+                                          NewTopic("r1", 1, replica_assignment=[[0]])]).values():
+                f.result(30)
+            wait_until(lambda c=c: _isr_full(c, "r3", 3, 3) and _isr_full(c, "r1", 1, 1), 60, "full ISRs")
+        yield [_Leader(c) for c in clusters], port
+    finally:
+        for c in clusters:
+            c.stop()
+
+
+def _rf3_requests(seed, n, timeout_ms=10000, acks=(-1, -1, -1, -1, 1, 0)):
+    """Produce requests of 1-4 partitions of R3_POOL, mostly acks=-1 (answered when the followers have
+    it, or at ``timeout_ms``), some acks 1/0, a bad batch or the same partition twice now and then.
+    [(frame, answered)]"""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        tps = rng.sample(R3_POOL, rng.randint(1, len(R3_POOL)))
+        batches = [_batch(rng) for _ in tps]
+        r = rng.random()
+        if r < 0.06:
+            k = rng.randrange(len(tps))
+            batches[k] = _spoiled(rng, batches[k])
+        elif r < 0.1:
+            tps.append(tps[0])
+            batches.append(_batch(rng))
+        topics = []
+        for (topic, index), batch in zip(tps, batches):
+            if topics and topics[-1]["name"] == topic:
+                topics[-1]["partition_data"].append({"index": index, "records": batch})
+            else:
+                topics.append({"name": topic, "partition_data": [{"index": index, "records": batch}]})
+        body = {"transactional_id": None, "acks": rng.choice(acks), "timeout_ms": timeout_ms, "topic_data": topics}
+        frame = api.encode_request(PRODUCE, rng.choice(VERSIONS), i + 1, rng.choice(("rf3", None)), body)
+        out.append((frame, _answered(frame)))
+    return out
+
+
+@pytest.mark.slow
+def test_fast_path_acks_all_with_followers_byte_for_byte(rf3_pair):
+    """acks=-1 to partitions whose ISR has followers: the fast broker parks them natively, the other
+    through append_records' DelayedProduce; every answer is the same bytes (successes once the HW
+    covers them, REQUEST_TIMED_OUT rows of timeout_ms 0, per-partition errors of refused requests) and
+    so are the leader's log files; the fast path served most of them."""
+    brokers, port = rf3_pair
+    reqs = _rf3_requests(33, 300)
+    first, kinds = _run_both(brokers, reqs)
+    assert kinds["answer"] > 150 and kinds["none"] > 20, kinds
+    # followers paused (SIGSTOP, well inside replica.lag.time.max.ms and the ZooKeeper session): the
+    # RF=3 rows time out at timeout_ms, r1's are acknowledged; then the followers catch up
+    paused = _rf3_requests(34, 12, timeout_ms=150, acks=(-1,))
+    outcomes = []
+    for b in brokers:
+        client = _Client(b.bootstrap)
+        for bid in (1, 2):
+            os.kill(b.brokers[bid].pid, signal.SIGSTOP)
+        try:
+            outcomes.append([client.run(frame, answered) for frame, answered in paused])
+        finally:
+            for bid in (1, 2):
+                os.kill(b.brokers[bid].pid, signal.SIGCONT)
+    assert compare(*outcomes) == [], compare(*outcomes)[:3]
+    reqs, first = reqs + paused, first + outcomes[0]
+    after, _kinds = _run_both(brokers, _rf3_requests(35, 40))
+    reqs, first = reqs + _rf3_requests(35, 40), first + after
+    counts = _fast_counts(port)
+    assert counts.get("fast", 0) > 200 and counts.get("slow", 0) > 10, counts
+    codes = {}
+    for (frame, _answered), o in zip(reqs, first):
+        if o[0] == "answer":
+            _cid, body = api.decode_response(PRODUCE, struct.unpack_from(">h", frame, 6)[0], o[1])
+            for t in body["responses"]:
+                for p in t["partition_responses"]:
+                    codes[p["error_code"]] = codes.get(p["error_code"], 0) + 1
+    # none (RF=3 rows acknowledged after the followers, r1 at once), REQUEST_TIMED_OUT, and errors
+    assert codes.get(0, 0) > 200 and codes.get(7, 0) > 10, codes
+    _same_logs(brokers, R3_POOL)

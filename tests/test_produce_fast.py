@@ -72,9 +72,9 @@ class Delta:
         self.slow = after["slow"] - self.before["slow"]
 
 
-def produce_raw(conn, topic, batch, acks=1, version=7, index=0):
+def produce_raw(conn, topic, batch, acks=1, version=7, index=0, timeout_ms=10000):
     """-> the partition's answer dict (None for acks=0)."""
-    body = {"transactional_id": None, "acks": acks, "timeout_ms": 10000,
+    body = {"transactional_id": None, "acks": acks, "timeout_ms": timeout_ms,
             "topic_data": [{"name": topic, "partition_data": [{"index": index, "records": batch}]}]}
     if acks == 0:
         from kbroker.protocol import api
@@ -319,9 +319,9 @@ def multi_topic(c, n, replicas=None):
     return name
 
 
-def keyed_confluent(bootstrap, topic, n):
+def keyed_confluent(bootstrap, topic, n, acks=1):
     acked = []
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": 1})
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": acks})
     for i in range(n):
         p.produce(topic, key=b"key-%d" % (i % 97), value=b"value-%d" % i,
                   on_delivery=lambda err, m: acked.append(err or (m.partition(), m.offset(), m.value())))
@@ -330,9 +330,10 @@ def keyed_confluent(bootstrap, topic, n):
     return acked
 
 
-def keyed_kafka_python(bootstrap, topic, n):
+def keyed_kafka_python(bootstrap, topic, n, acks=1):
     from kafka import KafkaProducer
-    p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks=1)
+    # kafka-python 3 makes acks="all" idempotent unless told not to (idempotent batches are Python's)
+    p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks=acks, enable_idempotence=False)
     try:
         futures = [(p.send(topic, key=b"key-%d" % (i % 97), value=b"value-%d" % i), b"value-%d" % i)
                    for i in range(n)]
@@ -342,13 +343,13 @@ def keyed_kafka_python(bootstrap, topic, n):
         p.close(10)
 
 
-def keyed_aiokafka(bootstrap, topic, n):
+def keyed_aiokafka(bootstrap, topic, n, acks=1):
     import asyncio
 
     from aiokafka import AIOKafkaProducer
 
     async def run():
-        p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks=1)
+        p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks=acks)
         await p.start()
         try:
             futures = [(await p.send(topic, key=b"key-%d" % (i % 97), value=b"value-%d" % i), b"value-%d" % i)
@@ -359,9 +360,11 @@ def keyed_aiokafka(bootstrap, topic, n):
     return asyncio.run(run())
 
 
-def check_multi(c, topic, n_parts, acked, brokers=(0,)):
+def check_multi(c, topic, n_parts, acked, brokers=(0,), warm=1):
     """Every acknowledged record reads back at its offset, and each partition holds them in the order
-    they were sent; -> the number of batches the producer's requests stored (the warm-up ones left out)."""
+    they were sent (after ``warm`` warm-up records, or {partition: warm-up records}); -> the number of
+    batches the producer's requests stored (the warm-up ones left out)."""
+    warm = warm if isinstance(warm, dict) else dict.fromkeys(range(n_parts), warm)
     assert all(type(a) is tuple for a in acked), [a for a in acked if type(a) is not tuple][:3]
     sent = {v: i for i, (_p, _o, v) in enumerate(acked)}
     by_part = {}
@@ -370,13 +373,13 @@ def check_multi(c, topic, n_parts, acked, brokers=(0,)):
     assert len(by_part) == n_parts, sorted(by_part)
     for part, rows in by_part.items():
         rows.sort()
-        assert [o for o, _i in rows] == list(range(1, len(rows) + 1)), part     # after the warm-up record
+        assert [o for o, _i in rows] == list(range(warm[part], len(rows) + warm[part])), part   # after the warm-up
         assert [i for _o, i in rows] == sorted(i for _o, i in rows), part       # in send order
     cons = Consumer({"bootstrap.servers": c.bootstrap, "group.id": "multi-" + uuid.uuid4().hex[:6],
                      "enable.auto.commit": False})
     got = set()
     try:
-        cons.assign([TopicPartition(topic, p, 1) for p in range(n_parts)])
+        cons.assign([TopicPartition(topic, p, warm[p]) for p in range(n_parts)])
         deadline = time.monotonic() + 60
         while len(got) < len(acked) and time.monotonic() < deadline:
             for m in cons.consume(1000, timeout=0.5):
@@ -390,7 +393,7 @@ def check_multi(c, topic, n_parts, acked, brokers=(0,)):
         for bid in brokers:
             stored = all_batches(c.brokers[bid].data_dir, topic, part)
             if stored and stored[0][1].base_offset == 0:     # this broker leads or follows it
-                batches += len(stored) - 1
+                batches += len(stored) - warm[part]
                 break
     return batches
 
@@ -518,6 +521,43 @@ def test_log_dir_failure_mid_request(tmp_path, tmpfs):
         assert end_offsets(c.bootstrap, topic, 3) == {0: 4, 1: 3, 2: 3}
 
 
+@pytest.mark.slow
+def test_log_dir_failure_mid_request_acks_all_rf3(tmp_path, tmpfs):
+    """The mid-request write failure with acks=-1 on RF=3 partitions (the leader's log dir on a full
+    tmpfs, room for one batch of three): the first partition, appended natively, waits for its
+    followers (produce.fast_write_failed's DelayedProduce) and is answered with its offset once they
+    have it; the second answers KAFKA_STORAGE_ERROR and the third fails in append_records, as on the
+    Python path."""
+    c = LocalCluster(tmp_path / "c", brokers=3, overrides={"replica.lag.time.max.ms": 3000})
+    port = free_port()
+    c.brokers[0].extra = {"kbroker.metrics.port": port, "log.dirs": os.path.join(tmpfs, "data")}
+    with c:
+        topic = multi_topic(c, 3, replicas=[[0, 1, 2], [0, 2, 1], [0, 1, 2]])
+        for p in range(3):
+            wait_until(lambda p=p: isr_of(c, topic, 0, p) == [0, 1, 2], 30, f"a full ISR of {p}")
+        with leader_conn(c, 0) as conn:
+            spare = os.path.join(tmpfs, "spare")
+            with open(spare, "wb") as f:
+                f.write(b"\0" * 100_000)
+            _fill(tmpfs)
+            fd = os.open(os.path.join(tmpfs, "ballast"), os.O_WRONLY | os.O_APPEND)
+            try:
+                while os.write(fd, b"\0" * 4096):                      # to the last page
+                    pass
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+            os.unlink(spare)                                        # room for one 60 KB batch
+            with Delta(port) as d:
+                rows = produce_multi(conn, topic, {p: one(b"f" * 60_000) for p in (0, 1, 2)}, acks=-1)
+            assert rows == [(0, 0, 1), (1, KAFKA_STORAGE_ERROR, -1), (2, KAFKA_STORAGE_ERROR, -1)], rows
+            assert (d.fast, d.slow) == (0, 1), (d.fast, d.slow)
+            for bid in (1, 2):                                      # answered once both followers had it
+                assert _part_leo(c, bid, topic, 0) >= 2, bid
+            os.unlink(os.path.join(tmpfs, "ballast"))
+
+
 # ---- RF=3 -------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def three(tmp_path_factory):
@@ -599,7 +639,8 @@ def _part_leo(c, bid, topic, p):
 
 @pytest.mark.slow
 def test_rf3_acks_all_waits_for_followers(three):
-    """acks=-1 with an ISR of three: the Python path (a waiter), answered once the followers have it."""
+    """acks=-1 with an ISR of three: served natively (a ParkedProduce), answered once the followers
+    have it."""
     c, ports = three
     topic = rf3_topic(c)
     with leader_conn(c, 0) as conn:
@@ -607,7 +648,7 @@ def test_rf3_acks_all_waits_for_followers(three):
         with Delta(ports[0]) as d:
             r = produce_raw(conn, topic, one(b"all"), acks=-1)
         assert r["error_code"] == 0
-        assert (d.fast, d.slow) == (0, 1), (d.fast, d.slow)
+        assert (d.fast, d.slow) == (1, 0), (d.fast, d.slow)
         for bid in (1, 2):
             assert _leo(c, bid, topic) >= r["base_offset"] + 1
         with Delta(ports[0]) as d:
@@ -618,7 +659,7 @@ def test_rf3_acks_all_waits_for_followers(three):
 @pytest.mark.slow
 def test_rf3_isr_shrink_arms_acks_all(three):
     """An ISR shrinking to the leader alone (followers stopped, min.insync.replicas=1): acks=-1 is then
-    answered natively at once; the followers back in the ISR: acks=-1 waits again (Python)."""
+    answered natively at once; the followers back in the ISR: acks=-1 waits for them again (natively)."""
     c, ports = three
     topic = rf3_topic(c)
     with leader_conn(c, 0) as conn:
@@ -635,11 +676,12 @@ def test_rf3_isr_shrink_arms_acks_all(three):
             for bid in (1, 2):
                 os.kill(c.brokers[bid].pid, 18)   # SIGCONT
 
-        def expanded():
-            with Delta(ports[0]) as d:
-                r = produce_raw(conn, topic, one(), acks=-1)
-            return r["error_code"] == 0 and d.slow == 1
-        wait_until(expanded, 60, "acks=-1 back on the Python path after the ISR grew")
+        wait_until(lambda: isr_of(c, topic) == [0, 1, 2], 60, "the followers back in the ISR")
+        with Delta(ports[0]) as d:
+            r = produce_raw(conn, topic, one(), acks=-1)
+        assert r["error_code"] == 0 and (d.fast, d.slow) == (1, 0), (r, d.fast, d.slow)
+        for bid in (1, 2):          # answered only once both had it
+            assert _leo(c, bid, topic) >= r["base_offset"] + 1
 
 
 @pytest.mark.slow
@@ -693,3 +735,212 @@ def test_rf3_leadership_move(three):
     assert batches[-1].last_offset == r["base_offset"]
     epochs = [b.leader_epoch for b in batches]
     assert epochs == sorted(epochs) and epochs[-1] > epochs[0], epochs
+
+
+# ---- acks=-1 with followers: appended natively, parked until the HW covers it (ParkedProduce) ----------
+REQUEST_TIMED_OUT = 7
+NOT_ENOUGH_REPLICAS = 19
+NOT_ENOUGH_REPLICAS_AFTER_APPEND = 20
+
+
+def _metadata(c, bid, topic):
+    from checkers import METADATA
+    with leader_conn(c, bid) as conn:
+        return conn.request(METADATA, 8, {"topics": [{"name": topic}], "allow_auto_topic_creation": False,
+                                          "include_cluster_authorized_operations": False,
+                                          "include_topic_authorized_operations": False})
+
+
+def isr_of(c, topic, bid=0, partition=0):
+    """The ISR of ``topic``-``partition`` as broker ``bid`` (its leader: its cache follows its own ISR
+    writes) says."""
+    for t in _metadata(c, bid, topic)["topics"]:
+        for p in t["partitions"]:
+            if p["partition_index"] == partition:
+                return sorted(p["isr_nodes"])
+    return None
+
+
+def _fast_once(conn, port, topic, index):
+    """One acks=-1 record to ``topic``-``index`` -> whether it was appended by the native path."""
+    with Delta(port) as d:
+        r = produce_raw(conn, topic, one(), acks=-1, index=index)
+    return r["error_code"] == 0 and d.fast == 1
+
+
+def _failed_row(r, code):
+    """A failed acks=-1 row as Python's path answers it: no offset, append time or log start."""
+    return (r["error_code"], r["base_offset"], r["log_append_time_ms"], r["log_start_offset"],
+            r.get("error_message")) == (code, -1, -1, -1, None)
+
+
+def _send_parked(conn, topic, batch, timeout_ms, correlation=4242):
+    """An acks=-1 Produce v8 sent without waiting for its answer (read it with _parked_answer)."""
+    from kbroker.protocol import api
+    body = {"transactional_id": None, "acks": -1, "timeout_ms": timeout_ms,
+            "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": batch}]}]}
+    conn.send(api.encode_request(PRODUCE, 8, correlation, "parked", body))
+
+
+def _parked_answer(conn, timeout=40):
+    from kbroker.protocol import api
+    _cid, body = api.decode_response(PRODUCE, 8, conn.recv_frame(timeout=timeout))
+    return body["responses"][0]["partition_responses"][0]
+
+
+@pytest.mark.slow
+def test_rf3_confluent_default_acks_all_native(three):
+    """confluent-kafka with its defaults (acks=all, not idempotent) to an RF=3 leader: every record
+    acknowledged, read back at its offset, and the leader served every request natively."""
+    c, ports = three
+    topic = rf3_topic(c)
+    n = 300
+    acked = []
+    p = Producer({"bootstrap.servers": c.bootstrap, "linger.ms": 0, "batch.num.messages": 1})
+    assert p.list_topics(topic, timeout=10).topics[topic].error is None
+    with Delta(ports[0]) as d:
+        for i in range(n):
+            p.produce(topic, value=b"all-%d" % i, partition=0,
+                      on_delivery=lambda err, m: acked.append(err or (m.offset(), m.value())))
+            p.poll(0)
+        assert p.flush(60) == 0
+    assert all(type(a) is tuple for a in acked) and len(acked) == n, [a for a in acked if type(a) is not tuple][:3]
+    assert d.fast >= n and d.slow == 0, (d.fast, d.slow)
+    got = {(o, v) for o, v, _ts in consume_values(c.bootstrap, topic, n + 1)}
+    assert set(acked) <= got
+    for bid in (1, 2):
+        assert _leo(c, bid, topic) >= max(o for o, _v in acked) + 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("client", ["confluent", "kafka-python", "aiokafka"])
+def test_rf3_keyed_acks_all_several_partitions_native(three, client):
+    """Keyed acks=all producers over 6 RF=3 partitions led by the three brokers in turn: every record
+    acknowledged and read back at its offset, in order; each leader parks its requests of several
+    partitions natively."""
+    c, ports = three
+    replicas = [[p % 3, (p + 1) % 3, (p + 2) % 3] for p in range(6)]
+    topic = multi_topic(c, 6, replicas=replicas)
+    for p in range(6):
+        wait_until(lambda p=p: isr_of(c, topic, replicas[p][0], p) == [0, 1, 2], 30, f"a full ISR of {p}")
+        # settled: a late config znode event re-arms a new topic's slot once (see new_topic)
+        with leader_conn(c, replicas[p][0]) as conn:
+            wait_until(lambda p=p: _fast_once(conn, ports[replicas[p][0]], topic, p), 30, f"{p} served natively")
+    warm = {p: _part_leo(c, replicas[p][0], topic, p) for p in range(6)}
+    deltas = [Delta(ports[bid]) for bid in (0, 1, 2)]
+    for d in deltas:
+        d.__enter__()
+    acks = -1 if client == "confluent" else "all"
+    acked = {"confluent": keyed_confluent, "kafka-python": keyed_kafka_python,
+             "aiokafka": keyed_aiokafka}[client](c.bootstrap, topic, 1500, acks=acks)
+    for d in deltas:
+        d.__exit__(None, None, None)
+    check_multi(c, topic, 6, acked, brokers=(0, 1, 2), warm=warm)
+    assert all(d.fast > 0 for d in deltas) and sum(d.slow for d in deltas) == 0, [(d.fast, d.slow) for d in deltas]
+
+
+@pytest.mark.slow
+def test_rf3_acks_all_timeout_and_not_enough_replicas_after_append(three):
+    """A follower paused (SIGSTOP): a parked acks=-1 request whose timeout passes first answers
+    REQUEST_TIMED_OUT; with min.insync.replicas=3 one still parked when the ISR shrinks answers
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND (both as DelayedProduce decides, no offset); the next request is
+    refused NOT_ENOUGH_REPLICAS before any append, by Python; the follower back: served natively."""
+    c, ports = three
+    topic = rf3_topic(c, min_isr=3)
+    with leader_conn(c, 0) as conn:
+        wait_until(lambda: produce_raw(conn, topic, one(), acks=-1)["error_code"] == 0, 30, "leader ready")
+        wait_until(lambda: isr_of(c, topic) == [0, 1, 2], 30, "a full ISR")
+        end = _leo(c, 0, topic)
+        os.kill(c.brokers[2].pid, 19)           # SIGSTOP
+        try:
+            with Delta(ports[0]) as d:
+                r = produce_raw(conn, topic, one(b"late"), acks=-1, timeout_ms=300)
+            assert _failed_row(r, REQUEST_TIMED_OUT), r
+            assert (d.fast, d.slow) == (1, 0), (d.fast, d.slow)
+            with Delta(ports[0]) as d:
+                r = produce_raw(conn, topic, one(b"shrunk"), acks=-1, timeout_ms=30000)
+            assert _failed_row(r, NOT_ENOUGH_REPLICAS_AFTER_APPEND), r
+            assert (d.fast, d.slow) == (1, 0), (d.fast, d.slow)
+            assert _leo(c, 0, topic) == end + 2         # both were appended
+            with Delta(ports[0]) as d:
+                r = produce_raw(conn, topic, one(b"refused"), acks=-1)
+            assert r["error_code"] == NOT_ENOUGH_REPLICAS and (d.fast, d.slow) == (0, 1), (r, d.fast, d.slow)
+            assert _leo(c, 0, topic) == end + 2
+        finally:
+            os.kill(c.brokers[2].pid, 18)       # SIGCONT
+        wait_until(lambda: isr_of(c, topic) == [0, 1, 2], 60, "the follower back in the ISR")
+        with Delta(ports[0]) as d:
+            r = produce_raw(conn, topic, one(b"back"), acks=-1)
+        assert r["error_code"] == 0 and (d.fast, d.slow) == (1, 0), (r, d.fast, d.slow)
+
+
+@pytest.mark.slow
+def test_rf3_leadership_moves_while_parked(three):
+    """A request parked on broker 0 (follower 2 paused, so the HW cannot pass it) when the preferred
+    leader 1 takes the partition: NOT_LEADER_OR_FOLLOWER, no offset (as Python's _fail_waiters)."""
+    from confluent_kafka import ElectionType
+    c, ports = three
+    topic = rf3_topic(c, leader=1)
+    with leader_conn(c, 1) as conn:
+        wait_until(lambda: produce_raw(conn, topic, one())["error_code"] == 0, 30, "leader ready")
+    c.stop_broker(1)                            # broker 0 leads; 1 comes back as a follower
+    c.start_broker(1)
+    controller = _metadata(c, 0, topic)["controller_id"]
+    assert controller != 2, "broker 2 is paused below: the controller must be another broker"
+    with leader_conn(c, 0) as conn:
+        wait_until(lambda: produce_raw(conn, topic, one(), acks=-1)["error_code"] == 0, 30, "broker 0 leads")
+        wait_until(lambda: isr_of(c, topic) == [0, 1, 2], 60, "a full ISR")
+        admin = AdminClient({"bootstrap.servers": c.bootstrap})
+        os.kill(c.brokers[2].pid, 19)           # SIGSTOP
+        try:
+            with Delta(ports[0]) as d:
+                _send_parked(conn, topic, one(b"parked"), 30000)
+                wait_until(lambda: counts(ports[0])["fast"] > d.before["fast"], 10, "the request parked")
+            errors = admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition(topic, 0)]).result(30)
+            assert all(e is None for e in errors.values()), errors
+            r = _parked_answer(conn)
+        finally:
+            os.kill(c.brokers[2].pid, 18)       # SIGCONT
+    assert (d.fast, d.slow) == (1, 0), (d.fast, d.slow)
+    assert _failed_row(r, NOT_LEADER_OR_FOLLOWER), r
+
+
+@pytest.mark.slow
+def test_leader_kill_acks_all_native_loses_no_acked_record(tmp_path):
+    """test_replication's T1 with a producer the fast path serves (acks=all, not idempotent): kill -9
+    the leader twice under load. Invariant: acked-but-lost 0 of N, inconsistent offsets 0 (retries may
+    duplicate: not idempotent); the leaders served the load natively."""
+    from checkers import History, read_all_confluent
+    from test_replication import LoadProducer, make_topic, state, wait_acks_grow, wait_isr, wait_unregistered
+    c = LocalCluster(tmp_path, brokers=3, overrides={"replica.lag.time.max.ms": 3000})
+    ports = {}
+    for bid, b in c.brokers.items():
+        ports[bid] = free_port()
+        b.extra = {"kbroker.metrics.port": ports[bid]}
+    with c:
+        make_topic(c)
+        hist = History()
+        load = LoadProducer(c.bootstrap, hist, rate=800, **{"enable.idempotence": False, "acks": "all"}).start()
+        served = []
+        try:
+            for _round in range(2):
+                wait_acks_grow(load, 300)
+                leader, _epoch, _isr = wait_isr(c, 3, timeout=60)
+                wait_acks_grow(load, 300)
+                served.append(counts(ports[leader]))
+                c.kill(leader)
+                wait_unregistered(c, leader)
+                wait_until(lambda: (lambda s: s if s[0] >= 0 and s[0] != leader else None)(state(c)), 30,
+                           "a new leader")
+                wait_acks_grow(load, 300)
+                c.start_broker(leader)
+        finally:
+            load.finish()
+        read_all_confluent(c.bootstrap, "rep", 1, hist)
+        report = hist.check()
+    print(report.line(), served)
+    assert report.acked > 1500
+    assert report.acked_lost == 0, report.line()
+    assert report.inconsistent_offsets == 0, report.line()
+    # the load's requests (linger.ms 5: a few records each) to each killed leader, mostly native
+    assert all(n["fast"] >= 30 and n["fast"] > 5 * n["slow"] for n in served), served

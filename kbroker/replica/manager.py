@@ -121,7 +121,8 @@ class ReplicaManager:
         notifier = self.broker.notifier
         self.fast = FastProduce(fallback, self._fast_rearm, write_failed, self._fast_leaders,
                                 metrics.messages_in, metrics.bytes_in, notifier._waiters, notifier.appended,
-                                self._failing_dirs, threads.write_offload_bytes, threads.validates_off_loop)
+                                self._failing_dirs, threads.write_offload_bytes, threads.validates_off_loop,
+                                metrics.produce_failed)
         self._fast_refresh_all()
         return self.fast
 
@@ -165,9 +166,13 @@ class ReplicaManager:
             # an ISR of one that is not this leader alone moves the HW by maybe_increment_hw's full rule
             disarm_leader(self._fast_leaders, tp)
             return
+        # acks=-1 with followers in the ISR: appended natively, then parked (ParkedProduce) until the HW
+        # covers it, when append_records would do the same (not stale, ISR >= min.insync.replicas);
+        # otherwise acks=-1 stays Python's (its refusals before any append)
+        park = len(isr) > 1 and not p.stale and len(isr) >= cfg.min_insync_replicas
         arm_leader(self._fast_leaders, FastLeader(tp, p, lg, lg._appender, cfg, p.leader_epoch, alone,
                                                   len(p.replicas) > 1, p.follower_key, p.waiters, lg.append_tails,
-                                                  lg.epoch_cache))
+                                                  lg.epoch_cache, park))
 
     def _fast_rearm(self, tp) -> None:
         p = self.partitions.get(tp)

@@ -10,6 +10,7 @@ the connection (the client has no other way to learn of it).
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from ..._native.request import encode_produce_response
@@ -17,6 +18,8 @@ from ...network.connection import CLOSE, NO_RESPONSE
 from ...protocol import api
 from ...protocol.errors import Errors
 from ...log.errors import LogAppendError
+from ...replica.delayed import DelayedProduce
+from ...replica.manager import UNDECIDED, PartitionResult
 from ..metadata import topic_name_error
 
 log = logging.getLogger(__name__)
@@ -51,14 +54,16 @@ async def _encode_later(version, correlation_id, awaitable):
 
 
 def fast_write_failed(broker, conn, leader, error, version, correlation_id, acks, timeout_ms, out, row, slots,
-                      rest):
+                      rest, parked=()):
     """The native path's append (ext/request.pyx, FastProduce) could not write one partition's batch
     (OSError ``error``; that segment's state is as before): what append_as_leader, append_records and
     execute do then. ``out``: execute's answer rows in request order, those of the partitions appended
     before it filled in; ``row``: the failed partition's (KAFKA_STORAGE_ERROR is written into it);
     ``slots``/``rest``: (tp, row) and {tp: records} of the partitions after it, not appended yet, which
-    go through append_records as in execute's loop. -> the encoded answer, CLOSE for acks=0, or an
-    awaitable of either."""
+    go through append_records as in execute's loop; ``parked``: the acks=-1 partitions appended before
+    it that wait for the high watermark, (Partition, required offset, tp, row, base offset, append
+    time, log start) each, their rows unfilled: they get one DelayedProduce, as append_records' pending.
+    -> the encoded answer, CLOSE for acks=0, or an awaitable of either."""
     lg = leader.log
     tp = leader.tp
     try:
@@ -68,11 +73,20 @@ def fast_write_failed(broker, conn, leader, error, version, correlation_id, acks
         row[1] = int(e.error_code)
         row[5] = e.message or None
     broker.metrics.produce_failed(tp[0])
+    rm = broker.replica_manager
+    waits = []                  # (results or their awaitable, slots)
+    if parked:
+        held = {t: PartitionResult(UNDECIDED, base, at, start) for _p, _r, t, _row, base, at, start in parked}
+        d = DelayedProduce(held, len(parked), rm.loop or asyncio.get_running_loop(), timeout_ms, rm._timed_out)
+        for p, required, _t, _row, _b, _a, _s in parked:
+            p.waiters.append((required, d))
+        waits.append((d.future, [(t, r) for _p, _q, t, r, _b, _a, _s in parked]))
     if rest:
-        results = broker.replica_manager.append_records(rest, acks, timeout_ms, source=conn)
-        if not isinstance(results, dict):
-            return _encode_later(version, correlation_id, _finish_later(broker, results, slots, out, acks, True))
-        _fill(broker, results, slots)
+        waits.append((rm.append_records(rest, acks, timeout_ms, source=conn), slots))
+    if any(not isinstance(results, dict) for results, _slots in waits):
+        return _encode_later(version, correlation_id, _finish_all(broker, waits, out, acks))
+    for results, part in waits:
+        _fill(broker, results, part)
     if acks == 0:
         return CLOSE
     return [encode_produce_response(version, correlation_id, out)]
@@ -205,6 +219,14 @@ def _fill(broker, results, slots) -> bool:
             res[3] = r.log_append_time_ms
             res[4] = r.log_start_offset
     return failed
+
+
+async def _finish_all(broker, waits, out, acks):
+    """fast_write_failed's answer once each of ``waits`` ((results or their awaitable, slots)) is
+    decided; a batch failed there already (acks=0: a close)."""
+    for results, slots in waits:
+        _fill(broker, results if isinstance(results, dict) else await results, slots)
+    return CLOSE if acks == 0 else out
 
 
 async def _finish_later(broker, future, slots, out, acks, failed):
