@@ -28,6 +28,10 @@ cdef class FetchRequest:
     # [(topic, [(partition, current_leader_epoch, fetch_offset, log_start_offset, partition_max_bytes)])]
     cdef readonly list topics
     cdef readonly str rack_id
+    # a follower's fetch whose positions the native path recorded (ReplicaManager.record_follower_fetch's
+    # effect, nothing to read yet): the Fetch handler only long-polls it, recording nothing again
+    cdef readonly bint recorded
+    cdef readonly bytes frame               # the frame of a recorded fetch (FastFetch.reread); else None
 
 
 cdef class TimeHistogram:

@@ -34,6 +34,8 @@ class FetchRequest:
     session_id: int
     session_epoch: int
     topics: list[tuple[str, list[tuple[int, int, int, int, int]]]]
+    recorded: bool          # a follower's fetch whose positions the native path recorded (long poll only)
+    frame: bytes | None     # a recorded fetch's frame (FastFetch.reread)
     rack_id: str
 
 def parse_fetch(frame: Any) -> FetchRequest: ...
@@ -124,8 +126,14 @@ class FastFetch:
     (fetch.handle_native)."""
     fast: int
     slow: int
+    follower_fast: int      # followers' fetches answered natively
+    follower_polled: int    # followers' fetches recorded natively, long-polled by ``fallback``
+    follower_slow: int      # followers' fetches left whole to ``fallback``
     def __init__(self, fallback: Any, rearm: Any, leaders: dict, bytes_out: dict[str, int],
-                 config_values: dict, blocks: dict, read_blocks: int, read_block: int, local_id: int) -> None: ...
+                 config_values: dict, blocks: dict, read_blocks: int, read_block: int, local_id: int,
+                 topic_configs: dict, complete: Any, broker_metrics: Any) -> None: ...
+    def reread(self, conn: Any, frame: bytes) -> list | None:
+        """A long poll's read of a recorded follower fetch -> [chunks, records' size] or None (Python)."""
     def __call__(self, conn: Any, req: FetchRequest) -> Any: ...
 
 def arm_leader(leaders: dict, leader: FastLeader) -> None:

@@ -1320,17 +1320,38 @@ cdef class FastFetch:
     cdef Py_ssize_t read_blocks         # kbroker.log.segment.READ_BLOCKS (0: no blocks)
     cdef int64_t read_block
     cdef int32_t local_id
+    cdef dict topic_configs             # LogManager.topic_configs (topic -> overrides; never replaced)
+    cdef object complete                # ReplicaManager._complete: a follower's fetch moved the HW
+    cdef object broker_metrics          # BrokerMetrics (replication_bytes_out)
     cdef readonly long long fast, slow
+    # followers' fetches: answered here / positions recorded here, then Python's long poll / all Python
+    cdef readonly long long follower_fast, follower_polled, follower_slow
 
     def __init__(self, fallback, rearm, dict leaders not None, dict bytes_out not None,
                  dict config_values not None, dict blocks not None, Py_ssize_t read_blocks, int64_t read_block,
-                 int32_t local_id):
+                 int32_t local_id, dict topic_configs not None, complete, broker_metrics):
         self.fallback, self.rearm, self.leaders, self.bytes_out = fallback, rearm, leaders, bytes_out
         self.config_values, self.blocks = config_values, blocks
         self.read_blocks, self.read_block, self.local_id = read_blocks, read_block, local_id
+        self.topic_configs, self.complete, self.broker_metrics = topic_configs, complete, broker_metrics
+
+    def reread(self, conn, bytes frame not None):
+        """A long poll's read of a follower's fetch whose positions were recorded natively (fetch.py
+        ``_poll_recorded``; ``frame``: FetchRequest.frame) -> [the answer's chunks, its records' size],
+        or None: Python's read (fetch._read) this time."""
+        cdef list out = []
+        if _fetch_fast(self, conn, <const unsigned char *>PyBytes_AS_STRING(frame), 0, len(frame), None, None,
+                       out):
+            return out
+        return None
 
     def __call__(self, conn, req):
-        self.slow += 1
+        if type(req) is FetchRequest and (<FetchRequest>req).recorded:
+            self.follower_polled += 1   # not "slow": its positions were recorded natively
+        else:
+            self.slow += 1
+            if type(req) is FetchRequest and (<FetchRequest>req).replica_id >= 0:
+                self.follower_slow += 1
         return self.fallback(conn, req)
 
 
@@ -1449,19 +1470,27 @@ cdef inline bint _valid_utf8(const unsigned char *s, Py_ssize_t n):
 
 
 cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begin, Py_ssize_t size,
-                     no_response, close) except -1:
+                     no_response, close, list reread=None) except -1:
     """The frame at ``begin`` (``size`` bytes) served natively -> 1 (its Slot queued with the answer),
-    or 0: not the common request (nothing was done but read blocks read and their cursors moved as the
-    Python path reads and moves them: the caller's path takes the request from scratch)."""
+    2: a follower's fetch with nothing to read whose positions were recorded here (the caller's path
+    long-polls it, FetchRequest.recorded), or 0: not the common request (nothing was done but read
+    blocks read and their cursors moved as the Python path reads and moves them: the caller's path
+    takes the request from scratch). ``reread``: a long poll's read of a follower's fetch recorded
+    before (FastFetch.reread): nothing recorded, no Slot; 1 with [the answer's chunks, its records'
+    size] appended to ``reread`` (whether or not that is min_bytes: the poll decides), or 0 (Python's
+    read)."""
     cdef const unsigned char *f = p + begin
     cdef Py_ssize_t pos = 8, name_at, topics_at, part_len
     cdef int16_t name_len, rack_len = 0
     cdef int32_t version, correlation_id, replica_id, max_wait_ms, min_bytes, max_bytes, index
     cdef int32_t leader_epoch = -1, part_max, session_epoch = -1, n_topics, n_parts, t, j
     cdef int8_t isolation
-    cdef int64_t fetch_offset, hw, log_start, start, end, n, budget, limit, total = 0, topic_total
-    cdef int64_t sendfile_min
-    cdef bint first = True
+    cdef int64_t fetch_offset, hw, log_start, start = 0, end, n, budget, limit, total = 0, topic_total
+    cdef int64_t sendfile_min, rd_max
+    cdef bint first = True, follower
+    cdef object rid = None, fs, tcfg
+    cdef list recs = None                   # a follower's partitions: (FastLeader, FollowerState, fetch
+                                            # offset, current leader epoch, log end, the row's position)
     cdef object client_id = None, rack = "", name, tparts, lg, seg, cap, server, metrics, name0 = None
     cdef list block, more = None            # BytesOut: the first topic with data (name0, total0), the others
     cdef int64_t total0 = 0
@@ -1488,8 +1517,7 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
     max_bytes = <int32_t>load_be32(<const char *>f + pos + 12)
     isolation = <int8_t>f[pos + 16]
     pos += 17
-    if replica_id >= 0:
-        return 0                                                  # a follower
+    follower = replica_id >= 0
     if version >= 7:
         if <int32_t>load_be32(<const char *>f + pos) != 0:       # a fetch session
             return 0
@@ -1534,8 +1562,9 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
         pos += 2 + rack_len
     if pos != size:
         return 0
-    # fetch._read's budget: the request's max_bytes capped by fetch.max.bytes and the data ceiling
-    cap = ff.config_values.get("fetch.max.bytes")
+    # fetch._read's budget: the request's max_bytes capped by fetch.max.bytes (a follower's:
+    # replica.fetch.response.max.bytes) and the data ceiling
+    cap = ff.config_values.get("replica.fetch.response.max.bytes" if follower else "fetch.max.bytes")
     if cap is None:
         return 0
     budget = cap
@@ -1550,6 +1579,12 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
     # KIP-74, the budget shrinking by what each partition got), written as encode_fetch_response
     # writes it; the records (all of them below the sendfile threshold: fetch._read copies each from
     # the read block) copied from the read blocks
+    if follower:
+        rid = replica_id
+        if reread is None:
+            recs = []
+    elif reread is not None:
+        return 0
     w = _out
     _fetch_head(w, version, correlation_id, 0, n_topics)
     pos = topics_at
@@ -1563,6 +1598,12 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
         tparts = ff.leaders.get(name)
         if tparts is None:
             return 0
+        if follower:
+            # leader.replication.throttled.replicas set for the topic: the leader quota's counting
+            # (ReplicaManager.record_leader_bytes) is Python's
+            tcfg = ff.topic_configs.get(name)
+            if tcfg and tcfg.get("leader.replication.throttled.replicas"):
+                return 0
         w.reserve(2 + name_len + 4)
         w.i16(name_len)
         memcpy(w.p + w.pos, f + name_at, name_len)
@@ -1589,6 +1630,14 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
                 return 0
             if fl.partition.leader_id != ff.local_id:
                 return 0
+            if follower:
+                # record_follower_fetch's common case only: an ISR follower (no expansion, never
+                # throttled: ReplicaManager.leader_throttled), known, of a leader whose ISR writes stand
+                if fl.partition.stale or rid not in fl.partition.isr:
+                    return 0
+                fs = fl.partition.followers.get(rid)
+                if fs is None:
+                    return 0
             lg = fl.log
             if lg.offline or lg._write_job is not None:
                 return 0
@@ -1600,16 +1649,18 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
             seg = fl.seg
             limit = part_max if part_max < budget else budget
             n = 0
-            if fetch_offset >= hw:      # Log.read: nothing to read yet (an empty row); past the log end
+            # Log.read's bound: the HW for consumers, the log end for followers
+            rd_max = st.next_offset if follower else hw
+            if fetch_offset >= rd_max:  # Log.read: nothing to read yet (an empty row); past the log end
                 if fetch_offset > st.next_offset:       # out of range
                     return 0
             else:
-                if fetch_offset < st.base_offset or hw > st.next_offset or (first and limit < 0):
+                if fetch_offset < st.base_offset or rd_max > st.next_offset or (first and limit < 0):
                     return 0            # an older segment
                 start = _batch_position(ff, seg, st, fetch_offset, 0)
                 if start < 0:
                     return 0
-                end = _end_position(ff, seg, st, start, limit, hw, first)
+                end = _end_position(ff, seg, st, start, limit, rd_max, first)
                 if end == _UNDECIDED:
                     return 0
                 n = end - start
@@ -1622,6 +1673,8 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
                         return 0
                 else:
                     n = 0
+            if recs is not None:        # its HW is written once the position is recorded (below)
+                recs.append((fl, fs, fetch_offset, leader_epoch, st.next_offset, w.pos))
             _fetch_row(w, version, index, 0, hw, hw, log_start)
             w.i32(<int32_t>n)
             if n:
@@ -1639,11 +1692,35 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
                 more = [(name, topic_total)]
             else:
                 more.append((name, topic_total))
-    if total < min_bytes and max_wait_ms > 0:
-        return 0                        # a long poll
-    # the answer: fetch._read's bookkeeping (BytesOut per topic, the bytes copied), the Slot
     metrics = server.metrics
-    if name0 is not None:
+    if reread is not None:
+        # fetch._read's re-read in the long poll: its bookkeeping whatever the poll makes of it
+        if total:
+            ff.broker_metrics.replication_bytes_out += total
+            metrics.fetch_copy_bytes += total
+        store_be32(w.p, <uint32_t>(w.pos - 4))
+        reread.append([PyBytes_FromStringAndSize(w.p, w.pos)])
+        reread.append(total)
+        if total >= min_bytes:
+            ff.fast += 1                # the answer (the poll's deadline answers the others)
+            ff.follower_fast += 1
+        return 1
+    if total < min_bytes and max_wait_ms > 0:
+        if not follower or total:
+            return 0                    # a long poll
+        # a follower's fetch with nothing to read (caught up): its positions recorded here, the long
+        # poll left to Python (fetch.handle_native, FetchRequest.recorded)
+        _record_followers(ff, recs, None)
+        return 2
+    # the answer: fetch._read's bookkeeping (BytesOut per topic, the bytes copied), the Slot
+    if follower:
+        # each row's HW read after its own position was recorded (fetch._read: record, then read)
+        _record_followers(ff, recs, w)
+        if total:
+            ff.broker_metrics.replication_bytes_out += total
+            metrics.fetch_copy_bytes += total
+        ff.follower_fast += 1
+    elif name0 is not None:
         _bump(ff.bytes_out, name0, total0)
         if more is not None:
             for name, n in more:
@@ -1664,10 +1741,78 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
     req.isolation_level = isolation
     req.session_epoch = session_epoch
     req.rack_id = rack
-    slot = _new_slot(req, FETCH, version, False, conn._pending, metrics.requests, conn.last_active,
+    slot = _new_slot(req, FETCH, version, follower, conn._pending, metrics.requests, conn.last_active,
                      conn._read_at, started)
     _end_native(slot, result, no_response, close)
     return 1
+
+
+cdef int _record_followers(FastFetch ff, list recs, _Writer w) except -1:
+    """ReplicaManager.record_follower_fetch for each partition of a follower's fetch, in request order,
+    for the case _fetch_fast checked (a known ISR follower, a leader not stale); with ``w``, then each
+    row's HW and last stable offset (written before, at the row's position) set to the HW after it, as
+    fetch._read reads it after its record (a partition named twice: the first row before the second
+    record)."""
+    cdef int64_t now = _now_ms(), hw, pos
+    for rec in recs:
+        _record_one(ff, <tuple>rec, now)
+        if w is not None:
+            hw = (<FastLeader>(<tuple>rec)[0]).log._high_watermark
+            pos = <int64_t>(<tuple>rec)[5]
+            store_be64(w.p + pos + 6, <uint64_t>hw)
+            store_be64(w.p + pos + 14, <uint64_t>hw)
+    return 0
+
+
+cdef int _record_one(FastFetch ff, tuple rec, int64_t now) except -1:
+    """One partition of _record_followers: Partition.update_follower (the follower's LEO, fetch epoch
+    and caught-up time), then, past the HW, maybe_increment_hw (HW = min LEO over the ISR, clamped as
+    Log.high_watermark's setter does) and _complete when it moved."""
+    cdef int64_t o, leo, hw, cur, f_leo, start
+    cdef object fs, p, lg, f2, r
+    cdef FastLeader fl = <FastLeader>rec[0]
+    cdef list isr
+    cdef dict followers
+    fs = rec[1]
+    o = <int64_t>rec[2]
+    leo = <int64_t>rec[4]
+    if o >= leo:
+        if now > <int64_t>fs.last_caught_up_ms:
+            fs.last_caught_up_ms = now
+    elif o >= <int64_t>fs.last_fetch_leader_leo >= 0:
+        if <int64_t>fs.last_fetch_ms > <int64_t>fs.last_caught_up_ms:
+            fs.last_caught_up_ms = fs.last_fetch_ms
+    fs.last_fetch_leader_leo = leo
+    fs.last_fetch_ms = now
+    fs.leo = o
+    fs.fetch_epoch = rec[3]
+    lg = fl.log
+    cur = lg._high_watermark
+    if o <= cur:
+        return 0                        # an ISR follower at or below the HW cannot move it
+    p = fl.partition
+    isr = p.isr
+    if len(isr) < <Py_ssize_t>lg.config.min_insync_replicas:
+        return 0
+    hw = leo
+    followers = p.followers
+    for r in isr:
+        if <int32_t>r == ff.local_id:
+            continue
+        f2 = followers.get(r)
+        if f2 is None:
+            return 0
+        f_leo = f2.leo
+        if f_leo < 0:
+            return 0
+        if f_leo < hw:
+            hw = f_leo
+    if hw <= cur:
+        return 0
+    start = lg.log_start_offset
+    lg._high_watermark = (hw if hw > start else start) if hw < leo else leo
+    ff.complete(p)
+    return 0
 
 
 def dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_ssize_t max_frame, produce, fetch,
@@ -1740,7 +1885,7 @@ cdef object _dispatch_frames(conn, chunk, const unsigned char *p, Py_ssize_t buf
     cdef Slot slot
     cdef FastProduce fast = produce if type(produce) is FastProduce else None
     cdef FastFetch ffast = fetch if type(fetch) is FastFetch else None
-    cdef bint done
+    cdef int done
     while not conn.closed:
         if end - start < 4:
             return 0
@@ -1789,7 +1934,7 @@ cdef object _dispatch_frames(conn, chunk, const unsigned char *p, Py_ssize_t buf
                                            conn.server.metrics.requests, conn.last_active, conn._read_at,
                                            _monotonic()))
             continue
-        if done:
+        if done == 1:
             _answered(conn, run)
             continue
         frame = view[begin:begin + size]
@@ -1799,6 +1944,10 @@ cdef object _dispatch_frames(conn, chunk, const unsigned char *p, Py_ssize_t buf
         except ProtocolError:
             conn._dispatch(frame, chunk)        # malformed: the generic outcome (nothing was queued)
             continue
+        if done == 2:
+            # _fetch_fast recorded its follower's positions: the long poll's reads take the frame again
+            (<FetchRequest>slot.header).recorded = True
+            (<FetchRequest>slot.header).frame = bytes(frame)
         if key == PRODUCE and not run[0] and _frame_follows(p, start, end):
             # a run only when another frame of the chunk follows: a lone request (one in flight) is
             # written as it is handled, so a failing disk still answers it KAFKA_STORAGE_ERROR

@@ -2,7 +2,8 @@
 of one kbroker broker serving request_bench's producer (linger.ms=0, batch.num.messages=1, acks=1, 100 B).
 
     python -m kbroker.perf.profile_request pyspy     [--requests 200000] [--seconds 6] [--out DIR]
-    python -m kbroker.perf.profile_request callgrind [--requests 3000] [--rf3] [--partitions N] [--out DIR]
+    python -m kbroker.perf.profile_request callgrind [--requests 3000] [--rf3 [--acks all]] [--partitions N]
+        [--broker-env K=V,..] [--out DIR]
     python -m kbroker.perf.profile_request capacity  [--batches 1024] [--rounds 3] [--variant NAME:k=v,..:ENV=v,..]
         [--persist write-shm --persist splice-shm --persist write-disk ...] [--storage shm|disk] [--no-profile]
     ... [--workload fetch]: small Fetch v11 requests with 1 in flight (request_bench's fetch, one ~170 B
@@ -89,9 +90,10 @@ class _WrappedCluster(LocalCluster):
         return b
 
 
-def _producer(bootstrap: str, topic: str, count: int, warmup: int, max_s: float):
+def _producer(bootstrap: str, topic: str, count: int, warmup: int, max_s: float, acks: str = "1"):
     cmd = [sys.executable, "-m", "kbroker.perf.request_bench", "produce-worker", "--bootstrap", bootstrap,
-           "--topic", topic, "--count", str(count), "--warmup", str(warmup), "--max-seconds", str(max_s)]
+           "--topic", topic, "--count", str(count), "--warmup", str(warmup), "--max-seconds", str(max_s),
+           "--acks", acks]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
     lines = _LineReader(proc)
     if lines.readline(120 + max_s) != "ready":
@@ -105,11 +107,11 @@ def _go(proc) -> None:
     proc.stdin.flush()
 
 
-def _cluster(root: Path, wrapper: list[str] | None, brokers: int = 1) -> LocalCluster:
+def _cluster(root: Path, wrapper: list[str] | None, brokers: int = 1, env: dict | None = None) -> LocalCluster:
     overrides = {"auto.create.topics.enable": "false", "zookeeper.session.timeout.ms": 30000}
     if wrapper:
-        return _WrappedCluster(root, wrapper, brokers=brokers, num_partitions=1, overrides=overrides)
-    return LocalCluster(root, brokers=brokers, num_partitions=1, overrides=overrides)
+        return _WrappedCluster(root, wrapper, brokers=brokers, num_partitions=1, overrides=overrides, env=env)
+    return LocalCluster(root, brokers=brokers, num_partitions=1, overrides=overrides, env=env)
 
 
 def _topic(c: LocalCluster, partitions: int = 1) -> str:
@@ -324,7 +326,7 @@ def _instrument(state: str, pid: int) -> None:
                    timeout=120)
 
 
-def _what(workload: str, partitions: int = 1, raw: bool = False, data_parts: int = 1) -> str:
+def _what(workload: str, partitions: int = 1, raw: bool = False, data_parts: int = 1, acks: str = "1") -> str:
     if workload == "fetch":
         if partitions > 1:
             return (f"small Fetch v11 requests naming {partitions} partitions, 1 in flight ({data_parts} of them "
@@ -334,7 +336,35 @@ def _what(workload: str, partitions: int = 1, raw: bool = False, data_parts: int
     if partitions > 1 or raw:
         return (f"Produce v7 requests of {partitions} partitions x one 100 B record (acks=1, 1 in flight, "
                 "raw socket)")
+    if acks != "1":
+        return ("one-record Produce requests (acks=all, 1 in flight: each answered once both followers "
+                "fetched it, two follower fetches per request)")
     return "one-record Produce requests (acks=1, linger.ms=0, batch.num.messages=1)"
+
+
+def _acks_all_one_in_flight(c: LocalCluster, topic: str, requests: int, pid: int, ctl: str) -> int:
+    """``requests`` one-record acks=all requests with one in flight, instrumented (callgrind_control on
+    ``pid``) after a warm-up of 200. -> requests delivered."""
+    from .replication_fetch_cost import acks_all_producer
+    p = acks_all_producer(c)
+    failed = []
+
+    def sent(err, _msg):
+        if err:
+            failed.append(err)
+    for _ in range(200):
+        p.produce(topic, b"w" * 100, partition=0, on_delivery=sent)
+    if p.flush(600):
+        raise RuntimeError("warm-up not delivered")
+    subprocess.run([ctl, "-i", "on", str(pid)], check=True, capture_output=True, timeout=120)
+    for _ in range(requests):
+        p.produce(topic, b"x" * 100, partition=0, on_delivery=sent)
+        p.poll(0)
+    left = p.flush(900)
+    subprocess.run([ctl, "-i", "off", str(pid)], check=True, capture_output=True, timeout=120)
+    if left or failed:
+        raise RuntimeError(f"acks=all run: {left} undelivered, {len(failed)} failed")
+    return requests
 
 
 def pyspy(out: Path, requests: int, seconds: float, workload: str = "produce") -> str:
@@ -389,13 +419,15 @@ def pyspy(out: Path, requests: int, seconds: float, workload: str = "produce") -
 
 
 def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = False, depth: int = 1,
-              partitions: int = 1, raw: bool = False, data_parts: int = 0, idempotent: bool = False) -> str:
+              partitions: int = 1, raw: bool = False, data_parts: int = 0, idempotent: bool = False,
+              acks: str = "1", env: dict | None = None) -> str:
     vg, ctl, ann = shutil.which("valgrind"), shutil.which("callgrind_control"), shutil.which("callgrind_annotate")
     if not (vg and ctl and ann):
         raise SystemExit("valgrind (with callgrind_control, callgrind_annotate) is not installed")
     root = Path(tempfile.mkdtemp(prefix="kbroker-profile-", dir="/dev/shm"))
     data_parts = data_parts or partitions
-    name = (f"callgrind-{workload}" + ("-rf3" if rf3 else "") + (f"-depth{depth}" if depth != 1 else "")
+    name = (f"callgrind-{workload}" + ("-rf3" if rf3 else "") + ("-acksall" if acks in ("all", "-1") else "")
+            + (f"-depth{depth}" if depth != 1 else "")
             + (f"-{partitions}p" if workload == "produce" and (partitions != 1 or raw) else "")
             + ("-idempotent" if workload == "produce" and idempotent else "")
             + (f"-p{partitions}d{data_parts}" if workload == "fetch" and partitions > 1 else ""))
@@ -404,7 +436,7 @@ def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = F
     cg_out = out / f"{name}.out"
     wrapper = [vg, "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={cg_out}"]
     try:
-        c = _cluster(root, wrapper, 3 if rf3 else 1)
+        c = _cluster(root, wrapper, 3 if rf3 else 1, env)
         try:
             c.start()
             pid = c.brokers[0].pid
@@ -418,8 +450,10 @@ def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = F
             elif workload == "fetch" and partitions > 1:
                 _fill_partitions(c, topic, data_parts, requests + 210)
                 n = _fetch_partitions(c, topic, partitions, data_parts, requests, 200, 1800)
+            elif workload == "produce" and acks != "1":
+                n = _acks_all_one_in_flight(c, topic, requests, pid, ctl)
             elif workload == "produce":
-                proc, lines = _producer(c.bootstrap, topic, requests, 500, 600)
+                proc, lines = _producer(c.bootstrap, topic, requests, 500, 600, acks)
                 try:
                     subprocess.run([ctl, "-i", "on", str(pid)], check=True, capture_output=True, timeout=120)
                     _go(proc)
@@ -450,7 +484,7 @@ def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = F
     incl_t = subprocess.run([ann, "--inclusive=yes", "--threshold=99", str(outs[0])], capture_output=True,
                             text=True, timeout=300).stdout
     n = max(1, n)
-    head = (f"callgrind of the broker while it served {n:,} {_what(workload, partitions, raw or idempotent, data_parts)}"
+    head = (f"callgrind of the broker while it served {n:,} {_what(workload, partitions, raw or idempotent, data_parts, acks)}"
             + (" (idempotent: producer id 1, each batch the next sequence)" if idempotent else "")
             + (" as the leader of an RF=3 partition (followers running, not profiled)" if rf3 else "")
             + (f" ({depth} in flight, not 1)" if depth != 1 else "")
@@ -936,6 +970,10 @@ def main(argv=None) -> int:
                                                  "(default 200000 for pyspy, 3000 for callgrind)")
     ap.add_argument("--seconds", type=float, default=6.0, help="py-spy sampling time")
     ap.add_argument("--rf3", action="store_true", help="callgrind: the profiled broker leads an RF=3 partition")
+    ap.add_argument("--acks", default="1", help="callgrind, produce workload: the producer's acks (1, or all: "
+                    "one request in flight, the replicated steady state; with --rf3)")
+    ap.add_argument("--broker-env", default="", metavar="K=V,K=V",
+                    help="callgrind: the brokers' environment (e.g. PYTHONPATH of another tree, for an A/B)")
     ap.add_argument("--depth", type=int, default=1,
                     help="callgrind --workload fetch: fetches in flight (default 1; request_bench also reports 8)")
     ap.add_argument("--partitions", type=int, default=1,
@@ -978,8 +1016,9 @@ def main(argv=None) -> int:
     elif a.tool == "capacity":
         text = capacity(out, a.batches, a.rounds, a.variant, a.persist, a.storage, not a.no_profile)
     else:
+        env = dict(kv.split("=", 1) for kv in a.broker_env.split(",") if kv) if a.broker_env else None
         text = callgrind(out, a.requests or 3_000, a.workload, a.rf3, a.depth, a.partitions, a.raw,
-                         a.data_partitions, a.idempotent)
+                         a.data_partitions, a.idempotent, a.acks, env)
     print(text)
     H.progress(f"{a.tool} done in {time.monotonic() - t0:.0f} s; output in {out}")
     return 0

@@ -10,6 +10,16 @@ and variant: (RF=3 - RF=1) leader user µs, loop-thread CPU µs (schedstat) and 
 that depend on the machine's load far less than a ratio of CPU seconds.
 
     .venv/bin/python -m kbroker.perf.replication_fetch_cost --env-b PYTHONPATH=/tmp/copy --mb 256 --rounds 3
+
+``--acks-all N``: instead, per round and cluster (A, B, then B, A), N one-record acks=all requests with
+one in flight (confluent-kafka, the steady state of a replicated partition: each request answered
+once both followers fetched it) on the RF=3 topic: the leader's CPU (user+sys), its loop thread's
+(schedstat) and its Fetch requests per request (hardware counters, perf stat's instructions, are not
+available on the development VM: callgrind counts instructions, profile_request callgrind --rf3); per round B ÷ A. ``--env-a`` sets cluster A's
+environment (e.g. the base tree's PYTHONPATH) so that this tool can run from the new tree:
+
+    PYTHONPATH=$PWD .venv/bin/python -m kbroker.perf.replication_fetch_cost --acks-all 3000 \
+        --env-a PYTHONPATH=/tmp/base --env-b PYTHONPATH=$PWD --rounds 5
 """
 from __future__ import annotations
 
@@ -24,6 +34,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from kbroker.testing import LocalCluster, free_port
@@ -120,9 +131,90 @@ def one_run(c, metrics_port, topic, mb, spy: bool, tmp: Path, trace: bool = Fals
 one_run.n = 0        # profile file numbering
 
 
+def acks_all_producer(c):
+    return Producer({"bootstrap.servers": c.bootstrap, "acks": "all", "linger.ms": 0, "batch.num.messages": 1,
+                     "max.in.flight.requests.per.connection": 1, "enable.idempotence": False,
+                     "socket.nagle.disable": True, "message.timeout.ms": 60000})
+
+
+def acks_all_run(c, p, metrics_port, topic, n):
+    """n one-record acks=all requests, one in flight, from producer ``p`` to ``topic`` (led by broker
+    0) -> the leader's CPU and Fetch requests over them."""
+    pid = c.brokers[0].pid
+    failed = []
+
+    def sent(err, _msg):
+        if err:
+            failed.append(err)
+    for _ in range(50):                 # warm: connections, metadata
+        p.produce(topic, b"w" * 100, partition=0, on_delivery=sent)
+    if p.flush(60):
+        raise RuntimeError("warm-up not delivered")
+    f0 = fetch_requests(metrics_port)
+    u0, s0 = cpu_split(pid)
+    n0 = loop_cpu_ns(pid)
+    t0 = time.monotonic()
+    for _ in range(n):
+        p.produce(topic, b"x" * 100, partition=0, on_delivery=sent)
+        p.poll(0)
+    if p.flush(max(60.0, n / 100)):
+        raise RuntimeError("acks=all run not delivered")
+    wall = time.monotonic() - t0
+    u1, s1 = cpu_split(pid)
+    n1 = loop_cpu_ns(pid)
+    f1 = fetch_requests(metrics_port)
+    if failed:
+        raise RuntimeError(f"{len(failed)} failed deliveries: {failed[0]}")
+    return {"cpu": (u1 - u0) + (s1 - s0), "user": u1 - u0, "loop": (n1 - n0) / 1e9, "fetches": f1 - f0,
+            "requests": n, "wall": wall}
+
+
+def _median_range(vals) -> str:
+    v = sorted(vals)
+    return f"median {v[len(v) // 2]:.2f} (range {v[0]:.2f}-{v[-1]:.2f})"
+
+
+def acks_all_rounds(clusters, n, rounds) -> None:
+    per = {label: [] for label in clusters}
+    ratios = []
+    labels = list(clusters)
+    producers = {label: acks_all_producer(c) for label, (c, _port) in clusters.items()}
+    try:
+        for rnd in range(rounds):
+            got = {}
+            for label in (labels if rnd % 2 == 0 else labels[::-1]):
+                c, port = clusters[label]
+                got[label] = r = acks_all_run(c, producers[label], port, "cpu3", n)
+                per[label].append(r)
+                k = r["requests"]
+                print(f"round {rnd + 1} {label}: {k} acks=all requests in {r['wall']:.2f} s, leader CPU "
+                      f"{r['cpu'] * 1e6 / k:.1f} us/request (user {r['user'] * 1e6 / k:.1f}), loop thread "
+                      f"{r['loop'] * 1e6 / k:.1f} us/request, {r['fetches'] / k:.2f} fetches/request", flush=True)
+            if len(labels) == 2:
+                a, b = got[labels[0]], got[labels[1]]
+                ratios.append((b["loop"] / a["loop"], b["cpu"] / a["cpu"], b["user"] / max(a["user"], 1e-9)))
+                print(f"round {rnd + 1}: {labels[1]} / {labels[0]} loop thread {ratios[-1][0]:.3f}, process CPU "
+                      f"{ratios[-1][1]:.3f}, user CPU {ratios[-1][2]:.3f}", flush=True)
+    finally:
+        for p in producers.values():
+            p.flush(30)
+        producers.clear()
+    for label, rs in per.items():
+        print(f"{label}: loop thread us/request {_median_range([r['loop'] * 1e6 / r['requests'] for r in rs])}; "
+              f"process CPU us/request {_median_range([r['cpu'] * 1e6 / r['requests'] for r in rs])}; "
+              f"user CPU us/request {_median_range([r['user'] * 1e6 / r['requests'] for r in rs])}; "
+              f"fetches/request {_median_range([r['fetches'] / r['requests'] for r in rs])}")
+    if ratios:
+        print(f"{labels[1]} / {labels[0]} same-round ratio: loop thread {_median_range([x[0] for x in ratios])}; "
+              f"process CPU {_median_range([x[1] for x in ratios])}; user CPU {_median_range([x[2] for x in ratios])}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--env-a", default="", metavar="K=V,K=V", help="environment of cluster A's brokers")
     ap.add_argument("--env-b", default="", metavar="K=V,K=V", help="environment of cluster B's brokers")
+    ap.add_argument("--acks-all", type=int, default=0, metavar="N",
+                    help="N one-record acks=all requests per run instead of the acks=1 MB runs")
     ap.add_argument("--mb", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--py-spy", action="store_true", help="also count the leader's busy loop samples")
@@ -135,7 +227,7 @@ def main(argv=None):
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fetchcost-")))
         spy_dir = Path(args.keep) if args.keep else root
         clusters = {}
-        for label, env in (("A", None), ("B", parse_settings(args.env_b) or None)):
+        for label, env in (("A", parse_settings(args.env_a) or None), ("B", parse_settings(args.env_b) or None)):
             c = LocalCluster(root / label, brokers=3, overrides=base, env=env)
             port = free_port()
             c.brokers[0].extra = {"kbroker.metrics.port": port}
@@ -144,6 +236,9 @@ def main(argv=None):
             create(admin, "cpu3", 3, leader=0)
             create(admin, "cpu1", 1, leader=0)
             clusters[label] = (c, port)
+        if args.acks_all:
+            acks_all_rounds(clusters, args.acks_all, args.rounds)
+            return 0
         for c, _port in clusters.values():           # warm-up: segments, page cache, first connections
             cpu_run(c, c.bootstrap, "cpu3", 0, 32)
         runs = [(label, t) for label in clusters for t in ("cpu3", "cpu1")]

@@ -501,7 +501,8 @@ def test_consumers_of_six_partitions_read_natively(single):
 
 
 # ---- RF=3 -------------------------------------------------------------------------------------------
-# The followers' own fetches count on the slow path too (replica_id >= 0): only fast counts are exact.
+# The followers' own fetches count too (replica_id >= 0; fast when they carry records, tests/
+# test_follower_fast.py): the windows below have the followers stopped or nothing appended.
 @pytest.mark.slow
 def test_rf3_consumer_never_sees_past_the_hw(three):
     """Followers stopped: appends (acks=1) stay above the HW until the ISR shrinks; a consumer's fetch

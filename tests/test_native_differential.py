@@ -28,7 +28,7 @@ import urllib.request
 import pytest
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
-from checkers import API_VERSIONS, PRODUCE, RawConn, create_topic, wait_for_topic
+from checkers import API_VERSIONS, METADATA, PRODUCE, RawConn, create_topic, wait_for_topic
 from kbroker._native import request as native
 from kbroker._native.crc import crc32c
 from kbroker.protocol import api
@@ -888,6 +888,186 @@ def test_multi_partition_fetch_fast_path_byte_for_byte(fetch_pair):
             mixed += any(p["records"] for p in rows) and any(
                 not p["records"] and p["error_code"] == 0 and p["high_watermark"] > 0 for p in rows)
     assert several > 120 and mixed > 300, (several, mixed)
+
+
+# ---- followers' fetches on the fast path -------------------------------------------------------------
+# One broker (id 0) leads topic "r0", whose replicas are 0, 1 and 2; brokers 1 and 2 never run: the
+# test speaks for them with raw follower fetches (replica_id 1 / 2), so the follower positions, the
+# high watermark and the ISR move only with the sequence, the same on both brokers.
+def _write_replicated_topic(zk_connect, name, partitions):
+    """The topic's assignment (replicas 0, 1, 2 for each partition) written to ZooKeeper as an admin
+    does (brokers 1 and 2 need not exist); the controller makes 0 the leader, ISR [0]."""
+    from kazoo.client import KazooClient
+
+    from kbroker.zk import layout
+
+    zk = KazooClient(hosts=zk_connect, timeout=10)
+    zk.start(timeout=10)
+    try:
+        tx = zk.transaction()
+        tx.create(layout.topic_path(name), layout.encode_topic({p: [0, 1, 2] for p in range(partitions)},
+                                                              layout.new_uuid_base64()))
+        tx.create(layout.topic_config_path(name), layout.encode_config({}))
+        assert all(r is True or isinstance(r, str) for r in tx.commit())
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def _follower_fetch(version, correlation, replica, max_wait, min_bytes, max_bytes, parts):
+    """A follower's sessionless Fetch (as kbroker/replica/fetcher.py sends v11). parts: [(topic,
+    partition, current_leader_epoch, fetch_offset, partition_max_bytes)]."""
+    topics = []
+    for topic, index, epoch, offset, limit in parts:
+        part = {"partition": index, "current_leader_epoch": epoch, "fetch_offset": offset,
+                "log_start_offset": 0, "partition_max_bytes": limit}
+        if topics and topics[-1]["topic"] == topic:
+            topics[-1]["partitions"].append(part)
+        else:
+            topics.append({"topic": topic, "partitions": [part]})
+    body = {"replica_id": replica, "max_wait_ms": max_wait, "min_bytes": min_bytes, "max_bytes": max_bytes,
+            "isolation_level": 0, "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [],
+            "rack_id": "", "topics": topics}
+    return api.encode_request(FETCH, version, correlation, "follower", body)
+
+
+def _isr(bootstrap, topic):
+    with RawConn(bootstrap) as c:
+        resp = c.request(METADATA, 4, {"topics": [{"name": topic}], "allow_auto_topic_creation": False})
+    return {p["partition_index"]: sorted(p["isr_nodes"]) for p in resp["topics"][0]["partitions"]}
+
+
+def _wait_isr(bootstrap, topic, want, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        isr = _isr(bootstrap, topic)
+        if all(v == want for v in isr.values()):
+            return isr
+        assert time.monotonic() < deadline, isr
+        time.sleep(0.05)
+
+
+def _follower_requests(seed, n):
+    """Produce batches (acks=1: an acks=-1 answer would wait on the sequence's next fetches; 1-4
+    records) to r0/0 and r0/1 and followers' fetches from
+    replicas 1 and 2 in between: each follower at its own position, then its position moved to the
+    log end (below, at and past the HW up to the LEO), sometimes behind it or past it; one or both
+    partitions; partition limits and max_bytes that cut between batches or below one; leader epochs
+    current, older, newer; now and then a partition named twice; v4-11; max_wait 0 or 5 ms with min_bytes 0, 1 or 5000 (long polls, and
+    the caught-up follower's wait the fast path hands to Python with its positions recorded); now
+    and then a broker that is not a replica, this leader itself, an unknown partition, a mutated
+    frame. -> [(frame, answered)] (the log ends are simulated: every produce to r0 succeeds)."""
+    rng = random.Random(seed)
+    leo = {0: 0, 1: 0}
+    pos = {(r, p): 0 for r in (1, 2) for p in (0, 1)}
+    out = []
+    for i in range(n):
+        c = i + 1
+        if rng.random() < 0.3:
+            index = rng.randrange(2)
+            k = rng.randint(1, 4)
+            body = {"transactional_id": None, "acks": 1, "timeout_ms": 5000, "topic_data": [
+                {"name": "r0", "partition_data": [{"index": index, "records": _batch(rng, k)}]}]}
+            out.append((api.encode_request(PRODUCE, 7, c, "fill", body), True))
+            leo[index] += k
+            continue
+        replica = rng.choice((1, 2, 1, 2, 1, 2, 1, 2, 3, 0))
+        parts = []
+        indexes = rng.sample((0, 1), rng.choice((1, 2, 2)))
+        if rng.random() < 0.05:
+            indexes = [indexes[0]] * 2      # a partition named twice: each row's HW after its own record
+        for index in indexes:
+            key = (replica if replica in (1, 2) else 1, index)
+            r = rng.random()
+            if r < 0.6:
+                offset = pos[key]
+            elif r < 0.8:
+                offset = leo[index]
+            elif r < 0.95:
+                offset = rng.randint(0, leo[index])
+            else:
+                offset = leo[index] + rng.choice((1, 100))
+            if offset <= leo[index] and replica in (1, 2):
+                pos[key] = offset
+            parts.append(("r0" if rng.random() > 0.03 else "nope", index, rng.choice((-1, 0, 0, 0, 0, 1)), offset,
+                          rng.choice((1, 100, 300, 1000, 1 << 20))))
+        version = rng.choice((11, 11, 11) + tuple(FETCH_VERSIONS))
+        frame = _follower_fetch(version, c, replica, rng.choice((0, 0, 5)), rng.choice((0, 1, 1, 5000)),
+                                rng.choice((0x7FFFFFFF, 0x7FFFFFFF, 1000, 50)), parts)
+        if rng.random() < 0.03:
+            frame = mutate(rng, frame)
+        out.append((frame, True))
+        # what the follower's next fetch asks for: the end of what it got (whole batches: any
+        # offset in a batch is served from the batch's start, so its log end is simulated loosely)
+        for _t, index, _e, offset, _l in parts:
+            key = (replica if replica in (1, 2) else 1, index)
+            if rng.random() < 0.7 and replica in (1, 2):
+                pos[key] = leo[index]
+    return out
+
+
+@pytest.fixture(scope="module")
+def follower_pair(tmp_path_factory):
+    clusters = []
+    port = free_port()
+    try:
+        for mode in ("1", "0"):
+            # no ISR shrink while the sequence runs (the simulated followers fetch when it says)
+            c = LocalCluster(tmp_path_factory.mktemp(f"diff-follower-{mode}"), num_partitions=1,
+                             env={"KBROKER_FAST_FETCH": mode},
+                             overrides={"kbroker.metrics.port": port if mode == "1" else -1,
+                                        "replica.lag.time.max.ms": 3_600_000})
+            clusters.append(c)
+            c.start()
+            _write_replicated_topic(c.zk_connect, "r0", 2)
+            wait_for_topic(c.bootstrap, "r0", 2)
+        # both followers join the ISR (a fetch in the current epoch, 0; the Python path: the expansion is
+        # its policy), one after the other (an ISR write in flight holds the next expansion back)
+        for r in (1, 2):
+            _run_both(clusters, [(_follower_fetch(11, r, r, 0, 0, 1 << 20, [("r0", 0, 0, 0, 1 << 20),
+                                                                          ("r0", 1, 0, 0, 1 << 20)]), True)])
+            for c in clusters:
+                _wait_isr(c.bootstrap, "r0", list(range(r + 1)))
+        yield clusters, port
+    finally:
+        for c in clusters:
+            c.stop()
+
+
+def test_follower_fetch_fast_path_byte_for_byte(follower_pair):
+    """Followers' fetches (replica_id >= 0) with the fetch fast path on and off, produces in between:
+    every answer identical (records up to the log end, the HW each fetch moved: the follower positions
+    recorded before it), the ISR and the high watermarks the same at the end. The fast path
+    answered most follower fetches (the rest: errors, long polls with data, non-replicas, mutations).
+    Counter-checks (each broken alone, this test failed, restored): followers' reads bounded by the HW
+    instead of the log end; the rows' HW left as read before the follower's position was recorded."""
+    (fast, slow), port = follower_pair
+    before = _fast_counts(port, "fetch")
+    reqs = _follower_requests(31, 900)
+    first, kinds = _run_both((fast, slow), reqs)
+    assert kinds["answer"] > 800, kinds
+    after = _fast_counts(port, "fetch")
+    served, left = after["fast"] - before.get("fast", 0), after["slow"] - before.get("slow", 0)
+    assert served > 200 and left > 50, (served, left)
+    # follower answers carried records past the HW (up to the log end), and the HW moved
+    past_hw = 0
+    hws = set()
+    for (frame, _answered), o in zip(reqs, first):
+        if o[0] != "answer" or frame[5] != FETCH:
+            continue
+        with contextlib.suppress(ProtocolError, ValueError, KeyError, struct.error):
+            _cid, body = api.decode_response(FETCH, struct.unpack_from(">h", frame, 6)[0], o[1])
+            for t in body["responses"]:
+                for p in t["partitions"]:
+                    hws.add(p["high_watermark"])
+                    if p["records"] and p["error_code"] == 0:
+                        base = struct.unpack_from(">q", p["records"])[0]
+                        past_hw += base >= p["high_watermark"]
+    assert past_hw > 20 and len(hws) > 30, (past_hw, len(hws))
+    assert _isr(fast.bootstrap, "r0") == _isr(slow.bootstrap, "r0") == {0: [0, 1, 2], 1: [0, 1, 2]}
+    # the same high watermarks after the sequence (what the followers' recorded positions give)
+    tps = [("r0", 0), ("r0", 1)]
+    assert _high_watermarks(fast.bootstrap, tps) == _high_watermarks(slow.bootstrap, tps)
 
 
 # ---- acks=-1 on partitions with followers (RF=3): parked natively (ParkedProduce) vs Python's waiter --

@@ -127,9 +127,11 @@ class ReplicaManager:
         return self.fast
 
     def fast_fetch(self, fallback):
-        """The Fetch handler for the native request path: a FastFetch serving the consumer's small
-        one-partition Fetch of an armed partition without a Python frame (ext/request.pyx; the slots
-        are the Produce path's), ``fallback`` (fetch.handle_native) for everything else; ``fallback``
+        """The Fetch handler for the native request path: a FastFetch serving the small Fetch of armed
+        partitions without a Python frame (ext/request.pyx; the slots are the Produce path's): a
+        consumer's, and an ISR follower's (its positions recorded as ``record_follower_fetch`` does,
+        the HW moved, ``_complete`` called when it moves; a caught-up follower's long poll is still
+        fetch.handle_native's), ``fallback`` (fetch.handle_native) for everything else; ``fallback``
         itself when KBROKER_FAST_FETCH=0."""
         if os.environ.get("KBROKER_FAST_FETCH", "1") == "0":
             log.info("native Fetch fast path off (KBROKER_FAST_FETCH=0)")
@@ -138,7 +140,8 @@ class ReplicaManager:
         self.fast_fetch_handler = FastFetch(fallback, self._fast_rearm, self._fast_leaders,
                                             self.broker.metrics.bytes_out, self.broker.config._values,
                                             segment._blocks, segment.READ_BLOCKS, segment.READ_BLOCK,
-                                            self.broker_id)
+                                            self.broker_id, self.logs.topic_configs, self._complete,
+                                            self.broker.metrics)
         self._fast_refresh_all()
         return self.fast_fetch_handler
 

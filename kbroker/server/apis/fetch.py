@@ -89,6 +89,10 @@ def handle_native(broker, conn, req):
     ranges below the server's sendfile threshold are copied into the response so that small fetches
     leave in one write with the other responses of their read. A consumer's fetch answered at once
     (the common small fetch) is read and encoded here, without ``execute`` and ``_encode`` frames."""
+    if req.recorded:
+        # A follower's fetch the native path (ext/request.pyx _fetch_fast) checked and recorded
+        # (record_follower_fetch's effect) with nothing to read: execute's long poll, nothing again.
+        return _poll_recorded(broker, req, conn)
     if req.session_id == 0 and req.replica_id < 0:
         rows, size, errors = _read(broker, req)
         if size >= req.min_bytes or req.max_wait_ms <= 0 or errors:
@@ -148,6 +152,27 @@ def _poll(broker, req, follower, answer, conn):
             return answer((0, res[0]))
     return long_poll(broker.notifier, tps, broker.notifier.waiter(tps), req.max_wait_ms / 1000,
                      lambda: _read(broker, req), lambda res: res[1] >= min_bytes or res[2], done)
+
+
+def _poll_recorded(broker, req, conn):
+    """``_poll`` of a follower's fetch the native path recorded: each read is the native path's again
+    (FastFetch.reread: the request's frame, nothing recorded), or ``_read``'s when it leaves the
+    read to Python (sendfile-sized data, a leadership change, an error...)."""
+    tps = [follower_key(name, p[0]) for name, parts in req.topics for p in parts]
+    reread = broker.replica_manager.fast_fetch_handler.reread
+    min_bytes = req.min_bytes
+
+    def read():
+        got = reread(conn, req.frame)
+        if got is not None:
+            return got[0], got[1], False, True
+        rows, size, errors = _read(broker, req)
+        return rows, size, errors, False
+
+    def done(res):
+        return res[0] if res[3] else _encode(conn, req, (0, res[0]))
+    return long_poll(broker.notifier, tps, broker.notifier.waiter(tps), req.max_wait_ms / 1000, read,
+                     lambda res: res[1] >= min_bytes or res[2], done)
 
 
 # Room kept below 2^31-1 for the response's own fields (about 100 bytes a partition): record data
