@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
 
-from checkers import LIST_OFFSETS, METADATA, RawConn
+from checkers import LIST_OFFSETS, METADATA
 from kbroker.testing import wait_until
 from test_fetch_fast import Fetches
-from test_produce_fast import _part_leo, leader_conn, rf3_topic, three  # noqa: F401  (three: fixture)
+from test_produce_fast import (_part_leo, consume_values, leader_conn, produce_confluent, rf3_topic,  # noqa: F401
+                               three)  # (three: the fixture)
 
 
 def _isr(conn, topic):
@@ -72,34 +71,21 @@ class _HwWatch:
                 self._stop.wait(0.01)
 
 
-def _produce_all(bootstrap, topic, start, n):
-    """n one-record acks=all requests, one in flight (each answered once the followers fetched it: the
-    steady state of a replicated partition, two follower fetches per request); -> delivery errors."""
-    errors = []
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "batch.num.messages": 1, "acks": "all",
-                  "max.in.flight.requests.per.connection": 1, "message.timeout.ms": 60000})
-    for i in range(start, start + n):
-        p.produce(topic, key=b"k%d" % i, value=b"v-%d" % i, partition=0,
-                  on_delivery=lambda err, _m: errors.append(err) if err else None)
-        p.poll(0)
-    assert p.flush(90) == 0
-    return errors
+# n one-record acks=all requests, one in flight (each answered once the followers fetched it: the
+# steady state of a replicated partition, two follower fetches per request); -> delivery errors
+ACKS_ALL_ONE_IN_FLIGHT = {"acks": "all", "max.in.flight.requests.per.connection": 1, "message.timeout.ms": 60000}
 
 
-def _consume(bootstrap, topic, end, timeout=60.0):
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "follow-" + uuid.uuid4().hex[:6],
-                  "enable.auto.commit": False})
-    out = []
-    try:
-        c.assign([TopicPartition(topic, 0, 0)])
-        deadline = time.monotonic() + timeout
-        while len(out) < end and time.monotonic() < deadline:
-            for m in c.consume(500, timeout=0.5):
-                assert not m.error(), m.error()
-                out.append((m.offset(), m.value()))
-    finally:
-        c.close()
-    return out
+def _full_isr_then_native(c, ports, topic, start, n, wait_s, what, min_fast, min_samples):
+    """Once the ISR is [0, 1, 2]: n acks=all records from value-<start>, every one acknowledged; the
+    leader's followers' fetches mostly native (fast > 4 x slow) and the HW never past an ISR follower's
+    log end while they ran."""
+    with leader_conn(c, 0) as conn:
+        wait_until(lambda: _isr(conn, topic) == [0, 1, 2], wait_s, what)
+    with Fetches(ports[0]) as d, _HwWatch(c, topic) as watch:
+        assert produce_confluent(c.bootstrap, topic, n, start, **ACKS_ALL_ONE_IN_FLIGHT) == []
+    assert d.fast > min_fast and d.fast > 4 * d.slow, (d.fast, d.slow)
+    assert watch.samples > min_samples and watch.bad == [], (watch.samples, watch.bad[:5])
 
 
 @pytest.mark.slow
@@ -110,31 +96,22 @@ def test_rf3_followers_fetch_natively_acks_all_reads_back_and_isr_survives_a_fol
     native again; everything still reads back in order."""
     c, ports = three
     topic = rf3_topic(c)                # leader 0, replicas 0, 1, 2; one warm-up record
-    with leader_conn(c, 0) as conn:
-        wait_until(lambda: _isr(conn, topic) == [0, 1, 2], 30, "full ISR")
-    with Fetches(ports[0]) as d, _HwWatch(c, topic) as watch:
-        assert _produce_all(c.bootstrap, topic, 0, 400) == []
-    assert d.fast > 100 and d.fast > 4 * d.slow, (d.fast, d.slow)
-    assert watch.samples > 5 and watch.bad == [], (watch.samples, watch.bad[:5])
+    _full_isr_then_native(c, ports, topic, 0, 400, 30, "full ISR", min_fast=100, min_samples=5)
 
     # a follower killed: the leader shrinks the ISR (replica.lag.time.max.ms 3000), acks=all goes on
     c.kill(2)
     with leader_conn(c, 0) as conn:
         wait_until(lambda: _isr(conn, topic) == [0, 1], 60, "ISR without the killed follower")
-    assert _produce_all(c.bootstrap, topic, 400, 100) == []
+    assert produce_confluent(c.bootstrap, topic, 100, 400, **ACKS_ALL_ONE_IN_FLIGHT) == []
     # restarted, it catches up and rejoins (its first fetches: Python's expansion), then is served
     # natively again
     c.start_broker(2)
-    with leader_conn(c, 0) as conn:
-        wait_until(lambda: _isr(conn, topic) == [0, 1, 2], 60, "the restarted follower back in the ISR")
-    with Fetches(ports[0]) as d2, _HwWatch(c, topic) as watch:
-        assert _produce_all(c.bootstrap, topic, 500, 200) == []
-    assert d2.fast > 50 and d2.fast > 4 * d2.slow, (d2.fast, d2.slow)
-    assert watch.samples > 2 and watch.bad == [], (watch.samples, watch.bad[:5])
+    _full_isr_then_native(c, ports, topic, 500, 200, 60, "the restarted follower back in the ISR",
+                          min_fast=50, min_samples=2)
     end = _part_leo(c, 0, topic, 0)
     assert end == 701
     for bid in (1, 2):
         wait_until(lambda b=bid: _part_leo(c, b, topic, 0) == end, 30, f"broker {bid} caught up")
-    got = _consume(c.bootstrap, topic, end)
-    assert [o for o, _v in got] == list(range(end))
-    assert [v for _o, v in got[1:]] == [b"v-%d" % i for i in range(700)]
+    got = consume_values(c.bootstrap, topic, end)
+    assert [o for o, _v, _t in got] == list(range(end))
+    assert [v for _o, v, _t in got[1:]] == [b"value-%d" % i for i in range(700)]

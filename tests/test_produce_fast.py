@@ -88,16 +88,34 @@ def one(value=b"v", i=0, codec=0):
     return _batch(codec, [_record(i, b"k", value)])
 
 
-def produce_confluent(bootstrap, topic, n, **conf):
-    """n one-record Produce requests (linger 0, one record per batch); -> delivery errors."""
+def produce_confluent(bootstrap, topic, n, start=0, **conf):
+    """n one-record Produce requests (linger 0, one record per batch), values value-<start>..; -> delivery
+    errors."""
     errors = []
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "batch.num.messages": 1, "acks": 1, **conf})
-    for i in range(n):
+    for i in range(start, start + n):
         p.produce(topic, key=b"k%d" % i, value=b"value-%d" % i, partition=0,
                   on_delivery=lambda err, _m: errors.append(err) if err else None)
         p.poll(0)
     assert p.flush(60) == 0
     return errors
+
+
+def _room_for_one_batch(tmpfs):
+    """The tmpfs filled to its last page, then ~100 KB freed: room for one 60 KB batch."""
+    spare = os.path.join(tmpfs, "spare")
+    with open(spare, "wb") as f:
+        f.write(b"\0" * 100_000)
+    _fill(tmpfs)
+    fd = os.open(os.path.join(tmpfs, "ballast"), os.O_WRONLY | os.O_APPEND)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    os.unlink(spare)
 
 
 def consume_values(bootstrap, topic, end, timeout=60.0):
@@ -554,19 +572,7 @@ def test_log_dir_failure_mid_request(tmp_path, tmpfs):
                                                  "log.dirs": os.path.join(tmpfs, "data")}) as c:
         topic = multi_topic(c, 3)
         with RawConn(c.bootstrap, timeout=30) as conn:
-            spare = os.path.join(tmpfs, "spare")
-            with open(spare, "wb") as f:
-                f.write(b"\0" * 100_000)
-            _fill(tmpfs)
-            fd = os.open(os.path.join(tmpfs, "ballast"), os.O_WRONLY | os.O_APPEND)
-            try:
-                while os.write(fd, b"\0" * 4096):                      # to the last page
-                    pass
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
-            os.unlink(spare)                                        # room for one 60 KB batch
+            _room_for_one_batch(tmpfs)
             with Delta(port) as d:
                 rows = produce_multi(conn, topic, {p: one(b"f" * 60_000) for p in (0, 1, 2)})
             assert rows == [(0, 0, 1), (1, KAFKA_STORAGE_ERROR, -1), (2, KAFKA_STORAGE_ERROR, -1)], rows
@@ -595,19 +601,7 @@ def test_log_dir_failure_mid_request_acks_all_rf3(tmp_path, tmpfs):
         for p in range(3):
             wait_until(lambda p=p: isr_of(c, topic, 0, p) == [0, 1, 2], 30, f"a full ISR of {p}")
         with leader_conn(c, 0) as conn:
-            spare = os.path.join(tmpfs, "spare")
-            with open(spare, "wb") as f:
-                f.write(b"\0" * 100_000)
-            _fill(tmpfs)
-            fd = os.open(os.path.join(tmpfs, "ballast"), os.O_WRONLY | os.O_APPEND)
-            try:
-                while os.write(fd, b"\0" * 4096):                      # to the last page
-                    pass
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
-            os.unlink(spare)                                        # room for one 60 KB batch
+            _room_for_one_batch(tmpfs)
             with Delta(port) as d:
                 rows = produce_multi(conn, topic, {p: one(b"f" * 60_000) for p in (0, 1, 2)}, acks=-1)
             assert rows == [(0, 0, 1), (1, KAFKA_STORAGE_ERROR, -1), (2, KAFKA_STORAGE_ERROR, -1)], rows
