@@ -108,6 +108,7 @@ def broker_snapshot(broker) -> dict:
         fast = getattr(rm, "fast_fetch_handler", None)
         if fast is not None:
             snap["fast_fetch"] = (fast.fast, fast.slow)
+            snap["fast_follower"] = (fast.follower_fast, fast.follower_polled, fast.follower_slow)
     else:
         snap["under_replicated"] = under
     controller = getattr(broker, "controller", None)
@@ -182,6 +183,13 @@ def broker_families(snap: dict) -> list[Metric]:
                                 f"{name} requests of the native request path: served without a Python frame "
                                 "(fast) or by the Python handler (slow)", [(("fast",), fast), (("slow",), slow)],
                                 ("path",)))
+    if "fast_follower" in snap:
+        served, polled, slow = snap["fast_follower"]
+        out.append(_counter("kbroker_fetch_native_follower_requests",
+                            "Followers' Fetch requests: answered natively (fast, also counted in "
+                            "kbroker_fetch_native_requests path=fast), recorded natively and long-polled by Python "
+                            "(polled) or left to the Python handler (slow)",
+                            [(("fast",), served), (("polled",), polled), (("slow",), slow)], ("path",)))
     active, offline, elections = snap["controller"]
     out.append(_gauge("kafka_controller_kafkacontroller_activecontrollercount", "1 on the active controller",
                       [((), active)]))

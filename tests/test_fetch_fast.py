@@ -51,19 +51,27 @@ UNKNOWN_LEADER_EPOCH = 75
 _COUNTER = re.compile(r'^kbroker_fetch_native_requests_total\{path="(\w+)"\} (\S+)$', re.M)
 
 
+_FOLLOWER = re.compile(r'^kbroker_fetch_native_follower_requests_total\{path="(\w+)"\} (\S+)$', re.M)
+
+
 def fetch_counts(port: int) -> dict:
+    """{path: count} of kbroker_fetch_native_requests_total, and of the followers' counter as
+    follower_<path>."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return {path: int(float(n)) for path, n in _COUNTER.findall(text)}
+    out = {path: int(float(n)) for path, n in _COUNTER.findall(text)}
+    out.update({"follower_" + path: int(float(n)) for path, n in _FOLLOWER.findall(text)})
+    return out
 
 
 @contextlib.contextmanager
 def Fetches(port):
-    """Fast/slow Fetch requests served while the block ran: ``d.fast``, ``d.slow`` once it left."""
+    """Fetch requests served while the block ran, once it left: ``d.fast``, ``d.slow`` and the
+    followers' ``d.follower_fast``, ``d.follower_polled``, ``d.follower_slow``."""
     d = types.SimpleNamespace(before=fetch_counts(port))
     yield d
     after = fetch_counts(port)
-    d.fast = after.get("fast", 0) - d.before.get("fast", 0)
-    d.slow = after.get("slow", 0) - d.before.get("slow", 0)
+    for key in ("fast", "slow", "follower_fast", "follower_polled", "follower_slow"):
+        setattr(d, key, after.get(key, 0) - d.before.get(key, 0))
 
 
 def fetch_raw(conn, topic, offset, version=11, partition_max=1 << 20, epoch=-1, max_wait_ms=0, min_bytes=1,

@@ -85,6 +85,10 @@ def _full_isr_then_native(c, ports, topic, start, n, wait_s, what, min_fast, min
     with Fetches(ports[0]) as d, _HwWatch(c, topic) as watch:
         assert produce_confluent(c.bootstrap, topic, n, start, **ACKS_ALL_ONE_IN_FLIGHT) == []
     assert d.fast > min_fast and d.fast > 4 * d.slow, (d.fast, d.slow)
+    # the followers' own counter: answered or recorded natively, hardly ever left to Python (its
+    # first fetches after a restart are the ISR expansion's)
+    native = d.follower_fast + d.follower_polled
+    assert d.follower_fast > min_fast and native > 10 * d.follower_slow, vars(d)
     assert watch.samples > min_samples and watch.bad == [], (watch.samples, watch.bad[:5])
 
 
