@@ -54,4 +54,5 @@ cdef class Slot:
     cdef public bint done
     cdef public bint follower
     cdef public double since, arrived, started, local, queued
+    cdef public object lost                 # {(topic, partition): message}: rows whose appends were cut away
     cpdef observe(self, double sent)

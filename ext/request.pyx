@@ -31,8 +31,8 @@ cdef extern from "Python.h":
     void *PyUnicode_DATA(object)
 
 from kbroker._native.hton cimport load_be16, load_be32, load_be64, store_be16, store_be32, store_be64
-from kbroker._native.segment cimport (LeaderAppender, SegmentState, read_full, run_begin, run_end,
-                                      seek_in, tail_end, tail_position)
+from kbroker._native.segment cimport (LeaderAppender, SegmentState, read_full, run_begin, run_end, run_lost,
+                                      seek_in, set_run_tag, tail_end, tail_position)
 from layout cimport HEADER_SIZE
 
 from kbroker._native.batch import BatchError
@@ -1022,6 +1022,8 @@ cdef int _produce_parts(FastProduce fp, conn, object view, const unsigned char *
     if not run[0] and _frame_follows(p, start, end):
         run_begin()
         run[0] = True
+    if run[0]:
+        set_run_tag(len(_run_slots))    # this request's deferred appends (its slot follows, below)
     for k in range(ps.n):
         fl = <FastLeader>ps.leader[k]
         st = fl.st
@@ -1078,6 +1080,8 @@ cdef int _produce_parts(FastProduce fp, conn, object view, const unsigned char *
     req.timeout_ms = timeout_ms
     slot = _new_slot(req, PRODUCE, version, False, conn._pending, conn.server.metrics.requests, conn.last_active,
                      conn._read_at, started)
+    if run[0]:
+        _run_slots.append(slot)
     if not _end_native(slot, result, no_response, close):
         conn._dispatch_later(slot, result, chunk)
     return 1
@@ -1155,6 +1159,7 @@ cdef bytes _encode_rows(int version, int32_t correlation_id, const unsigned char
 cdef enum:
     _PARKED = -1                # a row still waiting (DelayedProduce's UNDECIDED)
     _REQUEST_TIMED_OUT = 7      # Errors.REQUEST_TIMED_OUT
+    _KAFKA_STORAGE_ERROR = 56   # Errors.KAFKA_STORAGE_ERROR
 
 
 cdef class ParkedProduce:
@@ -1831,8 +1836,13 @@ def dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_ssize_t ma
     write-behind run (ext/segment.pyx LeaderAppender): their plain leader appends are written
     together, one writev per log, when the run ends: before any other frame is handled, before an
     answer could be sent, and before this returns (the chunk is then free to be reused). When a
-    run's write failed, its logs were cut back and the connection is closed
-    (``conn._appends_lost``) so that none of its answers leaves.
+    log's write failed (at the run's end, or earlier when something else had to write that log's
+    deferred bytes first), the log was cut back to the first of them, and each request whose batch
+    was cut away answers as Kafka answers a failed append (``_lost_answers``): that partition's row
+    KAFKA_STORAGE_ERROR with base offset, append time and log start -1 (and, from v8, the write's
+    error message, as the Python path), its other rows unchanged; an acks=0 request closes the
+    connection; an acks=all wait on the batch was decided KAFKA_STORAGE_ERROR (Log.on_cut,
+    ReplicaManager._appends_cut). The connection stays open.
     -> 0 (the rest is an incomplete frame, or nothing), 1 (the frame at ``conn._start`` announces a
     size outside (0, max_frame]) or 2 (the frame at ``conn._start`` will not fit in this chunk)."""
     cdef bint run = False
@@ -1844,23 +1854,135 @@ def dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_ssize_t ma
                                 produce, fetch, supported, no_response, close, &run)
     finally:
         if run:
-            _end_run(conn, &run)
+            _end_run(conn, &run, no_response, close)
         PyBuffer_Release(&pb)
 
 
-cdef inline int _end_run(conn, bint *run) except -1:
-    # the run's deferred bytes written (or their logs cut back and the connection closed)
+# The Produce requests of the current write-behind run, in order: a request's appends are tagged with
+# its index here (set_run_tag), so the batches a failed write cut away name their requests' slots.
+cdef list _run_slots = []
+
+
+cdef int _end_run(conn, bint *run, no_response, close) except -1:
+    # the run's deferred bytes written, or the logs that failed cut back and the answers claiming their
+    # batches corrected (_lost_answers)
     run[0] = False
-    if run_end():
-        conn._appends_lost()
+    try:
+        if run_end():
+            _lost_answers(conn, no_response, close)
+    finally:
+        del _run_slots[:]
     return 0
 
 
-cdef inline int _answered(conn, bint *run) except -1:
+cdef int _lost_answers(conn, no_response, close) except -1:
+    # Each request of the run whose batch a failed write cut away (run_lost): its answer, once there is
+    # one, gets that partition's row as a failed append's (_lost_answer); an answer still to come (acks=all
+    # parked, appends queued off the loop) is corrected when the connection finishes it (lost_answer).
+    cdef dict per = {}, rows
+    cdef Slot slot
+    cdef Py_ssize_t n = len(_run_slots)
+    for lg, message, tags in run_lost():
+        tp = (lg.topic, lg.partition)
+        for tag in tags:
+            if tag is None:
+                continue
+            rows = per.get(tag)
+            if rows is None:
+                per[tag] = rows = {}
+            if tp not in rows:
+                rows[tp] = message
+    for tag, rows in per.items():
+        if <Py_ssize_t>tag >= n:
+            conn.close()            # its slot was never queued (its handler raised): no answer may claim it
+            continue
+        slot = <Slot>_run_slots[<Py_ssize_t>tag]
+        if slot.done:
+            slot.chunks = _lost_answer(slot.header.api_version, rows, slot.chunks, no_response, close)
+        else:
+            slot.lost = rows
+    return 0
+
+
+def lost_answer(Slot slot, chunks, no_response, close):
+    """A Produce answer that was not ready when its write-behind run's write failed (kbroker.network.
+    connection ``_finish``, when ``slot.lost``): corrected as dispatch_frames corrects the others."""
+    return _lost_answer(slot.header.api_version, slot.lost, chunks, no_response, close)
+
+
+cdef object _lost_answer(int version, dict rows, chunks, no_response, close):
+    # acks=0: the connection closes (as for any failed acks=0 append: the client has no other way to
+    # learn of it); an encoded answer: the rows on ``rows``' partitions that claim the append rewritten
+    if chunks is no_response:
+        return close
+    if type(chunks) is list and len(<list>chunks) == 1 and type((<list>chunks)[0]) is bytes:
+        return [_rewrite_produce((<list>chunks)[0], version, rows)]
+    return chunks
+
+
+cdef bytes _rewrite_produce(bytes answer, int version, dict rows):
+    # A Produce v3-8 response frame (size prefix included) with each row whose (topic, partition) is in
+    # ``rows`` and whose error code is 0 replaced by a failed append's row: KAFKA_STORAGE_ERROR, base
+    # offset, append time and log start -1, no record errors, the message (v8). Other bytes copied.
+    cdef const unsigned char *s = <const unsigned char *>PyBytes_AS_STRING(answer)
+    cdef Py_ssize_t n = len(answer), pos = 12, at, row
+    cdef int32_t t, j, e, n_topics, n_parts, n_errors, index
+    cdef int16_t name_len, slen, code
+    cdef _Writer w = _out
+    if n < 16:
+        raise ValueError("not a Produce response")
+    w.pos = 0
+    w.reserve(12)
+    memcpy(w.p, s, 12)
+    w.pos = 12
+    n_topics = <int32_t>load_be32(<const char *>s + 8)
+    for t in range(n_topics):
+        at = pos
+        if pos + 2 > n:
+            raise ValueError("truncated Produce response")
+        name_len = <int16_t>load_be16(<const char *>s + pos)
+        if name_len < 0 or pos + 2 + name_len + 4 > n:
+            raise ValueError("truncated Produce response")
+        name = PyUnicode_DecodeUTF8(<const char *>s + pos + 2, name_len, NULL)
+        n_parts = <int32_t>load_be32(<const char *>s + pos + 2 + name_len)
+        pos += 2 + name_len + 4
+        w.reserve(pos - at)
+        memcpy(w.p + w.pos, s + at, pos - at)
+        w.pos += pos - at
+        for j in range(n_parts):
+            row = pos
+            if pos + 22 > n:
+                raise ValueError("truncated Produce response")
+            index = <int32_t>load_be32(<const char *>s + pos)
+            code = <int16_t>load_be16(<const char *>s + pos + 4)
+            pos += 22 + (8 if version >= 5 else 0)
+            if version >= 8:
+                n_errors = <int32_t>load_be32(<const char *>s + pos)
+                pos += 4
+                for e in range(n_errors):
+                    slen = <int16_t>load_be16(<const char *>s + pos + 4)
+                    pos += 6 + (slen if slen > 0 else 0)
+                slen = <int16_t>load_be16(<const char *>s + pos)
+                pos += 2 + (slen if slen > 0 else 0)
+            if pos > n:
+                raise ValueError("truncated Produce response")
+            message = rows.get((name, index)) if code == 0 else None
+            if message is not None:
+                _produce_row(w, version, index, _KAFKA_STORAGE_ERROR, -1, -1, -1, message)
+            else:
+                w.reserve(pos - row)
+                memcpy(w.p + w.pos, s + row, pos - row)
+                w.pos += pos - row
+    if n - pos != 4:
+        raise ValueError("not a Produce response")
+    return _produce_end(w)
+
+
+cdef inline int _answered(conn, bint *run, no_response, close) except -1:
     # a request's answer is queued: sent now unless more frames of this read follow
     if not conn._in_read:
         if run[0]:
-            _end_run(conn, run)     # an answer leaves only after its batch is written
+            _end_run(conn, run, no_response, close)     # an answer leaves only after its batch is written
         conn._flush()
     return 0
 
@@ -1914,7 +2036,7 @@ cdef object _dispatch_frames(conn, chunk, const unsigned char *p, Py_ssize_t buf
                     handler = None
         if handler is None or key != PRODUCE:
             if run[0]:
-                _end_run(conn, run)         # anything else may read or write the logs
+                _end_run(conn, run, no_response, close)     # anything else may read or write the logs
                 if conn.closed:
                     return 0
             if handler is None:
@@ -1935,7 +2057,7 @@ cdef object _dispatch_frames(conn, chunk, const unsigned char *p, Py_ssize_t buf
                                            _monotonic()))
             continue
         if done == 1:
-            _answered(conn, run)
+            _answered(conn, run, no_response, close)
             continue
         frame = view[begin:begin + size]
         try:
@@ -1953,13 +2075,16 @@ cdef object _dispatch_frames(conn, chunk, const unsigned char *p, Py_ssize_t buf
             # written as it is handled, so a failing disk still answers it KAFKA_STORAGE_ERROR
             run_begin()
             run[0] = True
+        if run[0]:
+            set_run_tag(len(_run_slots))    # the Python path's appends defer in the run as the fast path's
+            _run_slots.append(slot)
         try:
             result = handler(conn, slot.header)
         except Exception:
             conn._handler_raised(slot)
             continue
         if _end_native(slot, result, no_response, close):
-            _answered(conn, run)
+            _answered(conn, run, no_response, close)
         else:
             conn._dispatch_later(slot, result, chunk)
     return 0

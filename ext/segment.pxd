@@ -75,6 +75,7 @@ cdef class LeaderAppender:
     cdef Py_ssize_t pend_n
     cdef Py_ssize_t pend_cap
     cdef list pend_refs
+    cdef list pend_tags                     # per pending batch: the run tag of the request it answers
 
     cdef int load(self, cfg) except -1
     cdef int write_pending(self) except -1
@@ -98,9 +99,14 @@ cdef enum:
 # Write-behind run (ext/request.pyx dispatch_frames): between run_begin and run_end a plain leader
 # append (LeaderAppender.append: not idempotent, no roll or flush due) is stamped and committed but
 # written only by run_end, one writev per log. -> run_end: how many logs failed to write theirs since
-# run_begin (their appends were unwound: those answers must not leave).
+# run_begin (their appends were unwound: the answers claiming them must not leave as they are).
+# ``set_run_tag(tag)``: the request whose appends follow (ext/request.pyx: its index in the run); each
+# deferred batch keeps the tag current when it was deferred. ``run_lost()``: what failed since run_begin,
+# [(Log, error message, [tag of each batch cut away, in order]), ...] (taken: the list is emptied).
 cdef void run_begin() noexcept
 cdef int run_end() except -1
+cdef void set_run_tag(object tag) noexcept
+cdef list run_lost()
 
 
 

@@ -982,19 +982,36 @@ cdef bint _run_open = False
 cdef unsigned long _run_thread = 0
 cdef list _run_pending = []         # LeaderAppenders that deferred bytes in this run (maybe twice)
 cdef int _run_failed = 0            # logs whose deferred bytes could not be written in this run
+cdef object _run_tag = None         # the request whose appends are being made (set_run_tag)
+cdef list _run_lost = []            # (Log, message, tags) per failed write of deferred bytes (run_lost)
 
 
 cdef void run_begin() noexcept:
-    global _run_open, _run_thread
+    global _run_open, _run_thread, _run_tag
     _run_thread = PyThread_get_thread_ident()
     _run_open = True
+    _run_tag = None
+    del _run_lost[:]
+
+
+cdef void set_run_tag(object tag) noexcept:
+    global _run_tag
+    _run_tag = tag
+
+
+cdef list run_lost():
+    global _run_lost
+    cdef list out = _run_lost
+    _run_lost = []
+    return out
 
 
 cdef int run_end() except -1:
-    global _run_open, _run_failed
+    global _run_open, _run_failed, _run_tag
     cdef LeaderAppender ap
     cdef int failed
     _run_open = False
+    _run_tag = None             # no request is being handled: every batch cut away now counts (write_pending)
     try:
         for ap in _run_pending:
             try:
@@ -1014,7 +1031,8 @@ def open_run():
 
 
 def close_run():
-    """run_end from Python: -> the number of logs whose deferred bytes could not be written."""
+    """run_end from Python: -> the number of logs whose deferred bytes could not be written (their
+    batches' tags stay in ``run_lost`` until the next run begins)."""
     return run_end()
 
 
@@ -1033,8 +1051,9 @@ cdef class LeaderAppender:
     committed to the segment's state, and its bytes are written by run_end with the run's other
     batches of this log (one writev). Anything else an append does here (roll, idempotent batch,
     flush due, another segment) writes the pending bytes first. A failed write cuts the log back
-    to the first pending batch (``log._deferred_write_failed``) and counts the failure for run_end,
-    whose caller must not send that run's answers."""
+    to the first pending batch (``log._deferred_write_failed``), counts the failure for run_end and
+    records the cut-away batches' run tags (``run_lost``): the caller (ext/request.pyx
+    dispatch_frames) answers those requests' rows KAFKA_STORAGE_ERROR instead."""
 
     def __cinit__(self):
         self.config = None
@@ -1048,6 +1067,7 @@ cdef class LeaderAppender:
         self.pend_bytes = 0
         self.pend_iov = NULL
         self.pend_refs = []
+        self.pend_tags = []
 
     def __dealloc__(self):
         free(self.pend_iov)
@@ -1083,6 +1103,7 @@ cdef class LeaderAppender:
         self.pend_n += 1
         self.pend_bytes += n
         self.pend_refs.append(buf)
+        self.pend_tags.append(_run_tag)
         return 0
 
     cdef int write_pending(self) except -1:
@@ -1091,6 +1112,8 @@ cdef class LeaderAppender:
         cdef SegmentState st = self.pend_st
         cdef int err
         cdef int64_t position = self.pend_start, base = self.pend_base
+        cdef list tags
+        cdef Py_ssize_t rows = 0
         global _run_failed
         if self.pend_n == 0:
             return 0
@@ -1103,10 +1126,16 @@ cdef class LeaderAppender:
         self.pend_bytes = 0
         self.pend_st = None
         del self.pend_refs[:]
+        tags = self.pend_tags
+        self.pend_tags = []
         if err:
             _run_failed += 1
             e = _os_error(err)
-            self.log._deferred_write_failed(st.owner, position, base, e)
+            for tag in tags:
+                if tag is not _run_tag:
+                    rows += 1       # not the request being handled (its own append raises: it answers that)
+            message = self.log._deferred_write_failed(st.owner, position, base, e, rows)
+            _run_lost.append((self.log, message, tags))
             raise e
         return 0
 

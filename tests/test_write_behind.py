@@ -8,7 +8,11 @@ served and before any answer leaves. Real processes and clients:
   and acks=all on three brokers (RF=3);
 - raw frames: Produce frames and a Fetch frame of the same partition in one send (one chunk): the fetch
   sees every produced record;
-- kill -9 while that producer runs (slow): every acknowledged record survives the restart.
+- kill -9 while that producer runs (slow): every acknowledged record survives the restart;
+- a run whose write fails (a full log dir): its rows on the failed log answer KAFKA_STORAGE_ERROR as a
+  lone failed append does, the others keep their offsets, acks=all waits on the lost batches are decided
+  KAFKA_STORAGE_ERROR, acks=0 closes, the connection otherwise stays open; an idempotent batch whose
+  log's pending write fails first is retried and appended; a real idempotent client on a filling disk.
 The log-level behaviour (deferral, ordering against roll/idempotent/flush, write failures and ENOSPC at
 the run's write) is in tests/test_log.py (test_write_behind_*, test_enospc_at_write_behind_*).
 """
@@ -22,12 +26,13 @@ import pytest
 from checkers import RawConn, check_acked, consume_confluent, log_end_offset, wait_for_topic
 from kbroker._native.batch import BatchBuilder, iter_batches
 from kbroker.protocol.api import decode_response, encode_request
-from kbroker.testing import LocalCluster
+from kbroker.testing import LocalCluster, wait_until
 
 import test_crash_recovery
 from test_hostile_ops import KAFKA_STORAGE_ERROR, tmpfs  # noqa: F401 (a fixture: a small tmpfs, root only)
 
 RECORDS = 3000
+INVALID_RECORD = 87
 
 
 @pytest.fixture(scope="module")
@@ -142,8 +147,8 @@ def test_kill9_during_pipelined_one_record_produce(tmp_path):
 @pytest.mark.slow
 def test_disk_full_under_pipelined_produce_loses_no_acked_record(tmp_path, tmpfs):  # noqa: F811
     # Sends of 16 Produce frames (one run each) until the log dir's tmpfs is full: the run whose writev
-    # fails is cut back and its connection closed with no answer; every answered record is in the log,
-    # and after kill -9 and restart the log ends exactly after them.
+    # fails is cut back and its requests answer KAFKA_STORAGE_ERROR; every record answered with an
+    # offset is in the log, and after kill -9 and restart the log ends exactly after them.
     with LocalCluster(tmp_path / "cluster", num_partitions=1,
                       overrides={"log.dirs": os.path.join(tmpfs, "data")}) as c:
         topic = f"wb-{uuid.uuid4().hex[:8]}"
@@ -179,3 +184,278 @@ def test_disk_full_under_pipelined_produce_loses_no_acked_record(tmp_path, tmpfs
         assert leo == len(acked), f"log end {leo} after restart, {len(acked)} records answered"
         consumed = consume_confluent(c.bootstrap, topic, {0: leo}, timeout=60)
         assert [m.rec.value for m in consumed] == acked
+
+
+# ---- a run whose write fails answers KAFKA_STORAGE_ERROR (the connection stays open) ------------------
+def _frame(correlation_id: int, topic: str, parts: dict, acks: int = 1) -> bytes:
+    """A Produce v8 frame carrying ``parts`` ({partition: batch bytes})."""
+    return encode_request(0, 8, correlation_id, "wb-test", {
+        "transactional_id": None, "acks": acks, "timeout_ms": 10000,
+        "topic_data": [{"name": topic, "partition_data": [{"index": p, "records": b} for p, b in parts.items()]}]})
+
+
+def _rows(conn, n: int) -> list[dict]:
+    """The next ``n`` answers' partition rows, each answer as {partition: row without its index}."""
+    out = []
+    for _ in range(n):
+        _h, body = decode_response(0, 8, memoryview(bytearray(conn.recv_frame(30))))
+        out.append({r["index"]: {k: v for k, v in r.items() if k != "index"}
+                    for t in body["responses"] for r in t["partition_responses"]})
+    return out
+
+
+@pytest.mark.slow
+def test_failed_run_write_answers_storage_error_and_keeps_the_connection(tmp_path, tmpfs):  # noqa: F811
+    # ~20 s. Two partitions in two log dirs, one on a full tmpfs. Pipelined Produce frames (one chunk,
+    # so one write-behind run) to both: rows on the full log answer KAFKA_STORAGE_ERROR exactly as a lone
+    # failed append does (-1 offsets, the write's message), rows on the other keep offsets that read
+    # back, a multi-partition request gets both; the next request on the connection works. On the native
+    # path (a fresh dir) and on the Python path (the dir is failing: appends are Python's until one
+    # succeeds there). An idempotent batch after deferred plain batches of its log, whose pending write
+    # fails first, answers the error and its retry is appended. acks=0 in a failed run closes.
+    from test_produce_diskfull import _fill
+    from test_produce_fast import Delta, idem, one
+
+    import urllib.request
+    from kbroker.testing import free_port
+
+    port = free_port()
+    dirs = [os.path.join(tmpfs, "data"), str(tmp_path / "data2")]
+    with LocalCluster(tmp_path / "cluster", num_partitions=2, overrides={"log.dirs": ",".join(dirs),
+                                                                         "kbroker.metrics.port": port}) as c:
+        topic = f"wb-{uuid.uuid4().hex[:8]}"
+        wait_for_topic(c.bootstrap, topic, 2)       # auto-created: 2 partitions, one per dir
+        full = 0 if os.path.isdir(os.path.join(dirs[0], f"{topic}-0")) else 1
+        good = 1 - full
+        assert os.path.isdir(os.path.join(dirs[0], f"{topic}-{full}"))
+        assert os.path.isdir(os.path.join(dirs[1], f"{topic}-{good}"))
+        big = b"f" * 8000                           # needs new pages on the full tmpfs
+        acked = {full: [], good: []}
+        with RawConn(c.bootstrap, timeout=30) as conn:
+            for p in (full, good):
+                conn.send(_frame(1, topic, {p: one(b"warm")}))
+                assert _rows(conn, 1)[0][p]["error_code"] == 0
+                acked[p].append(b"warm")
+            _fill(tmpfs)
+            fd = os.open(os.path.join(tmpfs, "ballast"), os.O_WRONLY | os.O_APPEND)
+            try:                                    # to the last page
+                while os.write(fd, b"\0" * 4096):
+                    pass
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+
+            def run(tag: bytes, python: bool):
+                # 5 requests in one chunk; the 4th names the full partition twice, which only the Python
+                # path serves (its first row is appended, the second refused INVALID_RECORD)
+                twice = encode_request(0, 8, 13, "wb-test", {
+                    "transactional_id": None, "acks": 1, "timeout_ms": 10000, "topic_data": [
+                        {"name": topic, "partition_data": [{"index": full, "records": one(big)},
+                                                           {"index": full, "records": one(big)}]}]})
+                with Delta(port) as d:
+                    conn.send(b"".join([
+                        _frame(10, topic, {good: one(b"%s-g0" % tag)}),
+                        _frame(11, topic, {full: one(big)}),
+                        _frame(12, topic, {good: one(b"%s-g1" % tag), full: one(big)}),
+                        twice,
+                        _frame(14, topic, {good: one(b"%s-g2" % tag)})]))
+                    rows = _rows(conn, 3)
+                    _h, body = decode_response(0, 8, memoryview(bytearray(conn.recv_frame(30))))
+                    dup = [{k: v for k, v in r.items() if k != "index"}
+                           for r in body["responses"][0]["partition_responses"]]
+                    rows += _rows(conn, 1)
+                # natively served (the 4th and maybe a next one not), or (a failing dir) all on the Python path
+                assert (d.fast, d.slow) in ([(0, 5)] if python else [(4, 1), (3, 2)]), (d.fast, d.slow)
+                assert dup[1]["error_code"] == INVALID_RECORD, dup
+                base = len(acked[good])
+                assert [r[good]["error_code"] for r in (rows[0], rows[2], rows[3])] == [0, 0, 0], rows
+                assert [r[good]["base_offset"] for r in (rows[0], rows[2], rows[3])] == [base, base + 1, base + 2]
+                acked[good] += [b"%s-g%d" % (tag, k) for k in range(3)]
+                return rows[1][full], rows[2][full], dup[0]
+
+            failed_native = run(b"n", False)        # the run's write fails at its end
+            failed_python = run(b"p", True)         # the dir is failing: Python's appends, written at once
+            conn.send(_frame(20, topic, {full: one(big)}))      # a lone request: written as handled
+            lone = _rows(conn, 1)[0][full]
+            assert lone["error_code"] == KAFKA_STORAGE_ERROR
+            assert (lone["base_offset"], lone["log_append_time_ms"], lone["log_start_offset"]) == (-1, -1, -1)
+            assert "No space left on device" in lone["error_message"], lone
+            for row in failed_native + failed_python:
+                assert row == lone, (row, lone)
+            # the connection still serves
+            conn.send(_frame(21, topic, {good: one(b"after")}))
+            r = _rows(conn, 1)[0][good]
+            assert (r["error_code"], r["base_offset"]) == (0, len(acked[good])), r
+            acked[good].append(b"after")
+        os.unlink(os.path.join(tmpfs, "ballast"))
+        with RawConn(c.bootstrap, timeout=30) as conn:
+            # the idempotent gap: plain batches deferred, then an idempotent batch of the same log whose
+            # pending write (first) fails: both answer the error; the retry is appended, not a duplicate
+            pid = 4242
+            for seq in (0, 1):                      # producer known, steady state (native) from seq 1
+                conn.send(_frame(30 + seq, topic, {full: idem(one(b"i%d" % seq), pid, 0, seq)}, acks=-1))
+                r = _rows(conn, 1)[0][full]
+                assert (r["error_code"], r["base_offset"]) == (0, len(acked[full])), r
+                acked[full].append(b"i%d" % seq)
+            _fill(tmpfs)
+            with Delta(port) as d:
+                conn.send(_frame(40, topic, {full: one(big)}) + _frame(41, topic, {full: one(big)})
+                          + _frame(42, topic, {full: idem(one(b"i2" + big), pid, 0, 2)}, acks=-1))
+                rows = [r[full] for r in _rows(conn, 3)]
+            assert d.fast >= 2, (d.fast, d.slow)
+            assert [r["error_code"] for r in rows] == [KAFKA_STORAGE_ERROR] * 3, rows
+            os.unlink(os.path.join(tmpfs, "ballast"))
+            for k in range(2):                      # the retry is appended; its own retry is the duplicate
+                conn.send(_frame(50 + k, topic, {full: idem(one(b"i2" + big), pid, 0, 2)}, acks=-1))
+                r = _rows(conn, 1)[0][full]
+                assert (r["error_code"], r["base_offset"]) == (0, len(acked[full])), r
+            acked[full].append(b"i2" + big)
+        # acks=0 in a run whose write fails (the dir not failing yet: native): the connection closes after
+        # the answers before it
+        _fill(tmpfs)
+        with RawConn(c.bootstrap, timeout=30) as conn:
+            conn.send(_frame(60, topic, {good: one(b"z-g0")}) + _frame(61, topic, {full: one(big)}, acks=0)
+                      + _frame(62, topic, {good: one(b"z-g1")}))
+            r = _rows(conn, 1)[0][good]
+            assert (r["error_code"], r["base_offset"]) == (0, len(acked[good])), r
+            acked[good] += [b"z-g0", b"z-g1"]       # the second written in that run (its answer not sent)
+            with pytest.raises((ConnectionError, OSError)):
+                conn.recv_frame(10)
+        os.unlink(os.path.join(tmpfs, "ballast"))
+        # one error line per failing streak of the dir (3), none per cut-back run
+        broker_log = c.brokers[0].log_tail(100000)
+        assert broker_log.count("fail (first:") == 3 and "cut back" not in broker_log
+        ends = {p: log_end_offset(c.bootstrap, topic, p) for p in (0, 1)}
+        assert ends == {p: len(v) for p, v in acked.items()}, (ends, {p: len(v) for p, v in acked.items()})
+        consumed = consume_confluent(c.bootstrap, topic, ends, timeout=60)
+        got = {0: [], 1: []}
+        for m in sorted(consumed, key=lambda m: (m.partition, m.offset)):
+            got[m.partition].append(m.rec.value)
+        assert got == acked
+        # produce_failed once per failed row: 4 + 4 in the runs (INVALID_RECORD rows included), the lone
+        # one, 3 in the idempotent one, the acks=0 one
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        failed = [ln for ln in text.splitlines()
+                  if ln.startswith("kafka_server_brokertopicmetrics_failedproducerequests") and topic in ln]
+        assert len(failed) == 1 and float(failed[0].split()[-1]) == 13, failed
+
+
+@pytest.mark.slow
+def test_failed_run_write_fails_parked_acks_all_rows_rf3(tmp_path, tmpfs):  # noqa: F811
+    # ~20 s. RF=3, leader 0 with two log dirs, one on a full tmpfs. acks=-1 requests in one chunk, parked
+    # until the followers have them: the row on the full log (native, and Python's for a request naming
+    # it twice) is decided KAFKA_STORAGE_ERROR when the run's write fails, its other row still waits
+    # for the HW and is answered with its offset; the next request on the connection works.
+    from test_produce_diskfull import _fill
+    from test_produce_fast import isr_of, leader_conn, multi_topic, one
+
+    c = LocalCluster(tmp_path / "c", brokers=3, overrides={"replica.lag.time.max.ms": 3000})
+    dirs = [os.path.join(tmpfs, "data"), str(tmp_path / "data2")]
+    c.brokers[0].extra = {"log.dirs": ",".join(dirs)}
+    with c:
+        topic = multi_topic(c, 2, replicas=[[0, 1, 2], [0, 2, 1]])
+        for p in range(2):
+            wait_until(lambda p=p: isr_of(c, topic, 0, p) == [0, 1, 2], 30, f"a full ISR of {p}")
+        full = 0 if os.path.isdir(os.path.join(dirs[0], f"{topic}-0")) else 1
+        good = 1 - full
+        assert os.path.isdir(os.path.join(dirs[1], f"{topic}-{good}"))
+        big = b"f" * 8000
+        with leader_conn(c, 0) as conn:
+            _fill(tmpfs)
+            fd = os.open(os.path.join(tmpfs, "ballast"), os.O_WRONLY | os.O_APPEND)
+            try:
+                while os.write(fd, b"\0" * 4096):
+                    pass
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+            twice = encode_request(0, 8, 3, "wb-test", {
+                "transactional_id": None, "acks": -1, "timeout_ms": 20000, "topic_data": [
+                    {"name": topic, "partition_data": [{"index": good, "records": one(b"g1")},
+                                                       {"index": full, "records": one(big)},
+                                                       {"index": full, "records": one(big)}]}]})
+            conn.send(_frame(1, topic, {good: one(b"g0"), full: one(big)}, acks=-1) + twice
+                      + _frame(4, topic, {good: one(b"g2")}, acks=-1))
+            answers = []
+            for _ in range(3):
+                _h, body = decode_response(0, 8, memoryview(bytearray(conn.recv_frame(30))))
+                answers.append([(r["index"], r["error_code"], r["base_offset"], r["log_append_time_ms"],
+                                 r["log_start_offset"], r.get("error_message"))
+                                for t in body["responses"] for r in t["partition_responses"]])
+            failed = (full, KAFKA_STORAGE_ERROR, -1, -1, -1, None)
+            assert answers[0] == [(good, 0, 1, -1, 0, None), failed], answers[0]
+            assert answers[1] == [(good, 0, 2, -1, 0, None), failed, (full, INVALID_RECORD, -1, -1, -1, None)], \
+                answers[1]
+            assert answers[2] == [(good, 0, 3, -1, 0, None)], answers[2]
+            conn.send(_frame(5, topic, {good: one(b"g3")}, acks=-1))
+            _h, body = decode_response(0, 8, memoryview(bytearray(conn.recv_frame(30))))
+            r = body["responses"][0]["partition_responses"][0]
+            assert (r["error_code"], r["base_offset"]) == (0, 4), r
+            os.unlink(os.path.join(tmpfs, "ballast"))
+        assert {p: log_end_offset(c.bootstrap, topic, p) for p in (0, 1)} == {full: 1, good: 5}
+
+
+def _produce_on_filling_disk(c, tmpfs, topic: str, partition: int, n: int, conf: dict) -> list:
+    """``n`` one-record requests (confluent-kafka, ``conf``) to a log dir that fills up while they are
+    sent (~2 MiB left); the space comes back once the broker reported the full dir. -> the acked
+    (partition, offset, value); every record is acknowledged in the end."""
+    import threading
+
+    import confluent_kafka as ck
+    from test_produce_diskfull import _fill
+
+    _fill(tmpfs)
+    ballast = os.path.join(tmpfs, "ballast")
+    os.truncate(ballast, os.path.getsize(ballast) - (2 << 20))         # ~1000 records of 2 KB
+    reported = c.brokers[0].log_tail(100000).count("fail (first:")
+
+    def give_space_back():
+        wait_until(lambda: c.brokers[0].log_tail(100000).count("fail (first:") > reported, 60, "the full dir")
+        os.unlink(ballast)
+
+    t = threading.Thread(target=give_space_back, daemon=True)
+    t.start()
+    acked, failed = [], []
+
+    def report(err, msg):
+        if err is not None:
+            failed.append(str(err))
+        else:
+            acked.append((msg.partition(), msg.offset(), msg.value().decode()))
+
+    p = ck.Producer({"bootstrap.servers": c.bootstrap, "linger.ms": 0, "batch.num.messages": 1,
+                     "message.timeout.ms": 60000, "retry.backoff.ms": 50, **conf})
+    for i in range(n):
+        p.produce(topic, partition=partition, value=f"df-{partition}-{i}-".encode() + b"x" * 2000,
+                  on_delivery=report)
+        p.poll(0)
+    assert p.flush(90) == 0
+    t.join(60)
+    assert not t.is_alive(), "the disk never filled up"
+    assert failed == [], failed[:5]
+    assert len(acked) == n
+    return acked
+
+
+@pytest.mark.slow
+def test_pipelined_producers_on_filling_disk_lose_nothing(tmp_path, tmpfs):  # noqa: F811
+    # ~20 s. confluent-kafka, one record per request, many in flight (several Produce frames per read:
+    # write-behind runs), on a log dir that fills up while it sends: a plain producer (acks=1, its
+    # batches deferred in runs whose write fails) and an idempotent one (acks=all, 5 in flight). Every
+    # acknowledged record reads back at its offset, none twice.
+    with LocalCluster(tmp_path / "cluster", num_partitions=2, overrides={"log.dirs": os.path.join(tmpfs, "data")}) as c:
+        topic = f"wb-{uuid.uuid4().hex[:8]}"
+        wait_for_topic(c.bootstrap, topic, 2)
+        acked = _produce_on_filling_disk(c, tmpfs, topic, 0, 3000, {
+            "acks": 1, "enable.idempotence": False, "max.in.flight.requests.per.connection": 1000})
+        acked += _produce_on_filling_disk(c, tmpfs, topic, 1, 3000, {
+            "acks": "all", "enable.idempotence": True, "max.in.flight.requests.per.connection": 5})
+        ends = {p: log_end_offset(c.bootstrap, topic, p) for p in (0, 1)}
+        consumed = consume_confluent(c.bootstrap, topic, ends, timeout=60)
+        values = [m.rec.value for m in consumed]
+        print(f"T-storerr-clients acked={len(acked)} log ends={ends}")
+        assert len(values) == len(set(values)) == sum(ends.values()), (len(values), len(set(values)), ends)
+        report = check_acked(acked, [(m.partition, m.offset, m.rec.value.decode()) for m in consumed])
+        assert report.ok, report.line()

@@ -200,6 +200,10 @@ class Log:
         self.hw_follows_leo = hw_follows_leo
         self._appender = _native.LeaderAppender()     # leader appends' limits and unflushed count
         self._appender.log = self                     # told when deferred bytes cannot be written
+        # on_cut(log, base, error, rows): told after deferred bytes that could not be written were cut
+        # away from offset ``base`` (the replica layer fails what waits on them and reports the dir);
+        # None: the cut is logged here.
+        self.on_cut = None
         self.last_flush_ms = now_ms() if now is None else now
         self.dirty = False                 # appended since the last flush
         self.offline = False
@@ -496,14 +500,15 @@ class Log:
             except OSError as e:
                 raise LogAppendError(KAFKA_STORAGE_ERROR, f"write to {self.name} failed: {e.strerror}") from None
 
-    def _deferred_write_failed(self, seg, position: int, base: int, e: OSError) -> None:
+    def _deferred_write_failed(self, seg, position: int, base: int, e: OSError, rows: int = 0) -> str:
         """LeaderAppender could not write the batches it deferred from file ``position`` (offset
         ``base``) of ``seg`` on: they were committed but are not (all) in the file. Cut the log back
         to before them, as a failed synchronous write leaves it (the first of them is the new log
-        end); when the file cannot be cut the log goes offline. Their answers are not sent (the
-        request layer closes the connection)."""
-        _log.error("%s: write of appended batches from offset %d failed (%s); cut back to it",
-                   self.name, base, e.strerror)
+        end); when the file cannot be cut the log goes offline. ``rows``: how many of them belong to
+        requests other than the one being handled (whose own append raises). -> the error message
+        their answers carry: the request layer answers them KAFKA_STORAGE_ERROR (ext/request.pyx
+        dispatch_frames), and ``on_cut`` fails the acks=all waits on them."""
+        err = LogAppendError(KAFKA_STORAGE_ERROR, f"write to {seg.log_path} failed: {e.strerror}")
         try:
             seg.cut(position, base)
         except OSError:
@@ -511,6 +516,15 @@ class Log:
         if seg.size != os.fstat(seg.read_fd).st_size or seg.next_offset != base:
             self.offline = True       # the unwritten bytes could not be removed
         self._after_truncation()
+        if self.on_cut is None:
+            _log.error("%s: write of appended batches from offset %d failed (%s); cut back to it",
+                       self.name, base, e.strerror)
+        else:
+            try:
+                self.on_cut(self, base, err, rows)
+            except Exception:     # noqa: BLE001 - the cut is done; the answers are still corrected
+                _log.exception("%s: handling the cut back to offset %d failed", self.name, base)
+        return err.message
 
     def _write_failed(self, seg, e: OSError):
         """A leader append's write failed: cut the partial bytes away (or, when that fails too,

@@ -40,7 +40,7 @@ import time
 from collections import deque
 
 from .._native.sendio import SendCursor
-from .._native.request import Slot, dispatch_frames, observe_slots, take_answers
+from .._native.request import Slot, dispatch_frames, lost_answer, observe_slots, take_answers
 from ..protocol import api
 from ..protocol.types import FileRegions, ProtocolError
 from .. import request_metrics  # noqa: F401  (binds the slots' RequestStats registry)
@@ -403,13 +403,6 @@ class Connection(asyncio.BufferedProtocol):
         hostile_log(logging.WARNING, "closing %s: " + reason, self.peer, *args)
         self.close()
 
-    def _appends_lost(self):
-        """dispatch_frames: appends of this read were answered but their bytes could not be written
-        (full or failing disk; the logs were cut back and say so): close without sending any answer
-        of it, as for a failed write, so the client retries rather than trusting those offsets."""
-        hostile_log(logging.ERROR, "closing %s: appends of its last read could not be written", self.peer)
-        self.close()
-
     def _handler_raised(self, slot):
         """A native handler raised (called from its except clause: the traceback is logged). Its frame
         took no reference on its chunk."""
@@ -565,6 +558,8 @@ class Connection(asyncio.BufferedProtocol):
         self._finish(slot, chunks)
 
     def _finish(self, slot, chunks, now=None):
+        if slot.lost is not None:      # a Produce whose batch a write-behind run's failed write cut away
+            chunks = lost_answer(slot, chunks, NO_RESPONSE, CLOSE)
         slot.chunks = chunks
         slot.done = True
         slot.queued = _now() if now is None else now

@@ -283,6 +283,17 @@ class ReplicaManager:
                 results[tp] = PartitionResult(e.error_code, error_message=e.message)
                 continue
             if self._failing_dirs:
+                if lg._appender.pending:
+                    # deferred in a write-behind run: while a dir fails, its outcome is learnt now (as a
+                    # lone append's), not at the run's end, and only a written append ends the streak
+                    try:
+                        lg._appender.write_deferred()
+                    except OSError as e:
+                        try:                            # its log is cut back (Log.on_cut reported the dir)
+                            lg._write_failed(lg.segments[-1], e)
+                        except LogAppendError as le:
+                            results[tp] = PartitionResult(le.error_code, error_message=le.message)
+                        continue
                 self._storage_ok(lg)
             if not internal:
                 # metrics.produced, inline as the Fetch handler's bytes_out (a call per request)
@@ -438,6 +449,27 @@ class ReplicaManager:
         log.error("appends to log dir %s fail (first: %s-%d: %s); further failures there are not logged "
                   "until an append succeeds", d, tp[0], tp[1], e.message)
 
+    def _appends_cut(self, lg, base: int, e: LogAppendError, rows: int) -> None:
+        """Log.on_cut: batches appended in a write-behind run from offset ``base`` on could not be
+        written and were cut away (ext/segment.pyx). As a failed append: the dir reported
+        (``_storage_failed``), each acks=all wait on one of them decided KAFKA_STORAGE_ERROR (its
+        offsets will be reused; the other partitions of its request still wait for the HW), and
+        produce_failed counted for the ``rows`` the request layer answers KAFKA_STORAGE_ERROR
+        instead (the decided waits count theirs when answered)."""
+        tp = (lg.topic, lg.partition)
+        self._storage_failed(tp, lg, e)
+        p = self.partitions.get(tp)
+        w = p.waiters if p is not None and p.log is lg else None
+        lost = [d for required, d in w if required > base] if w else ()
+        if lost:
+            kept = [(required, d) for required, d in w if required <= base]
+            w.clear()
+            w.extend(kept)
+            for d in lost:
+                d.decide(tp, Errors.KAFKA_STORAGE_ERROR)
+        for _ in range(rows - len(lost)):
+            self.broker.metrics.produce_failed(tp[0])
+
     def _storage_ok(self, lg) -> None:
         d = os.path.dirname(lg.dir)
         n = self._failing_dirs.pop(d, None)
@@ -518,6 +550,7 @@ class ReplicaManager:
             lg = self.logs.get_or_create(tp[0], tp[1], overrides)
         elif overrides is not None:
             self.logs.set_topic_config(tp[0], overrides)
+        lg.on_cut = self._appends_cut
         p = Partition(tp[0], tp[1], lg, self.broker_id)   # topic_id: set once partition.metadata is checked
         self.partitions[tp] = p
         return p
