@@ -44,6 +44,19 @@ def _fill(path: str) -> None:
             pass
 
 
+def _fill_to_last_page(path: str) -> None:
+    """``_fill``, then the ballast grown page by page until not even one more page fits."""
+    _fill(path)
+    fd = os.open(os.path.join(path, "ballast"), os.O_WRONLY | os.O_APPEND)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def _lines(c, needle: str) -> int:
     return c.brokers[0].log_tail(100000).count(needle)
 

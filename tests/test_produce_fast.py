@@ -37,7 +37,7 @@ from checkers import (FETCH, PRODUCE, RawConn, all_batches, create_topic, end_of
 from kbroker._native.crc import crc32c
 from kbroker.testing import LocalCluster, free_port, wait_until
 from test_hostile_attacks import _batch, _record
-from test_produce_diskfull import _fill, tmpfs  # noqa: F401 (tmpfs: the fixture)
+from test_produce_diskfull import _fill, _fill_to_last_page, tmpfs  # noqa: F401 (tmpfs: the fixture)
 
 NOT_LEADER_OR_FOLLOWER = 6
 MESSAGE_TOO_LARGE = 10
@@ -106,15 +106,7 @@ def _room_for_one_batch(tmpfs):
     spare = os.path.join(tmpfs, "spare")
     with open(spare, "wb") as f:
         f.write(b"\0" * 100_000)
-    _fill(tmpfs)
-    fd = os.open(os.path.join(tmpfs, "ballast"), os.O_WRONLY | os.O_APPEND)
-    try:
-        while os.write(fd, b"\0" * 4096):
-            pass
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    _fill_to_last_page(tmpfs)
     os.unlink(spare)
 
 

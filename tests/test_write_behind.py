@@ -41,10 +41,8 @@ def broker(tmp_path_factory):
         yield c
 
 
-def _produce_one_record_requests(bootstrap: str, topic: str, acks, n: int) -> list[tuple[int, int, str]]:
-    """``n`` one-record Produce requests, all allowed in flight at once -> [(partition, offset, value)]."""
-    import confluent_kafka as ck
-
+def _delivery_reports():
+    """-> (acked [(partition, offset, value)], failed [error], the on_delivery callback filling them)."""
     acked, failed = [], []
 
     def report(err, msg):
@@ -52,6 +50,15 @@ def _produce_one_record_requests(bootstrap: str, topic: str, acks, n: int) -> li
             failed.append(str(err))
         else:
             acked.append((msg.partition(), msg.offset(), msg.value().decode()))
+
+    return acked, failed, report
+
+
+def _produce_one_record_requests(bootstrap: str, topic: str, acks, n: int) -> list[tuple[int, int, str]]:
+    """``n`` one-record Produce requests, all allowed in flight at once -> [(partition, offset, value)]."""
+    import confluent_kafka as ck
+
+    acked, failed, report = _delivery_reports()
 
     p = ck.Producer({"bootstrap.servers": bootstrap, "acks": acks, "enable.idempotence": False,
                      "linger.ms": 0, "batch.num.messages": 1, "max.in.flight.requests.per.connection": 1000,
@@ -213,7 +220,7 @@ def test_failed_run_write_answers_storage_error_and_keeps_the_connection(tmp_pat
     # path (a fresh dir) and on the Python path (the dir is failing: appends are Python's until one
     # succeeds there). An idempotent batch after deferred plain batches of its log, whose pending write
     # fails first, answers the error and its retry is appended. acks=0 in a failed run closes.
-    from test_produce_diskfull import _fill
+    from test_produce_diskfull import _fill_to_last_page
     from test_produce_fast import Delta, idem, one
 
     import urllib.request
@@ -236,15 +243,7 @@ def test_failed_run_write_answers_storage_error_and_keeps_the_connection(tmp_pat
                 conn.send(_frame(1, topic, {p: one(b"warm")}))
                 assert _rows(conn, 1)[0][p]["error_code"] == 0
                 acked[p].append(b"warm")
-            _fill(tmpfs)
-            fd = os.open(os.path.join(tmpfs, "ballast"), os.O_WRONLY | os.O_APPEND)
-            try:                                    # to the last page
-                while os.write(fd, b"\0" * 4096):
-                    pass
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
+            _fill_to_last_page(tmpfs)
 
             def run(tag: bytes, python: bool):
                 # 5 requests in one chunk; the 4th names the full partition twice, which only the Python
@@ -298,7 +297,7 @@ def test_failed_run_write_answers_storage_error_and_keeps_the_connection(tmp_pat
                 r = _rows(conn, 1)[0][full]
                 assert (r["error_code"], r["base_offset"]) == (0, len(acked[full])), r
                 acked[full].append(b"i%d" % seq)
-            _fill(tmpfs)
+            _fill_to_last_page(tmpfs)
             with Delta(port) as d:
                 conn.send(_frame(40, topic, {full: one(big)}) + _frame(41, topic, {full: one(big)})
                           + _frame(42, topic, {full: idem(one(b"i2" + big), pid, 0, 2)}, acks=-1))
@@ -313,7 +312,7 @@ def test_failed_run_write_answers_storage_error_and_keeps_the_connection(tmp_pat
             acked[full].append(b"i2" + big)
         # acks=0 in a run whose write fails (the dir not failing yet: native): the connection closes after
         # the answers before it
-        _fill(tmpfs)
+        _fill_to_last_page(tmpfs)
         with RawConn(c.bootstrap, timeout=30) as conn:
             conn.send(_frame(60, topic, {good: one(b"z-g0")}) + _frame(61, topic, {full: one(big)}, acks=0)
                       + _frame(62, topic, {good: one(b"z-g1")}))
@@ -347,7 +346,7 @@ def test_failed_run_write_fails_parked_acks_all_rows_rf3(tmp_path, tmpfs):  # no
     # until the followers have them: the row on the full log (native, and Python's for a request naming
     # it twice) is decided KAFKA_STORAGE_ERROR when the run's write fails, its other row still waits
     # for the HW and is answered with its offset; the next request on the connection works.
-    from test_produce_diskfull import _fill
+    from test_produce_diskfull import _fill_to_last_page
     from test_produce_fast import isr_of, leader_conn, multi_topic, one
 
     c = LocalCluster(tmp_path / "c", brokers=3, overrides={"replica.lag.time.max.ms": 3000})
@@ -362,15 +361,7 @@ def test_failed_run_write_fails_parked_acks_all_rows_rf3(tmp_path, tmpfs):  # no
         assert os.path.isdir(os.path.join(dirs[1], f"{topic}-{good}"))
         big = b"f" * 8000
         with leader_conn(c, 0) as conn:
-            _fill(tmpfs)
-            fd = os.open(os.path.join(tmpfs, "ballast"), os.O_WRONLY | os.O_APPEND)
-            try:
-                while os.write(fd, b"\0" * 4096):
-                    pass
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
+            _fill_to_last_page(tmpfs)
             twice = encode_request(0, 8, 3, "wb-test", {
                 "transactional_id": None, "acks": -1, "timeout_ms": 20000, "topic_data": [
                     {"name": topic, "partition_data": [{"index": good, "records": one(b"g1")},
@@ -417,13 +408,7 @@ def _produce_on_filling_disk(c, tmpfs, topic: str, partition: int, n: int, conf:
 
     t = threading.Thread(target=give_space_back, daemon=True)
     t.start()
-    acked, failed = [], []
-
-    def report(err, msg):
-        if err is not None:
-            failed.append(str(err))
-        else:
-            acked.append((msg.partition(), msg.offset(), msg.value().decode()))
+    acked, failed, report = _delivery_reports()
 
     p = ck.Producer({"bootstrap.servers": c.bootstrap, "linger.ms": 0, "batch.num.messages": 1,
                      "message.timeout.ms": 60000, "retry.backoff.ms": 50, **conf})
@@ -459,3 +444,25 @@ def test_pipelined_producers_on_filling_disk_lose_nothing(tmp_path, tmpfs):  # n
         assert len(values) == len(set(values)) == sum(ends.values()), (len(values), len(set(values)), ends)
         report = check_acked(acked, [(m.partition, m.offset, m.rec.value.decode()) for m in consumed])
         assert report.ok, report.line()
+
+
+def test_lost_answer_rewrites_only_the_claimed_rows_of_each_version():
+    # The rewrite dispatch_frames / Connection._finish apply to an answer whose batch was cut away: for
+    # Produce v3-8, exactly the bytes encode_produce_response gives a failed append's row (-1 offsets,
+    # v8 its message); rows already failed, other partitions and other topics unchanged; acks=0 closes.
+    from types import SimpleNamespace
+
+    from kbroker._native.request import Slot, encode_produce_response, lost_answer
+
+    no_response, close = object(), object()
+    msg = "write to /d/t-1/00000000000000000000.log failed: No space left on device"
+    for v in range(3, 9):
+        slot = Slot(SimpleNamespace(api_key=0, api_version=v), 0.0, 0.0)
+        slot.lost = {("t", 1): msg, ("u", 0): msg}
+        before = [("t", [[0, 0, 5, 7, 2, None], [1, 0, 9, 7, 2, None], [2, 0, 4, 7, 2, None]]),
+                  ("u", [[0, 6, -1, -1, -1, "already failed"], [1, 0, 3, -1, 0, None]])]
+        after = [("t", [[0, 0, 5, 7, 2, None], [1, KAFKA_STORAGE_ERROR, -1, -1, -1, msg], [2, 0, 4, 7, 2, None]]),
+                 ("u", [[0, 6, -1, -1, -1, "already failed"], [1, 0, 3, -1, 0, None]])]
+        got = lost_answer(slot, [encode_produce_response(v, 77, before)], no_response, close)
+        assert got == [encode_produce_response(v, 77, after)], v
+    assert lost_answer(slot, no_response, no_response, close) is close
