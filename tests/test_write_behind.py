@@ -194,11 +194,13 @@ def test_disk_full_under_pipelined_produce_loses_no_acked_record(tmp_path, tmpfs
 
 
 # ---- a run whose write fails answers KAFKA_STORAGE_ERROR (the connection stays open) ------------------
-def _frame(correlation_id: int, topic: str, parts: dict, acks: int = 1) -> bytes:
-    """A Produce v8 frame carrying ``parts`` ({partition: batch bytes})."""
+def _frame(correlation_id: int, topic: str, parts: dict, acks: int = 1, *more: tuple[str, dict]) -> bytes:
+    """A Produce v8 frame carrying ``parts`` ({partition: batch bytes}) of ``topic``, then ``more``
+    topics' (name, parts)."""
     return encode_request(0, 8, correlation_id, "wb-test", {
         "transactional_id": None, "acks": acks, "timeout_ms": 10000,
-        "topic_data": [{"name": topic, "partition_data": [{"index": p, "records": b} for p, b in parts.items()]}]})
+        "topic_data": [{"name": t, "partition_data": [{"index": p, "records": b} for p, b in ps.items()]}
+                       for t, ps in ((topic, parts),) + more]})
 
 
 def _rows(conn, n: int) -> list[dict]:
@@ -342,10 +344,12 @@ def test_failed_run_write_answers_storage_error_and_keeps_the_connection(tmp_pat
 
 @pytest.mark.slow
 def test_failed_run_write_fails_parked_acks_all_rows_rf3(tmp_path, tmpfs):  # noqa: F811
-    # ~20 s. RF=3, leader 0 with two log dirs, one on a full tmpfs. acks=-1 requests in one chunk, parked
-    # until the followers have them: the row on the full log (native, and Python's for a request naming
-    # it twice) is decided KAFKA_STORAGE_ERROR when the run's write fails, its other row still waits
-    # for the HW and is answered with its offset; the next request on the connection works.
+    # ~20 s. Leader 0 with two log dirs, one on a full tmpfs: partition 0 of an RF=3 topic and an RF=1
+    # topic there, partition 1 of the RF=3 topic on the other. acks=-1 requests in one chunk, parked until the followers have their rows: a
+    # row on a full log waiting for the HW (native, and Python's for a request naming it twice) is decided
+    # KAFKA_STORAGE_ERROR when the run's write fails; a row on a full log answered at once (RF=1) in a
+    # parked request is rewritten when the request's answer is ready (Slot.lost); the rows on the other
+    # log still wait for the HW and answer their offsets; the next request on the connection works.
     from test_produce_diskfull import _fill_to_last_page
     from test_produce_fast import isr_of, leader_conn, multi_topic, one
 
@@ -354,11 +358,12 @@ def test_failed_run_write_fails_parked_acks_all_rows_rf3(tmp_path, tmpfs):  # no
     c.brokers[0].extra = {"log.dirs": ",".join(dirs)}
     with c:
         topic = multi_topic(c, 2, replicas=[[0, 1, 2], [0, 2, 1]])
-        for p in range(2):
+        single = multi_topic(c, 1, replicas=[[0]])
+        for p in (0, 1):
             wait_until(lambda p=p: isr_of(c, topic, 0, p) == [0, 1, 2], 30, f"a full ISR of {p}")
-        full = 0 if os.path.isdir(os.path.join(dirs[0], f"{topic}-0")) else 1
-        good = 1 - full
-        assert os.path.isdir(os.path.join(dirs[1], f"{topic}-{good}"))
+        full, good, alone = 0, 1, 0                 # the least loaded dir, the first on ties
+        assert [os.path.isdir(os.path.join(dirs[0], f"{t}-{p}")) for t, p in ((topic, 0), (topic, 1), (single, 0))] \
+            == [True, False, True]
         big = b"f" * 8000
         with leader_conn(c, 0) as conn:
             _fill_to_last_page(tmpfs)
@@ -368,9 +373,10 @@ def test_failed_run_write_fails_parked_acks_all_rows_rf3(tmp_path, tmpfs):  # no
                                                        {"index": full, "records": one(big)},
                                                        {"index": full, "records": one(big)}]}]})
             conn.send(_frame(1, topic, {good: one(b"g0"), full: one(big)}, acks=-1) + twice
-                      + _frame(4, topic, {good: one(b"g2")}, acks=-1))
+                      + _frame(4, topic, {good: one(b"g2")}, -1, (single, {alone: one(big)}))
+                      + _frame(5, topic, {good: one(b"g3")}, acks=-1))
             answers = []
-            for _ in range(3):
+            for _ in range(4):
                 _h, body = decode_response(0, 8, memoryview(bytearray(conn.recv_frame(30))))
                 answers.append([(r["index"], r["error_code"], r["base_offset"], r["log_append_time_ms"],
                                  r["log_start_offset"], r.get("error_message"))
@@ -379,13 +385,17 @@ def test_failed_run_write_fails_parked_acks_all_rows_rf3(tmp_path, tmpfs):  # no
             assert answers[0] == [(good, 0, 1, -1, 0, None), failed], answers[0]
             assert answers[1] == [(good, 0, 2, -1, 0, None), failed, (full, INVALID_RECORD, -1, -1, -1, None)], \
                 answers[1]
-            assert answers[2] == [(good, 0, 3, -1, 0, None)], answers[2]
-            conn.send(_frame(5, topic, {good: one(b"g3")}, acks=-1))
+            message = f"write to {dirs[0]}/{single}-0/00000000000000000000.log failed: No space left on device"
+            assert answers[2] == [(good, 0, 3, -1, 0, None), (alone, KAFKA_STORAGE_ERROR, -1, -1, -1, message)], \
+                answers[2]
+            assert answers[3] == [(good, 0, 4, -1, 0, None)], answers[3]
+            conn.send(_frame(6, topic, {good: one(b"g4")}, acks=-1))
             _h, body = decode_response(0, 8, memoryview(bytearray(conn.recv_frame(30))))
             r = body["responses"][0]["partition_responses"][0]
-            assert (r["error_code"], r["base_offset"]) == (0, 4), r
+            assert (r["error_code"], r["base_offset"]) == (0, 5), r
             os.unlink(os.path.join(tmpfs, "ballast"))
-        assert {p: log_end_offset(c.bootstrap, topic, p) for p in (0, 1)} == {full: 1, good: 5}
+        assert {p: log_end_offset(c.bootstrap, topic, p) for p in (0, 1)} == {good: 6, full: 1}
+        assert log_end_offset(c.bootstrap, single, 0) == 1
 
 
 def _produce_on_filling_disk(c, tmpfs, topic: str, partition: int, n: int, conf: dict) -> list:
