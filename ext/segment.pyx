@@ -1134,8 +1134,11 @@ cdef class LeaderAppender:
             for tag in tags:
                 if tag is not _run_tag:
                     rows += 1       # not the request being handled (its own append raises: it answers that)
-            message = self.log._deferred_write_failed(st.owner, position, base, e, rows)
-            _run_lost.append((self.log, message, tags))
+            message = None
+            try:
+                message = self.log._deferred_write_failed(st.owner, position, base, e, rows)
+            finally:
+                _run_lost.append((self.log, message, tags))     # their answers are corrected whatever happens
             raise e
         return 0
 
