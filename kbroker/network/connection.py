@@ -15,6 +15,11 @@ view into it; when its last view goes, a connection paused for memory is woken (
 A frame must complete within ``kbroker.socket.request.frame.timeout.ms`` of its first byte (the server's
 sweeper closes the connection otherwise).
 
+One native call per readable event: on asyncio's selector loop ``buffer_updated`` is
+``_native.request.on_read`` (the frames dispatched, the chunk prepared for the next read, the one-chunk
+answers sent in one write, their slots observed), which calls back into the methods here for every
+uncommon case; ``_read_py`` is the same in Python, the reference (``KBROKER_NATIVE_READ=0``, uvloop).
+
 Sending: requests may complete out of order (a long-polling Fetch, an acks=all Produce), but their
 responses leave in request order (clients match correlation ids FIFO). Response chunks are bytes or
 ``FileRegions``; an answer with regions goes out through a native send step (ext/sendio.pyx
