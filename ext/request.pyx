@@ -643,9 +643,14 @@ cdef class Slot:
 
 def observe_slots(list slots, double sent):
     """``Slot.observe(sent)`` of every slot in ``slots`` (answers that left in one write)."""
+    _observe_slots(slots, sent)
+
+
+cdef int _observe_slots(list slots, double sent) except -1:
     cdef Slot slot
     for slot in slots:
         slot.observe(sent)
+    return 0
 
 
 
@@ -1845,6 +1850,12 @@ def dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_ssize_t ma
     ReplicaManager._appends_cut). The connection stays open.
     -> 0 (the rest is an incomplete frame, or nothing), 1 (the frame at ``conn._start`` announces a
     size outside (0, max_frame]) or 2 (the frame at ``conn._start`` will not fit in this chunk)."""
+    return _dispatch_chunk(conn, chunk, start, end, max_frame, produce, fetch, supported, no_response, close)
+
+
+cdef object _dispatch_chunk(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_ssize_t max_frame, produce, fetch,
+                            dict supported, no_response, close):
+    # dispatch_frames (and on_read) without the Python call
     cdef bint run = False
     cdef Py_buffer pb
     # the chunk's buffer: a receive chunk's bytearray, or the mmap of a frame too large for one
@@ -2095,19 +2106,183 @@ def take_answers(pending, list out, list answered, no_response):
     (a deque of Slots in request order) take every done slot whose answer is one chunk (appended to
     ``out``) or nothing (``no_response``), each slot to ``answered``. Stops at the first slot not done
     or with any other answer (CLOSE, several chunks), which stays at the head for the caller."""
+    _take_answers(pending, out, answered, no_response)
+
+
+cdef int _take_answers(pending, list out, list answered, no_response) except -1:
     cdef Slot slot
     cdef object chunks
     popleft = pending.popleft
     while pending:
         slot = <Slot?>pending[0]
         if not slot.done:
-            return
+            return 0
         chunks = slot.chunks
         if chunks is no_response:
             pass
         elif type(chunks) is list and len(<list>chunks) == 1:
             out.append((<list>chunks)[0])
         else:
-            return
+            return 0
         popleft()
         answered.append(slot)
+    return 0
+
+
+# ---- one native call per readable event (issue 10) -------------------------------------------------
+# kbroker.network.connection binds ``Connection.buffer_updated`` / ``get_buffer`` to ``on_read`` /
+# ``next_buffer`` (KBROKER_NATIVE_READ, on by default on asyncio's selector loop). The common read:
+# bytes landed in the receive chunk -> every complete frame dispatched (dispatch_frames) -> the chunk
+# prepared for the next read (reused from its start, or the rest of its tail) -> the answers of the
+# read taken (take_answers) and written in one send -> their slots observed. Everything else is the
+# connection's Python, called from here at the point where Python's own path would be: a frame in a
+# buffer of its own (``_read_rest``: all of buffer_updated but the clocks), a size prefix that is
+# refused or needs a buffer of its own (``_chunk_code``), a chunk to rotate or pool memory to reserve
+# (``_prepare`` / ``_wait_for_memory``), an answer that is not one chunk (CLOSE, sendfile regions:
+# ``_flush`` after what was taken left). The connection's Python ``_read_py`` stays the reference.
+
+cdef class ReadStats:
+    """Reads served by ``on_read`` (native) and by the connection's Python (python: a large frame's
+    buffer, or KBROKER_NATIVE_READ=0); one per server (NetworkMetrics.reads)."""
+    cdef public long long native
+    cdef public long long python
+
+
+cdef class ConnState:
+    """The fields of a client connection (kbroker.network.connection.Connection, a subclass) that
+    every read touches, as C fields: ``on_read`` reads and writes them without attribute lookups
+    (Python code sees them as ordinary attributes). The connection's other state stays in its dict."""
+    cdef public object transport, server, loop, _chunk, _frame, _next, partial_since, _pending, _reads
+    cdef public bint closed, _in_read, _writing, _loop_clock_is_monotonic
+    cdef public Py_ssize_t _start, _end, _frame_need, max_frame
+    cdef public double last_active, _read_at
+    cdef public int _sock_fd
+
+
+cdef dict _rd_supported = None
+cdef object _rd_no_response = None, _rd_close = None
+cdef Py_ssize_t _rd_min_tail = 4096
+
+
+def bind_read(dict supported, no_response, close, Py_ssize_t min_tail):
+    """kbroker.network.connection's constants for ``on_read``: api.SUPPORTED (mutated in place, never
+    replaced), NO_RESPONSE, CLOSE and the smallest chunk tail worth reading into (_MIN_TAIL)."""
+    global _rd_supported, _rd_no_response, _rd_close, _rd_min_tail
+    _rd_supported, _rd_no_response, _rd_close, _rd_min_tail = supported, no_response, close, min_tail
+
+
+def next_buffer(conn, sizehint):
+    """``Connection.get_buffer``: the view ``_prepare`` set up for the next read."""
+    return conn._next
+
+
+cdef extern from "sys/socket.h" nogil:
+    ssize_t send(int fd, const void *buf, size_t n, int flags)
+    enum:
+        MSG_DONTWAIT
+        MSG_NOSIGNAL
+
+
+cdef int _write_out(ConnState conn, list out) except -1:
+    # one write of the read's answers. On asyncio's selector transport with nothing buffered the bytes
+    # go straight to the socket (as transport.write would send them first); what the socket does not
+    # take, or an error, goes to transport.write (it buffers the rest and registers for writability,
+    # or meets the same error and closes: its own outcome).
+    cdef object data
+    cdef Py_buffer pb
+    cdef ssize_t n = -1
+    cdef int fd
+    transport = conn.transport
+    if len(out) == 1:
+        data = out[0]
+    else:
+        data = b"".join(out)
+    fd = conn._sock_fd
+    if fd >= 0 and not transport._buffer and not transport._conn_lost and transport._empty_waiter is None \
+            and not transport._eof:
+        PyObject_GetBuffer(data, &pb, PyBUF_SIMPLE)
+        try:
+            if pb.len == 0:
+                return 0
+            with nogil:
+                n = send(fd, pb.buf, <size_t>pb.len, MSG_DONTWAIT | MSG_NOSIGNAL)
+            if n == pb.len:
+                return 0
+        finally:
+            PyBuffer_Release(&pb)
+        if n > 0:
+            data = memoryview(data)[n:]
+    transport.write(data)
+    return 0
+
+
+def on_read(ConnState conn, Py_ssize_t nbytes):
+    """``Connection.buffer_updated`` in one native call (see above); the same effects, in the same
+    order, as the connection's ``_read_py``."""
+    cdef double now = _monotonic()
+    cdef Py_ssize_t start, end
+    cdef object chunk, code, pending
+    cdef list out, answered
+    cdef ReadStats stats = <ReadStats?>conn._reads
+    cdef object server
+    conn._read_at = now
+    conn.last_active = now if conn._loop_clock_is_monotonic else conn.loop.time()
+    if conn._frame is not None or conn._chunk is None:
+        stats.python += 1
+        conn._read_rest(nbytes)
+        return
+    stats.native += 1
+    # _consume: the chunk's frames, every complete one dispatched in this call
+    conn._next = None
+    chunk = conn._chunk
+    end = conn._end + nbytes
+    conn._end = end
+    server = conn.server
+    conn._in_read = True
+    try:
+        if server.native_on:
+            code = _dispatch_chunk(conn, chunk, conn._start, end, conn.max_frame, server.native_produce,
+                                   server.native_fetch, _rd_supported, _rd_no_response, _rd_close)
+        else:
+            code = _dispatch_chunk(conn, chunk, conn._start, end, conn.max_frame, None, None, _rd_supported,
+                                   _rd_no_response, _rd_close)
+        if code and not conn.closed:
+            conn._chunk_code(code)
+    finally:
+        conn._in_read = False
+    if conn.closed:
+        return
+    start = conn._start
+    end = conn._end
+    if conn._frame_need or end > start:
+        if conn.partial_since is None:
+            conn.partial_since = conn.last_active
+    elif conn.partial_since is not None:
+        conn.partial_since = None
+    # _prepare's common case: the chunk reused from its start, or the rest of its tail
+    if conn._frame_need:
+        if not conn._prepare():
+            conn._wait_for_memory()
+    else:
+        if start == end and chunk.refs == 0:
+            start = end = 0
+            conn._start = conn._end = 0
+        if len(chunk.buf) - end >= _rd_min_tail:
+            conn._next = chunk.view[end:]
+        elif not conn._prepare():
+            conn._wait_for_memory()
+    # _flush: the answers that are one chunk (or none) in one write; anything else is _flush's
+    if conn._writing or conn.closed:
+        return
+    pending = conn._pending
+    if not pending:
+        return
+    out = []
+    answered = []
+    _take_answers(pending, out, answered, _rd_no_response)
+    if out:
+        _write_out(conn, out)
+    if answered:
+        _observe_slots(answered, _monotonic())
+    if pending and (<Slot>pending[0]).done:
+        conn._flush()

@@ -88,7 +88,8 @@ def broker_snapshot(broker) -> dict:
     if server is not None:
         net = server.metrics
         snap["net"] = (dict(net.requests), net.invalid_frames, net.idle_closed, net.fetch_sendfile_calls,
-                       net.fetch_sendfile_bytes, net.fetch_copy_bytes, len(server.connections), server.pool.used)
+                       net.fetch_sendfile_bytes, net.fetch_copy_bytes, len(server.connections), server.pool.used,
+                       (net.reads.native, net.reads.python))
     me = broker.broker_id
     led = hosted = under = 0
     for t in broker.metadata.topics.values():
@@ -144,7 +145,7 @@ def broker_families(snap: dict) -> list[Metric]:
     out.append(_counter("kafka_server_brokertopicmetrics_failedproducerequests", "Partition appends that failed",
                         per_topic(snap["failed_produce"]), ("topic",)))
     if "net" in snap:
-        requests, invalid, idle_closed, sf_calls, sf_bytes, copy_bytes, connections, pool_used = snap["net"]
+        requests, invalid, idle_closed, sf_calls, sf_bytes, copy_bytes, connections, pool_used, reads = snap["net"]
         out.append(_counter("kafka_network_requestmetrics_requests", "Requests by API and version",
                             [((API_NAMES.get(k, str(k)), str(v)), n) for (k, v), n in sorted(requests.items())],
                             ("request", "version")))
@@ -156,6 +157,10 @@ def broker_families(snap: dict) -> list[Metric]:
         out.append(_counter("kbroker_network_fetch_sendfile_bytes", "Fetch bytes sent with sendfile", [((), sf_bytes)]))
         out.append(_counter("kbroker_network_fetch_copy_bytes", "Fetch bytes sent through the copying path (tiny ranges)",
                             [((), copy_bytes)]))
+        out.append(_counter("kbroker_network_reads", "Readable events of client connections: served in one native "
+                            "call (native) or by the connection's Python (python: a large frame's own buffer, "
+                            "KBROKER_NATIVE_READ=0, uvloop)", [(("native",), reads[0]), (("python",), reads[1])],
+                            ("path",)))
         out.append(_gauge("kafka_network_socketserver_connections", "Open client connections", [((), connections)]))
         out.append(_gauge("kbroker_network_request_pool_used_bytes",
                           "Request memory reserved from queued.max.request.bytes", [((), pool_used)]))

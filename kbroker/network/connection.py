@@ -15,6 +15,11 @@ view into it; when its last view goes, a connection paused for memory is woken (
 A frame must complete within ``kbroker.socket.request.frame.timeout.ms`` of its first byte (the server's
 sweeper closes the connection otherwise).
 
+One native call per readable event: on asyncio's selector loop ``buffer_updated`` is
+``_native.request.on_read`` (the frames dispatched, the chunk prepared for the next read, the one-chunk
+answers sent in one write, their slots observed), which calls back into the methods here for every
+uncommon case; ``_read_py`` is the same in Python, the reference (``KBROKER_NATIVE_READ=0``, uvloop).
+
 Sending: requests may complete out of order (a long-polling Fetch, an acks=all Produce), but their
 responses leave in request order (clients match correlation ids FIFO). Response chunks are bytes or
 ``FileRegions``; an answer with regions goes out through a native send step (ext/sendio.pyx
@@ -40,7 +45,8 @@ import time
 from collections import deque
 
 from .._native.sendio import SendCursor
-from .._native.request import Slot, dispatch_frames, lost_answer, observe_slots, take_answers
+from .._native.request import (ConnState, ReadStats, Slot, bind_read, dispatch_frames, lost_answer, next_buffer, observe_slots,
+                               on_read, take_answers)
 from ..protocol import api
 from ..protocol.types import FileRegions, ProtocolError
 from .. import request_metrics  # noqa: F401  (binds the slots' RequestStats registry)
@@ -84,6 +90,8 @@ _SIZE = struct.Struct(">i")
 
 NO_RESPONSE = object()      # acks=0 produce: nothing is sent back
 CLOSE = object()            # handler asks to close the connection (e.g. acks=0 produce with an error)
+
+bind_read(_SUPPORTED, NO_RESPONSE, CLOSE, _MIN_TAIL)
 
 
 class EncodeOffLoop:
@@ -153,7 +161,8 @@ class _OwnFrame:
 _Slot = Slot
 
 
-class Connection(asyncio.BufferedProtocol):
+class Connection(ConnState, asyncio.BufferedProtocol):
+    # ConnState (ext/request.pyx): the fields every read touches, as C fields (on_read)
     def __init__(self, server):
         self.server = server
         self.pool = server.pool
@@ -188,6 +197,11 @@ class Connection(asyncio.BufferedProtocol):
         self._sock_fd = -1        # the socket's descriptor (direct sends)
         self._in_read = False     # dispatching the frames of one read: defer writes to its end
         self._read_at = 0.0       # monotonic time of the last read (when its frames became complete)
+        self._reads: ReadStats = server.metrics.reads
+        if not server.native_read:
+            # the reference path (KBROKER_NATIVE_READ=0, and loops other than asyncio's selector loop)
+            self.get_buffer = self._get_buffer_py
+            self.buffer_updated = self._read_py
 
     # ---- asyncio callbacks ---------------------------------------------------------------------
     def connection_made(self, transport):
@@ -230,12 +244,22 @@ class Connection(asyncio.BufferedProtocol):
         if not self._paused_mem and not self.closed:
             self.transport.resume_reading()
 
-    def get_buffer(self, sizehint):
+    # A readable event in one native call (ext/request.pyx ``on_read``: the frames dispatched, the
+    # chunk prepared, the answers taken and sent, the slots observed), which calls the methods below
+    # for every uncommon case. ``_read_py`` is the same in Python: the reference path.
+    get_buffer = next_buffer
+    buffer_updated = on_read
+
+    def _get_buffer_py(self, sizehint):
         return self._next
 
-    def buffer_updated(self, nbytes):
+    def _read_py(self, nbytes):
         self._read_at = now = _now()
         self.last_active = now if self._loop_clock_is_monotonic else self.loop.time()
+        self._reads.python += 1
+        self._read_rest(nbytes)
+
+    def _read_rest(self, nbytes):
         self._in_read = True      # responses of the frames in this read are flushed together, below
         try:
             self._consume(nbytes)
@@ -298,7 +322,11 @@ class Connection(asyncio.BufferedProtocol):
         code = self._dispatch_frames(chunk, self._start, self._end)
         if not code or self.closed:
             return
-        size = _SIZE.unpack_from(chunk.buf, self._start)[0]
+        self._chunk_code(code)
+
+    def _chunk_code(self, code):
+        """dispatch_frames stopped at a size prefix: refused (1) or a frame for a buffer of its own (2)."""
+        size = _SIZE.unpack_from(self._chunk.buf, self._start)[0]
         if code == 1:
             self._refuse("request size %d outside (0, %d]", size, self.max_frame)
         else:

@@ -33,6 +33,7 @@ import resource
 import select
 import socket
 
+from .._native.request import ReadStats
 from .connection import Connection, hostile_log
 from .pool import FrameCache, MemoryPool
 
@@ -86,6 +87,7 @@ class NetworkMetrics:
         self.fetch_sendfile_calls = 0
         self.fetch_sendfile_bytes = 0
         self.fetch_copy_bytes = 0
+        self.reads = ReadStats()          # readable events served natively (on_read) / by Python
 
     def count_request(self, key, version):
         k = (key, version)
@@ -151,6 +153,7 @@ class KafkaServer:
         self.memory_paused: set[Connection] = set()   # stopped reading until pool memory frees up
         self.loop = None
         self.selector_loop = False   # asyncio's selector loop (its private reader/writer hooks are used)
+        self.native_read = False     # readable events in one native call (set in start: selector loop only)
         self._server = None
         self._serving = False
         self._handshakes = 0         # accepted sockets whose connection_made has not run yet (uvloop)
@@ -169,6 +172,11 @@ class KafkaServer:
             log.info("loop-lag sampler writing to %s", self._loop_lag.file.name)
         self.selector_loop = all(hasattr(loop, a) for a in ("_add_reader", "_remove_reader", "_add_writer",
                                                              "_remove_writer", "_make_socket_transport"))
+        # Connection.buffer_updated natively (ext/request.pyx on_read) on asyncio's selector loop; uvloop
+        # and KBROKER_NATIVE_READ=0 keep the Python reference path (Connection._read_py)
+        self.native_read = self.selector_loop and os.environ.get("KBROKER_NATIVE_READ", "1") != "0"
+        if self.selector_loop and not self.native_read:
+            log.info("native read path off (KBROKER_NATIVE_READ=0): readable events in Python")
         if not self.selector_loop:
             self._listen = self._bind()
             self.port = self._listen[0].getsockname()[1]
