@@ -90,6 +90,15 @@ def dispatch_frames(conn: Any, chunk: Any, start: int, end: int, max_frame: int,
                     supported: dict[int, tuple[int, int]], no_response: object, close: object) -> int: ...
 def take_answers(pending: Any, out: list[Any], answered: list[Slot], no_response: object) -> None: ...
 
+class ConnState:
+    """The connection's fields every read touches (C fields; kbroker.network.connection.Connection's base)."""
+    transport: Any
+    server: Any
+    loop: Any
+    closed: bool
+    last_active: float
+    partial_since: float | None
+
 class ReadStats:
     """Readable events served by on_read (native) and by the connection's Python (python)."""
     native: int
@@ -98,6 +107,7 @@ class ReadStats:
 def bind_read(supported: dict[int, tuple[int, int]], no_response: object, close: object, min_tail: int) -> None: ...
 def next_buffer(conn: Any, sizehint: int) -> Any: ...
 def on_read(conn: Any, nbytes: int) -> None: ...
+def recv_ready(conn: Any) -> None: ...
 
 class FastLeader:
     """A partition this broker leads, armed for the native Produce path (ReplicaManager._fast_refresh)."""

@@ -14,7 +14,7 @@ Produce v3-8 are non-flexible (Kafka's Produce is flexible from v9): int16-lengt
 int32-length arrays and records, request header v1 (client_id nullable string), response header
 v0 (correlation id only).
 """
-from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.ref cimport PyObject, Py_DECREF, Py_INCREF
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.errno cimport errno
@@ -2286,3 +2286,59 @@ def on_read(ConnState conn, Py_ssize_t nbytes):
         _observe_slots(answered, _monotonic())
     if pending and (<Slot>pending[0]).done:
         conn._flush()
+
+
+cdef extern from "sys/socket.h" nogil:
+    ssize_t recv(int fd, void *buf, size_t n, int flags)
+
+cdef extern from "errno.h":
+    enum:
+        EAGAIN
+        EINTR
+
+cdef extern from "string.h":
+    char *strerror(int errnum)
+
+
+def recv_ready(ConnState conn):
+    """asyncio's ``_SelectorSocketTransport._read_ready__get_buffer`` for a connection on the native
+    read path (``transport._read_ready_cb``, set in ``Connection.connection_made``): ``recv`` into the
+    view ``_prepare`` set up, then ``on_read``; the same outcomes (would-block: nothing; 0 bytes:
+    the transport's EOF handling; an error, or a failing ``on_read``: the transport's ``_fatal_error``)."""
+    cdef Py_buffer pb
+    cdef ssize_t n
+    cdef int err = 0
+    transport = conn.transport
+    if transport._conn_lost:
+        return
+    buf = conn._next
+    if buf is None:
+        transport._read_ready__get_buffer()     # asyncio's own outcome for a missing buffer
+        return
+    PyObject_GetBuffer(buf, &pb, PyBUF_WRITABLE)
+    try:
+        if pb.len == 0:
+            transport._read_ready__get_buffer()
+            return
+        with nogil:
+            n = recv(conn._sock_fd, pb.buf, <size_t>pb.len, 0)
+            if n < 0:
+                err = errno
+    finally:
+        PyBuffer_Release(&pb)
+    if n < 0:
+        if err == EAGAIN or err == EINTR:          # EWOULDBLOCK is EAGAIN on Linux
+            return
+        # OSError(errno, text) is the errno's subclass (ConnectionResetError, ...), as recv_into raises
+        transport._fatal_error(OSError(err, (<bytes>strerror(err)).decode()), 'Fatal read error on socket transport')
+        return
+    if n == 0:
+        transport._read_ready__on_eof()
+        return
+    try:
+        on_read(conn, n)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:
+        transport._fatal_error(exc, 'Fatal error: protocol.buffer_updated() call failed.')
+

@@ -10,9 +10,15 @@ Python reference (``Connection._read_py``, KBROKER_NATIVE_READ=0).
    readable event of the broker is served natively (``kbroker_network_reads_total{path}``), or,
    when the broker was started with KBROKER_NATIVE_READ=0, every one by Python.
 
+3. The native readable callback (``recv_ready``, asyncio's ``_read_ready__get_buffer`` in C) is the
+   transport's on the native path only, and a peer's close (EOF) or reset, mid-frame or not, ends the
+   connection on both paths.
+
 Counter-checks (each broken on purpose, the named test failed, restored): on_read's chunk reuse kept
 its local start/end at 0 without writing them to the connection (the split test: answers missing,
-timed out); on_read counting a native read as python (the clients test).
+timed out); on_read counting a native read as python (the clients test, and the split test's read
+counts); recv_ready ignoring EOF (the close test, native). recv_ready ignoring a recv error is NOT
+caught by the reset case: after ECONNRESET the next recv reads EOF and the connection ends anyway.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ import asyncio
 import os
 import random
 import re
+import socket
 import struct
 import time
 import urllib.request
@@ -129,6 +136,12 @@ def _session(srv, native: bool) -> tuple[list[bytes], int]:
     s = _conn(srv.port)
     try:
         s.settimeout(10)
+        s.sendall(api.encode_request(18, 0, 0, "c", {}))
+        _read_answers(s, 1)
+        # the transport's readable callback: ext/request.pyx recv_ready on the native path, asyncio's own
+        # _read_ready__get_buffer on the Python one
+        cbs = srv.call(lambda: [getattr(c.transport._read_ready_cb, "__name__", "?") for c in srv.server.connections])
+        assert cbs == (["recv_ready"] if native else ["_read_ready__get_buffer"]), cbs
         small, n = _stream(1)
         for k in range(1, len(small)):           # every byte boundary: two reads
             s.sendall(small[:k])
@@ -168,6 +181,32 @@ def test_split_reads_answer_the_same_native_and_python():
     # each path really served its session, and the splits were separate reads (most of them)
     assert native_reads[1] == 0 and native_reads[0] > len(small), native_reads
     assert python_reads[0] == 0 and python_reads[1] > len(small), python_reads
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_peer_close_and_reset_end_the_connection(native):
+    """A client that closes (EOF: asyncio's _read_ready__on_eof) or resets (ECONNRESET from recv: the
+    transport's _fatal_error), mid-frame or between requests, is gone from the server promptly."""
+    with ServerThread({18: _api_versions}) as srv:
+        srv.call(lambda: setattr(srv.server, "native_read", native))
+        for reset in (False, True):
+            for partial in (b"", api.encode_request(18, 0, 1, "c", {})[:7]):
+                s = _conn(srv.port)
+                s.sendall(api.encode_request(18, 0, 0, "c", {}))
+                _read_answers(s, 1)
+                assert srv.call(lambda: len(srv.server.connections)) == 1
+                if partial:
+                    s.sendall(partial)
+                    time.sleep(0.05)
+                if reset:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                s.close()
+                deadline = time.monotonic() + 5
+                while srv.call(lambda: len(srv.server.connections)) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert srv.call(lambda: len(srv.server.connections)) == 0, (reset, partial)
+        reads = srv.call(lambda: (srv.server.metrics.reads.native, srv.server.metrics.reads.python))
+        assert (reads[0] > 0) == native and (reads[1] > 0) != native, reads
 
 
 # ---- real brokers, real clients -------------------------------------------------------------------

@@ -46,7 +46,7 @@ from collections import deque
 
 from .._native.sendio import SendCursor
 from .._native.request import (ConnState, ReadStats, Slot, bind_read, dispatch_frames, lost_answer, next_buffer, observe_slots,
-                               on_read, take_answers)
+                               on_read, recv_ready, take_answers)
 from ..protocol import api
 from ..protocol.types import FileRegions, ProtocolError
 from .. import request_metrics  # noqa: F401  (binds the slots' RequestStats registry)
@@ -198,6 +198,7 @@ class Connection(ConnState, asyncio.BufferedProtocol):
         self._in_read = False     # dispatching the frames of one read: defer writes to its end
         self._read_at = 0.0       # monotonic time of the last read (when its frames became complete)
         self._reads: ReadStats = server.metrics.reads
+        self._native_read = server.native_read
         if not server.native_read:
             # the reference path (KBROKER_NATIVE_READ=0, and loops other than asyncio's selector loop)
             self.get_buffer = self._get_buffer_py
@@ -211,6 +212,10 @@ class Connection(ConnState, asyncio.BufferedProtocol):
         if sock is not None:
             self.server.tune_socket(sock)
             self._sock_fd = sock.fileno()
+        if self._native_read and self._sock_fd >= 0 and hasattr(transport, "_read_ready_cb"):
+            # asyncio's selector transport: its readable callback's recv into our buffer made native too
+            # (ext/request.pyx recv_ready: asyncio's _read_ready__get_buffer, then on_read)
+            transport._read_ready_cb = self._recv_ready
         self.server.connection_opened(self)
         if not self._prepare():
             self._wait_for_memory()
@@ -249,6 +254,7 @@ class Connection(ConnState, asyncio.BufferedProtocol):
     # for every uncommon case. ``_read_py`` is the same in Python: the reference path.
     get_buffer = next_buffer
     buffer_updated = on_read
+    _recv_ready = recv_ready
 
     def _get_buffer_py(self, sizehint):
         return self._next
