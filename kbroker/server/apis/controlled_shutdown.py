@@ -23,7 +23,12 @@ async def controlled_shutdown(broker, body):
 async def request_controlled_shutdown(broker) -> bool:
     """Broker side (Broker.stop): ControlledShutdown v3 to the current controller until it answers
     with nothing left to move, at most ``controlled.shutdown.max.retries`` times, pausing
-    ``controlled.shutdown.retry.backoff.ms`` between attempts. True when everything moved."""
+    ``controlled.shutdown.retry.backoff.ms`` between attempts. True when everything moved.
+
+    Retries stop early when no partition still led here has another live replica (ZooKeeper's
+    /brokers/ids): the last broker of a cluster, or a partition whose other replicas are all down,
+    has nowhere to go, and waiting the backoff out (10 s with the defaults) cannot change that
+    unless a broker comes back in between (then the controller elects it once it is in sync)."""
     cfg = broker.config
     if not cfg.get("controlled.shutdown.enable"):
         return False
@@ -48,9 +53,36 @@ async def request_controlled_shutdown(broker) -> bool:
                     return True
                 log.warning("controlled shutdown attempt %d of %d: error %d, %d partitions still led here",
                             attempt, retries, resp["error_code"], len(left))
+                if resp["error_code"] == 0 and attempt < retries and await _nowhere_to_go(broker, left):
+                    log.info("controlled shutdown: no partition still led here has another live replica; "
+                             "not retrying")
+                    return False
             except (KafkaError, OSError) as e:
                 log.warning("controlled shutdown attempt %d of %d failed: %s", attempt, retries, e)
         if attempt < retries:
             await asyncio.sleep(backoff_s)
     log.warning("controlled shutdown did not complete; shutting down anyway")
     return False
+
+
+async def _nowhere_to_go(broker, left) -> bool:
+    """True when none of ``left`` (ControlledShutdown's remaining partitions) has a replica other than
+    this broker among the live brokers ZooKeeper lists; False when any has, or when that cannot be
+    told (a partition unknown here, ZooKeeper unreachable): then the retries go on as configured."""
+    try:
+        live = set(await asyncio.to_thread(broker.zk.get_broker_ids))
+    except Exception as e:          # kazoo raises its own errors; retrying is the safe answer
+        log.warning("controlled shutdown: cannot read the live brokers (%s); retrying", e)
+        return False
+    return not partitions_with_live_replica(broker.metadata, broker.broker_id, left, live)
+
+
+def partitions_with_live_replica(metadata, broker_id: int, left, live: set) -> int:
+    """How many of ``left`` have a replica other than ``broker_id`` in ``live`` (an unknown partition
+    counts as one: it cannot be ruled out)."""
+    count = 0
+    for p in left:
+        info = metadata.partition(p["topic_name"], p["partition_index"])
+        if info is None or any(r != broker_id and r in live for r in info.replicas):
+            count += 1
+    return count
