@@ -86,17 +86,7 @@ def _stop_tracer(proc: subprocess.Popen) -> str:
     return proc.stderr.read().decode(errors="replace")
 
 
-def cpu_ns(pid: int) -> int:
-    """Run time of every thread of ``pid`` in ns (/proc/<pid>/task/*/schedstat): /proc/<pid>/stat's
-    10 ms ticks are too coarse for a few thousand 20-40 µs fetches."""
-    total = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except (FileNotFoundError, ProcessLookupError):
-            pass        # a thread that ended in between
-    return total
+cpu_ns = H.run_ns     # schedstat ns of every thread: ticks are too coarse for a few thousand fetches
 
 
 def counted_pass(t, topic: str, count: int, depth: int, max_s: float) -> dict:
