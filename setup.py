@@ -90,7 +90,11 @@ class BuildExt(build_ext):
             include_path=[_pxd_tree(), "ext"],
             annotate=DEBUG,
             quiet=True,
+            nthreads=os.cpu_count() or 1,
         )
+        if self.parallel is None:
+            # the C compiles are independent: one job per core (2 cores: ~half the build time)
+            self.parallel = os.cpu_count() or 1
         super().finalize_options()
 
 

@@ -5,4 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 ulimit -n 20000 2>/dev/null || true
-exec .venv/bin/python -m pytest -ra -p no:cacheprovider "$@"
+# --durations: the CI log names the slowest tests (its budget is 45 min on 2 cores)
+exec .venv/bin/python -m pytest -ra -p no:cacheprovider --durations=25 "$@"
