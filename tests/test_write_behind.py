@@ -59,6 +59,7 @@ def _produce_one_record_requests(bootstrap: str, topic: str, acks, n: int) -> li
     import confluent_kafka as ck
 
     acked, failed, report = _delivery_reports()
+    _wait_leader_serves(bootstrap, topic)
 
     p = ck.Producer({"bootstrap.servers": bootstrap, "acks": acks, "enable.idempotence": False,
                      "linger.ms": 0, "batch.num.messages": 1, "max.in.flight.requests.per.connection": 1000,
@@ -69,6 +70,26 @@ def _produce_one_record_requests(bootstrap: str, topic: str, acks, n: int) -> li
     assert p.flush(60) == 0
     assert failed == [], failed[:5]
     return acked
+
+
+def _wait_leader_serves(bootstrap: str, topic: str) -> None:
+    """wait_for_topic reads one broker's metadata; the leader may not serve the partition yet. The
+    first of 1,000 requests in flight would then fail NOT_LEADER_OR_FOLLOWER and, retried by a
+    non-idempotent producer after later ones, land out of order (seen once in CI under load)."""
+    import confluent_kafka as ck
+
+    c = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": f"unused-{uuid.uuid4().hex}"})
+
+    def serves():
+        try:
+            c.get_watermark_offsets(ck.TopicPartition(topic, 0), timeout=2)     # ListOffsets to the leader
+            return True
+        except ck.KafkaException:
+            return False
+    try:
+        wait_until(serves, 30, f"the leader of {topic}-0 to serve it")
+    finally:
+        c.close()
 
 
 def _check_read_back(bootstrap: str, topic: str, acked: list) -> None:
