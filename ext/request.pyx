@@ -2153,7 +2153,7 @@ cdef class ConnState:
     every read touches, as C fields: ``on_read`` reads and writes them without attribute lookups
     (Python code sees them as ordinary attributes). The connection's other state stays in its dict."""
     cdef public object transport, server, loop, _chunk, _frame, _next, partial_since, _pending, _reads
-    cdef public bint closed, _in_read, _writing, _loop_clock_is_monotonic
+    cdef public bint closed, _in_read, _writing, _loop_clock_is_monotonic, _direct_write
     cdef public Py_ssize_t _start, _end, _frame_need, max_frame
     cdef public double last_active, _read_at
     cdef public int _sock_fd
@@ -2187,7 +2187,8 @@ cdef int _write_out(ConnState conn, list out) except -1:
     # one write of the read's answers. On asyncio's selector transport with nothing buffered the bytes
     # go straight to the socket (as transport.write would send them first); what the socket does not
     # take, or an error, goes to transport.write (it buffers the rest and registers for writability,
-    # or meets the same error and closes: its own outcome).
+    # or meets the same error and closes: its own outcome). Other loops (uvloop: its write is C that
+    # sends at once when it can) get transport.write.
     cdef object data
     cdef Py_buffer pb
     cdef ssize_t n = -1
@@ -2198,7 +2199,8 @@ cdef int _write_out(ConnState conn, list out) except -1:
     else:
         data = b"".join(out)
     fd = conn._sock_fd
-    if fd >= 0 and not transport._buffer and not transport._conn_lost and transport._empty_waiter is None \
+    if fd >= 0 and conn._direct_write and not transport._buffer and not transport._conn_lost \
+            and transport._empty_waiter is None \
             and not transport._eof:
         PyObject_GetBuffer(data, &pb, PyBUF_SIMPLE)
         try:

@@ -15,10 +15,11 @@ view into it; when its last view goes, a connection paused for memory is woken (
 A frame must complete within ``kbroker.socket.request.frame.timeout.ms`` of its first byte (the server's
 sweeper closes the connection otherwise).
 
-One native call per readable event: on asyncio's selector loop ``buffer_updated`` is
-``_native.request.on_read`` (the frames dispatched, the chunk prepared for the next read, the one-chunk
-answers sent in one write, their slots observed), which calls back into the methods here for every
-uncommon case; ``_read_py`` is the same in Python, the reference (``KBROKER_NATIVE_READ=0``, uvloop).
+One native call per readable event: ``buffer_updated`` is ``_native.request.on_read`` (the frames
+dispatched, the chunk prepared for the next read, the one-chunk answers sent in one write, their slots
+observed), which calls back into the methods here for every uncommon case; on asyncio's selector loop the
+transport's readable callback is native too (``recv_ready``), on uvloop its own C calls ``on_read``.
+``_read_py`` is the same in Python, the reference (``KBROKER_NATIVE_READ=0``).
 
 Sending: requests may complete out of order (a long-polling Fetch, an acks=all Produce), but their
 responses leave in request order (clients match correlation ids FIFO). Response chunks are bytes or
@@ -193,6 +194,7 @@ class Connection(ConnState, asyncio.BufferedProtocol):
         self._writing = False
         self._write_fd = -1       # fd we registered for writability (-1: none; a dup of ours on uvloop)
         self._selector = server.selector_loop
+        self._direct_write = server.selector_loop   # on_read may send on the socket itself (asyncio's transport)
         self._send_rest = None    # (slot, SendCursor) of an answer waiting for the socket (_on_writable)
         self._sock_fd = -1        # the socket's descriptor (direct sends)
         self._in_read = False     # dispatching the frames of one read: defer writes to its end
@@ -200,7 +202,7 @@ class Connection(ConnState, asyncio.BufferedProtocol):
         self._reads: ReadStats = server.metrics.reads
         self._native_read = server.native_read
         if not server.native_read:
-            # the reference path (KBROKER_NATIVE_READ=0, and loops other than asyncio's selector loop)
+            # the reference path (KBROKER_NATIVE_READ=0)
             self.get_buffer = self._get_buffer_py
             self.buffer_updated = self._read_py
 

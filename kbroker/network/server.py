@@ -172,10 +172,11 @@ class KafkaServer:
             log.info("loop-lag sampler writing to %s", self._loop_lag.file.name)
         self.selector_loop = all(hasattr(loop, a) for a in ("_add_reader", "_remove_reader", "_add_writer",
                                                              "_remove_writer", "_make_socket_transport"))
-        # Connection.buffer_updated natively (ext/request.pyx on_read) on asyncio's selector loop; uvloop
-        # and KBROKER_NATIVE_READ=0 keep the Python reference path (Connection._read_py)
-        self.native_read = self.selector_loop and os.environ.get("KBROKER_NATIVE_READ", "1") != "0"
-        if self.selector_loop and not self.native_read:
+        # Connection.buffer_updated natively (ext/request.pyx on_read) on either loop (on asyncio's selector
+        # loop its readable callback too: recv_ready); KBROKER_NATIVE_READ=0 keeps the Python reference
+        # path (Connection._read_py)
+        self.native_read = os.environ.get("KBROKER_NATIVE_READ", "1") != "0"
+        if not self.native_read:
             log.info("native read path off (KBROKER_NATIVE_READ=0): readable events in Python")
         if not self.selector_loop:
             self._listen = self._bind()
