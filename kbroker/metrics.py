@@ -159,7 +159,7 @@ def broker_families(snap: dict) -> list[Metric]:
                             [((), copy_bytes)]))
         out.append(_counter("kbroker_network_reads", "Readable events of client connections: served in one native "
                             "call (native) or by the connection's Python (python: a large frame's own buffer, "
-                            "KBROKER_NATIVE_READ=0, uvloop)", [(("native",), reads[0]), (("python",), reads[1])],
+                            "KBROKER_NATIVE_READ=0)", [(("native",), reads[0]), (("python",), reads[1])],
                             ("path",)))
         out.append(_gauge("kafka_network_socketserver_connections", "Open client connections", [((), connections)]))
         out.append(_gauge("kbroker_network_request_pool_used_bytes",

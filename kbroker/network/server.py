@@ -153,7 +153,7 @@ class KafkaServer:
         self.memory_paused: set[Connection] = set()   # stopped reading until pool memory frees up
         self.loop = None
         self.selector_loop = False   # asyncio's selector loop (its private reader/writer hooks are used)
-        self.native_read = False     # readable events in one native call (set in start: selector loop only)
+        self.native_read = False     # readable events in one native call (set in start: KBROKER_NATIVE_READ)
         self._server = None
         self._serving = False
         self._handshakes = 0         # accepted sockets whose connection_made has not run yet (uvloop)
