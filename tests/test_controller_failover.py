@@ -168,12 +168,24 @@ def test_sigterm_moves_leadership_before_the_broker_leaves(cluster, zk):
     view, _ = _leaders(cluster.brokers[controller].port, name)
     assert all(lead not in (victim, -1) for lead, _ in view.values())
 
-    # The rest leave one by one: the next moves its leaderships to the last; the last, with no other
-    # live replica for any of them, asks once and leaves (not after the 3 attempts' 10 s of backoff).
-    second, last = [b for b in (0, 1, 2) if b != victim]
-    cluster.kill(second, signal.SIGTERM)
-    assert "controlled shutdown succeeded" in cluster.brokers[second].log_path.read_text()
-    cluster.kill(last, signal.SIGTERM)
+    # The rest leave one by one, the controller first: it moves its leaderships to the last. The last
+    # is frozen (SIGSTOP) from the controller's "succeeded" until after the controller has exited, then
+    # stopped at once: its shutdown begins before (or while) it learns that it is the controller now,
+    # so its first request may go to the dead one. With no other live replica for anything, it leaves
+    # without retrying (not after the 3 attempts' 10 s of backoff), whether that request was answered.
+    second = controller
+    last = next(b for b in (0, 1, 2) if b not in (victim, second))
+    last_pid = cluster.brokers[last].proc.pid
+    os.kill(cluster.brokers[second].proc.pid, signal.SIGTERM)
+    wait_until(lambda: "controlled shutdown succeeded" in cluster.brokers[second].log_path.read_text(),
+               30, f"broker {second}'s controlled shutdown", interval=0.005)
+    os.kill(last_pid, signal.SIGSTOP)
+    try:
+        cluster.brokers[second].proc.wait(timeout=60)
+        os.kill(last_pid, signal.SIGTERM)
+    finally:
+        os.kill(last_pid, signal.SIGCONT)
+    cluster.brokers[last].proc.wait(timeout=60)
     text = cluster.brokers[last].log_path.read_text()
     assert "no partition still led here has another live replica; not retrying" in text
     assert "controlled shutdown attempt 2 of" not in text
@@ -441,7 +453,7 @@ def test_replicas_of_a_topic_deleted_while_their_broker_was_down_are_deleted_on_
 def test_shutdown_retries_go_on_while_any_partition_has_another_live_replica():
     """The early stop of controlled-shutdown retries (apis/controlled_shutdown): only when no remaining
     partition has a live replica besides the leaving broker; an unknown partition cannot be ruled out."""
-    from kbroker.server.apis.controlled_shutdown import partitions_with_live_replica
+    from kbroker.server.apis.controlled_shutdown import partitions_with_live_replica, replicated_here
     from kbroker.server.metadata import MetadataCache, PartitionInfo, TopicInfo
 
     md = MetadataCache()
@@ -451,3 +463,9 @@ def test_shutdown_retries_go_on_while_any_partition_has_another_live_replica():
     assert partitions_with_live_replica(md, 1, left, {1, 2}) == 1              # 2 is up (out of the ISR: may rejoin)
     assert partitions_with_live_replica(md, 1, left, {1, 2, 3}) == 2
     assert partitions_with_live_replica(md, 1, left + [{"topic_name": "gone", "partition_index": 0}], {1}) == 1
+    # Without the controller's answer: every partition with a replica here (not only those it leads).
+    md.put_topic(TopicInfo("u", bytes(16), {0: PartitionInfo(2, 1, [2, 1], [2]), 1: PartitionInfo(2, 1, [2, 4], [2])}))
+    here = replicated_here(md, 1)
+    assert sorted((p["topic_name"], p["partition_index"]) for p in here) == [("t", 0), ("t", 1), ("u", 0)]
+    assert partitions_with_live_replica(md, 1, here, {1, 4}) == 0              # 4 holds only u-1: not ours
+    assert partitions_with_live_replica(md, 1, here, {1, 2}) == 2

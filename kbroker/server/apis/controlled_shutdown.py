@@ -26,8 +26,8 @@ async def request_controlled_shutdown(broker) -> bool:
     ``controlled.shutdown.retry.backoff.ms`` between attempts. True when everything moved.
 
     Retries stop early when no partition still led here has another live replica (ZooKeeper's
-    /brokers/ids): the last broker of a cluster, or a partition whose other replicas are all down,
-    has nowhere to go, and waiting the backoff out (10 s with the defaults) cannot change that
+    /brokers/ids; without the controller's answer: no partition with a replica here has one). The
+    last broker of a cluster, or a partition whose other replicas are all down, has nowhere to go, and waiting the backoff out (10 s with the defaults) cannot change that
     unless a broker comes back in between (then the controller elects it once it is in sync)."""
     cfg = broker.config
     if not cfg.get("controlled.shutdown.enable"):
@@ -35,6 +35,7 @@ async def request_controlled_shutdown(broker) -> bool:
     retries = max(1, cfg.get("controlled.shutdown.max.retries"))
     backoff_s = cfg.get("controlled.shutdown.retry.backoff.ms") / 1000
     for attempt in range(1, retries + 1):
+        left = None     # the controller's remaining partitions, when it answered without an error
         controller = broker.metadata.brokers.get(broker.metadata.controller_id)
         if controller is None:
             log.warning("controlled shutdown: no known controller (attempt %d of %d)", attempt, retries)
@@ -47,19 +48,24 @@ async def request_controlled_shutdown(broker) -> bool:
                                                   "broker_epoch": broker.zk.broker_epoch}, version=3)
                 finally:
                     conn.close()
-                left = resp["remaining_partitions"]
-                if resp["error_code"] == 0 and not left:
+                if resp["error_code"] == 0 and not resp["remaining_partitions"]:
                     log.info("controlled shutdown succeeded")
                     return True
                 log.warning("controlled shutdown attempt %d of %d: error %d, %d partitions still led here",
-                            attempt, retries, resp["error_code"], len(left))
-                if resp["error_code"] == 0 and attempt < retries and await _nowhere_to_go(broker, left):
-                    log.info("controlled shutdown: no partition still led here has another live replica; "
-                             "not retrying")
-                    return False
+                            attempt, retries, resp["error_code"], len(resp["remaining_partitions"]))
+                if resp["error_code"] == 0:
+                    left = resp["remaining_partitions"]
             except (KafkaError, OSError) as e:
                 log.warning("controlled shutdown attempt %d of %d failed: %s", attempt, retries, e)
         if attempt < retries:
+            # Without the controller's answer (none known, unreachable: it may be the broker that just
+            # left, and this one about to take over), judge by every partition with a replica here.
+            if left is None:
+                left = replicated_here(broker.metadata, broker.broker_id)
+            if await _nowhere_to_go(broker, left):
+                log.info("controlled shutdown: no partition still led here has another live replica; "
+                         "not retrying")
+                return False
             await asyncio.sleep(backoff_s)
     log.warning("controlled shutdown did not complete; shutting down anyway")
     return False
@@ -75,6 +81,14 @@ async def _nowhere_to_go(broker, left) -> bool:
         log.warning("controlled shutdown: cannot read the live brokers (%s); retrying", e)
         return False
     return not partitions_with_live_replica(broker.metadata, broker.broker_id, left, live)
+
+
+def replicated_here(metadata, broker_id: int) -> list[dict]:
+    """Every partition of the metadata cache with a replica on ``broker_id``, shaped as
+    ControlledShutdown's remaining partitions: a superset of what the controller would name."""
+    return [{"topic_name": t, "partition_index": p}
+            for t, info in metadata.topics.items() for p, part in info.partitions.items()
+            if broker_id in part.replicas]
 
 
 def partitions_with_live_replica(metadata, broker_id: int, left, live: set) -> int:
