@@ -202,7 +202,7 @@ def _known(name: str, type_: str, default: Any, validator: Validator | None = No
 EVENT_LOOP_KEY = "kbroker.event.loop"
 EVENT_LOOP_ENV = "KBROKER_EVENT_LOOP"
 EVENT_LOOPS = ("asyncio", "uvloop")      # the loops the setting names
-DEFAULT_EVENT_LOOP = "asyncio"
+DEFAULT_EVENT_LOOP = "uvloop"          # docs/perf/event-loop.md, "Choice"
 UVLOOP_MISSING = "the uvloop package is not importable in this Python (install uvloop, or choose asyncio)"
 
 
@@ -311,8 +311,8 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
           doc="a producer batch of at least this size is written by its log dir's writer thread while the "
               "loop goes on receiving; its offsets are visible (and acknowledged) once written. 0 = never"),
     _impl(EVENT_LOOP_KEY, "string", DEFAULT_EVENT_LOOP, _event_loop,
-          doc="the broker's event loop: asyncio (the standard library's selector loop, the default) or uvloop "
-              f"(needs the uvloop package); the {EVENT_LOOP_ENV} environment variable sets it when the "
+          doc="the broker's event loop: uvloop (the default; a dependency of kbroker) or asyncio (the "
+              f"standard library's selector loop); the {EVENT_LOOP_ENV} environment variable sets it when the "
               "config does not. Both run the same network rules and sendfile; the figures behind the "
               "default are in docs/perf/event-loop.md"),
     # --- known Kafka keys, not implemented yet (warned about) ------------------------------------
@@ -773,7 +773,7 @@ class BrokerConfig:
 
     @property
     def event_loop(self) -> str:
-        """The config's kbroker.event.loop, else $KBROKER_EVENT_LOOP, else the default ("asyncio")."""
+        """The config's kbroker.event.loop, else $KBROKER_EVENT_LOOP, else the default ("uvloop")."""
         return self._values[EVENT_LOOP_KEY]
 
     def topic_defaults(self) -> dict[str, Any]:

@@ -24,8 +24,8 @@ BASE = {"zookeeper.connect": "127.0.0.1:2181", "broker.id": 0}
 
 def test_key_default_values_and_errors(monkeypatch):
     monkeypatch.delenv(EVENT_LOOP_ENV, raising=False)
-    assert set(EVENT_LOOPS) == {"asyncio", "uvloop"} and DEFAULT_EVENT_LOOP == "asyncio"
-    assert BrokerConfig.from_dict(BASE).event_loop == "asyncio"
+    assert set(EVENT_LOOPS) == {"asyncio", "uvloop"} and DEFAULT_EVENT_LOOP == "uvloop"
+    assert BrokerConfig.from_dict(BASE).event_loop == "uvloop"
     assert BrokerConfig.from_dict({**BASE, EVENT_LOOP_KEY: "asyncio"}).event_loop == "asyncio"
     with pytest.raises(ConfigError) as e:
         BrokerConfig.from_dict({**BASE, EVENT_LOOP_KEY: "tokio"})
@@ -57,15 +57,18 @@ def test_environment_sets_it_when_the_config_does_not(monkeypatch):
     assert BrokerConfig.from_dict({**BASE, EVENT_LOOP_KEY: "asyncio"}).event_loop == "asyncio"
 
 
-@pytest.mark.parametrize("how", ["env-trio", "config-tokio", "env-uvloop", "config-uvloop"])
+@pytest.mark.parametrize("how", ["env-trio", "config-tokio", "env-uvloop", "config-uvloop", "default-uvloop"])
 def test_serve_refuses_a_bad_value_naming_the_key(tmp_path, how):
     """A bad name, and uvloop when the package cannot be imported (hidden here by a sitecustomize that
-    blocks the import, as in a Python without uvloop): exit status 2, the key named, no traceback."""
+    blocks the import, as in a Python without uvloop), named or as the default: exit status 2, the key
+    named, no traceback."""
     kind, value = how.split("-")
     path = tmp_path / "server.properties"
     text = f"zookeeper.connect=127.0.0.1:1\nlog.dirs={tmp_path / 'data'}\n"
     path.write_text(text + (f"{EVENT_LOOP_KEY}={value}\n" if kind == "config" else ""))
-    env = dict(os.environ, **({EVENT_LOOP_ENV: value} if kind == "env" else {}))
+    env = {k: v for k, v in os.environ.items() if k != EVENT_LOOP_ENV}
+    if kind == "env":
+        env[EVENT_LOOP_ENV] = value
     if value == "uvloop":
         hide = tmp_path / "hide"
         hide.mkdir()

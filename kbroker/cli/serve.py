@@ -11,7 +11,7 @@ import logging
 import sys
 
 from kbroker import __version__
-from kbroker.config import EVENT_LOOP_KEY, BrokerConfig, ConfigError
+from kbroker.config import EVENT_LOOP_KEY, UVLOOP_MISSING, BrokerConfig, ConfigError
 from kbroker.logging_setup import LEVELS, level_number, setup_logging
 
 log = logging.getLogger("kbroker.server")
@@ -58,8 +58,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         install_event_loop(config.event_loop)
     except ImportError as e:
-        print(f"kbroker serve: config error: {EVENT_LOOP_KEY}={config.event_loop} needs the {e.name} package "
-              f"(not importable)", file=sys.stderr)
+        # the default is not validated at config time: a Python without uvloop is told here
+        why = UVLOOP_MISSING if e.name == "uvloop" else f"needs the {e.name} package (not importable)"
+        print(f"kbroker serve: config error: {EVENT_LOOP_KEY}={config.event_loop}: {why}", file=sys.stderr)
         return 2
     # Imported here so the CLI (and config errors) work without loading the whole broker.
     from kbroker.server.broker import run as run_broker
