@@ -22,7 +22,7 @@ from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 from posix.unistd cimport pread
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memcmp, memcpy, memset
 
 cdef extern from "Python.h":
     int PyDict_Contains(object, object) except -1
@@ -537,6 +537,8 @@ for _k in range(N_BOUNDS):
     _BOUNDS[_k] = 1e-5 * 2.0 ** (_k / 2.0)
 BOUNDS_S = tuple(_BOUNDS[_k] for _k in range(N_BOUNDS))
 N_BUCKETS = N_BOUNDS + 1
+if sizeof((<TimeHistogram>None)._counts) != N_BUCKETS * sizeof(long long):
+    raise ImportError("request.pxd TimeHistogram._counts must hold N_BUCKETS counters")
 
 
 cdef inline Py_ssize_t _bucket(double x) noexcept:
@@ -555,17 +557,20 @@ cdef class TimeHistogram:
     """Fixed-bound histogram of durations in seconds: per-bucket counts (not cumulative) and a sum."""
 
     def __init__(self):
-        self.counts = [0] * N_BUCKETS
+        memset(self._counts, 0, sizeof(self._counts))
         self.sum_s = 0.0
 
     cdef inline void add(self, double x):
-        cdef list counts = self.counts
-        cdef Py_ssize_t i = _bucket(x)
-        counts[i] = <object>counts[i] + 1
+        self._counts[_bucket(x)] += 1
         self.sum_s += x
 
+    @property
+    def counts(self):
+        """The per-bucket counts, a new list."""
+        return [self._counts[i] for i in range(N_BUCKETS)]
+
     def snapshot(self):
-        return list(self.counts), self.sum_s
+        return self.counts, self.sum_s
 
 
 cdef class RequestStats:
@@ -897,7 +902,7 @@ cdef inline SegmentState _active_state(FastLeader fl, object lg):
     return fl.st
 
 
-cdef int _produce_fast(FastProduce fp, conn, object view, const unsigned char *p, Py_ssize_t begin,
+cdef int _produce_fast(FastProduce fp, ConnState conn, object view, const unsigned char *p, Py_ssize_t begin,
                        Py_ssize_t size, Py_ssize_t start, Py_ssize_t end, bint *run, no_response,
                        close, chunk) except -1:
     """The frame at ``begin`` (``size`` bytes) served natively -> 1 (its Slot queued with the answer),
@@ -914,7 +919,7 @@ cdef int _produce_fast(FastProduce fp, conn, object view, const unsigned char *p
         _parts_release(&ps)
 
 
-cdef int _produce_parts(FastProduce fp, conn, object view, const unsigned char *p, Py_ssize_t begin,
+cdef int _produce_parts(FastProduce fp, ConnState conn, object view, const unsigned char *p, Py_ssize_t begin,
                         Py_ssize_t size, Py_ssize_t start, Py_ssize_t end, bint *run, no_response,
                         close, chunk, _Parts *ps) except -1:
     cdef const unsigned char *f = p + begin
@@ -1083,7 +1088,7 @@ cdef int _produce_parts(FastProduce fp, conn, object view, const unsigned char *
     req.client_id = client_id
     req.acks = acks
     req.timeout_ms = timeout_ms
-    slot = _new_slot(req, PRODUCE, version, False, conn._pending, conn.server.metrics.requests, conn.last_active,
+    slot = _new_slot(req, PRODUCE, version, False, conn._pending, conn._request_counts, conn.last_active,
                      conn._read_at, started)
     if run[0]:
         _run_slots.append(slot)
@@ -1256,7 +1261,7 @@ cdef class ParkedProduce:
         return _produce_end(w)
 
 
-cdef object _park(FastProduce fp, conn, int version, int32_t correlation_id, int32_t timeout_ms, _Parts *ps,
+cdef object _park(FastProduce fp, ConnState conn, int version, int32_t correlation_id, int32_t timeout_ms, _Parts *ps,
                   int32_t waiting):
     # append_records' DelayedProduce for the appended request ``ps`` (``waiting`` of its partitions
     # wait for the HW): a ParkedProduce registered with each waiting partition -> its future
@@ -1345,7 +1350,7 @@ cdef class FastFetch:
         self.read_blocks, self.read_block, self.local_id = read_blocks, read_block, local_id
         self.topic_configs, self.complete, self.broker_metrics = topic_configs, complete, broker_metrics
 
-    def reread(self, conn, bytes frame not None):
+    def reread(self, ConnState conn not None, bytes frame not None):
         """A long poll's read of a follower's fetch whose positions were recorded natively (fetch.py
         ``_poll_recorded``; ``frame``: FetchRequest.frame) -> [the answer's chunks, its records' size],
         or None: Python's read (fetch._read) this time."""
@@ -1479,7 +1484,7 @@ cdef inline bint _valid_utf8(const unsigned char *s, Py_ssize_t n):
     return True
 
 
-cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begin, Py_ssize_t size,
+cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ssize_t begin, Py_ssize_t size,
                      no_response, close, list reread=None) except -1:
     """The frame at ``begin`` (``size`` bytes) served natively -> 1 (its Slot queued with the answer),
     2: a follower's fetch with nothing to read whose positions were recorded here (the caller's path
@@ -1501,7 +1506,7 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
     cdef object rid = None, fs, tcfg
     cdef list recs = None                   # a follower's partitions: (FastLeader, FollowerState, fetch
                                             # offset, current leader epoch, log end, the row's position)
-    cdef object client_id = None, rack = "", name, tparts, lg, seg, cap, server, metrics, name0 = None
+    cdef object client_id = None, rack = "", name, tparts, lg, seg, cap, metrics, name0 = None
     cdef list block, more = None            # BytesOut: the first topic with data (name0, total0), the others
     cdef int64_t total0 = 0
     cdef FastLeader fl
@@ -1582,8 +1587,7 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
         budget = max_bytes
     if budget > _DATA_CEILING:
         budget = _DATA_CEILING
-    server = conn.server
-    sendfile_min = server.sendfile_min_bytes
+    sendfile_min = conn._sendfile_min
     # fetch._read partition by partition in request order (Log.read of the active segment: from the
     # batch holding fetch_offset, whole batches below the HW, the first batch of the answer whole as
     # KIP-74, the budget shrinking by what each partition got), written as encode_fetch_response
@@ -1702,7 +1706,7 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
                 more = [(name, topic_total)]
             else:
                 more.append((name, topic_total))
-    metrics = server.metrics
+    metrics = conn.server.metrics
     if reread is not None:
         # fetch._read's re-read in the long poll: its bookkeeping whatever the poll makes of it
         if total:
@@ -1751,7 +1755,7 @@ cdef int _fetch_fast(FastFetch ff, conn, const unsigned char *p, Py_ssize_t begi
     req.isolation_level = isolation
     req.session_epoch = session_epoch
     req.rack_id = rack
-    slot = _new_slot(req, FETCH, version, follower, conn._pending, metrics.requests, conn.last_active,
+    slot = _new_slot(req, FETCH, version, follower, conn._pending, conn._request_counts, conn.last_active,
                      conn._read_at, started)
     _end_native(slot, result, no_response, close)
     return 1
@@ -1825,7 +1829,7 @@ cdef int _record_one(FastFetch ff, tuple rec, int64_t now) except -1:
     return 0
 
 
-def dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_ssize_t max_frame, produce, fetch,
+def dispatch_frames(ConnState conn not None, chunk, Py_ssize_t start, Py_ssize_t end, Py_ssize_t max_frame, produce, fetch,
                     dict supported, no_response, close):
     """Every complete frame of a receive chunk (kbroker.network.connection ``_parse_chunk``), from
     ``start`` up to ``end``, in one call per read, or the one frame of a buffer of its own (an mmap,
@@ -1853,7 +1857,7 @@ def dispatch_frames(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_ssize_t ma
     return _dispatch_chunk(conn, chunk, start, end, max_frame, produce, fetch, supported, no_response, close)
 
 
-cdef object _dispatch_chunk(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_ssize_t max_frame, produce, fetch,
+cdef object _dispatch_chunk(ConnState conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_ssize_t max_frame, produce, fetch,
                             dict supported, no_response, close):
     # dispatch_frames (and on_read) without the Python call
     cdef bint run = False
@@ -1874,7 +1878,7 @@ cdef object _dispatch_chunk(conn, chunk, Py_ssize_t start, Py_ssize_t end, Py_ss
 cdef list _run_slots = []
 
 
-cdef int _end_run(conn, bint *run, no_response, close) except -1:
+cdef int _end_run(ConnState conn, bint *run, no_response, close) except -1:
     # the run's deferred bytes written, or the logs that failed cut back and the answers claiming their
     # batches corrected (_lost_answers)
     run[0] = False
@@ -1886,7 +1890,7 @@ cdef int _end_run(conn, bint *run, no_response, close) except -1:
     return 0
 
 
-cdef int _lost_answers(conn, no_response, close) except -1:
+cdef int _lost_answers(ConnState conn, no_response, close) except -1:
     # Each request of the run whose batch a failed write cut away (run_lost): its answer, once there is
     # one, gets that partition's row as a failed append's (_lost_answer); an answer still to come (acks=all
     # parked, appends queued off the loop) is corrected when the connection finishes it (lost_answer).
@@ -1989,7 +1993,7 @@ cdef bytes _rewrite_produce(bytes answer, int version, dict rows):
     return _produce_end(w)
 
 
-cdef inline int _answered(conn, bint *run, no_response, close) except -1:
+cdef inline int _answered(ConnState conn, bint *run, no_response, close) except -1:
     # a request's answer is queued: sent now unless more frames of this read follow
     if not conn._in_read:
         if run[0]:
@@ -2007,7 +2011,7 @@ cdef inline bint _frame_follows(const unsigned char *p, Py_ssize_t start, Py_ssi
     return 0 < size <= end - start - 4
 
 
-cdef object _dispatch_frames(conn, chunk, const unsigned char *p, Py_ssize_t buflen, Py_ssize_t start,
+cdef object _dispatch_frames(ConnState conn, chunk, const unsigned char *p, Py_ssize_t buflen, Py_ssize_t start,
                              Py_ssize_t end, Py_ssize_t max_frame, produce, fetch, dict supported, no_response,
                              close, bint *run):
     cdef object view = chunk.view
@@ -2064,7 +2068,7 @@ cdef object _dispatch_frames(conn, chunk, const unsigned char *p, Py_ssize_t buf
         except Exception:
             # as a raising handler: logged, the connection closed (the slot only names the request)
             conn._handler_raised(_new_slot(_header(key, version), key, version, False, conn._pending,
-                                           conn.server.metrics.requests, conn.last_active, conn._read_at,
+                                           conn._request_counts, conn.last_active, conn._read_at,
                                            _monotonic()))
             continue
         if done == 1:
@@ -2072,7 +2076,7 @@ cdef object _dispatch_frames(conn, chunk, const unsigned char *p, Py_ssize_t buf
             continue
         frame = view[begin:begin + size]
         try:
-            slot = _begin_native(frame, parse, conn._pending, conn.server.metrics.requests, conn.last_active,
+            slot = _begin_native(frame, parse, conn._pending, conn._request_counts, conn.last_active,
                                  conn._read_at)
         except ProtocolError:
             conn._dispatch(frame, chunk)        # malformed: the generic outcome (nothing was queued)
@@ -2155,6 +2159,12 @@ cdef class ConnState:
     cdef public object transport, server, loop, _chunk, _frame, _next, partial_since, _pending, _reads
     cdef public bint closed, _in_read, _writing, _loop_clock_is_monotonic, _direct_write
     cdef public Py_ssize_t _start, _end, _frame_need, max_frame
+    # the server's, fixed when it starts (copied here: an attribute of the server costs a dict lookup
+    # per request): the native handlers (None when the native path is off), NetworkMetrics.requests
+    # (requests counted per key and version) and the sendfile threshold
+    cdef public object _native_produce, _native_fetch
+    cdef public dict _request_counts
+    cdef public long long _sendfile_min
     cdef public double last_active, _read_at
     cdef public int _sock_fd
 
@@ -2171,7 +2181,7 @@ def bind_read(dict supported, no_response, close, Py_ssize_t min_tail):
     _rd_supported, _rd_no_response, _rd_close, _rd_min_tail = supported, no_response, close, min_tail
 
 
-def next_buffer(conn, sizehint):
+def next_buffer(ConnState conn, sizehint):
     """``Connection.get_buffer``: the view ``_prepare`` set up for the next read."""
     return conn._next
 
@@ -2226,7 +2236,6 @@ def on_read(ConnState conn, Py_ssize_t nbytes):
     cdef object chunk, code, pending
     cdef list out, answered
     cdef ReadStats stats = <ReadStats?>conn._reads
-    cdef object server
     conn._read_at = now
     conn.last_active = now if conn._loop_clock_is_monotonic else conn.loop.time()
     if conn._frame is not None or conn._chunk is None:
@@ -2239,15 +2248,10 @@ def on_read(ConnState conn, Py_ssize_t nbytes):
     chunk = conn._chunk
     end = conn._end + nbytes
     conn._end = end
-    server = conn.server
     conn._in_read = True
     try:
-        if server.native_on:
-            code = _dispatch_chunk(conn, chunk, conn._start, end, conn.max_frame, server.native_produce,
-                                   server.native_fetch, _rd_supported, _rd_no_response, _rd_close)
-        else:
-            code = _dispatch_chunk(conn, chunk, conn._start, end, conn.max_frame, None, None, _rd_supported,
-                                   _rd_no_response, _rd_close)
+        code = _dispatch_chunk(conn, chunk, conn._start, end, conn.max_frame, conn._native_produce,
+                               conn._native_fetch, _rd_supported, _rd_no_response, _rd_close)
         if code and not conn.closed:
             conn._chunk_code(code)
     finally:

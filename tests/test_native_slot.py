@@ -10,7 +10,7 @@ from collections import deque
 
 import pytest
 
-from kbroker._native.request import (Slot, begin_native, dispatch_frames, end_native, observe_slots, parse_fetch,
+from kbroker._native.request import (ConnState, Slot, begin_native, dispatch_frames, end_native, observe_slots, parse_fetch,
                                      parse_produce, take_answers)
 from kbroker.protocol.types import ProtocolError
 from kbroker.request_metrics import REQUEST_STATS
@@ -103,12 +103,14 @@ class _Chunk:
         self.refs = 0
 
 
-class _Conn:
-    """What dispatch_frames reads and calls on a Connection, recording the calls."""
+class _Conn(ConnState):
+    """What dispatch_frames reads and calls on a Connection (a ConnState, as the connection), recording
+    the calls."""
 
     def __init__(self):
         self.closed, self._in_read, self._start = False, True, 0
         self._pending, self.server = deque(), _Server()
+        self._request_counts = self.server.metrics.requests
         self.last_active, self._read_at = 1.0, 2.0
         self.generic, self.later, self.raised = [], [], []
 

@@ -200,6 +200,11 @@ class Connection(ConnState, asyncio.BufferedProtocol):
         self._in_read = False     # dispatching the frames of one read: defer writes to its end
         self._read_at = 0.0       # monotonic time of the last read (when its frames became complete)
         self._reads: ReadStats = server.metrics.reads
+        # the server's constants the native read uses, as C fields of ConnState (fixed at its start)
+        self._native_produce = server.native_produce if server.native_on else None
+        self._native_fetch = server.native_fetch if server.native_on else None
+        self._request_counts = server.metrics.requests
+        self._sendfile_min = server.sendfile_min_bytes
         self._native_read = server.native_read
         if not server.native_read:
             # the reference path (KBROKER_NATIVE_READ=0)
@@ -319,10 +324,7 @@ class Connection(ConnState, asyncio.BufferedProtocol):
     def _dispatch_frames(self, chunk, start, end):
         # every complete frame from start to end in one native call (ext/request.pyx dispatch_frames:
         # the native Produce/Fetch path inline, every other frame through _dispatch)
-        server = self.server
-        native = server.native_on
-        return dispatch_frames(self, chunk, start, end, self.max_frame,
-                               server.native_produce if native else None, server.native_fetch if native else None,
+        return dispatch_frames(self, chunk, start, end, self.max_frame, self._native_produce, self._native_fetch,
                                _SUPPORTED, NO_RESPONSE, CLOSE)
 
     def _parse_chunk(self):
