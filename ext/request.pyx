@@ -31,7 +31,7 @@ cdef extern from "Python.h":
     void *PyUnicode_DATA(object)
 
 from kbroker._native.hton cimport load_be16, load_be32, load_be64, store_be16, store_be32, store_be64
-from kbroker._native.segment cimport (LeaderAppender, SegmentState, read_full, run_begin, run_end, run_lost,
+from kbroker._native.segment cimport (LeaderAppender, LogState, SegmentState, read_full, run_begin, run_end, run_lost,
                                       seek_in, set_run_tag, tail_end, tail_position)
 from layout cimport HEADER_SIZE
 
@@ -745,7 +745,8 @@ cdef bint _end_native(Slot slot, result, no_response, close):
 cdef class FastLeader:
     """One partition this broker leads, as the native Produce path needs it (armed by
     ReplicaManager._fast_refresh; replaced, never changed, when the partition's state changes)."""
-    cdef readonly object partition, log, config, tp, follower_key, epoch_cache
+    cdef readonly object partition, config, tp, follower_key, epoch_cache
+    cdef readonly LogState log
     cdef object seg                     # the LogSegment whose SegmentState ``st`` is (the active one)
     cdef SegmentState st
     cdef LeaderAppender ap
@@ -759,7 +760,7 @@ cdef class FastLeader:
                                         # appended and waits for the HW (ParkedProduce)
     cdef bint append_time               # LogAppendTime topic
 
-    def __init__(self, tp, partition, log, LeaderAppender ap not None, config, int epoch, bint alone,
+    def __init__(self, tp, partition, LogState log not None, LeaderAppender ap not None, config, int epoch, bint alone,
                  bint followers, follower_key, waiters, dict tails not None, epoch_cache, bint park=False):
         self.tp, self.partition, self.log, self.ap, self.config = tp, partition, log, ap, config
         self.epoch, self.alone, self.followers, self.park = epoch, alone, followers, park
@@ -891,10 +892,10 @@ cdef inline PyObject *_held(object o) noexcept:
     return <PyObject *>o
 
 
-cdef inline SegmentState _active_state(FastLeader fl, object lg):
+cdef inline SegmentState _active_state(FastLeader fl, LogState lg):
     # ``lg``'s active segment as the slot's (``fl.seg``, ``fl.st``), re-read after a roll or on first
     # use (both fast paths)
-    cdef list segments = lg.segments
+    cdef list segments = <list>lg.segments
     cdef object seg = segments[len(segments) - 1]
     if seg is not fl.seg:
         fl.st = seg._st
@@ -928,7 +929,8 @@ cdef int _produce_parts(FastProduce fp, ConnState conn, object view, const unsig
     cdef int32_t version, correlation_id, timeout_ms, index, rsize, n_topics, n_parts, count = 0
     cdef int32_t t, j, k, failed = -1, waiting = 0
     cdef int64_t last, now, leo
-    cdef object client_id = None, name, parts, lg, result, records, error = None
+    cdef object client_id = None, name, parts, result, records, error = None
+    cdef LogState lg
     cdef list entries
     cdef FastLeader fl
     cdef SegmentState st
@@ -1057,12 +1059,12 @@ cdef int _produce_parts(FastProduce fp, ConnState conn, object view, const unsig
             fp.appended(fl.follower_key)
         if fl.alone:
             leo = st.next_offset
-            if leo > <int64_t>lg._high_watermark:
+            if leo > lg._high_watermark:
                 lg._high_watermark = leo
                 if PyDict_Contains(fp.notify, fl.tp):
                     fp.appended(fl.tp)
         ps.last[k] = last
-        if acks == -1 and last >= <int64_t>lg._high_watermark:
+        if acks == -1 and last >= lg._high_watermark:
             ps.wait[k] = True           # append_records' pending (only a slot with followers gets here)
             waiting += 1
     for t in range(ps.n_topics):                      # per topic, as append_records' per-partition sums
@@ -1506,7 +1508,8 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
     cdef object rid = None, fs, tcfg
     cdef list recs = None                   # a follower's partitions: (FastLeader, FollowerState, fetch
                                             # offset, current leader epoch, log end, the row's position)
-    cdef object client_id = None, rack = "", name, tparts, lg, seg, cap, metrics, name0 = None
+    cdef object client_id = None, rack = "", name, tparts, seg, cap, metrics, name0 = None
+    cdef LogState lg
     cdef list block, more = None            # BytesOut: the first topic with data (name0, total0), the others
     cdef int64_t total0 = 0
     cdef FastLeader fl
@@ -1783,7 +1786,8 @@ cdef int _record_one(FastFetch ff, tuple rec, int64_t now) except -1:
     and caught-up time), then, past the HW, maybe_increment_hw (HW = min LEO over the ISR, clamped as
     Log.high_watermark's setter does) and _complete when it moved."""
     cdef int64_t o, leo, hw, cur, f_leo, start
-    cdef object fs, p, lg, f2, r
+    cdef object fs, p, f2, r
+    cdef LogState lg
     cdef FastLeader fl = <FastLeader>rec[0]
     cdef list isr
     cdef dict followers

@@ -51,6 +51,15 @@ cdef class SegmentState:
                        int64_t max_timestamp) except -1
 
 
+# The fields of a partition's log (kbroker.log.log.Log, a subclass) that the native Produce and Fetch
+# paths read or write on every request, as C fields: typed access costs no attribute lookup (Python
+# code sees ordinary attributes).
+cdef class LogState:
+    cdef public object config, segments, write_future, _write_job
+    cdef public bint offline, dirty
+    cdef public int64_t log_start_offset, _high_watermark
+
+
 @cython.final
 cdef class LeaderAppender:
     cdef object config                      # the LogConfig the limits below were read from

@@ -1040,6 +1040,10 @@ cdef enum:
     SEQ_MAX = 0x7FFFFFFF        # producer sequences wrap from here to 0 (producer_state.in_sequence)
 
 
+cdef class LogState:
+    """The per-request fields of kbroker.log.log.Log (its base class; declared in segment.pxd)."""
+
+
 @cython.final
 cdef class LeaderAppender:
     """One log's leader-append settings, read once per LogConfig object (a config change

@@ -177,7 +177,9 @@ class WriteJob:
             self.done.set()
 
 
-class Log:
+class Log(_native.LogState):
+    # LogState (ext/segment.pyx) holds the fields the native Produce/Fetch paths touch per request as C
+    # fields: config, segments, offline, dirty, log_start_offset, _high_watermark, write_future, _write_job.
     def __init__(self, dir_path: str, topic: str, partition: int, config: LogConfig, *,
                  clean_shutdown: bool = True, recovery_point: int = 0, log_start_offset: int = 0,
                  high_watermark: int = 0, now: int | None = None, hw_follows_leo: bool = True):
