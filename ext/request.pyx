@@ -2139,7 +2139,7 @@ cdef int _take_answers(pending, list out, list answered, no_response) except -1:
 
 # ---- one native call per readable event (issue 10) -------------------------------------------------
 # kbroker.network.connection binds ``Connection.buffer_updated`` / ``get_buffer`` to ``on_read`` /
-# ``next_buffer`` (KBROKER_NATIVE_READ, on by default on asyncio's selector loop). The common read:
+# ``next_buffer`` (KBROKER_NATIVE_READ, on by default, on both loops). The common read:
 # bytes landed in the receive chunk -> every complete frame dispatched (dispatch_frames) -> the chunk
 # prepared for the next read (reused from its start, or the rest of its tail) -> the answers of the
 # read taken (take_answers) and written in one send -> their slots observed. Everything else is the
