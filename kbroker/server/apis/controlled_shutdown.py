@@ -28,7 +28,8 @@ async def request_controlled_shutdown(broker) -> bool:
     Retries stop early when no partition still led here has another live replica (ZooKeeper's
     /brokers/ids; without the controller's answer: no partition with a replica here has one). The
     last broker of a cluster, or a partition whose other replicas are all down, has nowhere to go, and
-    waiting the backoff out (10 s with the defaults) cannot change that unless a broker comes back in between (then the controller elects it once it is in sync)."""
+    waiting the backoff out (10 s with the defaults) cannot change that unless a broker comes back in
+    between (then the controller elects it once it is in sync)."""
     cfg = broker.config
     if not cfg.get("controlled.shutdown.enable"):
         return False
