@@ -201,8 +201,8 @@ class Connection(ConnState, asyncio.BufferedProtocol):
         self._read_at = 0.0       # monotonic time of the last read (when its frames became complete)
         self._reads: ReadStats = server.metrics.reads
         # the server's constants the native read uses, as C fields of ConnState (fixed at its start)
-        self._native_produce = server.native_produce if server.native_on else None
-        self._native_fetch = server.native_fetch if server.native_on else None
+        self._native_produce = server.native_produce      # None when the native path is off
+        self._native_fetch = server.native_fetch
         self._request_counts = server.metrics.requests
         self._sendfile_min = server.sendfile_min_bytes
         self._native_read = server.native_read

@@ -114,7 +114,6 @@ class KafkaServer:
             log.info("native request path off (KBROKER_NATIVE_REQUESTS=0): every request uses the generic codec")
         self.native_produce = native.get(0)
         self.native_fetch = native.get(1)
-        self.native_on = bool(native)
         self.max_request_bytes = max_request_bytes
         # A quarter of the pool (never so much that a maximum-size frame could not arrive) is kept
         # for complete requests and receive chunks: frames still arriving cannot take it.
