@@ -13,6 +13,19 @@ Partition state machine, as small as correctness allows:
   offline --an ISR member (unclean: any replica) comes back--> online
 Replica side: a dead or shutting-down follower leaves the ISR (epoch+1); its return is the
 leader's business (ISR expansion).
+
+A broker restart (new czxid) is a failure then a start-up: full UpdateMetadata and LeaderAndIsr for its
+replicas. A new term first treats brokers missing from /brokers/ids but present in states as failed.
+Deletion: StopReplica(delete) to live replicas (answers awaited, bounded), znodes removed (fenced), then
+UpdateMetadata with leader -2, so the name is free once brokers hear of it; replicas on brokers that were
+down get StopReplica(delete) when they return (remembered for this controller's term only).
+Reassignment (/admin/reassign_partitions): replicas := target + original, epoch+1; once every target
+replica is in the ISR: leader from the targets, ISR ∩ targets, replicas := targets, StopReplica(delete)
+to the removed; added replicas get LeaderAndIsr with is_new=True (a leftover log there is deleted). A
+changed target re-targets a move in progress; a cancel writes the original replicas back (KIP-455 order).
+Preferred leader election: ElectLeaders (API 43), /admin/preferred_replica_election, and
+auto.leader.rebalance.enable (every leader.imbalance.check.interval.seconds, for brokers above
+leader.imbalance.per.broker.percentage).
 """
 from __future__ import annotations
 

@@ -16,6 +16,30 @@ append's bytes are written by WriteJob.run on the log dir's writer thread (appen
 begin_append_as_leader and finish_append; until then the log's state is the one before the batch,
 and whatever else changes the log first settles that write (_settle).
 
+Write-behind (``run_begin`` / ``run_end`` of ext/segment.pyx, opened by the connection's native read
+around consecutive Produce frames of one receive chunk, on that thread only): a plain leader append is
+stamped in the receive chunk and committed to the state at once (offsets, LEO, the HW of an ISR of one),
+but its bytes are written by ``run_end``, one writev per log, before any other frame is served, before
+any answer can leave and before the chunk can be reused. The rules:
+- Every other write path of the log writes the pending bytes first (``_settle_writes``). A lone Produce
+  frame is written as it is handled.
+- A failed write of deferred bytes (at ``run_end``, or earlier when another write path writes them
+  first) cuts the log back to the first of them (``_deferred_write_failed``) and the run answers as a
+  failed append is answered; the connection stays open. Each deferred batch carries its request's run
+  tag, so ``run_lost()`` names the requests whose batches were cut away; their answers are rewritten
+  natively (ext/request.pyx), acks=0 closes the connection.
+- ``on_cut`` (the replica manager's ``_appends_cut``) is told at the failure itself: the dir is reported
+  once per streak, every acks=all wait on a batch at or after the cut is decided KAFKA_STORAGE_ERROR
+  (the other partitions of its request still wait for the HW; the cut offsets will be reused), and
+  produce_failed counts each cut-away row of the requests other than the one being handled.
+- While a dir is failing, an append that would be deferred is written at once, so its outcome is a lone
+  append's and only a written append ends the streak (the native path leaves such requests to Python).
+- An idempotent batch is never deferred: the log's pending bytes are written first, then the batch, and
+  only a successful write records it in producer state, so a retry after a failed write is appended, not
+  answered as a duplicate of lost data (tests/test_write_behind.py).
+The reference path's appends in a run (``append_as_leader`` -> ``LeaderAppender.append``) defer and are
+tagged the same way.
+
 Crash: see ``_load``. Without the clean-shutdown marker every segment from the one holding the
 recovery point onwards is CRC-scanned, the first invalid batch and everything after it are
 removed, indexes rebuilt, the epoch cache re-derived and clamped, producer state replayed, the

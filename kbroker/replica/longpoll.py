@@ -1,11 +1,14 @@
 """A Fetch long poll as callbacks on one future, for the Fetch handler's wait (server/apis/fetch.py).
 
 A follower's next fetch usually arrives before the next append and waits for it: at full speed that is
-one long poll per produce request and follower (~6,300 per GB at RF=3, docs/perf/replication-cpu.md).
-A coroutine around ``asyncio.wait_for(asyncio.shield(waiter), remaining)`` costs a shield future, a
-timeout handle and wait_for's own future and callbacks on every wake (23 µs against 12 µs per poll in
-a 20,000-poll microbenchmark); here a wake is one done-callback and the deadline one timer handle for
-the whole poll.
+one long poll per produce request and follower. A coroutine around
+``asyncio.wait_for(asyncio.shield(waiter), remaining)`` costs a shield future, a timeout handle and
+wait_for's own future and callbacks on every wake; here a wake is one done-callback and the deadline one
+timer handle for the whole poll, and the network layer answers the future from its done-callback (no Task).
+
+A poll's state is one slotted ``_Poll`` object, never closures that name themselves: such closures form
+reference cycles that only the cyclic collector frees, and its sweeps of that garbage hold the loop (they
+set the latency p99). Refcounting frees a finished poll.
 
 ``long_poll(notifier, tps, waiter, max_wait_s, read, enough, answer)`` returns a future of
 ``answer(read())`` (``answer`` defaults to the read's result itself):

@@ -19,6 +19,43 @@ Fetch handlers, the group coordinator and LeaderAndIsr/StopReplica call.
   isr_change_notification for the controller. A StaleVersionError means someone else (the
   controller) moved the partition: this leader stops acknowledging acks=all until LeaderAndIsr.
 
+Leader slots of the native path (``_fast_leaders``, one ``FastLeader`` per armed partition, shared by
+the native Produce and Fetch, ext/request.pyx). The policy stays here, as each slot's state:
+- ``_fast_refresh(p)`` arms a partition led here, not internal, whose log does not move its HW to the
+  LEO by itself, and disarms it when its ISR is one broker that is not this leader alone (leader alone =
+  ISR of one, not stale, min.insync.replicas <= 1: acks=-1 answered at once, HW to the log end on each
+  append; any other ISR of one needs ``maybe_increment_hw``'s full rule). ``park`` (acks=-1 appended
+  natively, then parked as a ``ParkedProduce`` in ``Partition.waiters`` until the HW covers it) is on
+  when the ISR has followers, is at least min.insync.replicas and the leader is not stale; otherwise
+  acks=-1 stays on the reference path, which refuses before the append (NOT_ENOUGH_REPLICAS,
+  NOT_LEADER_OR_FOLLOWER).
+- A slot holds the Partition, its Log, LeaderAppender, the LogConfig it was armed with, the leader epoch,
+  flags, and containers that are never replaced, tested O(1) per request: ``Log.append_tails``,
+  ``Partition.waiters``, the notifier's waiter dict, ``_failing_dirs``, the metrics dicts.
+- Writers audited (``.isr =``, ``.stale =``, ``leader_epoch =``, ``leader_id =``, ``.replicas =``,
+  ``partitions[...] =``, ``partitions.pop``): ``Partition._set`` (through make_leader / make_follower,
+  followed by ``_fast_refresh`` in become_leader / become_follower), ``_write_isr`` (ISR change and
+  ``stale = True``, each followed by ``_fast_refresh``), ``_partition`` (a new Partition is followed by
+  become_*), ``stop_replica`` (disarms; topic deletion and stale logs go through it). A new writer of any
+  of these must call ``_fast_refresh``.
+- Checked per request instead, because they change without a refresh: ``Log.config is slot.config``
+  (AlterConfigs, topic overrides: a mismatch calls ``_fast_rearm`` and leaves the request to Python),
+  ``Partition.leader_epoch`` and ``leader_id`` (a mismatch re-arms too), ``Log.offline``, a large write
+  in flight (``Log._write_job`` / ``write_future``), the active segment (re-read after a roll or a
+  truncation), the epoch cache's latest epoch, the batch size against
+  ``kbroker.log.writer.offload.bytes`` and the codec byte when validation runs off the loop.
+- Nothing read-side is copied into a slot: the HW, log start, active segment, ``Log.offline`` and
+  ``Log._write_job`` are read from the Log per request, so HW moves, retention, delete_records, rolls,
+  truncation and compaction swaps need no hook. ``fetch.max.bytes`` is read from the broker config's
+  value dict per request.
+- A follower's fetch is served natively only when every partition is armed, the follower is in the ISR
+  (an expansion is the reference path's), its ``FollowerState`` exists, the leader is not stale and the
+  topic has no ``leader.replication.throttled.replicas`` (the leader quota is counted here).
+  ``record_follower_fetch``'s effect is then done natively (``_record_followers``): the follower's
+  fields, the HW when the ISR holds min.insync.replicas, ``_complete`` when the HW moved. A caught-up
+  follower's fetch is recorded natively and handed to ``fetch.handle_native`` with
+  ``FetchRequest.recorded`` for its long poll, whose re-reads are native too.
+
 Threads: the event-loop thread; ZooKeeper writes go to worker threads.
 """
 from __future__ import annotations

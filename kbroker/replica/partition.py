@@ -13,6 +13,15 @@ Leader side:
   up for replica.lag.time.max.ms.
 Follower side: HW = min(leader's HW, own LEO), set by the fetcher.
 
+ZooKeeper session SUSPENDED (disconnected, not yet expired): the broker keeps serving, as Kafka does.
+Nothing on the produce/fetch path reads ZooKeeper, and a leader keeps acknowledging acks=all while the
+ISR is unchanged (that needs no ZooKeeper write). What fences a cut-off leader is the conditional ISR
+write: a shrink it cannot write (no quorum, or the controller moved the state znode) leaves the HW where
+it is, so acks=all writes that need the shrink time out instead of being acknowledged by one copy. On
+LOST the broker re-registers and re-runs the election; by then the controller has moved leadership, and
+LeaderAndIsr with the new epoch demotes the old leader, which truncates by leader epoch
+(tests/test_replication_faults.py, tests/test_replication_zk_cut.py).
+
 Threads: the event-loop thread only.
 """
 from __future__ import annotations

@@ -1,6 +1,12 @@
 """Controller -> broker requests (ZooKeeper mode): UpdateMetadata (6) here; LeaderAndIsr (4) and
 StopReplica (5) join this module with the replica manager. Thin: epoch checks, then the broker's
-metadata cache / replica manager do the work."""
+metadata cache / replica manager do the work.
+
+Epochs: STALE_CONTROLLER_EPOCH below the highest controller epoch seen, STALE_BROKER_EPOCH when
+broker_epoch (-1 = any) is not this broker's registration czxid. A controller epoch not seen before is
+taken only after ZooKeeper confirms it (``current_controller()``: a sync then a read), and the current
+epoch only from its holder, so a client that forges LeaderAndIsr / UpdateMetadata with a huge epoch
+cannot fence the real controller out."""
 from __future__ import annotations
 
 import asyncio
