@@ -18,6 +18,10 @@ Fetch handlers, the group coordinator and LeaderAndIsr/StopReplica call.
   state znode (expected version = partition_epoch) on a worker thread, then an
   isr_change_notification for the controller. A StaleVersionError means someone else (the
   controller) moved the partition: this leader stops acknowledging acks=all until LeaderAndIsr.
+- ``fence_leaders``: the broker's ZooKeeper session may have expired (zk/lease.py): every partition
+  led here steps down at once (waiting acks=all answered NOT_LEADER_OR_FOLLOWER, the native slots
+  disarmed, Produce and Fetch refused as for any non-leader) and is led again only when a
+  LeaderAndIsr says so.
 
 Threads: the event-loop thread; ZooKeeper writes go to worker threads.
 """
@@ -433,7 +437,10 @@ class ReplicaManager:
             return                          # timed out while queued: already answered
         d.results[tp] = PartitionResult(UNDECIDED, r.base_offset, r.log_append_time_ms, r.log_start_offset)
         if acks == -1 and r.last_offset >= lg.high_watermark:
-            p.waiters.append((r.last_offset + 1, d))
+            if p.leader_id != p.local_id:
+                d.decide(tp, Errors.NOT_LEADER_OR_FOLLOWER)     # stepped down during a large write
+            else:
+                p.waiters.append((r.last_offset + 1, d))
         else:
             d.decide(tp, 0)
 
@@ -642,6 +649,32 @@ class ReplicaManager:
                 p.log.write_topic_id(topic_id)
             p.topic_id = topic_id
         return code
+
+    def fence_leaders(self) -> list:
+        """Step down from every partition led here (the session lease ran out) -> their tps."""
+        fenced = []
+        for p in self.partitions.values():
+            if p.leader_id != p.local_id:
+                continue
+            p.fence()
+            self._fail_waiters(p, Errors.NOT_LEADER_OR_FOLLOWER)
+            self._fast_refresh(p)
+            info = self.broker.metadata.partition(p.topic, p.index)
+            if info is not None and info.leader == self.broker_id:
+                info.leader = -1        # Metadata from here: no leader known, ask elsewhere
+            fenced.append(p.tp)
+            # long polls on it end now (their next fetch is refused) instead of at their timeout
+            self.broker.notifier.appended(p.tp)
+            self.broker.notifier.appended(p.follower_key)
+        if fenced:
+            log.warning("ZooKeeper session may have expired: stepped down as leader of %d partitions "
+                        "until the controller's LeaderAndIsr (%s)", len(fenced),
+                        ", ".join(f"{t}-{i}" for t, i in fenced[:10]))
+        return fenced
+
+    def fenced_partitions(self) -> int:
+        """Partitions this broker stepped down from on its own and no LeaderAndIsr has settled since."""
+        return sum(1 for p in self.partitions.values() if p.fenced_epoch >= 0)
 
     def stop_replica(self, tp, delete: bool) -> int:
         self._stop_fetching(tp)

@@ -55,6 +55,7 @@ class Partition:
         self.epoch_start_offset = 0         # LEO when this broker became leader of this epoch
         self.isr_in_flight = False          # an ISR write is on its way to ZooKeeper
         self.stale = False                  # an ISR write found the znode moved
+        self.fenced_epoch = -1              # leader epoch it stepped down from (session lost), else -1
         self.waiters: deque = deque()       # (required offset, DelayedProduce) in append order
         self.topic_id: bytes | None = None
 
@@ -82,6 +83,7 @@ class Partition:
         new = not self.is_leader or st.leader_epoch != self.leader_epoch
         self._set(st)
         self.stale = False
+        self.fenced_epoch = -1
         self.isr_in_flight = False
         log = self.log
         if new:
@@ -106,7 +108,15 @@ class Partition:
         self._set(st)
         self.followers = {}
         self.stale = False
+        self.fenced_epoch = -1
         return changed
+
+    def fence(self) -> None:
+        """Stop leading on this broker's own word (its ZooKeeper session may be gone): no leader
+        here until a LeaderAndIsr names one, so every leader check refuses."""
+        self.fenced_epoch = self.leader_epoch
+        self.leader_id = -1
+        self.followers = {}
 
     def _set(self, st) -> None:
         self.leader_id = st.leader
