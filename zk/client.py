@@ -289,22 +289,6 @@ class BrokerZk:
                     raise BrokerRegistrationError("closed while waiting for the old registration to expire")
                 gone.wait(min(remaining, 0.5))
 
-    def reregister(self) -> int:
-        """Delete this session's registration and create it again -> the new broker epoch: the
-        controller sees a restarted broker and sends it the state of each of its partitions."""
-        zk = self.kazoo
-        path = L.broker_path(self.broker_id)
-        stat = zk.retry(zk.exists, path)
-        if stat is not None and stat.ephemeralOwner == self.session_id:
-            try:
-                zk.retry(zk.delete, path, version=stat.version)
-            except NoNodeError:
-                pass                # a retried delete whose first attempt went through
-        epoch = self._register()
-        self.broker_epoch = epoch
-        self._deliver(self.on_reregistered, epoch)
-        return epoch
-
     def get_broker(self, broker_id: int) -> L.BrokerRegistration | None:
         try:
             data, _ = self.kazoo.retry(self.kazoo.get, L.broker_path(broker_id))

@@ -21,7 +21,7 @@ Fetch handlers, the group coordinator and LeaderAndIsr/StopReplica call.
 - ``fence_leaders``: the broker's ZooKeeper session may have expired (zk/lease.py): every partition
   led here steps down at once (waiting acks=all answered NOT_LEADER_OR_FOLLOWER, the native slots
   disarmed, Produce and Fetch refused as for any non-leader) and is led again only when a
-  LeaderAndIsr says so.
+  LeaderAndIsr says so, or (``resume_fenced``, the session survived) its state znode still does.
 
 Threads: the event-loop thread; ZooKeeper writes go to worker threads.
 """
@@ -671,6 +671,43 @@ class ReplicaManager:
                         "until the controller's LeaderAndIsr (%s)", len(fenced),
                         ", ".join(f"{t}-{i}" for t, i in fenced[:10]))
         return fenced
+
+    async def resume_fenced(self) -> list:
+        """The lease is back in the session it ran out in: ZooKeeper never expired it, so the controller
+        saw no failure and sends nothing. Each partition stepped down from whose state znode is still
+        the one it was led in (leader here, same leader epoch, same znode version: the controller's last
+        word, unchanged) is led again; any other waits for the LeaderAndIsr of whoever changed it.
+        -> the tps led again."""
+        zk = self.broker.zk
+
+        def read(p):
+            k = zk.kazoo
+            k.retry(k.sync, "/brokers/topics")     # not an older state from a lagging ZooKeeper server
+            return zk.get_partition_state(p.topic, p.index)
+
+        back = []
+        for p in [p for p in self.partitions.values() if p.fenced_epoch >= 0 and p.leader_id < 0]:
+            try:
+                st, version = await asyncio.to_thread(read, p)
+            except Exception:
+                log.exception("%s-%d: cannot read its state to lead again; waiting for LeaderAndIsr",
+                              p.topic, p.index)
+                continue
+            if (self.partitions.get(p.tp) is not p or p.fenced_epoch < 0 or p.leader_id >= 0
+                    or st.leader != self.broker_id or st.leader_epoch != p.fenced_epoch
+                    or version != p.partition_epoch):
+                continue            # a LeaderAndIsr came meanwhile, or the state moved on
+            p.isr = list(st.isr)
+            p.unfence(_now_ms())
+            self._fast_refresh(p)
+            info = self.broker.metadata.partition(p.topic, p.index)
+            if info is not None and info.leader < 0 and info.leader_epoch == p.leader_epoch:
+                info.leader = self.broker_id
+            back.append(p.tp)
+        if back:
+            log.warning("ZooKeeper session kept: leading again %d partitions whose state did not change (%s)",
+                        len(back), ", ".join(f"{t}-{i}" for t, i in back[:10]))
+        return back
 
     def fenced_partitions(self) -> int:
         """Partitions this broker stepped down from on its own and no LeaderAndIsr has settled since."""

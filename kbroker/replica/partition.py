@@ -118,6 +118,14 @@ class Partition:
         self.leader_id = -1
         self.followers = {}
 
+    def unfence(self, now_ms: int) -> None:
+        """Lead again in the epoch ``fence`` left (the state it was led in is still ZooKeeper's):
+        the ISR counts as caught up now, as at the start of an epoch."""
+        self.leader_id = self.local_id
+        self.fenced_epoch = -1
+        self.followers = {r: FollowerState(r, now_ms if r in self.isr else 0)
+                          for r in self.replicas if r != self.local_id}
+
     def _set(self, st) -> None:
         self.leader_id = st.leader
         self.leader_epoch = st.leader_epoch

@@ -202,30 +202,31 @@ class Broker:
     async def _session_fence(self) -> None:
         """Stop leading once ZooKeeper may have expired our session (``zk.lease``, zk/lease.py): the
         controller may already have elected other leaders, and clients that still reach us must hear
-        NOT_LEADER_OR_FOLLOWER and look for them elsewhere. Checked on every tick while the lease is out, so a
-        LeaderAndIsr applied meanwhile cannot make us lead on it. When the lease is renewed in the same
-        session, ZooKeeper never expired us and the controller saw nothing: re-registering (a new broker
-        epoch) makes it treat us as restarted and send the LeaderAndIsr that settles the partitions we
-        left. A new session re-registers anyway (BrokerZk's recovery)."""
+        NOT_LEADER_OR_FOLLOWER and look for them elsewhere. Checked on every tick while the lease is out,
+        so a LeaderAndIsr applied meanwhile cannot make us lead on it. When the lease is renewed in the
+        same session, ZooKeeper never expired us and the controller saw nothing (it sends nothing):
+        partitions whose state znode is unchanged are led again (ReplicaManager.resume_fenced). In a new
+        session BrokerZk re-registers and the controller's LeaderAndIsr decides, as after any expiry."""
         zk, rm = self.zk, self.replica_manager
         lease = zk.lease
-        stepped_down_in = None          # the session whose lease ran out while we led something
+        out_in = None                   # the session whose lease ran out
+        me = None                       # our own entry, left out of our Metadata answers meanwhile
         while True:
             await asyncio.sleep(min(0.1, lease.heartbeat_s))
             try:
                 if lease.expired():
-                    if rm.fence_leaders() and stepped_down_in is None:
-                        stepped_down_in = lease.session_id
+                    out_in = lease.session_id if out_in is None else out_in
+                    rm.fence_leaders()
                     # Nor do we count as a live broker in our Metadata answers (ZooKeeper may not list us
                     # any more): clients drop this connection and ask the others, who know the new leaders.
-                    # The controller's next UpdateMetadata lists us again once we are registered.
-                    self.metadata.brokers.pop(self.broker_id, None)
-                elif stepped_down_in is not None:
-                    same, stepped_down_in = lease.session_id == stepped_down_in, None
+                    me = self.metadata.brokers.pop(self.broker_id, None) or me
+                elif out_in is not None:
+                    same, out_in = lease.session_id == out_in, None
+                    if me is not None:
+                        self.metadata.brokers.setdefault(self.broker_id, me)
+                        me = None
                     if same:
-                        log.warning("ZooKeeper session %s is still alive: re-registering so the controller "
-                                    "settles the partitions this broker stepped down from", lease.session_id)
-                        await asyncio.to_thread(zk.reregister)
+                        await rm.resume_fenced()
             except Exception:
                 log.exception("session fencing check failed")
 
