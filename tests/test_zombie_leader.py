@@ -65,39 +65,30 @@ class LinkProxy(TcpProxy):
     async def _cut_links(self):
         self.links_cut = True
         for w in list(self._links):
+            self._writers.discard(w)
             w.transport.abort()
         self._links.clear()
 
-    async def _accept(self, reader, writer):
-        try:
-            head = await asyncio.wait_for(reader.readexactly(4), 10)
-            frame = await asyncio.wait_for(reader.readexactly(int.from_bytes(head, "big")), 10)
-        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError):
-            writer.transport.abort()
-            return
-        # request header v1+: api_key, api_version, correlation_id, client_id (int16 length + bytes)
-        n = int.from_bytes(frame[8:10], "big", signed=True)
-        client_id = frame[10:10 + n].decode("utf-8", "replace") if n > 0 else ""
-        link = client_id.startswith(self.BROKER_IDS)
-        if link and self.links_cut:
-            self.refused += 1
-            writer.transport.abort()
-            return
-        try:
-            up_reader, up_writer = await asyncio.open_connection(LOOPBACK, self.target_port)
-        except OSError:
-            writer.transport.abort()
-            return
-        up_writer.write(head + frame)
-        self.accepted += 1
-        pair = (writer, up_writer)
-        self._writers.update(pair)
-        if link:
-            self._links.update(pair)
-        try:
-            await asyncio.gather(self._pipe(reader, up_writer, writer), self._pipe(up_reader, writer, up_writer))
-        finally:
-            self._links.difference_update(pair)
+    async def _pipe(self, reader, writer, other):
+        if writer.get_extra_info("peername")[1] == self.target_port:    # the client -> broker direction
+            try:
+                head = await asyncio.wait_for(reader.readexactly(4), 10)
+                frame = await asyncio.wait_for(reader.readexactly(int.from_bytes(head, "big")), 10)
+            except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+                frame = None
+            # request header v1+: api_key, api_version, correlation_id, client_id (int16 length + bytes)
+            n = int.from_bytes(frame[8:10], "big", signed=True) if frame else 0
+            link = n > 0 and frame[10:10 + n].decode("utf-8", "replace").startswith(self.BROKER_IDS)
+            if frame is None or (link and self.links_cut):
+                self.refused += frame is not None
+                for w in (writer, other):
+                    self._writers.discard(w)
+                    w.transport.abort()
+                return
+            if link:
+                self._links.update((writer, other))
+            writer.write(head + frame)
+        await super()._pipe(reader, writer, other)
 
 
 class TimedHistory(History):
@@ -255,7 +246,7 @@ def _zombie(c, zpx, links, metrics_port):
         wait_until(lambda: len(hist.acked) >= base + 200, 30, "200 acks before the long cut")
         cut_at = _cut(zpx, links)
         healed = False
-        fenced_at = _time_of(lambda: fenced_gauge(metrics_port) == 1, SESSION_MS / 1000 + 5)
+        fenced_at = _time_of(lambda: fenced_gauge(metrics_port) >= 1, SESSION_MS / 1000 + 5)
         described = describe(c.brokers[VICTIM].port)
         new = wait_until(lambda: (lambda s: s if s[0] not in (VICTIM, -1) else None)(zk_state(c)), 30,
                          "a new leader")
