@@ -310,6 +310,10 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _impl("kbroker.log.writer.offload.bytes", "int", 1 << 20, at_least(0),
           doc="a producer batch of at least this size is written by its log dir's writer thread while the "
               "loop goes on receiving; its offsets are visible (and acknowledged) once written. 0 = never"),
+    _impl("kbroker.zookeeper.session.fencing.enable", "boolean", True,
+          doc="kbroker's own (Kafka has none): a broker cut from ZooKeeper for about its session timeout "
+              "stops leading its partitions (clients get NOT_LEADER_OR_FOLLOWER and find the new leader) until "
+              "the controller's LeaderAndIsr; false = keep leading until the session is known lost"),
     _impl(EVENT_LOOP_KEY, "string", DEFAULT_EVENT_LOOP, _event_loop,
           doc="the broker's event loop: uvloop (the default; a dependency of kbroker) or asyncio (the "
               f"standard library's selector loop); the {EVENT_LOOP_ENV} environment variable sets it when the "

@@ -102,7 +102,8 @@ def broker_snapshot(broker) -> dict:
     rm = getattr(broker, "replica_manager", None)
     if rm is not None:
         # The replica manager's own view of the partitions it leads (its ISR is the one it acts on).
-        snap["rm"] = (rm.under_replicated(), rm.under_min_isr(), rm.isr_shrinks, rm.isr_expands)
+        snap["rm"] = (rm.under_replicated(), rm.under_min_isr(), rm.isr_shrinks, rm.isr_expands,
+                      rm.fenced_partitions())
         fast = getattr(rm, "fast", None)
         if fast is not None:
             snap["fast_produce"] = (fast.fast, fast.slow)
@@ -169,9 +170,12 @@ def broker_families(snap: dict) -> list[Metric]:
     out.append(_gauge("kafka_server_replicamanager_partitioncount", "Partitions with a replica here",
                       [((), snap["partitions"])]))
     if "rm" in snap:
-        under, under_min_isr, shrinks, expands = snap["rm"]
+        under, under_min_isr, shrinks, expands, fenced = snap["rm"]
         out.append(_gauge("kafka_server_replicamanager_underreplicatedpartitions", "Led partitions with ISR < replicas",
                           [((), under)]))
+        out.append(_gauge("kbroker_replicamanager_selffencedpartitions",
+                          "Partitions this broker stopped leading because its ZooKeeper session may have "
+                          "expired, until a LeaderAndIsr settles them", [((), fenced)]))
         out.append(_gauge("kafka_server_replicamanager_underminisrpartitioncount",
                           "Led partitions with ISR < min.insync.replicas", [((), under_min_isr)]))
         out.append(_counter("kafka_server_replicamanager_isrshrinks", "ISR shrinks by this leader (IsrShrinksPerSec)",

@@ -16,6 +16,12 @@
    another leader in Metadata, new leader -> first acknowledged acks=all write after the expiry.
    Then a SIGTERM bounce of the leader (controlled shutdown, restart, back in the ISR): the longest
    gap between two acknowledgements of that producer (unavailability) and its failed records.
+5. Zombie leader (--zombie-rounds N, none by default; a leader cut from ZooKeeper and its followers but
+   not from clients): a fresh three-broker cluster per setting, ZooKeeper session timeout 6 s, the leader of an
+   RF=3 partition (min.insync.replicas=2) cut for --zombie-cut-s from ZooKeeper and from the other
+   brokers (their connections to it; clients' go on) under the idempotent acks=all probe; the longest
+   gap between two acknowledgements around the cut (that partition's unavailability), with
+   kbroker.zookeeper.session.fencing.enable=false (before) and true (after).
 
 --rate 0 (default) runs the latency pair at half of RF=1's peak rate, measured first in the same run
 (acks=1, RF=1, --peak-records records of 100 B at full speed).
@@ -35,7 +41,7 @@ cluster, beside a loopback one. docs/perf/replication-cpu.md has the figures.
 
     .venv/bin/python perf/replication_bench.py [--rate 0] [--seconds 10] [--pairs 3] [--mb 256] [--catchup-mb 200]
         [--failovers 3] [--probe-rate 200] [--skip-cpu] [--cpu-rounds 3] [--compare K=V,K=V]
-        [--perf-rounds 0] [--perf-dir DIR] [--netns | --netns-b]
+        [--perf-rounds 0] [--perf-dir DIR] [--netns | --netns-b] [--zombie-rounds 0] [--zombie-cut-s 20]
 """
 from __future__ import annotations
 
@@ -324,11 +330,13 @@ class NetnsNet:
 
 class ZkForwarder:
     """ZooKeeper listens on 127.0.0.1 of this namespace only; the brokers in their namespaces reach
-    it through this TCP forwarder on the bridge's address (same port)."""
+    it through this TCP forwarder on the bridge's address (same port). ``target_port``: forward to
+    that port of 127.0.0.1 instead (``port`` 0: any free one)."""
 
-    def __init__(self, host: str, port: int):
-        self.port = port
+    def __init__(self, host: str, port: int, target_port: int | None = None):
+        self.target_port = port if target_port is None else target_port
         self.srv = socket.create_server((host, port))
+        self.port = self.srv.getsockname()[1]
         self.srv.settimeout(0.5)
         self.stop = threading.Event()
         self.th = threading.Thread(target=self._accept, daemon=True)
@@ -340,15 +348,23 @@ class ZkForwarder:
                 a, _ = self.srv.accept()
             except (socket.timeout, OSError):
                 continue
-            try:
-                b = socket.create_connection(("127.0.0.1", self.port), timeout=5)
-            except OSError:
-                a.close()
-                continue
-            b.settimeout(None)
-            a.settimeout(None)
-            for x, y in ((a, b), (b, a)):
-                threading.Thread(target=self._pump, args=(x, y), daemon=True).start()
+            self._handle(a)
+
+    def _handle(self, a):
+        self._open(a)
+
+    def _open(self, a, first: bytes = b""):
+        try:
+            b = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
+            b.sendall(first)
+        except OSError:
+            a.close()
+            return None
+        b.settimeout(None)
+        a.settimeout(None)
+        for x, y in ((a, b), (b, a)):
+            threading.Thread(target=self._pump, args=(x, y), daemon=True).start()
+        return b
 
     @staticmethod
     def _pump(src, dst):
@@ -366,6 +382,59 @@ class ZkForwarder:
         self.stop.set()
         self.srv.close()
         self.th.join(5)
+
+
+class CutProxy(ZkForwarder):
+    """A loopback TCP forwarder to ``target_port`` that can cut the link. ``kafka``: only connections
+    other brokers opened (client id ``broker-N-fetcher`` / ``controller-N`` in their first request) are
+    cut and refused, clients' go on; otherwise (ZooKeeper) every connection."""
+
+    LINKS = (b"broker-", b"controller-")
+
+    def __init__(self, target_port: int, kafka: bool = False):
+        self.kafka = kafka
+        self.cut_on = False
+        self.cuttable: list = []
+        self.lock = threading.Lock()
+        super().__init__("127.0.0.1", 0, target_port)
+
+    def _handle(self, a):
+        threading.Thread(target=self._classify, args=(a,), daemon=True).start()
+
+    def _classify(self, a):
+        first, link = b"", True
+        if self.kafka:
+            try:
+                a.settimeout(10)
+                head = a.recv(4, socket.MSG_WAITALL)
+                first = head + a.recv(int.from_bytes(head, "big"), socket.MSG_WAITALL)
+            except (OSError, ValueError):
+                a.close()
+                return
+            n = int.from_bytes(first[12:14], "big", signed=True)   # request header v1: the client id
+            link = n > 0 and first[14:14 + n].startswith(self.LINKS)
+        with self.lock:
+            if self.cut_on and link:
+                a.close()
+                return
+            b = self._open(a, first)
+            if b is not None and link:
+                self.cuttable += [a, b]
+
+    def cut(self):
+        with self.lock:
+            self.cut_on = True
+            for sk in self.cuttable:
+                with contextlib.suppress(OSError):
+                    sk.shutdown(socket.SHUT_RDWR)
+            self.cuttable.clear()
+
+    def heal(self):
+        self.cut_on = False
+
+    def close(self):
+        self.cut()
+        super().close()
 
 
 class NetnsCluster(LocalCluster):
@@ -782,6 +851,64 @@ def failovers(c, admin, rounds, rate):
     print(f"probe totals: {len(probe.acks)} acknowledged, {len(probe.failed)} failed")
 
 
+def zombie_cut(root: Path, fencing: bool, rate: int, cut_s: float, session_ms: int = 6000):
+    """One zombie-leader cut on a fresh cluster (section 5): -> (longest ack gap around the cut, first
+    ack after the cut - cut), seconds; both bounded by the cut's length when nothing is acknowledged
+    until the heal."""
+    victim, topic = 2, "zombie"
+    zk = start_zookeeper(root / "zookeeper", port=0, tick_time_ms=500, die_with_parent=True)
+    c = LocalCluster(root, brokers=3, session_timeout_ms=session_ms, zookeeper_connect=zk.connect_string,
+                     overrides={"replica.lag.time.max.ms": 4000,
+                                "kbroker.zookeeper.session.fencing.enable": str(fencing).lower()})
+    zpx, links = CutProxy(zk.port), CutProxy(c.brokers[victim].port, kafka=True)
+    c.brokers[victim].extra = {"zookeeper.connect": f"127.0.0.1:{zpx.port}",
+                               "advertised.listeners": f"PLAINTEXT://127.0.0.1:{links.port}"}
+    probe = None
+    try:
+        c.start()
+        admin = AdminClient({"bootstrap.servers": c.bootstrap})
+        admin.create_topics([NewTopic(topic, 1, replica_assignment=[[victim, 0, 1]],
+                                      config={"min.insync.replicas": "2"})])[topic].result(30)
+        wait_until(lambda: (lambda s: s and s[0] == victim and len(s[2]) == 3)(metadata_state(c, topic)), 60,
+                   "the victim leading an ISR of 3")
+        probe = Probe(c.bootstrap, topic, rate)
+        wait_until(lambda: len(probe.acks) >= 2 * rate, 60, "2 s of probe acks before the cut")
+        t_cut = time.monotonic()
+        zpx.cut()
+        links.cut()
+        time.sleep(cut_s)            # the cut's length is the experiment
+        t_heal = time.monotonic()
+        zpx.heal()
+        links.heal()
+        wait_until(lambda: probe.first_ack_after(t_heal + 2), 120, "acks after the heal")
+        gap, _n = probe.max_gap(t_cut - 1, t_heal + 2)
+        first = probe.first_ack_after(t_cut + 0.05)
+        return gap, first - t_cut
+    finally:
+        if probe is not None:
+            probe.close()
+        c.stop()
+        zpx.close()
+        links.close()
+        zk.stop()
+
+
+def zombie_rounds(root: Path, rounds: int, rate: int, cut_s: float):
+    rows = {False: [], True: []}
+    for rnd in range(rounds):
+        for fencing in (False, True):
+            gap, first = zombie_cut(root / f"zombie-{rnd}-{int(fencing)}", fencing, rate, cut_s)
+            rows[fencing].append(gap)
+            print(f"zombie cut {rnd + 1} ({cut_s:.0f} s, session timeout 6 s), fencing "
+                  f"{'on ' if fencing else 'off'}: partition unavailable {gap:.2f} s (longest ack gap), first "
+                  f"ack {first:.2f} s after the cut")
+    for fencing in (False, True):
+        g = sorted(rows[fencing])
+        if g:
+            print(f"zombie cut, fencing {'on (after)' if fencing else 'off (before)'}: unavailability median "
+                  f"{g[len(g) // 2]:.2f} s over {len(g)} rounds (range {g[0]:.2f}-{g[-1]:.2f} s)")
+
+
 def latency_pairs(clusters, rate, pairs, seconds):
     """Alternating acks=1 / acks=all pairs on an RF=3 topic, each pair on every cluster of ``clusters``
     ({label: (cluster, admin)}) in turn -> {label: [(p50 diff, p99 diff)]}."""
@@ -886,9 +1013,13 @@ def main(argv=None):
                          "receive processing in threaded NAPI kernel threads (root; CPU rounds only)")
     ap.add_argument("--netns-b", action="store_true",
                     help="only the second cluster in namespaces (implies it): loopback and namespaces side by side")
+    ap.add_argument("--zombie-rounds", type=int, default=0,
+                    help="zombie-leader cuts, each with fencing off then on, on fresh clusters (0: none)")
+    ap.add_argument("--zombie-cut-s", type=float, default=20, help="length of each zombie cut (20 s)")
     args = ap.parse_args(argv)
-    if (args.netns or args.netns_b) and (args.pairs or args.catchup_mb or args.failovers):
-        raise SystemExit("--netns runs the CPU rounds only: add --pairs 0 --catchup-mb 0 --failovers 0")
+    if (args.netns or args.netns_b) and (args.pairs or args.catchup_mb or args.failovers or args.zombie_rounds):
+        raise SystemExit("--netns runs the CPU rounds only: add --pairs 0 --catchup-mb 0 --failovers 0 "
+                         "--zombie-rounds 0")
     if args.perf_rounds > 0 and (args.skip_cpu or args.cpu_rounds < 1):
         raise SystemExit("--perf-rounds profiles the topics of the CPU rounds: needs --cpu-rounds >= 1")
     base = {"log.segment.bytes": 256 << 20}
@@ -923,6 +1054,8 @@ def main(argv=None):
             catch_up(c, admin, args.catchup_mb)
         if args.failovers > 0:
             failovers(c, admin, args.failovers, args.probe_rate)
+        if args.zombie_rounds > 0:
+            zombie_rounds(Path(root) / "zombie", args.zombie_rounds, args.probe_rate, args.zombie_cut_s)
     return 0
 
 

@@ -144,8 +144,8 @@ def offsets_in_log(history: History, values) -> int:
 @pytest.mark.slow
 def test_t5_paused_leader_replaced_acks_nothing_and_truncates_on_return(tmp_path):
     """Invariant: once replaced (new leader, higher epoch) the paused leader acknowledges no acks=all
-    write the final log does not hold at the acknowledged offset (count 0); it rejoins (truncating by
-    epoch), all three logs end identical, acked-but-lost 0 of N, inconsistent offsets 0."""
+    write the final log does not hold at the acknowledged offset (count 0); it rejoins (stepping down
+    when it runs again, truncating by epoch what it holds beyond), all three logs end identical, acked-but-lost 0 of N, inconsistent offsets 0."""
     with LocalCluster(tmp_path, brokers=3, overrides={"replica.lag.time.max.ms": LAG_MS}) as c:
         leader, epoch, _isr = make_topic(c)
         hist = History()
@@ -208,8 +208,12 @@ def test_t5_paused_leader_replaced_acks_nothing_and_truncates_on_return(tmp_path
         log_text = c.brokers[leader].log_path.read_text(errors="replace")
         # Its unreplicated tail (acks=all appends the followers never fetched) goes by OffsetForLeaderEpoch.
         truncations = re.findall(r"truncating from (\d+) to (\d+) \(leader \d+ epoch \d+ ends at \d+\)", log_text)
-        print(f"T5: the returning leader truncated by epoch: {truncations}")
-        assert truncations, "the returning leader did not truncate by epoch"
+        # Its ZooKeeper lease ran out while it was paused: it steps down as soon as it runs again, so the
+        # requests queued meanwhile are refused, not appended; what is left to truncate is what it
+        # appended before the pause and its followers never fetched, which may be nothing.
+        stepped_down = "stepped down as leader" in log_text
+        print(f"T5: the returning leader truncated by epoch: {truncations}; stepped down on return: {stepped_down}")
+        assert truncations or stepped_down, "the returning leader neither stepped down nor truncated by epoch"
 
 
 # ---- T6: leader cut off from its followers, not from ZooKeeper -----------------------------------

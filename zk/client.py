@@ -31,6 +31,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotE
 from kazoo.retry import KazooRetry
 
 from . import layout as L
+from .lease import NegotiatedTimeoutLogger, SessionLease
 
 log = logging.getLogger("kbroker.zk")
 
@@ -82,6 +83,9 @@ class BrokerZk:
       if this broker takes part) succeeded again under a new session.
     * ``on_controller_change(controller_id_or_None, is_controller, controller_epoch)``.
 
+    ``lease`` (zk/lease.py) says when the session may have expired at the server while this broker
+    cannot reach it; a heartbeat read every tenth of the session timeout keeps it current.
+
     Without a loop the callbacks run on the worker thread (never on kazoo's
     threads), one at a time; they should return quickly.
     """
@@ -114,6 +118,8 @@ class BrokerZk:
         self._controller_epoch = 0
         self._controller_epoch_zk_version = -1
         self._topic_watchers: list[Callable[[list[str]], None]] = []
+        self.lease = SessionLease(self.session_timeout_ms)
+        self._heartbeat: threading.Thread | None = None
 
     # --- lifecycle ---------------------------------------------------------
 
@@ -122,9 +128,11 @@ class BrokerZk:
         if chroot:
             self._ensure_chroot(hosts, "/" + chroot)
         # Retry connecting forever: a broker waits out a ZooKeeper restart.
+        self.lease = SessionLease(self.session_timeout_ms)
         self._zk = KazooClient(hosts=self.connect_string, timeout=self.session_timeout_ms / 1000.0,
                                connection_retry=KazooRetry(max_tries=-1, max_delay=2.0),
-                               command_retry=KazooRetry(max_tries=5, max_delay=2.0))
+                               command_retry=KazooRetry(max_tries=5, max_delay=2.0),
+                               logger=NegotiatedTimeoutLogger(logging.getLogger("kazoo.client"), self.lease))
         self._zk.add_listener(self._on_state)
         try:
             self._zk.start(timeout=self.connect_timeout_s)
@@ -138,6 +146,25 @@ class BrokerZk:
         self.cluster_id = self.get_or_create_cluster_id()
         self._worker = threading.Thread(target=self._work, name=f"kbroker-zk-{self.broker_id}", daemon=True)
         self._worker.start()
+        self._heartbeat = threading.Thread(target=self._beat, name=f"kbroker-zk-lease-{self.broker_id}",
+                                           daemon=True)
+        self._heartbeat.start()
+
+    def _beat(self) -> None:
+        """Renew ``lease`` with a read every heartbeat period while connected (kazoo's own pings are
+        not observable). Each read's send time becomes the anchor once ZooKeeper answers it."""
+        zk = self._zk
+        while not self._closing.wait(self.lease.heartbeat_s):
+            client_id = zk.client_id
+            if zk.state != KazooState.CONNECTED or not client_id:
+                continue
+            sent = time.monotonic()
+            try:
+                zk.exists_async("/").get(timeout=self.lease.timeout_ms / 1000)
+            except Exception:
+                continue          # lost, suspended or slow: the anchor stays where it was
+            if zk.client_id == client_id:
+                self.lease.heard(sent, client_id[0])
 
     def close(self) -> None:
         """Stop the worker and close the session: our ephemerals vanish at once."""
@@ -147,6 +174,8 @@ class BrokerZk:
         self._tasks.put(_STOP)
         if self._worker is not None and self._worker is not threading.current_thread():
             self._worker.join(timeout=10)
+        if self._heartbeat is not None and self._heartbeat is not threading.current_thread():
+            self._heartbeat.join(timeout=10)
         if self._zk is not None:
             try:
                 self._zk.stop()

@@ -18,6 +18,10 @@ Fetch handlers, the group coordinator and LeaderAndIsr/StopReplica call.
   state znode (expected version = partition_epoch) on a worker thread, then an
   isr_change_notification for the controller. A StaleVersionError means someone else (the
   controller) moved the partition: this leader stops acknowledging acks=all until LeaderAndIsr.
+- ``fence_leaders``: the broker's ZooKeeper session may have expired (zk/lease.py): every partition
+  led here steps down at once (waiting acks=all answered NOT_LEADER_OR_FOLLOWER, the native slots
+  disarmed, Produce and Fetch refused as for any non-leader) and is led again only when a
+  LeaderAndIsr says so, or (``resume_fenced``, the session survived) its state znode still does.
 
 Leader slots of the native path (``_fast_leaders``, one ``FastLeader`` per armed partition, shared by
 the native Produce and Fetch, ext/request.pyx). The policy stays here, as each slot's state:
@@ -470,7 +474,10 @@ class ReplicaManager:
             return                          # timed out while queued: already answered
         d.results[tp] = PartitionResult(UNDECIDED, r.base_offset, r.log_append_time_ms, r.log_start_offset)
         if acks == -1 and r.last_offset >= lg.high_watermark:
-            p.waiters.append((r.last_offset + 1, d))
+            if p.leader_id != p.local_id:
+                d.decide(tp, Errors.NOT_LEADER_OR_FOLLOWER)     # stepped down during a large write
+            else:
+                p.waiters.append((r.last_offset + 1, d))
         else:
             d.decide(tp, 0)
 
@@ -679,6 +686,69 @@ class ReplicaManager:
                 p.log.write_topic_id(topic_id)
             p.topic_id = topic_id
         return code
+
+    def fence_leaders(self) -> list:
+        """Step down from every partition led here (the session lease ran out) -> their tps."""
+        fenced = []
+        for p in self.partitions.values():
+            if p.leader_id != p.local_id:
+                continue
+            p.fence()
+            self._fail_waiters(p, Errors.NOT_LEADER_OR_FOLLOWER)
+            self._fast_refresh(p)
+            info = self.broker.metadata.partition(p.topic, p.index)
+            if info is not None and info.leader == self.broker_id:
+                info.leader = -1        # Metadata from here: no leader known, ask elsewhere
+            fenced.append(p.tp)
+            # long polls on it end now (their next fetch is refused) instead of at their timeout
+            self.broker.notifier.appended(p.tp)
+            self.broker.notifier.appended(p.follower_key)
+        if fenced:
+            log.warning("ZooKeeper session may have expired: stepped down as leader of %d partitions "
+                        "until the controller's LeaderAndIsr (%s)", len(fenced),
+                        ", ".join(f"{t}-{i}" for t, i in fenced[:10]))
+        return fenced
+
+    async def resume_fenced(self) -> list:
+        """The lease is back in the session it ran out in: ZooKeeper never expired it, so the controller
+        saw no failure and sends nothing. Each partition stepped down from whose state znode is still
+        the one it was led in (leader here, same leader epoch, same znode version: the controller's last
+        word, unchanged) is led again; any other waits for the LeaderAndIsr of whoever changed it.
+        -> the tps led again."""
+        zk = self.broker.zk
+
+        def read(p):
+            k = zk.kazoo
+            k.retry(k.sync, "/brokers/topics")     # not an older state from a lagging ZooKeeper server
+            return zk.get_partition_state(p.topic, p.index)
+
+        back = []
+        for p in [p for p in self.partitions.values() if p.fenced_epoch >= 0 and p.leader_id < 0]:
+            try:
+                st, version = await asyncio.to_thread(read, p)
+            except Exception:
+                log.exception("%s-%d: cannot read its state to lead again; waiting for LeaderAndIsr",
+                              p.topic, p.index)
+                continue
+            if (self.partitions.get(p.tp) is not p or p.fenced_epoch < 0 or p.leader_id >= 0
+                    or st.leader != self.broker_id or st.leader_epoch != p.fenced_epoch
+                    or version != p.partition_epoch):
+                continue            # a LeaderAndIsr came meanwhile, or the state moved on
+            p.isr = list(st.isr)
+            p.unfence(_now_ms())
+            self._fast_refresh(p)
+            info = self.broker.metadata.partition(p.topic, p.index)
+            if info is not None and info.leader < 0 and info.leader_epoch == p.leader_epoch:
+                info.leader = self.broker_id
+            back.append(p.tp)
+        if back:
+            log.warning("ZooKeeper session kept: leading again %d partitions whose state did not change (%s)",
+                        len(back), ", ".join(f"{t}-{i}" for t, i in back[:10]))
+        return back
+
+    def fenced_partitions(self) -> int:
+        """Partitions this broker stepped down from on its own and no LeaderAndIsr has settled since."""
+        return sum(1 for p in self.partitions.values() if p.fenced_epoch >= 0)
 
     def stop_replica(self, tp, delete: bool) -> int:
         self._stop_fetching(tp)

@@ -64,6 +64,7 @@ class Partition:
         self.epoch_start_offset = 0         # LEO when this broker became leader of this epoch
         self.isr_in_flight = False          # an ISR write is on its way to ZooKeeper
         self.stale = False                  # an ISR write found the znode moved
+        self.fenced_epoch = -1              # leader epoch it stepped down from (session lost), else -1
         self.waiters: deque = deque()       # (required offset, DelayedProduce) in append order
         self.topic_id: bytes | None = None
 
@@ -91,6 +92,7 @@ class Partition:
         new = not self.is_leader or st.leader_epoch != self.leader_epoch
         self._set(st)
         self.stale = False
+        self.fenced_epoch = -1
         self.isr_in_flight = False
         log = self.log
         if new:
@@ -115,7 +117,23 @@ class Partition:
         self._set(st)
         self.followers = {}
         self.stale = False
+        self.fenced_epoch = -1
         return changed
+
+    def fence(self) -> None:
+        """Stop leading on this broker's own word (its ZooKeeper session may be gone): no leader
+        here until a LeaderAndIsr names one, so every leader check refuses."""
+        self.fenced_epoch = self.leader_epoch
+        self.leader_id = -1
+        self.followers = {}
+
+    def unfence(self, now_ms: int) -> None:
+        """Lead again in the epoch ``fence`` left (the state it was led in is still ZooKeeper's):
+        the ISR counts as caught up now, as at the start of an epoch."""
+        self.leader_id = self.local_id
+        self.fenced_epoch = -1
+        self.followers = {r: FollowerState(r, now_ms if r in self.isr else 0)
+                          for r in self.replicas if r != self.local_id}
 
     def _set(self, st) -> None:
         self.leader_id = st.leader

@@ -130,6 +130,8 @@ class Broker:
             self.metrics_server = MetricsServer(self, listener.host, cfg.metrics_port)
             await self.metrics_server.start()
         self._start_periodic()
+        if cfg.get("kbroker.zookeeper.session.fencing.enable"):
+            self._tasks.append(self.loop.create_task(self._session_fence()))
         self.group_coordinator.start()   # loads the __consumer_offsets partitions we lead, runs offset expiry
 
     def _pool_bytes(self) -> int:
@@ -196,6 +198,37 @@ class Broker:
         (``controlled.shutdown.*``); on failure after the retries, stop anyway (Kafka does too)."""
         from .apis.controlled_shutdown import request_controlled_shutdown
         await request_controlled_shutdown(self)
+
+    async def _session_fence(self) -> None:
+        """Stop leading once ZooKeeper may have expired our session (``zk.lease``, zk/lease.py): the
+        controller may already have elected other leaders, and clients that still reach us must hear
+        NOT_LEADER_OR_FOLLOWER and look for them elsewhere. Checked on every tick while the lease is out,
+        so a LeaderAndIsr applied meanwhile cannot make us lead on it. When the lease is renewed in the
+        same session, ZooKeeper never expired us and the controller saw nothing (it sends nothing):
+        partitions whose state znode is unchanged are led again (ReplicaManager.resume_fenced). In a new
+        session BrokerZk re-registers and the controller's LeaderAndIsr decides, as after any expiry."""
+        zk, rm = self.zk, self.replica_manager
+        lease = zk.lease
+        out_in = None                   # the session whose lease ran out
+        me = None                       # our own entry, left out of our Metadata answers meanwhile
+        while True:
+            await asyncio.sleep(min(0.1, lease.heartbeat_s))
+            try:
+                if lease.expired():
+                    out_in = lease.session_id if out_in is None else out_in
+                    rm.fence_leaders()
+                    # Nor do we count as a live broker in our Metadata answers (ZooKeeper may not list us
+                    # any more): clients drop this connection and ask the others, who know the new leaders.
+                    me = self.metadata.brokers.pop(self.broker_id, None) or me
+                elif out_in is not None:
+                    same, out_in = lease.session_id == out_in, None
+                    if me is not None:
+                        self.metadata.brokers.setdefault(self.broker_id, me)
+                        me = None
+                    if same:
+                        await rm.resume_fenced()
+            except Exception:
+                log.exception("session fencing check failed")
 
     # ---- controller and metadata ------------------------------------------------------------------
     def _on_controller_change(self, controller_id, is_controller, epoch) -> None:
