@@ -20,6 +20,7 @@ SUBCOMMANDS = (
     "kbroker.cli.configs",
     "kbroker.cli.console",
     "kbroker.cli.consumer_groups",
+    "kbroker.cli.delete_records",
     "kbroker.cli.perf_test",
 )
 

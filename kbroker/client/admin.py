@@ -18,6 +18,7 @@ from .connection import KafkaError
 
 CREATE_TOPICS, DELETE_TOPICS, DESCRIBE_CONFIGS, ALTER_CONFIGS = 19, 20, 32, 33
 CREATE_PARTITIONS, INCREMENTAL_ALTER_CONFIGS = 37, 44
+DELETE_RECORDS = 21
 
 TOPIC, BROKER, BROKER_LOGGER = 2, 4, 8
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
@@ -238,4 +239,48 @@ class Admin(ClusterClient):
             for e in out.values():
                 if e is not None:
                     raise e
+        return out
+
+    # ---- records -------------------------------------------------------------------------------
+
+    async def delete_records(self, offsets: dict[tuple[str, int], int], timeout_ms: int = 30000
+                             ) -> dict[tuple[str, int], int | KafkaError]:
+        """Move each partition's log start to its offset (-1: the high watermark), one request per
+        leader. -> {(topic, partition): new low watermark, or the partition's KafkaError}; partitions
+        whose leader moved are retried after a metadata refresh."""
+        out: dict[tuple[str, int], int | KafkaError] = {}
+        pending = dict(offsets)
+        await self.cluster.fetch_metadata(sorted({t for t, _ in pending}), allow_auto_topic_creation=False)
+        for attempt in range(5):
+            by_leader: dict[int, dict[str, list]] = {}
+            for (t, p), off in pending.items():
+                leader = self.cluster.leader_for(t, p)
+                if leader < 0:
+                    known = self.cluster.partitions_for(t) or ()
+                    out[(t, p)] = KafkaError(Errors.LEADER_NOT_AVAILABLE if p in known
+                                             else Errors.UNKNOWN_TOPIC_OR_PARTITION, None, f"delete records {t}-{p}")
+                    continue
+                by_leader.setdefault(leader, {}).setdefault(t, []).append(
+                    {"partition_index": p, "offset": off})
+            retry = {}
+            for leader, topics in by_leader.items():
+                conn = await self.cluster.connection(leader)
+                _, resp = await conn.send(DELETE_RECORDS, {
+                    "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()], "timeout_ms": timeout_ms})
+                for t in resp["topics"]:
+                    for r in t["partitions"]:
+                        tp = (t["name"], r["partition_index"])
+                        code = r["error_code"]
+                        if code == 0:
+                            out[tp] = r["low_watermark"]
+                            continue
+                        err = KafkaError(code, None, f"delete records {tp[0]}-{tp[1]}")
+                        out[tp] = err
+                        if err.invalidates_metadata:
+                            retry[tp] = pending[tp]
+            if not retry:
+                break
+            pending = retry
+            await asyncio.sleep(self.retry_backoff * (2 ** attempt))
+            await self.cluster.fetch_metadata(sorted({t for t, _ in pending}), allow_auto_topic_creation=False)
         return out

@@ -50,6 +50,7 @@ CLIENT_VERSIONS: dict[int, tuple[int, int]] = {
     18: (0, 3),     # ApiVersions
     19: (0, 7),     # CreateTopics
     20: (0, 5),     # DeleteTopics (6+ names topics by id)
+    21: (0, 2),     # DeleteRecords
     22: (0, 4),     # InitProducerId
     32: (0, 4),     # DescribeConfigs
     33: (0, 2),     # AlterConfigs

@@ -15,8 +15,8 @@ from typing import Callable, NamedTuple
 
 from ...protocol import api
 from ...protocol.api import ApiKey
-from . import (admin, configs, controlled_shutdown, coordinator, core, fetch, groups, produce, producer_ids,
-               replica_control)
+from . import (admin, configs, controlled_shutdown, coordinator, core, fetch, groups, log_admin, produce,
+               producer_ids, replica_control)
 
 
 class Api(NamedTuple):
@@ -69,6 +69,7 @@ TABLE: tuple[Api, ...] = (
     Api(K.API_VERSIONS, 0, 3, core.api_versions),
     Api(K.CREATE_TOPICS, 0, 4, admin.create_topics),
     Api(K.DELETE_TOPICS, 0, 3, admin.delete_topics),
+    Api(K.DELETE_RECORDS, 0, 2, log_admin.delete_records),
     Api(K.INIT_PRODUCER_ID, 0, 4, producer_ids.init_producer_id),
     Api(K.OFFSET_FOR_LEADER_EPOCH, 2, 3, fetch.handle_offset_for_leader_epoch),
     Api(K.DESCRIBE_CONFIGS, 0, 4, configs.describe_configs),

@@ -1,0 +1,189 @@
+"""Operator admin APIs and tools against a real 3-broker cluster (real ZooKeeper, ``kbroker serve``
+processes), driven by confluent-kafka's and kafka-python's admin clients, our own client, and the
+``kbroker`` CLI, whose output is compared with the Kafka tools' formats (written out in each test).
+
+One cluster for the module; each test uses its own topics.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from kbroker.client.admin import Admin
+from kbroker.protocol.errors import Errors
+from kbroker.testing import LocalCluster, wait_until
+
+TIMEOUT_S = 30
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with LocalCluster(tmp_path_factory.mktemp("admin-tools"), brokers=3) as c:
+        yield c
+
+
+def _topic(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def _create(cluster, name: str, partitions: int = 1, rf: int = 3, config: dict | None = None) -> None:
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(name, partitions, rf, config=config or {})])[name].result(TIMEOUT_S)
+
+
+def _produce(cluster, name: str, count: int, partition: int = 0) -> None:
+    p = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "enable.idempotence": False,
+                  "linger.ms": 0})
+    failed = []
+    for i in range(count):
+        p.produce(name, value=f"v{i}".encode(), partition=partition,
+                  on_delivery=lambda err, msg: err is not None and failed.append(err))
+        p.flush(TIMEOUT_S)    # one batch per record: offsets 0..count-1 in as many batches
+    assert p.flush(TIMEOUT_S) == 0 and not failed, failed
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kbroker", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+async def _with_admin(cluster, fn):
+    async with Admin(cluster.bootstrap) as admin:
+        return await fn(admin)
+
+
+def _leader_and_follower(cluster, name: str, partition: int = 0) -> tuple[int, int]:
+    async def look(admin):
+        desc = await admin.describe_topics([name])
+        pm = desc[name].partitions[partition]
+        return pm.leader, next(r for r in pm.replicas if r != pm.leader)
+    return asyncio.run(_with_admin(cluster, look))
+
+
+def _first_offset(cluster, name: str, partition: int = 0) -> int:
+    c = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": f"g-{uuid.uuid4().hex[:6]}",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    try:
+        c.assign([TopicPartition(name, partition)])
+        msg = wait_until(lambda: (m := c.poll(0.5)) is not None and m.error() is None and m, TIMEOUT_S,
+                         "a record from the beginning")
+        return msg.offset()
+    finally:
+        c.close()
+
+
+# ---- DeleteRecords (21) -----------------------------------------------------------------------------
+
+def test_delete_records_moves_the_log_start_everywhere(cluster):
+    name = _topic("dr")
+    _create(cluster, name)
+    _produce(cluster, name, 10)
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    fut = admin.delete_records([TopicPartition(name, 0, 3)], request_timeout=TIMEOUT_S)
+    deleted = fut[TopicPartition(name, 0, 3)].result(TIMEOUT_S)
+    assert deleted.low_watermark == 3
+
+    # Consumers start at the new log start; ListOffsets EARLIEST names it.
+    assert _first_offset(cluster, name) == 3
+    c = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "wm"})
+    try:
+        assert c.get_watermark_offsets(TopicPartition(name, 0), timeout=TIMEOUT_S) == (3, 10)
+    finally:
+        c.close()
+
+    leader, follower = _leader_and_follower(cluster, name)
+    # Durable on the leader before the answer: the checkpoint file already holds it.
+    lines = (cluster.brokers[leader].data_dir / "log-start-offset-checkpoint").read_text().splitlines()
+    assert f"{name} 0 3" in lines
+
+    # A fetch below the log start is out of range.
+    async def fetch_at(admin, offset):
+        conn = await admin.cluster.connection(leader)
+        _, resp = await conn.send(1, {"replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1 << 20,
+                                      "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+                                      "topics": [{"topic": name, "partitions": [{
+                                          "partition": 0, "current_leader_epoch": -1, "fetch_offset": offset,
+                                          "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}],
+                                      "forgotten_topics_data": [], "rack_id": ""}, 11)
+        p = resp["responses"][0]["partitions"][0]
+        return p["error_code"], p["log_start_offset"]
+    assert asyncio.run(_with_admin(cluster, lambda a: fetch_at(a, 2))) == (Errors.OFFSET_OUT_OF_RANGE, 3)
+    assert asyncio.run(_with_admin(cluster, lambda a: fetch_at(a, 3))) == (0, 3)
+
+    # Followers learn the log start from their fetch answers: once an acks=all record is in, every
+    # follower has applied an answer sent after the deletion. Then the leader goes: the new leader
+    # (a former follower) still starts at 3.
+    _produce(cluster, name, 1)
+    cluster.stop_broker(leader)
+    try:
+        def new_leader():
+            new, _ = _leader_and_follower(cluster, name)
+            return new not in (leader, -1)
+        wait_until(new_leader, TIMEOUT_S, "a new leader")
+        assert _first_offset(cluster, name) == 3
+    finally:
+        cluster.start_broker(leader)
+
+
+def test_delete_records_high_watermark_and_errors(cluster):
+    name, compacted = _topic("drhw"), _topic("drc")
+    _create(cluster, name)
+    _create(cluster, compacted, config={"cleanup.policy": "compact"})
+    _produce(cluster, name, 5)
+    leader, follower = _leader_and_follower(cluster, name)
+
+    async def go(admin):
+        # -1 means the high watermark; offsets beyond it are refused.
+        got = await admin.delete_records({(name, 0): -1})
+        beyond = await admin.delete_records({(name, 0): 6})
+        policy = await admin.delete_records({(compacted, 0): 0})
+        negative = await admin.delete_records({(name, 0): -2})
+        # Sent straight to brokers: a follower and an unknown partition.
+        body = {"topics": [{"name": name, "partitions": [{"partition_index": 0, "offset": 5}]},
+                           {"name": "no-such-topic", "partitions": [{"partition_index": 0, "offset": 0}]}],
+                "timeout_ms": 1000}
+        _, resp = await (await admin.cluster.connection(follower)).send(21, body)
+        raw = {(t["name"], r["partition_index"]): (r["error_code"], r["low_watermark"])
+               for t in resp["topics"] for r in t["partitions"]}
+        return got, beyond, policy, negative, raw
+
+    got, beyond, policy, negative, raw = asyncio.run(_with_admin(cluster, go))
+    assert got == {(name, 0): 5}
+    assert beyond[(name, 0)].code == Errors.OFFSET_OUT_OF_RANGE
+    assert policy[(compacted, 0)].code == Errors.POLICY_VIOLATION
+    assert negative[(name, 0)].code == Errors.OFFSET_OUT_OF_RANGE
+    assert raw == {(name, 0): (Errors.NOT_LEADER_OR_FOLLOWER, -1),
+                   ("no-such-topic", 0): (Errors.UNKNOWN_TOPIC_OR_PARTITION, -1)}
+
+
+def test_delete_records_cli_output(cluster, tmp_path):
+    name = _topic("drcli")
+    _create(cluster, name, partitions=2)
+    _produce(cluster, name, 4, partition=0)
+    _produce(cluster, name, 2, partition=1)
+    spec = tmp_path / "offsets.json"
+    spec.write_text(json.dumps({"partitions": [{"topic": name, "partition": 0, "offset": 2},
+                                               {"topic": name, "partition": 1, "offset": 7}], "version": 1}))
+    r = _cli("delete-records", "--bootstrap-server", cluster.bootstrap, "--offset-json-file", str(spec))
+    assert r.returncode == 0, r.stderr
+    # kafka-delete-records.sh: two header lines, then one line per partition, tab-separated.
+    lines = r.stdout.splitlines()
+    assert lines[:2] == ["Executing records delete operation", "Records delete operation completed:"]
+    assert sorted(lines[2:]) == [
+        f"partition: {name}-0\tlow_watermark: 2",
+        f"partition: {name}-1\terror: org.apache.kafka.common.errors.OffsetOutOfRangeException: "
+        "The requested offset is not within the range of offsets maintained by the server.",
+    ]
+
+    spec.write_text(json.dumps({"partitions": [{"topic": name, "partition": 0, "offset": 1},
+                                               {"topic": name, "partition": 0, "offset": 2}], "version": 1}))
+    r = _cli("delete-records", "--bootstrap-server", cluster.bootstrap, "--offset-json-file", str(spec))
+    assert r.returncode == 1
+    assert f"Offset json file contains duplicate topic partitions: {name}-0" in r.stderr
