@@ -15,17 +15,22 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from kafka.admin import KafkaAdminClient
+from kazoo.client import KazooClient
 
 from kbroker.client.admin import Admin
 from kbroker.protocol.errors import Errors
-from kbroker.testing import LocalCluster, wait_until
+from kbroker.testing import LocalCluster, controller_known, wait_until
 
 TIMEOUT_S = 30
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    with LocalCluster(tmp_path_factory.mktemp("admin-tools"), brokers=3) as c:
+    c = LocalCluster(tmp_path_factory.mktemp("admin-tools"), brokers=3)
+    for b in c.brokers.values():
+        b.extra["broker.rack"] = f"rack-{b.broker_id}"
+    with c:
         yield c
 
 
@@ -187,3 +192,132 @@ def test_delete_records_cli_output(cluster, tmp_path):
     r = _cli("delete-records", "--bootstrap-server", cluster.bootstrap, "--offset-json-file", str(spec))
     assert r.returncode == 1
     assert f"Offset json file contains duplicate topic partitions: {name}-0" in r.stderr
+
+
+# ---- DescribeCluster (60) ---------------------------------------------------------------------------
+
+def _cluster_id(cluster) -> str:
+    zk = KazooClient(hosts=cluster.zk_connect)
+    zk.start(timeout=10)
+    try:
+        return json.loads(zk.get("/cluster/id")[0])["id"]
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def test_describe_cluster(cluster):
+    expected_nodes = [(b.broker_id, "127.0.0.1", b.port, f"rack-{b.broker_id}") for b in cluster.brokers.values()]
+    controller = controller_known(cluster.brokers[0].port)
+    # kafka-python sends DescribeCluster (60) itself.
+    kp = KafkaAdminClient(bootstrap_servers=cluster.bootstrap, request_timeout_ms=TIMEOUT_S * 1000)
+    try:
+        got = kp.describe_cluster()
+    finally:
+        kp.close()
+    assert got["cluster_id"] == _cluster_id(cluster)
+    assert got["controller_id"] == controller
+    assert sorted((b["broker_id"], b["host"], b["port"], b["rack"]) for b in got["brokers"]) == expected_nodes
+    # No authorizer: every operation Kafka defines on the cluster resource.
+    assert set(got["authorized_operations"]) == {
+        "CREATE", "ALTER", "DESCRIBE", "CLUSTER_ACTION", "DESCRIBE_CONFIGS", "ALTER_CONFIGS", "IDEMPOTENT_WRITE"}
+
+    # confluent-kafka's describe_cluster reads the same facts through Metadata (librdkafka does not
+    # send DescribeCluster); both must agree.
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    desc = admin.describe_cluster(request_timeout=TIMEOUT_S).result(TIMEOUT_S)
+    assert (desc.cluster_id, desc.controller.id) == (got["cluster_id"], controller)
+    assert sorted((n.id, n.host, n.port, n.rack) for n in desc.nodes) == expected_nodes
+
+
+def test_describe_cluster_endpoint_types(cluster):
+    async def ask(admin, version, endpoint_type):
+        conn = await admin.cluster.any_connection()
+        _, resp = await conn.send(60, {"include_cluster_authorized_operations": False,
+                                       "endpoint_type": endpoint_type}, version)
+        return resp["error_code"], resp["error_message"], len(resp["brokers"])
+    brokers = asyncio.run(_with_admin(cluster, lambda a: ask(a, 1, 1)))
+    controllers = asyncio.run(_with_admin(cluster, lambda a: ask(a, 1, 2)))
+    unknown = asyncio.run(_with_admin(cluster, lambda a: ask(a, 1, 7)))
+    assert brokers == (0, None, 3)
+    assert controllers == (Errors.MISMATCHED_ENDPOINT_TYPE, "The request was sent to an endpoint of type "
+                           "CONTROLLER, but we wanted an endpoint of type BROKER", 0)
+    assert unknown == (Errors.UNSUPPORTED_ENDPOINT_TYPE, "Unsupported endpoint type 7", 0)
+
+
+# ---- DescribeLogDirs (35) ---------------------------------------------------------------------------
+
+def test_describe_log_dirs_with_kafka_python(cluster):
+    name = _topic("ld")
+    _create(cluster, name, partitions=2)
+    _produce(cluster, name, 3, partition=1)
+    admin = KafkaAdminClient(bootstrap_servers=cluster.bootstrap, request_timeout_ms=TIMEOUT_S * 1000)
+    try:
+        everything = admin.describe_log_dirs()
+        only = admin.describe_log_dirs({name: [1]}, brokers=[0])
+    finally:
+        admin.close()
+    assert sorted(r["broker"] for r in everything) == [0, 1, 2]
+    for r in everything:
+        b = cluster.brokers[r["broker"]]
+        (d,) = r["log_dirs"]
+        assert d["error_code"] == 0 and d["log_dir"] == str(b.data_dir)
+        assert 0 < d["usable_bytes"] <= d["total_bytes"]
+        mine = {p["partition_index"]: p for t in d["topics"] if t["name"] == name for p in t["partitions"]}
+        assert sorted(mine) == [0, 1]      # RF=3 on 3 brokers: every broker holds both
+        on_disk = sum(f.stat().st_size for f in (b.data_dir / f"{name}-1").glob("*.log"))
+        assert on_disk > 0
+        wait_until(lambda: mine[1]["partition_size"] == on_disk or None, 1, "size of the log files")
+        assert mine[0]["partition_size"] == 0
+        assert all(p["offset_lag"] == 0 and p["is_future_key"] is False for p in mine.values())
+    (d,) = only[0]["log_dirs"]
+    assert [(t["name"], [p["partition_index"] for p in t["partitions"]]) for t in d["topics"]] == [(name, [1])]
+
+
+def test_log_dirs_cli_output(cluster):
+    name = _topic("ldcli")
+    _create(cluster, name, partitions=3)
+    _produce(cluster, name, 2, partition=2)
+    r = _cli("log-dirs", "--bootstrap-server", cluster.bootstrap, "--describe", "--topic-list", name,
+             "--broker-list", "2,0")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    # kafka-log-dirs.sh: two lines, then one compact JSON document whose keys come in the Java tool's
+    # HashMap order: brokers before version, partitions/error/logDir, partition/size/offsetLag/isFuture.
+    assert lines[:2] == ["Querying brokers for log directories information",
+                         "Received log directory information from brokers 0,2"]
+    assert len(lines) == 3
+    doc = json.loads(lines[2])
+    assert list(doc) == ["brokers", "version"] and doc["version"] == 1
+    assert [b["broker"] for b in doc["brokers"]] == [0, 2]
+    for b in doc["brokers"]:
+        assert list(b) == ["broker", "logDirs"]
+        (d,) = b["logDirs"]
+        assert list(d) == ["partitions", "error", "logDir"]
+        assert d["error"] is None and d["logDir"] == str(cluster.brokers[b["broker"]].data_dir)
+        assert all(list(p) == ["partition", "size", "offsetLag", "isFuture"] for p in d["partitions"])
+        # Only the listed topic, in the order of Java's HashMap of TopicPartition (buckets of a
+        # 16-slot table by TopicPartition.hashCode).
+        assert sorted(p["partition"] for p in d["partitions"]) == [f"{name}-{i}" for i in range(3)]
+        size = {p["partition"]: p["size"] for p in d["partitions"]}
+        assert size[f"{name}-2"] > 0 and size[f"{name}-0"] == size[f"{name}-1"] == 0
+    assert lines[2] == json.dumps(doc, separators=(",", ":"))
+
+    r = _cli("log-dirs", "--bootstrap-server", cluster.bootstrap, "--describe", "--broker-list", "0,7")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ("ERROR: The given brokers do not exist from --broker-list: 7. "
+                        "Current existent brokers: 0,1,2\n")
+
+
+def test_java_hashmap_order():
+    # Orders a java.util.HashMap iterates in (String and TopicPartition hash codes, 16-slot table,
+    # growing to 32 past 12 entries).
+    from kbroker.cli.log_dirs import java_hashmap_order, java_string_hash, topic_partition_hash
+    assert java_string_hash("hello") == 99162322
+    assert java_string_hash("\U0001F600") == 1772899           # two UTF-16 code units
+    assert java_hashmap_order(["version", "brokers"], java_string_hash) == ["brokers", "version"]
+    assert java_hashmap_order(["logDir", "error", "partitions"], java_string_hash) == ["partitions", "error", "logDir"]
+    tps = [("t", p) for p in range(20)]
+    # TopicPartition("t", p).hashCode() = 31 * (31 + p) + 116: buckets of a 32-slot table.
+    expect = sorted(tps, key=lambda tp: ((31 * (31 + tp[1]) + 116) ^ 0) & 31)
+    assert java_hashmap_order(tps, lambda tp: topic_partition_hash(*tp)) == expect

@@ -8,17 +8,12 @@ then per partition ``partition: t-0\\tlow_watermark: 3`` or ``partition: t-0\\te
 """
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
 
 from kbroker.cli.topics import describe_error
 from kbroker.client.admin import Admin
 from kbroker.client.connection import KafkaError
-
-
-class OffsetFileError(Exception):
-    pass
+from kbroker.cli.tool import ToolError, run_tool
 
 
 def register(subparsers) -> None:
@@ -38,26 +33,26 @@ def parse_offset_json(text: str) -> dict[tuple[str, int], int]:
     try:
         doc = json.loads(text)
     except ValueError as e:
-        raise OffsetFileError(f"The input string is not a valid JSON: {e}") from None
+        raise ToolError(f"The input string is not a valid JSON: {e}") from None
     if not isinstance(doc, dict):
-        raise OffsetFileError("The input string is not a valid JSON")
+        raise ToolError("The input string is not a valid JSON")
     version = doc.get("version", 1)
     if version != 1:
-        raise OffsetFileError(f"Not supported version field value {version}")
+        raise ToolError(f"Not supported version field value {version}")
     if "partitions" not in doc:
-        raise OffsetFileError("Missing partitions field")
+        raise ToolError("Missing partitions field")
     out: dict[tuple[str, int], int] = {}
     duplicates = []
     for e in doc["partitions"]:
         try:
             tp, offset = (str(e["topic"]), int(e["partition"])), int(e["offset"])
         except (KeyError, TypeError, ValueError) as err:
-            raise OffsetFileError(f"Invalid partition entry {json.dumps(e)}: {err}") from None
+            raise ToolError(f"Invalid partition entry {json.dumps(e)}: {err}") from None
         if tp in out:
             duplicates.append(f"{tp[0]}-{tp[1]}")
         out[tp] = offset
     if duplicates:
-        raise OffsetFileError(f"Offset json file contains duplicate topic partitions: {','.join(duplicates)}")
+        raise ToolError(f"Offset json file contains duplicate topic partitions: {','.join(duplicates)}")
     return out
 
 
@@ -79,8 +74,4 @@ async def run(args, out) -> int:
 
 
 def main(args) -> int:
-    try:
-        return asyncio.run(run(args, sys.stdout))
-    except (OffsetFileError, KafkaError, OSError) as e:
-        print(f"Error: {e}", file=sys.stderr)
-        return 1
+    return run_tool(run, args)

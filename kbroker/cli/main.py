@@ -21,6 +21,7 @@ SUBCOMMANDS = (
     "kbroker.cli.console",
     "kbroker.cli.consumer_groups",
     "kbroker.cli.delete_records",
+    "kbroker.cli.log_dirs",
     "kbroker.cli.perf_test",
 )
 

@@ -18,7 +18,7 @@ from .connection import KafkaError
 
 CREATE_TOPICS, DELETE_TOPICS, DESCRIBE_CONFIGS, ALTER_CONFIGS = 19, 20, 32, 33
 CREATE_PARTITIONS, INCREMENTAL_ALTER_CONFIGS = 37, 44
-DELETE_RECORDS = 21
+DELETE_RECORDS, DESCRIBE_LOG_DIRS, DESCRIBE_CLUSTER = 21, 35, 60
 
 TOPIC, BROKER, BROKER_LOGGER = 2, 4, 8
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
@@ -64,6 +64,28 @@ class ConfigEntry:
     read_only: bool
     is_sensitive: bool
     is_default: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaInfo:
+    size: int
+    offset_lag: int
+    is_future: bool
+
+
+@dataclass(slots=True)
+class LogDirDescription:
+    error: KafkaError | None
+    replicas: dict[tuple[str, int], ReplicaInfo]
+    total_bytes: int = -1
+    usable_bytes: int = -1
+
+
+@dataclass(slots=True)
+class ClusterDescription:
+    cluster_id: str
+    controller_id: int
+    brokers: dict[int, tuple[str, int, str | None]]    # id -> (host, port, rack)
 
 
 @dataclass(slots=True)
@@ -283,4 +305,34 @@ class Admin(ClusterClient):
             pending = retry
             await asyncio.sleep(self.retry_backoff * (2 ** attempt))
             await self.cluster.fetch_metadata(sorted({t for t, _ in pending}), allow_auto_topic_creation=False)
+        return out
+
+    # ---- cluster and log dirs ------------------------------------------------------------------
+
+    async def describe_cluster(self) -> ClusterDescription:
+        conn = await self.cluster.any_connection()
+        _, resp = await conn.send(DESCRIBE_CLUSTER, {"include_cluster_authorized_operations": False,
+                                                     "endpoint_type": 1})
+        if resp["error_code"]:
+            raise KafkaError(resp["error_code"], resp["error_message"], "describe cluster")
+        return ClusterDescription(resp["cluster_id"], resp["controller_id"],
+                                  {b["broker_id"]: (b["host"], b["port"], b["rack"]) for b in resp["brokers"]})
+
+    async def describe_log_dirs(self, broker_ids: list[int]) -> dict[int, dict[str, LogDirDescription]]:
+        """Every log dir of each broker with all its partitions (DescribeLogDirs to each broker)."""
+        await self.cluster.fetch_metadata([])
+        out = {}
+        for bid in broker_ids:
+            conn = await self.cluster.connection(bid)
+            _, resp = await conn.send(DESCRIBE_LOG_DIRS, {"topics": None})
+            if resp.get("error_code"):
+                raise KafkaError(resp["error_code"], None, f"describe log dirs of broker {bid}")
+            dirs = {}
+            for r in resp["results"]:
+                replicas = {(t["name"], p["partition_index"]): ReplicaInfo(p["partition_size"], p["offset_lag"],
+                                                                           p["is_future_key"])
+                            for t in r["topics"] for p in t["partitions"]}
+                err = KafkaError(r["error_code"], None, f"log dir {r['log_dir']}") if r["error_code"] else None
+                dirs[r["log_dir"]] = LogDirDescription(err, replicas, r["total_bytes"], r["usable_bytes"])
+            out[bid] = dirs
         return out

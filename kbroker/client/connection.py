@@ -54,6 +54,7 @@ CLIENT_VERSIONS: dict[int, tuple[int, int]] = {
     22: (0, 4),     # InitProducerId
     32: (0, 4),     # DescribeConfigs
     33: (0, 2),     # AlterConfigs
+    35: (0, 4),     # DescribeLogDirs
     37: (0, 3),     # CreatePartitions
     42: (0, 1),     # DeleteGroups
     44: (0, 1),     # IncrementalAlterConfigs

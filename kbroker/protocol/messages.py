@@ -850,6 +850,35 @@ api(33, "AlterConfigs", "0-2", "2+",
         ]),
     ])
 
+# --- 35 DescribeLogDirs ---------------------------------------------------------------------------
+# topics null: every partition in every log dir.
+api(35, "DescribeLogDirs", "0-4", "2+",
+    request=[
+        F("topics", [
+            F("topic", "string"),
+            F("partitions", "[]int32"),
+        ], nullable="0+"),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("error_code", "int16", "3+"),
+        F("results", [
+            F("error_code", "int16"),
+            F("log_dir", "string"),
+            F("topics", [
+                F("name", "string"),
+                F("partitions", [
+                    F("partition_index", "int32"),
+                    F("partition_size", "int64"),
+                    F("offset_lag", "int64"),
+                    F("is_future_key", "bool"),
+                ]),
+            ]),
+            F("total_bytes", "int64", "4+", default=-1),
+            F("usable_bytes", "int64", "4+", default=-1),
+        ]),
+    ])
+
 # --- 36 SaslAuthenticate --------------------------------------------------------------------------
 api(36, "SaslAuthenticate", "0-2", "2+",
     request=[

@@ -15,8 +15,8 @@ from typing import Callable, NamedTuple
 
 from ...protocol import api
 from ...protocol.api import ApiKey
-from . import (admin, configs, controlled_shutdown, coordinator, core, fetch, groups, log_admin, produce,
-               producer_ids, replica_control)
+from . import (admin, cluster_info, configs, controlled_shutdown, coordinator, core, fetch, groups, log_admin,
+               produce, producer_ids, replica_control)
 
 
 class Api(NamedTuple):
@@ -74,11 +74,13 @@ TABLE: tuple[Api, ...] = (
     Api(K.OFFSET_FOR_LEADER_EPOCH, 2, 3, fetch.handle_offset_for_leader_epoch),
     Api(K.DESCRIBE_CONFIGS, 0, 4, configs.describe_configs),
     Api(K.ALTER_CONFIGS, 0, 2, configs.alter_configs),
+    Api(K.DESCRIBE_LOG_DIRS, 0, 4, log_admin.describe_log_dirs),
     Api(K.CREATE_PARTITIONS, 0, 1, admin.create_partitions),
     Api(K.DELETE_GROUPS, 0, 1, groups.delete_groups),
     Api(K.ELECT_LEADERS, 0, 2, admin.elect_leaders),
     Api(K.INCREMENTAL_ALTER_CONFIGS, 0, 1, configs.incremental_alter_configs),
     Api(K.OFFSET_DELETE, 0, 0, groups.offset_delete),
+    Api(K.DESCRIBE_CLUSTER, 0, 1, cluster_info.describe_cluster),
 )
 del K
 
