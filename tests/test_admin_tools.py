@@ -13,14 +13,17 @@ import sys
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
+from kafka import TopicPartition as KpTopicPartition
 from kafka.admin import KafkaAdminClient
 from kazoo.client import KazooClient
 
 from kbroker.client.admin import Admin
+from kbroker.client.admin import NewTopic as NewKbTopic
 from kbroker.protocol.errors import Errors
 from kbroker.testing import LocalCluster, controller_known, wait_until
+from kbroker.zk import layout as L
 
 TIMEOUT_S = 30
 
@@ -76,7 +79,9 @@ def _first_offset(cluster, name: str, partition: int = 0) -> int:
     c = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": f"g-{uuid.uuid4().hex[:6]}",
                   "auto.offset.reset": "earliest", "enable.auto.commit": False})
     try:
-        c.assign([TopicPartition(name, partition)])
+        # From the beginning, not from a committed offset: no group coordinator involved (the
+        # __consumer_offsets partitions of a stopped broker have no other replica here).
+        c.assign([TopicPartition(name, partition, OFFSET_BEGINNING)])
         msg = wait_until(lambda: (m := c.poll(0.5)) is not None and m.error() is None and m, TIMEOUT_S,
                          "a record from the beginning")
         return msg.offset()
@@ -321,3 +326,95 @@ def test_java_hashmap_order():
     # TopicPartition("t", p).hashCode() = 31 * (31 + p) + 116: buckets of a 32-slot table.
     expect = sorted(tps, key=lambda tp: ((31 * (31 + tp[1]) + 116) ^ 0) & 31)
     assert java_hashmap_order(tps, lambda tp: topic_partition_hash(*tp)) == expect
+
+
+# ---- AlterPartitionReassignments (45) / ListPartitionReassignments (46) --------------------------------
+
+def _assignment(cluster, name: str) -> tuple[list[int], dict, dict]:
+    zk = KazooClient(hosts=cluster.zk_connect)
+    zk.start(timeout=10)
+    try:
+        a = L.decode_topic(zk.get(L.topic_path(name))[0])
+        rates = {b: L.decode_config(zk.get(L.broker_config_path(str(b)))[0])
+                 if zk.exists(L.broker_config_path(str(b))) else {} for b in cluster.brokers}
+        return a.partitions[0], a.adding_replicas, rates
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def test_partition_reassignments_through_the_apis(cluster, tmp_path):
+    name = _topic("ra")
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(name, 1, replica_assignment=[[0, 1]])])[name].result(TIMEOUT_S)
+    p = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "linger.ms": 20})
+    for i in range(3000):
+        p.produce(name, value=b"x" * 1000, partition=0)
+        if i % 500 == 0:
+            p.poll(0)
+    assert p.flush(TIMEOUT_S) == 0
+    # Broker 2 copies the 3 MB at 50 kB/s at most: the move stays in progress for the whole test.
+    fs = admin.incremental_alter_configs([
+        ConfigResource("BROKER", "2", incremental_configs=[
+            ConfigEntry("follower.replication.throttled.rate", "50000", incremental_operation=AlterConfigOpType.SET)]),
+        ConfigResource("TOPIC", name, incremental_configs=[
+            ConfigEntry("follower.replication.throttled.replicas", "0:2",
+                        incremental_operation=AlterConfigOpType.SET)])])
+    for f in fs.values():
+        f.result(TIMEOUT_S)
+
+    kp = KafkaAdminClient(bootstrap_servers=cluster.bootstrap, request_timeout_ms=TIMEOUT_S * 1000)
+    try:
+        tp = KpTopicPartition(name, 0)
+        assert kp.alter_partition_reassignments({tp: [1, 2]}) == {tp: None}
+        listed = kp.list_partition_reassignments()
+        assert listed == {tp: {"replicas": [1, 2, 0], "adding_replicas": [2], "removing_replicas": [0]}}
+        assert kp.list_partition_reassignments({name: [0]}) == listed
+    finally:
+        kp.close()
+    assert _assignment(cluster, name)[:2] == ([1, 2, 0], {0: [2]})
+
+    # kafka-reassign-partitions.sh --list
+    r = _cli("reassign-partitions", "--bootstrap-server", cluster.bootstrap, "--list")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"Current partition reassignments:\n{name}-0: replicas: 1,2,0. adding: 2. removing: 0.\n"
+
+    # Refusals, each as Kafka's ZooKeeper-mode controller words them.
+    async def refusals(a):
+        other = await a.alter_partition_reassignments({(name, 0): [], ("nope", 0): [0, 1]})
+        dup = await a.alter_partition_reassignments({(name, 0): [1, 1]})
+        dead = await a.alter_partition_reassignments({(name, 0): [1, 7]})
+        idle = _topic("idle")
+        await a.create_topics([NewKbTopic(idle, 1, 1)])
+        cancel_idle = await a.alter_partition_reassignments({(idle, 0): None})
+        # A broker that is not the controller refuses at the top level.
+        ctl = a.cluster.controller_id
+        conn = await a.cluster.connection(next(b for b in cluster.brokers if b != ctl))
+        _, resp = await conn.send(46, {"timeout_ms": 1000, "topics": None})
+        return other, dup, dead, cancel_idle, (resp["error_code"], resp["error_message"])
+    other, dup, dead, cancel_idle, top = asyncio.run(_with_admin(cluster, refusals))
+    assert other[(name, 0)].code == Errors.INVALID_REPLICA_ASSIGNMENT
+    assert other[(name, 0)].message == "Empty replica list specified in partition reassignment."
+    assert other[("nope", 0)].code == Errors.UNKNOWN_TOPIC_OR_PARTITION
+    assert dup[(name, 0)].message == "Duplicate replica ids in partition reassignment replica list: List(1, 1)"
+    assert dead[(name, 0)].message == ("Replica assignment has brokers that are not alive. Replica list: List(7), "
+                                       "live broker list: Set(0, 1, 2)")
+    assert [e.code for e in cancel_idle.values()] == [Errors.NO_REASSIGNMENT_IN_PROGRESS]
+    assert top == (Errors.NOT_CONTROLLER, "This is not the correct controller for this cluster.")
+    assert _assignment(cluster, name)[:2] == ([1, 2, 0], {0: [2]})      # the move goes on
+
+    # kafka-reassign-partitions.sh --cancel: back to the original replicas, throttles removed.
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"version": 1, "partitions": [{"topic": name, "partition": 0, "replicas": [1, 2]}]}))
+    r = _cli("reassign-partitions", "--bootstrap-server", cluster.bootstrap, "--cancel",
+             "--reassignment-json-file", str(plan))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"Successfully cancelled partition reassignments for: {name}-0\n"
+    wait_until(lambda: _assignment(cluster, name)[:2] == ([1, 0], {}), TIMEOUT_S, "the original replicas back")
+    assert all("follower.replication.throttled.rate" not in c for c in _assignment(cluster, name)[2].values())
+    r = _cli("reassign-partitions", "--bootstrap-server", cluster.bootstrap, "--list")
+    assert r.stdout == "No partition reassignments found.\n"
+    r = _cli("reassign-partitions", "--bootstrap-server", cluster.bootstrap, "--cancel",
+             "--reassignment-json-file", str(plan))
+    assert r.returncode == 0 and r.stdout == "None of the specified partition reassignments are active.\n"
+

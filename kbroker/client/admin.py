@@ -19,6 +19,7 @@ from .connection import KafkaError
 CREATE_TOPICS, DELETE_TOPICS, DESCRIBE_CONFIGS, ALTER_CONFIGS = 19, 20, 32, 33
 CREATE_PARTITIONS, INCREMENTAL_ALTER_CONFIGS = 37, 44
 DELETE_RECORDS, DESCRIBE_LOG_DIRS, DESCRIBE_CLUSTER = 21, 35, 60
+ALTER_PARTITION_REASSIGNMENTS, LIST_PARTITION_REASSIGNMENTS = 45, 46
 
 TOPIC, BROKER, BROKER_LOGGER = 2, 4, 8
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
@@ -336,3 +337,47 @@ class Admin(ClusterClient):
                 dirs[r["log_dir"]] = LogDirDescription(err, replicas, r["total_bytes"], r["usable_bytes"])
             out[bid] = dirs
         return out
+
+    # ---- reassignments (controller) ------------------------------------------------------------
+
+    async def _controller_call(self, api_key: int, body: dict, context: str) -> dict:
+        """One request to the controller, retried after a metadata refresh while the answer is a
+        top-level NOT_CONTROLLER; another top-level error raises."""
+        for attempt in range(5):
+            conn = await self.cluster.controller_connection()
+            _, resp = await conn.send(api_key, body)
+            if resp["error_code"] != Errors.NOT_CONTROLLER or attempt == 4:
+                break
+            await asyncio.sleep(self.retry_backoff * (2 ** attempt))
+            await self.cluster.fetch_metadata([])
+        if resp["error_code"]:
+            raise KafkaError(resp["error_code"], resp.get("error_message"), context)
+        return resp
+
+    async def alter_partition_reassignments(self, targets: dict[tuple[str, int], list[int] | None],
+                                            timeout_ms: int = 60000) -> dict[tuple[str, int], KafkaError | None]:
+        """``targets``: (topic, partition) -> new replicas, or None to cancel its reassignment."""
+        topics: dict[str, list] = {}
+        for (t, p), replicas in targets.items():
+            topics.setdefault(t, []).append({"partition_index": p, "replicas": replicas})
+        resp = await self._controller_call(ALTER_PARTITION_REASSIGNMENTS, {
+            "timeout_ms": timeout_ms, "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]},
+            "alter partition reassignments")
+        return {(t["name"], r["partition_index"]):
+                KafkaError(r["error_code"], r["error_message"], f"reassign {t['name']}-{r['partition_index']}")
+                if r["error_code"] else None
+                for t in resp["responses"] for r in t["partitions"]}
+
+    async def list_partition_reassignments(self, parts: list[tuple[str, int]] | None = None, timeout_ms: int = 60000
+                                           ) -> dict[tuple[str, int], tuple[list[int], list[int], list[int]]]:
+        """-> {(topic, partition): (replicas, adding, removing)} of the ongoing reassignments."""
+        topics = None
+        if parts is not None:
+            by_topic: dict[str, list[int]] = {}
+            for t, p in parts:
+                by_topic.setdefault(t, []).append(p)
+            topics = [{"name": t, "partition_indexes": ps} for t, ps in by_topic.items()]
+        resp = await self._controller_call(LIST_PARTITION_REASSIGNMENTS, {"timeout_ms": timeout_ms, "topics": topics},
+                                           "list partition reassignments")
+        return {(t["name"], r["partition_index"]): (r["replicas"], r["adding_replicas"], r["removing_replicas"])
+                for t in resp["topics"] for r in t["partitions"]}

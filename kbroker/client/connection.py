@@ -58,6 +58,8 @@ CLIENT_VERSIONS: dict[int, tuple[int, int]] = {
     37: (0, 3),     # CreatePartitions
     42: (0, 1),     # DeleteGroups
     44: (0, 1),     # IncrementalAlterConfigs
+    45: (0, 0),     # AlterPartitionReassignments
+    46: (0, 0),     # ListPartitionReassignments
     47: (0, 0),     # OffsetDelete
     60: (0, 1),     # DescribeCluster
 }

@@ -974,6 +974,58 @@ api(44, "IncrementalAlterConfigs", "0-1", "1+",
         ]),
     ])
 
+# --- 45 AlterPartitionReassignments -----------------------------------------------------------------
+# replicas null cancels the partition's reassignment (KIP-455).
+api(45, "AlterPartitionReassignments", "0", "0+",
+    request=[
+        F("timeout_ms", "int32", default=60000),
+        F("topics", [
+            F("name", "string"),
+            F("partitions", [
+                F("partition_index", "int32"),
+                F("replicas", "[]int32", nullable="0+", default=NULL),
+            ]),
+        ]),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("error_code", "int16"),
+        F("error_message", "string", nullable="0+"),
+        F("responses", [
+            F("name", "string"),
+            F("partitions", [
+                F("partition_index", "int32"),
+                F("error_code", "int16"),
+                F("error_message", "string", nullable="0+"),
+            ]),
+        ]),
+    ])
+
+# --- 46 ListPartitionReassignments ------------------------------------------------------------------
+# topics null: every ongoing reassignment.
+api(46, "ListPartitionReassignments", "0", "0+",
+    request=[
+        F("timeout_ms", "int32", default=60000),
+        F("topics", [
+            F("name", "string"),
+            F("partition_indexes", "[]int32"),
+        ], nullable="0+", default=NULL),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("error_code", "int16"),
+        F("error_message", "string", nullable="0+"),
+        F("topics", [
+            F("name", "string"),
+            F("partitions", [
+                F("partition_index", "int32"),
+                F("replicas", "[]int32"),
+                F("adding_replicas", "[]int32"),
+                F("removing_replicas", "[]int32"),
+            ]),
+        ]),
+    ])
+
 # --- 47 OffsetDelete ------------------------------------------------------------------------------
 api(47, "OffsetDelete", "0", "none",
     request=[

@@ -16,7 +16,7 @@ from typing import Callable, NamedTuple
 from ...protocol import api
 from ...protocol.api import ApiKey
 from . import (admin, cluster_info, configs, controlled_shutdown, coordinator, core, fetch, groups, log_admin,
-               produce, producer_ids, replica_control)
+               produce, producer_ids, reassignments, replica_control)
 
 
 class Api(NamedTuple):
@@ -79,6 +79,8 @@ TABLE: tuple[Api, ...] = (
     Api(K.DELETE_GROUPS, 0, 1, groups.delete_groups),
     Api(K.ELECT_LEADERS, 0, 2, admin.elect_leaders),
     Api(K.INCREMENTAL_ALTER_CONFIGS, 0, 1, configs.incremental_alter_configs),
+    Api(K.ALTER_PARTITION_REASSIGNMENTS, 0, 0, reassignments.alter_partition_reassignments),
+    Api(K.LIST_PARTITION_REASSIGNMENTS, 0, 0, reassignments.list_partition_reassignments),
     Api(K.OFFSET_DELETE, 0, 0, groups.offset_delete),
     Api(K.DESCRIBE_CLUSTER, 0, 1, cluster_info.describe_cluster),
 )
