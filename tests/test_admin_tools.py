@@ -21,6 +21,7 @@ from kazoo.client import KazooClient
 
 from kbroker.client.admin import Admin
 from kbroker.client.admin import NewTopic as NewKbTopic
+from kbroker.client.group import GroupClient
 from kbroker.protocol.errors import Errors
 from kbroker.testing import LocalCluster, controller_known, wait_until
 from kbroker.zk import layout as L
@@ -140,6 +141,30 @@ def test_delete_records_moves_the_log_start_everywhere(cluster):
         assert _first_offset(cluster, name) == 3
     finally:
         cluster.start_broker(leader)
+
+
+def test_offset_for_timestamp_skips_records_below_the_log_start(tmp_path):
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+    from kbroker.log import Log, LogConfig
+    t0 = 1_700_000_000_000
+    lg = Log(str(tmp_path / "t-0"), "t", 0, LogConfig({"index.interval.bytes": 100}))
+    try:
+        for i in range(6):      # batch i: offsets 2i, 2i+1 at t0 + 10i, t0 + 10i + 1
+            b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1,
+                                          producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+            for j in range(2):
+                b.append(j, timestamp=t0 + 10 * i + j, key=b"k", value=b"v" * 100, headers=[])
+            lg.append_as_leader(memoryview(bytearray(b.build())), 0, t0)
+        lg.high_watermark = lg.log_end_offset
+        assert lg.offset_for_timestamp(0) == (0, t0)
+        lg.delete_records(5)    # inside batch 2: offsets 0-4 are gone
+        assert lg.offset_for_timestamp(0) == (5, t0 + 21)
+        assert lg.offset_for_timestamp(t0 + 10) == (5, t0 + 21)
+        assert lg.offset_for_timestamp(t0 + 30) == (6, t0 + 30)
+        lg.delete_records(12)
+        assert lg.offset_for_timestamp(0) is None
+    finally:
+        lg.close()
 
 
 def test_delete_records_high_watermark_and_errors(cluster):
@@ -418,3 +443,87 @@ def test_partition_reassignments_through_the_apis(cluster, tmp_path):
              "--reassignment-json-file", str(plan))
     assert r.returncode == 0 and r.stdout == "None of the specified partition reassignments are active.\n"
 
+
+# ---- get-offsets, broker-api-versions ----------------------------------------------------------------
+
+def test_get_offsets_cli_output(cluster):
+    name = _topic("go")
+    _create(cluster, name, partitions=2)
+    _produce(cluster, name, 4, partition=0)
+    _produce(cluster, name, 2, partition=1)
+    asyncio.run(_with_admin(cluster, lambda a: a.delete_records({(name, 0): 1})))
+    # kafka-get-offsets.sh: topic:partition:offset, sorted by topic then partition.
+    for time_arg, expect in (("-1", [4, 2]), ("latest", [4, 2]), ("-2", [1, 0]), ("earliest", [1, 0]),
+                             ("0", [1, 0])):
+        r = _cli("get-offsets", "--bootstrap-server", cluster.bootstrap, "--topic", name, "--time", time_arg)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == f"{name}:0:{expect[0]}\n{name}:1:{expect[1]}\n", time_arg
+    r = _cli("get-offsets", "--bootstrap-server", cluster.bootstrap, "--topic", name.replace("go-", "g.-"),
+             "--partitions", "1")
+    assert r.returncode == 0 and r.stdout == f"{name}:1:2\n"                 # --topic is a regular expression
+    r = _cli("get-offsets", "--bootstrap-server", cluster.bootstrap, "--topic", "no-such-topic-.*")
+    assert r.returncode == 1 and "Could not match any topic-partitions with the specified filters" in r.stderr
+
+
+def test_broker_api_versions_cli_output(cluster):
+    r = _cli("broker-api-versions", "--bootstrap-server", cluster.bootstrap)
+    assert r.returncode == 0, r.stderr
+    # kafka-broker-api-versions.sh: per broker "host:port (id: N rack: R) -> (", one tab-led line per
+    # API key in ascending order ("Name(key): min to max [usable: v]", or one number when min == max,
+    # or "Name(key): UNSUPPORTED"), comma-separated, then ")".
+    blocks = r.stdout.split(")\n")
+    assert blocks[-1] == "" and len(blocks) == 4
+    for b, block in zip(cluster.brokers.values(), blocks):
+        lines = block.split("\n")
+        assert lines[0] == f"127.0.0.1:{b.port} (id: {b.broker_id} rack: rack-{b.broker_id}) -> ("
+        assert lines[-1] == ""
+        body = lines[1:-1]
+        assert all(line.startswith("\t") for line in body)
+        assert all(line.endswith(",") for line in body[:-1]) and not body[-1].endswith(",")
+        keys = [int(line.split("(")[1].split(")")[0]) for line in body]
+        assert keys == sorted(keys)
+        assert "\tProduce(0): 0 to 8 [usable: 8]," in body
+        assert "\tDeleteRecords(21): 0 to 2 [usable: 2]," in body
+        assert "\tOffsetDelete(47): 0 [usable: 0]," in body
+        assert "\tSaslHandshake(17): UNSUPPORTED," in body
+        assert body[-1] == "\tDescribeCluster(60): 0 to 1 [usable: 1]"
+
+
+# ---- consumer-groups --delete-offsets ------------------------------------------------------------------
+
+def test_consumer_groups_delete_offsets_cli_output(cluster):
+    name, group = _topic("do"), f"g-{uuid.uuid4().hex[:8]}"
+    _create(cluster, name, partitions=2)
+    _produce(cluster, name, 2, partition=0)
+
+    async def commit_and_read(commit: bool):
+        async with GroupClient(cluster.bootstrap) as gc:
+            if commit:
+                codes = await gc.commit_offsets(group, {(name, 0): 1, (name, 1): 0})
+                assert set(codes.values()) == {0}
+            return await gc.fetch_offsets(group, [(name, 0), (name, 1)])
+    before = asyncio.run(commit_and_read(True))
+    assert {tp: v[0] for tp, v in before.items()} == {(name, 0): 1, (name, 1): 0}
+
+    r = _cli("consumer-groups", "--bootstrap-server", cluster.bootstrap, "--delete-offsets", "--group", group,
+             "--topic", name)
+    assert r.returncode == 0, r.stderr
+    # kafka-consumer-groups.sh --delete-offsets: a success line, then the table, each row led by a
+    # line break and padded as %-30s %-15s %-15s.
+    row = "\n{:<30} {:<15} {:<15}".format
+    assert r.stdout == (f"Request succeed for deleting offsets with topic {name} group {group}\n"
+                        + row("TOPIC", "PARTITION", "STATUS") + row(name, 0, "Successful")
+                        + row(name, 1, "Successful") + "\n")
+    after = asyncio.run(commit_and_read(False))
+    assert after == {}
+
+    r = _cli("consumer-groups", "--bootstrap-server", cluster.bootstrap, "--delete-offsets", "--group",
+             "no-such-group", "--topic", f"{name}:1", "--topic", "no-such-topic")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.endswith("\nError: 'no-such-group' does not exist.\n")
+    assert r.stdout == (row("TOPIC", "PARTITION", "STATUS")
+                        + row(name, 1, "Error: :org.apache.kafka.common.errors.GroupIdNotFoundException: "
+                                       "The group id does not exist.")
+                        + row("no-such-topic", "Not Provided",
+                              "Error: :org.apache.kafka.common.errors.UnknownTopicOrPartitionException: "
+                              "This server does not host this topic-partition.") + "\n")

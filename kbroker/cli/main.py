@@ -22,6 +22,8 @@ SUBCOMMANDS = (
     "kbroker.cli.consumer_groups",
     "kbroker.cli.delete_records",
     "kbroker.cli.log_dirs",
+    "kbroker.cli.get_offsets",
+    "kbroker.cli.broker_api_versions",
     "kbroker.cli.perf_test",
 )
 
