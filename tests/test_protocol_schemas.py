@@ -35,9 +35,10 @@ AK39 = {
     17: ("SaslHandshake", (0, 1), None), 18: ("ApiVersions", (0, 4), 3), 19: ("CreateTopics", (0, 7), 5),
     20: ("DeleteTopics", (0, 6), 4), 21: ("DeleteRecords", (0, 2), 2), 22: ("InitProducerId", (0, 5), 2),
     23: ("OffsetForLeaderEpoch", (0, 4), 4), 32: ("DescribeConfigs", (0, 4), 4),
-    33: ("AlterConfigs", (0, 2), 2), 36: ("SaslAuthenticate", (0, 2), 2),
+    33: ("AlterConfigs", (0, 2), 2), 35: ("DescribeLogDirs", (0, 4), 2), 36: ("SaslAuthenticate", (0, 2), 2),
     37: ("CreatePartitions", (0, 3), 2), 42: ("DeleteGroups", (0, 2), 2), 43: ("ElectLeaders", (0, 2), 2),
-    44: ("IncrementalAlterConfigs", (0, 1), 1), 47: ("OffsetDelete", (0, 0), None),
+    44: ("IncrementalAlterConfigs", (0, 1), 1), 45: ("AlterPartitionReassignments", (0, 0), 0),
+    46: ("ListPartitionReassignments", (0, 0), 0), 47: ("OffsetDelete", (0, 0), None),
     60: ("DescribeCluster", (0, 1), 0),
 }
 

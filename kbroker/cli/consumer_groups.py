@@ -2,7 +2,8 @@
 
 --list; --describe (offsets with CURRENT-OFFSET / LOG-END-OFFSET / LAG, or --members [--verbose] or
 --state); --reset-offsets (--to-earliest | --to-latest | --to-offset N | --to-datetime T | --shift-by N,
---dry-run or --execute; only for a group without active members); --delete.
+--dry-run or --execute; only for a group without active members); --delete; --delete-offsets
+(kbroker.cli.delete_offsets).
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import asyncio
 import datetime as dt
 import sys
 
+from kbroker.cli.delete_offsets import delete_offsets
 from kbroker.client.cluster import Cluster
 from kbroker.client.connection import KafkaError
 from kbroker.client.consumer import Consumer
@@ -30,6 +32,8 @@ def register(subparsers) -> None:
     action.add_argument("--describe", action="store_true", help="Describe consumer group and list offset lag.")
     action.add_argument("--reset-offsets", action="store_true", help="Reset offsets of consumer group.")
     action.add_argument("--delete", action="store_true", help="Pass in groups to delete topic partition offsets.")
+    action.add_argument("--delete-offsets", action="store_true", help="Delete offsets of consumer group. Supports "
+                        "one consumer group at the time, and multiple topics.")
     p.add_argument("--group", action="append", default=[], help="The consumer group we wish to act on.")
     p.add_argument("--all-groups", action="store_true", help="Apply to all consumer groups.")
     p.add_argument("--topic", action="append", default=[],
@@ -85,6 +89,10 @@ async def _run(args) -> int:
             return 0
         if args.delete:
             return await _delete(gc, groups)
+        if args.delete_offsets:
+            if len(groups) != 1 or not args.topic:
+                raise CommandError("Option [delete-offsets] takes the following options: [group], [topic]")
+            return await delete_offsets(gc, groups[0], args.topic, sys.stdout)
         return await _reset(gc, consumer, groups, args)
     finally:
         await cluster.close()

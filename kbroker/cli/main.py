@@ -20,6 +20,10 @@ SUBCOMMANDS = (
     "kbroker.cli.configs",
     "kbroker.cli.console",
     "kbroker.cli.consumer_groups",
+    "kbroker.cli.delete_records",
+    "kbroker.cli.log_dirs",
+    "kbroker.cli.get_offsets",
+    "kbroker.cli.broker_api_versions",
     "kbroker.cli.perf_test",
 )
 

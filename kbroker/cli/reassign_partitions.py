@@ -15,6 +15,13 @@ leader.replication.throttled.replicas and the added ones in follower.replication
 --cancel (KIP-455 in ZooKeeper mode): the pending entries of the listed partitions are rewritten to
 their original replicas (the topic znode's replicas minus its adding_replicas); the controller drops
 the added replicas and deletes the entries. Throttles are removed too unless --preserve-throttles.
+
+With --bootstrap-server instead of --zookeeper the tool talks to the controller through the admin
+APIs, as Kafka's tool does: --list (ListPartitionReassignments: ``Current partition reassignments:``
+then ``t-0: replicas: 1,2,0. adding: 2. removing: 0.`` per partition, or ``No partition
+reassignments found.``) and --cancel (AlterPartitionReassignments with no replicas for the listed
+partitions still moving; throttles removed through IncrementalAlterConfigs unless
+--preserve-throttles). --generate, --execute and --verify need --zookeeper.
 """
 from __future__ import annotations
 
@@ -22,6 +29,8 @@ import argparse
 import json
 import sys
 
+from kbroker.cli.tool import ToolError, run_tool
+from kbroker.client.admin import DELETE, Admin, ConfigResource
 from kbroker.controller.assignment import AssignmentError, assign_replicas
 from kbroker.replica.throttle import (FOLLOWER_RATE, FOLLOWER_REPLICAS, LEADER_RATE, LEADER_REPLICAS,
                                       format_throttled_replicas)
@@ -31,8 +40,12 @@ from kbroker.zk.client import BrokerZk, StaleVersionError, TopicNotFoundError, Z
 def register(subparsers) -> None:
     p = subparsers.add_parser("reassign-partitions", help="move partition replicas (kafka-reassign-partitions.sh)",
                               description="This tool helps to move topic partitions between replicas.")
-    p.add_argument("--zookeeper", required=True, help="ZooKeeper connect string (host:port[/chroot]).")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--zookeeper", help="ZooKeeper connect string (host:port[/chroot]).")
+    where.add_argument("--bootstrap-server", help="The server(s) to use for bootstrapping (--list, --cancel).")
     action = p.add_mutually_exclusive_group(required=True)
+    action.add_argument("--list", action="store_true",
+                        help="List all active partition reassignments (with --bootstrap-server).")
     action.add_argument("--generate", action="store_true", help="Propose an assignment for the given topics.")
     action.add_argument("--execute", action="store_true", help="Start the reassignment in the JSON file.")
     action.add_argument("--verify", action="store_true", help="Report whether the reassignment completed.")
@@ -199,7 +212,63 @@ def run(args, out) -> int:
         zk.close()
 
 
+def _tp_list(parts) -> str:
+    return ",".join(f"{t}-{p}" for t, p in sorted(parts))
+
+
+def format_reassignments(found: dict) -> str:
+    """Kafka's curReassignmentsToString."""
+    lines = []
+    for (t, p), (replicas, adding, removing) in sorted(found.items()):
+        line = f"{t}-{p}: replicas: {','.join(map(str, replicas))}."
+        if adding:
+            line += f" adding: {','.join(map(str, adding))}."
+        if removing:
+            line += f" removing: {','.join(map(str, removing))}."
+        lines.append(line)
+    return "Current partition reassignments:\n" + "\n".join(lines) if lines else "No partition reassignments found."
+
+
+async def _clear_throttles_api(admin: Admin, topics) -> None:
+    brokers = sorted((await admin.describe_cluster()).brokers)
+    changes = {ConfigResource.broker(b): {LEADER_RATE: (DELETE, None), FOLLOWER_RATE: (DELETE, None)}
+               for b in brokers}
+    changes.update({ConfigResource.topic(t): {LEADER_REPLICAS: (DELETE, None), FOLLOWER_REPLICAS: (DELETE, None)}
+                    for t in sorted(topics)})
+    await admin.incremental_alter_configs(changes)
+
+
+async def run_api(args, out) -> int:
+    async with Admin(args.bootstrap_server, client_id="kbroker-reassign-partitions") as admin:
+        if args.list:
+            print(format_reassignments(await admin.list_partition_reassignments()), file=out)
+            return 0
+        if not args.cancel:
+            raise ToolError("--generate, --execute and --verify need --zookeeper")
+        if not args.reassignment_json_file:
+            raise ToolError("--cancel needs --reassignment-json-file")
+        wanted = _read_reassignment(args.reassignment_json_file)
+        moving = await admin.list_partition_reassignments([(t, p) for t, p, _ in wanted])
+        if moving:
+            errors = {tp: e for tp, e in (await admin.alter_partition_reassignments(
+                {tp: None for tp in moving})).items() if e is not None}
+            if errors:
+                raise ToolError(f"Error cancelling partition reassignment{'' if len(errors) == 1 else 's'} for:\n"
+                                + "\n".join(f"{t}-{p}: {errors[(t, p)]}" for t, p in sorted(errors)))
+            print(f"Successfully cancelled partition reassignments for: {_tp_list(moving)}", file=out)
+        else:
+            print("None of the specified partition reassignments are active.", file=out)
+        if not args.preserve_throttles:
+            await _clear_throttles_api(admin, {t for t, _, _ in wanted})
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
+    if args.bootstrap_server:
+        return run_tool(run_api, args)
+    if args.list:
+        print("Error: --list needs --bootstrap-server", file=sys.stderr)
+        return 1
     try:
         return run(args, sys.stdout)
     except (AssignmentError, ZkClientError, TopicNotFoundError, ValueError, OSError, KeyError) as e:

@@ -38,6 +38,16 @@ _JAVA = {
     Errors.NOT_CONTROLLER: ("NotControllerException", "This is not the correct controller for this cluster."),
     Errors.REQUEST_TIMED_OUT: ("TimeoutException", "The request timed out."),
     Errors.NETWORK_EXCEPTION: ("NetworkException", "The server disconnected before a response was received."),
+    Errors.GROUP_ID_NOT_FOUND: ("GroupIdNotFoundException", "The group id does not exist."),
+    Errors.NON_EMPTY_GROUP: ("GroupNotEmptyException", "The group is not empty."),
+    Errors.GROUP_SUBSCRIBED_TO_TOPIC: ("GroupSubscribedToTopicException",
+                                       "The consumer group is actively subscribed to the topic"),
+    Errors.OFFSET_OUT_OF_RANGE: ("OffsetOutOfRangeException",
+                                 "The requested offset is not within the range of offsets maintained by the server."),
+    Errors.NOT_LEADER_OR_FOLLOWER: ("NotLeaderOrFollowerException",
+                                    "For requests intended only for the leader, this error indicates that the broker "
+                                    "is not the current leader. For requests intended for any replica, this error "
+                                    "indicates that the broker is not a replica of the topic partition."),
 }
 
 

@@ -18,6 +18,8 @@ from .connection import KafkaError
 
 CREATE_TOPICS, DELETE_TOPICS, DESCRIBE_CONFIGS, ALTER_CONFIGS = 19, 20, 32, 33
 CREATE_PARTITIONS, INCREMENTAL_ALTER_CONFIGS = 37, 44
+DELETE_RECORDS, DESCRIBE_LOG_DIRS, DESCRIBE_CLUSTER = 21, 35, 60
+ALTER_PARTITION_REASSIGNMENTS, LIST_PARTITION_REASSIGNMENTS = 45, 46
 
 TOPIC, BROKER, BROKER_LOGGER = 2, 4, 8
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
@@ -63,6 +65,28 @@ class ConfigEntry:
     read_only: bool
     is_sensitive: bool
     is_default: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaInfo:
+    size: int
+    offset_lag: int
+    is_future: bool
+
+
+@dataclass(slots=True)
+class LogDirDescription:
+    error: KafkaError | None
+    replicas: dict[tuple[str, int], ReplicaInfo]
+    total_bytes: int = -1
+    usable_bytes: int = -1
+
+
+@dataclass(slots=True)
+class ClusterDescription:
+    cluster_id: str
+    controller_id: int
+    brokers: dict[int, tuple[str, int, str | None]]    # id -> (host, port, rack)
 
 
 @dataclass(slots=True)
@@ -239,3 +263,121 @@ class Admin(ClusterClient):
                 if e is not None:
                     raise e
         return out
+
+    # ---- records -------------------------------------------------------------------------------
+
+    async def delete_records(self, offsets: dict[tuple[str, int], int], timeout_ms: int = 30000
+                             ) -> dict[tuple[str, int], int | KafkaError]:
+        """Move each partition's log start to its offset (-1: the high watermark), one request per
+        leader. -> {(topic, partition): new low watermark, or the partition's KafkaError}; partitions
+        whose leader moved are retried after a metadata refresh."""
+        out: dict[tuple[str, int], int | KafkaError] = {}
+        pending = dict(offsets)
+        await self.cluster.fetch_metadata(sorted({t for t, _ in pending}), allow_auto_topic_creation=False)
+        for attempt in range(5):
+            by_leader: dict[int, dict[str, list]] = {}
+            for (t, p), off in pending.items():
+                leader = self.cluster.leader_for(t, p)
+                if leader < 0:
+                    known = self.cluster.partitions_for(t) or ()
+                    out[(t, p)] = KafkaError(Errors.LEADER_NOT_AVAILABLE if p in known
+                                             else Errors.UNKNOWN_TOPIC_OR_PARTITION, None, f"delete records {t}-{p}")
+                    continue
+                by_leader.setdefault(leader, {}).setdefault(t, []).append(
+                    {"partition_index": p, "offset": off})
+            retry = {}
+            for leader, topics in by_leader.items():
+                conn = await self.cluster.connection(leader)
+                _, resp = await conn.send(DELETE_RECORDS, {
+                    "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()], "timeout_ms": timeout_ms})
+                for t in resp["topics"]:
+                    for r in t["partitions"]:
+                        tp = (t["name"], r["partition_index"])
+                        code = r["error_code"]
+                        if code == 0:
+                            out[tp] = r["low_watermark"]
+                            continue
+                        err = KafkaError(code, None, f"delete records {tp[0]}-{tp[1]}")
+                        out[tp] = err
+                        if err.invalidates_metadata:
+                            retry[tp] = pending[tp]
+            if not retry:
+                break
+            pending = retry
+            await asyncio.sleep(self.retry_backoff * (2 ** attempt))
+            await self.cluster.fetch_metadata(sorted({t for t, _ in pending}), allow_auto_topic_creation=False)
+        return out
+
+    # ---- cluster and log dirs ------------------------------------------------------------------
+
+    async def describe_cluster(self) -> ClusterDescription:
+        conn = await self.cluster.any_connection()
+        _, resp = await conn.send(DESCRIBE_CLUSTER, {"include_cluster_authorized_operations": False,
+                                                     "endpoint_type": 1})
+        if resp["error_code"]:
+            raise KafkaError(resp["error_code"], resp["error_message"], "describe cluster")
+        return ClusterDescription(resp["cluster_id"], resp["controller_id"],
+                                  {b["broker_id"]: (b["host"], b["port"], b["rack"]) for b in resp["brokers"]})
+
+    async def describe_log_dirs(self, broker_ids: list[int]) -> dict[int, dict[str, LogDirDescription]]:
+        """Every log dir of each broker with all its partitions (DescribeLogDirs to each broker)."""
+        await self.cluster.fetch_metadata([])
+        out = {}
+        for bid in broker_ids:
+            conn = await self.cluster.connection(bid)
+            _, resp = await conn.send(DESCRIBE_LOG_DIRS, {"topics": None})
+            if resp.get("error_code"):
+                raise KafkaError(resp["error_code"], None, f"describe log dirs of broker {bid}")
+            dirs = {}
+            for r in resp["results"]:
+                replicas = {(t["name"], p["partition_index"]): ReplicaInfo(p["partition_size"], p["offset_lag"],
+                                                                           p["is_future_key"])
+                            for t in r["topics"] for p in t["partitions"]}
+                err = KafkaError(r["error_code"], None, f"log dir {r['log_dir']}") if r["error_code"] else None
+                dirs[r["log_dir"]] = LogDirDescription(err, replicas, r["total_bytes"], r["usable_bytes"])
+            out[bid] = dirs
+        return out
+
+    # ---- reassignments (controller) ------------------------------------------------------------
+
+    async def _controller_call(self, api_key: int, body: dict, context: str) -> dict:
+        """One request to the controller, retried after a metadata refresh while the answer is a
+        top-level NOT_CONTROLLER; another top-level error raises."""
+        for attempt in range(5):
+            conn = await self.cluster.controller_connection()
+            _, resp = await conn.send(api_key, body)
+            if resp["error_code"] != Errors.NOT_CONTROLLER or attempt == 4:
+                break
+            await asyncio.sleep(self.retry_backoff * (2 ** attempt))
+            await self.cluster.fetch_metadata([])
+        if resp["error_code"]:
+            raise KafkaError(resp["error_code"], resp.get("error_message"), context)
+        return resp
+
+    async def alter_partition_reassignments(self, targets: dict[tuple[str, int], list[int] | None],
+                                            timeout_ms: int = 60000) -> dict[tuple[str, int], KafkaError | None]:
+        """``targets``: (topic, partition) -> new replicas, or None to cancel its reassignment."""
+        topics: dict[str, list] = {}
+        for (t, p), replicas in targets.items():
+            topics.setdefault(t, []).append({"partition_index": p, "replicas": replicas})
+        resp = await self._controller_call(ALTER_PARTITION_REASSIGNMENTS, {
+            "timeout_ms": timeout_ms, "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]},
+            "alter partition reassignments")
+        return {(t["name"], r["partition_index"]):
+                KafkaError(r["error_code"], r["error_message"], f"reassign {t['name']}-{r['partition_index']}")
+                if r["error_code"] else None
+                for t in resp["responses"] for r in t["partitions"]}
+
+    async def list_partition_reassignments(self, parts: list[tuple[str, int]] | None = None, timeout_ms: int = 60000
+                                           ) -> dict[tuple[str, int], tuple[list[int], list[int], list[int]]]:
+        """-> {(topic, partition): (replicas, adding, removing)} of the ongoing reassignments."""
+        topics = None
+        if parts is not None:
+            by_topic: dict[str, list[int]] = {}
+            for t, p in parts:
+                by_topic.setdefault(t, []).append(p)
+            topics = [{"name": t, "partition_indexes": ps} for t, ps in by_topic.items()]
+        resp = await self._controller_call(LIST_PARTITION_REASSIGNMENTS, {"timeout_ms": timeout_ms, "topics": topics},
+                                           "list partition reassignments")
+        return {(t["name"], r["partition_index"]): (r["replicas"], r["adding_replicas"], r["removing_replicas"])
+                for t in resp["topics"] for r in t["partitions"]}

@@ -50,12 +50,16 @@ CLIENT_VERSIONS: dict[int, tuple[int, int]] = {
     18: (0, 3),     # ApiVersions
     19: (0, 7),     # CreateTopics
     20: (0, 5),     # DeleteTopics (6+ names topics by id)
+    21: (0, 2),     # DeleteRecords
     22: (0, 4),     # InitProducerId
     32: (0, 4),     # DescribeConfigs
     33: (0, 2),     # AlterConfigs
+    35: (0, 4),     # DescribeLogDirs
     37: (0, 3),     # CreatePartitions
     42: (0, 1),     # DeleteGroups
     44: (0, 1),     # IncrementalAlterConfigs
+    45: (0, 0),     # AlterPartitionReassignments
+    46: (0, 0),     # ListPartitionReassignments
     47: (0, 0),     # OffsetDelete
     60: (0, 1),     # DescribeCluster
 }

@@ -39,6 +39,14 @@ from . import election, requests as R
 from .channel import BrokerChannel
 from .context import ControllerContext, LiveBroker
 
+# Events that carry a future the caller awaits (answered None when the event fails).
+ANSWERED_EVENTS = ("controlled_shutdown", "elect_leaders", "alter_reassignments", "list_reassignments")
+
+
+def _scala_list(ids, kind: str = "List") -> str:
+    """How Kafka's messages print a Seq/Set of ids: List(1, 2)."""
+    return f"{kind}({', '.join(map(str, ids))})"
+
 log = logging.getLogger(__name__)
 
 STOP_REPLICA_WAIT_S = 30.0
@@ -118,13 +126,31 @@ class Controller:
         self._events.put_nowait(("controlled_shutdown", broker_id, broker_epoch, fut))
         return await fut
 
+    async def alter_reassignments(self, targets: dict):
+        """Served for AlterPartitionReassignments: ``targets`` {tp: target replicas, or None to cancel}
+        -> {tp: (error code, message or None)}; None when not the controller."""
+        return await self._ask("alter_reassignments", targets)
+
+    async def list_reassignments(self, parts):
+        """Served for ListPartitionReassignments: ``parts`` [tp] or None for every one ->
+        {tp: (replicas, adding, removing)} of those being reassigned; None when not the controller."""
+        return await self._ask("list_reassignments", parts)
+
+    async def _ask(self, kind: str, arg):
+        if not self.active:
+            return None
+        fut = asyncio.get_running_loop().create_future()
+        self._events.put_nowait((kind, arg, fut))
+        return await fut
+
     async def _run(self, generation) -> None:
         handlers = {
             "startup": self._on_startup, "brokers": self._on_brokers, "topics": self._on_topics,
             "topic_data": self._on_topic_data, "delete": self._on_delete, "isr": self._on_isr_change,
             "preferred": self._on_preferred, "controlled_shutdown": self._on_controlled_shutdown,
             "elect_leaders": self._on_elect_leaders, "rebalance": self._on_rebalance,
-            "reassign": self._on_reassign,
+            "reassign": self._on_reassign, "alter_reassignments": self._on_alter_reassignments,
+            "list_reassignments": self._on_list_reassignments,
         }
         while True:
             event = await self._events.get()
@@ -139,7 +165,7 @@ class Controller:
                 return
             except Exception:
                 log.exception("controller event %s failed; retrying in 1s", event[0])
-                if event[0] in ("controlled_shutdown", "elect_leaders"):
+                if event[0] in ANSWERED_EVENTS:
                     self._fail_pending(event)
                 else:
                     asyncio.get_running_loop().call_later(1.0, self._post, generation, *event)
@@ -148,7 +174,7 @@ class Controller:
     def _fail_pending(event) -> None:
         if event[0] == "controlled_shutdown" and not event[-1].done():
             event[-1].set_result((Errors.NOT_CONTROLLER, []))
-        elif event[0] == "elect_leaders" and not event[-1].done():
+        elif event[0] in ANSWERED_EVENTS and not event[-1].done():
             event[-1].set_result(None)
 
     def _watch(self, generation, kind: str, path: str, data: bool = False, arg=None) -> None:
@@ -634,6 +660,85 @@ class Controller:
                     await self._zk(self.zk.set_reassignments, keep, got[1])
                 except StaleVersionError:
                     pass    # rewritten meanwhile: its watch brings us back here
+
+    # ---- reassignment through the API (AlterPartitionReassignments / List...) ---------------------
+    # As Kafka's ZooKeeper-mode controller: the target is validated (not empty, no duplicates, no
+    # negative id, every added replica alive), None cancels (back to the original replicas: the full
+    # list minus the adding ones), the latest request replaces a /admin/reassign_partitions entry of
+    # the same partition, and the move then runs as one started from that znode.
+    async def _topic_assignments(self, topics) -> dict:
+        out = {}
+        for t in sorted(topics):
+            if t in self.ctx.assignments:
+                out[t] = (await self._zk(self.zk.get_topic_assignment, t))[0]
+        return out
+
+    def _check_target(self, target, origin) -> tuple[int, str] | None:
+        if not target:
+            return Errors.INVALID_REPLICA_ASSIGNMENT, "Empty replica list specified in partition reassignment."
+        if len(set(target)) != len(target):
+            return (Errors.INVALID_REPLICA_ASSIGNMENT,
+                    f"Duplicate replica ids in partition reassignment replica list: {_scala_list(target)}")
+        if any(r < 0 for r in target):
+            return Errors.INVALID_REPLICA_ASSIGNMENT, f"Invalid broker id in replica list: {_scala_list(target)}"
+        adding = [r for r in target if r not in origin]
+        live = self.ctx.live() - self.ctx.shutting_down
+        if not set(adding) <= live:
+            return (Errors.INVALID_REPLICA_ASSIGNMENT, "Replica assignment has brokers that are not alive. "
+                    f"Replica list: {_scala_list(adding)}, live broker list: {_scala_list(sorted(live), 'Set')}")
+        return None
+
+    async def _on_alter_reassignments(self, generation, targets, fut) -> None:
+        ctx = self.ctx
+        assignments = await self._topic_assignments({t for t, _ in targets})
+        results, start = {}, {}
+        for tp, target in targets.items():
+            a = assignments.get(tp[0])
+            full = ctx.replicas(tp)
+            adding = a.adding_replicas.get(tp[1], []) if a is not None else []
+            removing = a.removing_replicas.get(tp[1], []) if a is not None else []
+            origin = [r for r in full if r not in adding]
+            err = self._check_target(target, origin) if target is not None else None
+            if err is not None:
+                results[tp] = err
+            elif target is None and not (adding or removing):
+                results[tp] = (Errors.NO_REASSIGNMENT_IN_PROGRESS, "No partition reassignment is in progress.")
+            elif not full:
+                results[tp] = (Errors.UNKNOWN_TOPIC_OR_PARTITION, "The partition does not exist.")
+            else:
+                start[tp] = list(target) if target is not None else origin
+        if start:
+            await self._drop_znode_reassignments(set(start))
+        for tp, target in start.items():
+            await self._start_reassignment(tp, target)
+            results[tp] = (Errors.NONE, None)
+        if start:
+            await self._advance_reassignments()
+        fut.set_result(results)
+
+    async def _drop_znode_reassignments(self, parts: set) -> None:
+        while True:
+            got = await self._zk(self.zk.get_reassignments)
+            if got is None or not any((t, p) in parts for t, p, _ in got[0]):
+                return
+            try:
+                await self._zk(self.zk.set_reassignments, [e for e in got[0] if (e[0], e[1]) not in parts], got[1])
+                return
+            except StaleVersionError:
+                continue        # rewritten meanwhile: read it again
+
+    async def _on_list_reassignments(self, generation, parts, fut) -> None:
+        wanted = sorted(self.ctx.reassigning) if parts is None else list(parts)
+        assignments = await self._topic_assignments({t for t, _ in wanted})
+        out = {}
+        for t, p in wanted:
+            a = assignments.get(t)
+            if a is None or p not in a.partitions:
+                continue
+            adding, removing = a.adding_replicas.get(p, []), a.removing_replicas.get(p, [])
+            if adding or removing:
+                out[(t, p)] = (list(a.partitions[p]), list(adding), list(removing))
+        fut.set_result(out)
 
     # ---- preferred replica election ------------------------------------------------------------
     async def _on_preferred(self, generation, _arg=None) -> None:

@@ -881,22 +881,24 @@ class Log(_native.LogState):
 
     def offset_for_timestamp(self, timestamp: int):
         """(offset, timestamp) of the first record whose timestamp >= ``timestamp`` (Kafka's
-        ListOffsets semantics), or None. The time index finds the batch; that one batch is read and
-        its records decoded (decompressed under the max.message.bytes-derived cap)."""
+        ListOffsets semantics) at or above the log start, or None. The time index finds the batch;
+        that batch is read and its records decoded (decompressed under the max.message.bytes-derived
+        cap), and the next ones while they only hold records below the log start."""
         from ..record import decode_records
 
         for seg in self.segments:
             if seg.max_timestamp >= 0 and seg.max_timestamp < timestamp:
                 continue
-            r = seg.find_timestamp(timestamp)
-            if r is None:
-                continue
-            _base, _max_ts, position, size = r
-            data = os.pread(seg.read_fd, size, position)
-            cap = max(64 << 20, 16 * self.config.max_message_bytes)
-            for offset, ts, *_rest in decode_records(data, max_decompressed=cap):
-                if ts >= timestamp and offset >= self.log_start_offset:
-                    return offset, ts
+            r = seg.find_timestamp(timestamp, self.log_start_offset)
+            while r is not None:
+                _base, _max_ts, position, size = r
+                data = os.pread(seg.read_fd, size, position)
+                cap = max(64 << 20, 16 * self.config.max_message_bytes)
+                for offset, ts, *_rest in decode_records(data, max_decompressed=cap):
+                    if ts >= timestamp and offset >= self.log_start_offset:
+                        return offset, ts
+                # every record of that batch is below the log start (DeleteRecords): the next one
+                r = seg.find_timestamp(timestamp, position=position + size)
         return None
 
     def end_offset_for_epoch(self, epoch: int):

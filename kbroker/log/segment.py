@@ -492,12 +492,14 @@ class LogSegment:
             end = min(end, byte_end)
         return end
 
-    def find_timestamp(self, timestamp: int):
+    def find_timestamp(self, timestamp: int, min_offset: int = 0, position: int | None = None):
         """(base_offset, max_timestamp, position, size) of the first batch whose max timestamp
-        >= ``timestamp``, or None."""
-        _ts, off = self.time_index.lookup(timestamp)
-        _o, pos = self.index.lookup(off)
-        r = _native.seek_batch(self.read_fd, pos, self.size, INT64_MAX, INT64_MAX, timestamp)
+        >= ``timestamp``, searched from the batch holding ``min_offset`` (the log start) or later, or
+        from byte ``position`` (the batch after one that held no record wanted); None if none."""
+        if position is None:
+            _ts, off = self.time_index.lookup(timestamp)
+            _o, position = self.index.lookup(max(off, min_offset))
+        r = _native.seek_batch(self.read_fd, position, self.size, INT64_MAX, INT64_MAX, timestamp)
         return (r[2], r[4], r[0], r[1]) if r[1] else None
 
     @property

@@ -18,7 +18,7 @@ from .types import FileRegions, ProtocolError
 
 class ApiKey(enum.IntEnum):
     """Kafka's API keys (the names of ``org.apache.kafka.common.protocol.ApiKeys``) for every API we
-    have a schema for; ALTER/LIST_PARTITION_REASSIGNMENTS are named ahead of their schemas."""
+    have a schema for."""
     PRODUCE = 0
     FETCH = 1
     LIST_OFFSETS = 2
@@ -45,6 +45,7 @@ class ApiKey(enum.IntEnum):
     OFFSET_FOR_LEADER_EPOCH = 23
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
+    DESCRIBE_LOG_DIRS = 35
     SASL_AUTHENTICATE = 36
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42

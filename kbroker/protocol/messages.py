@@ -850,6 +850,35 @@ api(33, "AlterConfigs", "0-2", "2+",
         ]),
     ])
 
+# --- 35 DescribeLogDirs ---------------------------------------------------------------------------
+# topics null: every partition in every log dir.
+api(35, "DescribeLogDirs", "0-4", "2+",
+    request=[
+        F("topics", [
+            F("topic", "string"),
+            F("partitions", "[]int32"),
+        ], nullable="0+"),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("error_code", "int16", "3+"),
+        F("results", [
+            F("error_code", "int16"),
+            F("log_dir", "string"),
+            F("topics", [
+                F("name", "string"),
+                F("partitions", [
+                    F("partition_index", "int32"),
+                    F("partition_size", "int64"),
+                    F("offset_lag", "int64"),
+                    F("is_future_key", "bool"),
+                ]),
+            ]),
+            F("total_bytes", "int64", "4+", default=-1),
+            F("usable_bytes", "int64", "4+", default=-1),
+        ]),
+    ])
+
 # --- 36 SaslAuthenticate --------------------------------------------------------------------------
 api(36, "SaslAuthenticate", "0-2", "2+",
     request=[
@@ -942,6 +971,58 @@ api(44, "IncrementalAlterConfigs", "0-1", "1+",
             F("error_message", "string", nullable="0+"),
             F("resource_type", "int8"),
             F("resource_name", "string"),
+        ]),
+    ])
+
+# --- 45 AlterPartitionReassignments -----------------------------------------------------------------
+# replicas null cancels the partition's reassignment (KIP-455).
+api(45, "AlterPartitionReassignments", "0", "0+",
+    request=[
+        F("timeout_ms", "int32", default=60000),
+        F("topics", [
+            F("name", "string"),
+            F("partitions", [
+                F("partition_index", "int32"),
+                F("replicas", "[]int32", nullable="0+", default=NULL),
+            ]),
+        ]),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("error_code", "int16"),
+        F("error_message", "string", nullable="0+"),
+        F("responses", [
+            F("name", "string"),
+            F("partitions", [
+                F("partition_index", "int32"),
+                F("error_code", "int16"),
+                F("error_message", "string", nullable="0+"),
+            ]),
+        ]),
+    ])
+
+# --- 46 ListPartitionReassignments ------------------------------------------------------------------
+# topics null: every ongoing reassignment.
+api(46, "ListPartitionReassignments", "0", "0+",
+    request=[
+        F("timeout_ms", "int32", default=60000),
+        F("topics", [
+            F("name", "string"),
+            F("partition_indexes", "[]int32"),
+        ], nullable="0+", default=NULL),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("error_code", "int16"),
+        F("error_message", "string", nullable="0+"),
+        F("topics", [
+            F("name", "string"),
+            F("partitions", [
+                F("partition_index", "int32"),
+                F("replicas", "[]int32"),
+                F("adding_replicas", "[]int32"),
+                F("removing_replicas", "[]int32"),
+            ]),
         ]),
     ])
 

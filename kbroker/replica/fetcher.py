@@ -263,6 +263,10 @@ class ReplicaFetcher:
                         if tp in throttled:
                             quota.record(len(records))
                     lg.high_watermark = min(r["high_watermark"], lg.log_end_offset)
+                    # The leader's log start moved (DeleteRecords, retention): follow, never past our HW.
+                    start = min(r["log_start_offset"], lg.high_watermark)
+                    if start > lg.log_start_offset:
+                        lg.delete_records(start)
                     s.caught_up = lg.log_end_offset >= r["high_watermark"]
                 elif code == Errors.OFFSET_OUT_OF_RANGE:
                     start = r["log_start_offset"]

@@ -15,8 +15,8 @@ from typing import Callable, NamedTuple
 
 from ...protocol import api
 from ...protocol.api import ApiKey
-from . import (admin, configs, controlled_shutdown, coordinator, core, fetch, groups, produce, producer_ids,
-               replica_control)
+from . import (admin, cluster_info, configs, controlled_shutdown, coordinator, core, fetch, groups, log_admin,
+               produce, producer_ids, reassignments, replica_control)
 
 
 class Api(NamedTuple):
@@ -69,15 +69,20 @@ TABLE: tuple[Api, ...] = (
     Api(K.API_VERSIONS, 0, 3, core.api_versions),
     Api(K.CREATE_TOPICS, 0, 4, admin.create_topics),
     Api(K.DELETE_TOPICS, 0, 3, admin.delete_topics),
+    Api(K.DELETE_RECORDS, 0, 2, log_admin.delete_records),
     Api(K.INIT_PRODUCER_ID, 0, 4, producer_ids.init_producer_id),
     Api(K.OFFSET_FOR_LEADER_EPOCH, 2, 3, fetch.handle_offset_for_leader_epoch),
     Api(K.DESCRIBE_CONFIGS, 0, 4, configs.describe_configs),
     Api(K.ALTER_CONFIGS, 0, 2, configs.alter_configs),
+    Api(K.DESCRIBE_LOG_DIRS, 0, 4, log_admin.describe_log_dirs),
     Api(K.CREATE_PARTITIONS, 0, 1, admin.create_partitions),
     Api(K.DELETE_GROUPS, 0, 1, groups.delete_groups),
     Api(K.ELECT_LEADERS, 0, 2, admin.elect_leaders),
     Api(K.INCREMENTAL_ALTER_CONFIGS, 0, 1, configs.incremental_alter_configs),
+    Api(K.ALTER_PARTITION_REASSIGNMENTS, 0, 0, reassignments.alter_partition_reassignments),
+    Api(K.LIST_PARTITION_REASSIGNMENTS, 0, 0, reassignments.list_partition_reassignments),
     Api(K.OFFSET_DELETE, 0, 0, groups.offset_delete),
+    Api(K.DESCRIBE_CLUSTER, 0, 1, cluster_info.describe_cluster),
 )
 del K
 

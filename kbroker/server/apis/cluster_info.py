@@ -1,0 +1,41 @@
+"""DescribeCluster (60): the cluster id, the controller and the live brokers, from the metadata cache.
+
+A ZooKeeper-mode broker serves the BROKER endpoint type only (KIP-919): asking it for controllers is
+MISMATCHED_ENDPOINT_TYPE, an unknown type UNSUPPORTED_ENDPOINT_TYPE (INVALID_REQUEST at v0, which
+has no endpoint type field).
+"""
+from __future__ import annotations
+
+from ...protocol.errors import Errors
+
+ENDPOINT_TYPES = {1: "BROKER", 2: "CONTROLLER"}
+BROKER_ENDPOINT = 1
+
+# Without an authorizer every operation Kafka defines on the CLUSTER resource is allowed: CREATE (5),
+# ALTER (7), DESCRIBE (8), CLUSTER_ACTION (9), DESCRIBE_CONFIGS (10), ALTER_CONFIGS (11),
+# IDEMPOTENT_WRITE (12), as a bit field of operation codes.
+CLUSTER_OPERATIONS = sum(1 << op for op in (5, 7, 8, 9, 10, 11, 12))
+NOT_REQUESTED = -0x80000000
+
+
+def describe_cluster(broker, conn, header, body):
+    md = broker.metadata
+    res = {"throttle_time_ms": 0, "error_code": 0, "error_message": None, "endpoint_type": BROKER_ENDPOINT,
+           "cluster_id": broker.cluster_id, "controller_id": md.controller_id, "brokers": [],
+           "cluster_authorized_operations": NOT_REQUESTED}
+    wanted = body.get("endpoint_type", BROKER_ENDPOINT)
+    if wanted != BROKER_ENDPOINT:
+        v0 = header.api_version == 0
+        if wanted not in ENDPOINT_TYPES:
+            res["error_code"] = int(Errors.INVALID_REQUEST if v0 else Errors.UNSUPPORTED_ENDPOINT_TYPE)
+            res["error_message"] = f"Unsupported endpoint type {wanted}"
+        else:
+            res["error_code"] = int(Errors.INVALID_REQUEST if v0 else Errors.MISMATCHED_ENDPOINT_TYPE)
+            res["error_message"] = (f"The request was sent to an endpoint of type {ENDPOINT_TYPES[wanted]}, "
+                                    f"but we wanted an endpoint of type BROKER")
+        return res
+    res["brokers"] = [{"broker_id": b.broker_id, "host": b.host, "port": b.port, "rack": b.rack}
+                      for b in sorted(md.brokers.values(), key=lambda b: b.broker_id)]
+    if body["include_cluster_authorized_operations"]:
+        res["cluster_authorized_operations"] = CLUSTER_OPERATIONS
+    return res

@@ -1,0 +1,87 @@
+"""Admin APIs over a broker's own logs: DeleteRecords (21), DescribeLogDirs (35).
+
+DeleteRecords is served by each partition's leader, as Kafka's ReplicaManager.deleteRecords: the
+leader moves its log start offset (the whole segments below it go at the next retention pass), the
+followers learn it from their fetch answers' ``log_start_offset`` and move theirs. The new log start
+offsets are in ``log-start-offset-checkpoint`` before the answer leaves, so a restart keeps them.
+
+DescribeLogDirs answers for this broker's own log dirs, as Kafka's ReplicaManager.describeLogDirs:
+per dir its partitions (all, or those asked for) with their size in bytes and offset lag
+(max(high watermark - log end, 0)), and from v4 the file system's total and usable bytes.
+"""
+from __future__ import annotations
+
+import os
+
+from ...log.errors import OffsetOutOfRange
+from ...protocol.errors import Errors
+from ...topics import INTERNAL_TOPICS
+
+# DeleteRecords' offset -1: up to the high watermark.
+HIGH_WATERMARK = -1
+
+
+def _delete_on_leader(broker, name: str, index: int, offset: int) -> tuple[int, int]:
+    """(error code, low watermark) of one partition, in Kafka's order of checks."""
+    if broker.metadata.partition(name, index) is None:
+        return Errors.UNKNOWN_TOPIC_OR_PARTITION, -1
+    if name in INTERNAL_TOPICS:
+        return Errors.INVALID_TOPIC_EXCEPTION, -1
+    p, err = broker.replica_manager.fetch_partition((name, index))
+    if err:
+        return err, -1
+    lg = p.log
+    if "delete" not in lg.config.cleanup_policy:
+        return Errors.POLICY_VIOLATION, -1
+    if offset == HIGH_WATERMARK:
+        offset = lg.high_watermark
+    if offset < 0:
+        return Errors.OFFSET_OUT_OF_RANGE, -1
+    try:
+        return Errors.NONE, lg.delete_records(offset)
+    except OffsetOutOfRange:
+        return Errors.OFFSET_OUT_OF_RANGE, -1
+
+
+async def delete_records(broker, conn, header, body):
+    topics = []
+    moved = False
+    for t in body["topics"]:
+        parts = []
+        for p in t["partitions"]:
+            code, low = _delete_on_leader(broker, t["name"], p["partition_index"], p["offset"])
+            moved = moved or code == Errors.NONE
+            parts.append({"partition_index": p["partition_index"], "low_watermark": low, "error_code": int(code)})
+        topics.append({"name": t["name"], "partitions": parts})
+    if moved:
+        # Durable before the client hears of it (the periodic checkpoint alone could lose it to a crash).
+        await broker._checkpoint()
+    return {"throttle_time_ms": 0, "topics": topics}
+
+
+def _disk_bytes(path: str) -> tuple[int, int]:
+    st = os.statvfs(path)
+    return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+
+
+def describe_log_dirs(broker, conn, header, body):
+    asked = body["topics"]
+    wanted = None if asked is None else {(t["topic"], p) for t in asked for p in t["partitions"]}
+    by_dir: dict[str, dict[str, list]] = {d: {} for d in broker.logs.log_dirs}
+    for tp, lg in sorted(broker.logs.logs.items()):
+        if wanted is not None and tp not in wanted:
+            continue
+        d = os.path.dirname(lg.dir)
+        by_dir.setdefault(d, {}).setdefault(tp[0], []).append({
+            "partition_index": tp[1], "partition_size": lg.size_bytes,
+            "offset_lag": max(lg.high_watermark - lg.log_end_offset, 0), "is_future_key": False})
+    results = []
+    for d, topics in by_dir.items():
+        res = {"error_code": 0, "log_dir": d, "topics": [{"name": n, "partitions": ps} for n, ps in topics.items()],
+               "total_bytes": -1, "usable_bytes": -1}
+        try:
+            res["total_bytes"], res["usable_bytes"] = _disk_bytes(d)
+        except OSError:
+            res["error_code"], res["topics"] = int(Errors.KAFKA_STORAGE_ERROR), []
+        results.append(res)
+    return {"throttle_time_ms": 0, "error_code": 0, "results": results}
