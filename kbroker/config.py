@@ -513,6 +513,20 @@ SYNONYM_UNITS = {"log.roll.hours": 3600 * 1000, "log.retention.minutes": 60 * 10
                  "log.retention.hours": 3600 * 1000, "log.roll.jitter.hours": 3600 * 1000}
 
 
+def broker_synonym_value(topic_key: str, lookup: Callable[[str], Any]) -> Any:
+    """The value the broker keys give ``topic_key``, in the topic key's unit, or None.
+
+    ``lookup(broker_key)`` returns the broker's value for a key or None when it has none. The
+    synonyms are tried in precedence order (ms over minutes over hours, as Kafka) and the first
+    present one wins; a value in a coarser unit (a number or its text) is scaled to milliseconds."""
+    for syn in TOPIC_CONFIGS[topic_key].synonyms:
+        value = lookup(syn)
+        if value is not None:
+            unit = SYNONYM_UNITS.get(syn, 1)
+            return int(value) * unit if unit != 1 else value
+    return None
+
+
 def parse_topic_config(key: str, text: str) -> Any:
     """Validate one topic config (CreateTopics / AlterConfigs); ConfigError → INVALID_CONFIG."""
     spec = TOPIC_CONFIGS.get(key)
@@ -747,25 +761,16 @@ class BrokerConfig:
     @property
     def log_retention_ms(self) -> int:
         """ms > minutes > hours, as Kafka; any negative result means no time limit (-1)."""
-        v = self._values
-        if v["log.retention.ms"] is not None:
-            ms = v["log.retention.ms"]
-        elif v["log.retention.minutes"] is not None:
-            ms = v["log.retention.minutes"] * 60_000
-        else:
-            ms = v["log.retention.hours"] * 3_600_000
+        ms = broker_synonym_value("retention.ms", self._values.get)
         return -1 if ms < 0 else ms
 
     @property
     def log_roll_ms(self) -> int:
-        v = self._values
-        return v["log.roll.ms"] if v["log.roll.ms"] is not None else v["log.roll.hours"] * 3_600_000
+        return broker_synonym_value("segment.ms", self._values.get)
 
     @property
     def log_flush_interval_ms(self) -> int:
-        v = self._values
-        ms = v["log.flush.interval.ms"]
-        return v["log.flush.scheduler.interval.ms"] if ms is None else ms
+        return broker_synonym_value("flush.ms", self._values.get)
 
     @property
     def metrics_port(self) -> int:
