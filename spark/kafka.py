@@ -225,8 +225,8 @@ _BUFFERS = _Buffers()
 class _FetchChannel:
     """Fetch requests to partition leaders over plain blocking sockets, the response read with
     recv_into straight into a reusable buffer: one copy from the kernel, into pages already
-    mapped. kbroker's client once copied each response byte three times (asyncio streams: 0.10-0.18
-    s of a read task's 0.16-0.22 s per 110 MB of 100 B records, measured); it now receives into
+    mapped. kbroker's client once copied each response byte three times (asyncio streams, most of a
+    read task's time); it now receives into
     one buffer per frame too, but a fresh one (a page fault per 4 KiB), and from the event loop's
     thread. The client still finds the leader, negotiates the Fetch version and drives the retries
     across leader moves (Consumer.with_leader): a socket failure raises KafkaConnectionError

@@ -1,5 +1,5 @@
-"""Threads of the produce append path (issue 9: decompression off the loop; issue 10 item 3: large
-writes overlap receiving).
+"""Threads of the produce append path: compressed batches are checked off the loop, and large
+writes overlap receiving.
 
 - Validation pool (``kbroker.log.validation.threads`` threads, shared by every log): a compressed
   producer batch is checked by ``validate_batch`` there (decompression and the record walk release
