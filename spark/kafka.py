@@ -13,13 +13,15 @@ import re
 import threading
 import time
 
+from kbroker.protocol.errors import Errors
+
 from .options import EARLIEST, LATEST, ClientConfig, OffsetRange, OptionError, ReadConfig
 
 _log = logging.getLogger("kbroker.spark")
 _WAITING: set = set()       # topics already reported as awaited (one warning per driver process)
 
-UNKNOWN_TOPIC_OR_PARTITION = 3
-OFFSET_OUT_OF_RANGE = 1
+UNKNOWN_TOPIC_OR_PARTITION = Errors.UNKNOWN_TOPIC_OR_PARTITION
+OFFSET_OUT_OF_RANGE = Errors.OFFSET_OUT_OF_RANGE
 
 
 class DataLossError(RuntimeError):
