@@ -3,7 +3,7 @@
 Everything here talks to a real broker (no mocks): raw Kafka frames over a socket, the four clients
 we support (kcat, confluent-kafka, kafka-python, aiokafka) consuming by partition assignment, and
 direct reads of a partition's segment files. The checkers return *counts* of violations so a test
-can report them (reliability plan §2.5) and assert they are zero — and so the checkers themselves
+can report them and assert they are zero — and so the checkers themselves
 can be fed a known violation to prove they would see it.
 """
 from __future__ import annotations
@@ -64,7 +64,7 @@ def norm_headers(headers) -> tuple:
 
 @dataclass
 class AckReport:
-    """Reliability-plan §2.5 counters for a produce-then-drain run."""
+    """Violation counters for a produce-then-drain run."""
     acked: int = 0
     consumed: int = 0
     acked_lost: int = 0          # acknowledged (partition, offset, value) not found at that offset
@@ -549,7 +549,7 @@ def rss_kib(pid: int) -> int:
 
 
 
-# ---- history checker for fault tests (reliability plan §2.5) -------------------------------------
+# ---- history checker for fault tests -------------------------------------------------------------
 
 @dataclass
 class HistoryReport:

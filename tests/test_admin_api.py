@@ -34,6 +34,7 @@ from kazoo.client import KazooClient
 from kbroker.procutil import die_with_parent
 from kbroker.protocol import api
 from kbroker.testing import controller_known, wait_until
+from kbroker.protocol.errors import Errors
 
 HOUR_MS = 3_600_000
 START_TIMEOUT_S = 60
@@ -276,7 +277,7 @@ def test_create_topics_raw_versions(broker, admin):
         {"name": dup, "num_partitions": 2, "replication_factor": -1,
          "assignments": [{"partition_index": 0, "broker_ids": [0]}], "configs": []}],
         "timeout_ms": 30000, "validate_only": False})
-    assert resp["topics"][0]["error_code"] == 42 and "cannot be used at the same time" in resp["topics"][0]["error_message"]
+    assert resp["topics"][0]["error_code"] == Errors.INVALID_REQUEST and "cannot be used at the same time" in resp["topics"][0]["error_message"]
 
 
 # ---- DescribeConfigs -----------------------------------------------------------------------------
@@ -329,7 +330,7 @@ def test_describe_configs_raw_details(broker, admin):
     topic, other = resp["results"]
     got = {c["name"]: (c["value"], c["is_default"]) for c in topic["configs"]}
     assert got == {"retention.bytes": ("1000", False), "segment.bytes": (str(1 << 30), True)}
-    assert other["error_code"] == 42 and "9" in other["error_message"]
+    assert other["error_code"] == Errors.INVALID_REQUEST and "9" in other["error_message"]
     # v3: config_type (LONG = 5, INT = 3).
     resp = raw_request(broker, 32, 3, {**body, "include_synonyms": False, "include_documentation": False})
     types = {c["name"]: c["config_type"] for c in resp["results"][0]["configs"]}
@@ -564,11 +565,11 @@ def test_auto_create_by_producers(broker, admin):
 
     # Invalid names are never auto-created; Metadata reports them as invalid.
     resp = raw_request(broker, 3, 4, {"topics": [{"name": "bad/name"}], "allow_auto_topic_creation": True})
-    assert resp["topics"][0]["error_code"] == 17
+    assert resp["topics"][0]["error_code"] == Errors.INVALID_TOPIC_EXCEPTION
     # allow_auto_topic_creation=false is honoured.
     other = unique("noauto")
     resp = raw_request(broker, 3, 4, {"topics": [{"name": other}], "allow_auto_topic_creation": False})
-    assert resp["topics"][0]["error_code"] == 3
+    assert resp["topics"][0]["error_code"] == Errors.UNKNOWN_TOPIC_OR_PARTITION
     assert topic_partitions(broker, other) is None
 
 
@@ -584,4 +585,4 @@ def test_auto_create_consumer_offsets(broker, admin):
 def test_unknown_topic_configs_describe_raw(broker):
     resp = raw_request(broker, 32, 1, {"resources": [{"resource_type": 2, "resource_name": "ghost",
                                                       "configuration_keys": None}], "include_synonyms": True})
-    assert resp["results"][0]["error_code"] == 3 and resp["results"][0]["configs"] == []
+    assert resp["results"][0]["error_code"] == Errors.UNKNOWN_TOPIC_OR_PARTITION and resp["results"][0]["configs"] == []

@@ -15,7 +15,7 @@ from kafka.record.default_records import DefaultRecordBatchBuilder as KpBuilder
 from kbroker._native import batch as B
 from kbroker._native.crc import crc32c
 from kbroker.record import decode_records as decode_any
-from kbroker.record import reference as R
+from kbroker.record import reference
 from kbroker.record.compression import CompressionError
 
 CORRUPT_MESSAGE, MESSAGE_TOO_LARGE, INVALID_TIMESTAMP = 2, 10, 32
@@ -72,7 +72,7 @@ def aio_read(buf):
 
 
 def ref_read(buf):
-    return [tuple(r) for r in R.decode_batch(buf)[1]]
+    return [tuple(r) for r in reference.decode_batch(buf)[1]]
 
 
 def refresh_crc(buf):
@@ -418,7 +418,7 @@ def _check_mutant(buf):
     # Accepted: the oracle must agree it is a well-formed batch. Like Kafka,
     # the leader does not check that header keys are UTF-8; readers do.
     try:
-        h, records = R.decode_batch(buf)
+        h, records = reference.decode_batch(buf)
     except UnicodeDecodeError:
         with pytest.raises(B.BatchError):
             B.decode_records(buf)
@@ -440,7 +440,7 @@ def _check_decode_mutant(buf):
         got = B.decode_records(buf)
     except B.BatchError:
         return
-    assert got == [tuple(r) for r in R.decode_batch(buf, check_crc=False)[1]]
+    assert got == [tuple(r) for r in reference.decode_batch(buf, check_crc=False)[1]]
 
 
 BASE = bytes(kp_batch(RECORDS[:3]))

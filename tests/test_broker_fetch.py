@@ -543,7 +543,7 @@ def test_list_offsets_names_a_partition_twice(bootstrap):
 
 @pytest.mark.slow
 def test_huge_list_offsets_does_not_hold_the_loop(bootstrap):
-    """Invariant (issue 9 leftover): a ListOffsets naming 200,000 partitions is answered in full (the
+    """Invariant: a ListOffsets naming 200,000 partitions is answered in full (the
     real partition with its offset, every other one UNKNOWN_TOPIC_OR_PARTITION) while a steady
     producer and consumer keep their gap bound and a probe connection's ApiVersions requests keep being
     answered promptly: the answer is built 2,000 partitions per loop turn, not in one."""
@@ -604,7 +604,7 @@ def test_huge_list_offsets_does_not_hold_the_loop(bootstrap):
 @pytest.mark.slow
 @pytest.mark.parametrize("what", ["describe-configs-5k", "create-topics-validate-100k"])
 def test_huge_admin_requests_do_not_hold_the_loop(bootstrap, what):
-    """Invariant (issue 9 leftover): DescribeConfigs naming 5,000 topics and a validate-only
+    """Invariant: DescribeConfigs naming 5,000 topics and a validate-only
     CreateTopics naming 100,000 are answered in full while a probe connection's ApiVersions requests keep
     being answered promptly: the answers are built in slices (20 resources, 500 topics) per loop turn."""
     import threading

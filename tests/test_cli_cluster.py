@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from kbroker.cli import cluster
+from kbroker.ports import free_ports
 from kbroker.zk import local
 
 
@@ -103,7 +104,7 @@ def test_up_reports_a_broker_that_dies_with_its_log(tmp_path):
         root = tmp_path / "c"
         root.mkdir()
         (root / "broker-0").mkdir()
-        free_port = cluster._free_ports(1)[0]
+        free_port = free_ports(1)[0]
         layout = cluster.Layout(root, 0, [cluster.BrokerSlot(0, free_port)])
         layout.save()
         try:

@@ -20,13 +20,8 @@ from kbroker._native.batch import BatchBuilder, iter_batches
 from kbroker.client import (Admin, BrokerConnection, Cluster, ConfigResource, Consumer, KafkaError, NewTopic,
                             Producer, partition_for_key)
 from kbroker.protocol import api
+from kbroker.ports import free_port
 from kbroker.protocol.errors import Errors
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_port(port: int, proc: subprocess.Popen | None = None, timeout: float = 15.0) -> None:

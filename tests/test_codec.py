@@ -17,6 +17,7 @@ import zstandard
 from kbroker._native import batch as B
 from kbroker._native import codec as N
 from kbroker._native.crc import crc32c
+from kbroker.protocol.errors import Errors
 from kbroker.record import compression as C
 
 HEADER = B.LAYOUT["HEADER_SIZE"]
@@ -50,7 +51,7 @@ def general_path(codec, body, count, compacted, cap):
     try:
         B.validate_batch(batch_with(plain, count, 0), 1 << 30, compacted)
     except B.BatchError as e:
-        assert e.error_code == 87, e
+        assert e.error_code == Errors.INVALID_RECORD, e
         return N.NULL_KEY if "without a key" in str(e) else N.BAD_RECORDS
     return N.OK
 
@@ -252,6 +253,7 @@ def test_batch_verdicts_through_validate_batch():
 _RSS_SCRIPT = """
 import sys
 from kbroker._native import batch as B, codec as N
+from kbroker.protocol.errors import Errors
 
 def peak_kib():
     for line in open("/proc/self/status"):
@@ -266,7 +268,7 @@ with open("/proc/self/clear_refs", "w") as f:
 try:
     B.validate_batch(bomb, 1 << 30, False, 32 << 20)
 except B.BatchError as e:
-    assert e.error_code == 2, e
+    assert e.error_code == Errors.CORRUPT_MESSAGE, e
 else:
     raise SystemExit("bomb accepted")
 print((peak_kib() - base) // 1024)

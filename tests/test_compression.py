@@ -12,6 +12,7 @@ import aiokafka.codec as aio_codec
 import kafka.codec as kp_codec
 import pytest
 
+from kbroker.protocol.types import uvarint_bytes
 from kbroker.record import compression as C
 
 CODECS = [C.NONE, C.GZIP, C.SNAPPY, C.LZ4, C.ZSTD]
@@ -139,20 +140,11 @@ def test_bomb_is_refused_without_inflating(codec, tmp_path):
     assert grown_kib < 12 * 1024, f"peak RSS grew by {grown_kib} KiB"
 
 
-def _varint(n):
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def test_snappy_output_bounded_from_headers_before_decoding():
     # Each block's preamble states its length: a xerial stream whose stated lengths sum past the
     # cap is refused as too large before any block is decoded (the blocks here are garbage that
     # decoding would call corrupt), and so is a raw block claiming too much.
-    block = _varint(600_000) + b"\xff" * 20
+    block = uvarint_bytes(600_000) + b"\xff" * 20
     xerial = C._XERIAL_HEADER.pack(C.XERIAL_MAGIC, 1, 1) + b"".join(
         struct.pack(">i", len(block)) + block for _ in range(2))
     with pytest.raises(C.DecompressionLimitExceeded):
@@ -161,7 +153,7 @@ def test_snappy_output_bounded_from_headers_before_decoding():
         C.decompress(C.SNAPPY, xerial, 2_000_000)      # under the cap: now decoded, and corrupt
     assert not isinstance(e.value, C.DecompressionLimitExceeded)
     with pytest.raises(C.DecompressionLimitExceeded):
-        C.decompress(C.SNAPPY, _varint(1 << 30) + b"\x00", 1 << 20)
+        C.decompress(C.SNAPPY, uvarint_bytes(1 << 30) + b"\x00", 1 << 20)
 
 
 def test_gzip_size_hint_may_lie():

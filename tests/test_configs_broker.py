@@ -26,6 +26,7 @@ from kazoo.client import KazooClient
 from checkers import RawConn, fill_partition, partition_dir
 from kbroker.testing import LocalCluster, wait_until
 from kbroker.zk import layout as L
+from kbroker.protocol.errors import Errors
 
 LEADER_RATE = "leader.replication.throttled.rate"
 FOLLOWER_RATE = "follower.replication.throttled.rate"
@@ -144,7 +145,7 @@ def test_describe_broker_sources_and_flags(cluster, admin, kp_admin):
     resp = raw(cluster, 0, 32, 1, {"resources": [{"resource_type": 4, "resource_name": "1",
                                                   "configuration_keys": None}], "include_synonyms": False})
     res = resp["results"][0]
-    assert res["error_code"] == 42 and "expected 0" in res["error_message"] and "received 1" in res["error_message"]
+    assert res["error_code"] == Errors.INVALID_REQUEST and "expected 0" in res["error_message"] and "received 1" in res["error_message"]
 
 
 def test_incremental_alter_per_broker_and_default(cluster, admin, kp_admin, zk):
@@ -196,7 +197,7 @@ def test_incremental_alter_per_broker_and_default(cluster, admin, kp_admin, zk):
     resp = raw(cluster, 0, 44, 0, {"resources": [{"resource_type": 4, "resource_name": "1", "configs": [
         {"name": FOLLOWER_RATE, "config_operation": 0, "value": "1"}]}], "validate_only": False})
     r = resp["responses"][0]
-    assert r["error_code"] == 42 and "expected 0" in r["error_message"] and "received 1" in r["error_message"]
+    assert r["error_code"] == Errors.INVALID_REQUEST and "expected 0" in r["error_message"] and "received 1" in r["error_message"]
     assert stored(zk, "1") == {FOLLOWER_RATE: "5000000"}
 
     # DELETE: back to the default's value, then the default removed as well.

@@ -1,4 +1,4 @@
-"""Followers' fetches on the native Fetch fast path (issue 10; ext/request.pyx ``_fetch_fast`` with
+"""Followers' fetches on the native Fetch fast path (ext/request.pyx ``_fetch_fast`` with
 replica_id >= 0, ``_record_followers``): three real brokers, a topic with replicas 0, 1, 2 led by 0, a
 confluent-kafka producer with acks=all and a confluent-kafka consumer. The leader's
 ``kbroker_fetch_native_requests_total{path=fast|slow}`` counters show which path took the followers'

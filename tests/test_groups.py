@@ -22,8 +22,9 @@ from kafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor a
 
 from kbroker.client.connection import BrokerConnection
 from kbroker.client.group import decode_assignment, encode_subscription
-from kbroker.coordinator import records as R
+from kbroker.coordinator import records as consumer_offsets
 from kbroker.testing import LocalCluster, wait_until
+from kbroker.protocol.errors import Errors
 
 SESSION_MS = 6000
 OFFSETS_PARTITIONS = 3
@@ -328,9 +329,9 @@ def _join(bs, group, member_id="", session=SESSION_MS, version=5, instance=None)
 def test_join_protocol_errors_and_fencing(bs):
     group = f"proto-{uuid.uuid4().hex[:8]}"
     wait_until(lambda: coordinator_ready(bs, group), 30, "coordinator")
-    assert _join(bs, group, session=1000)["error_code"] == 26                 # INVALID_SESSION_TIMEOUT
+    assert _join(bs, group, session=1000)["error_code"] == Errors.INVALID_SESSION_TIMEOUT
     first = _join(bs, group)
-    assert first["error_code"] == 79 and first["member_id"]                   # MEMBER_ID_REQUIRED
+    assert first["error_code"] == Errors.MEMBER_ID_REQUIRED and first["member_id"]
     j = _join(bs, group, member_id=first["member_id"])
     assert j["error_code"] == 0 and j["leader"] == j["member_id"] == first["member_id"]
     gen, mid = j["generation_id"], j["member_id"]
@@ -340,20 +341,20 @@ def test_join_protocol_errors_and_fencing(bs):
     assert s["error_code"] == 0
     hb = {"group_id": group, "generation_id": gen, "member_id": mid}
     assert request(bs, 12, hb, 3)["error_code"] == 0
-    assert request(bs, 12, dict(hb, generation_id=gen - 1), 3)["error_code"] == 22   # ILLEGAL_GENERATION
-    assert request(bs, 12, dict(hb, member_id="nobody"), 3)["error_code"] == 25      # UNKNOWN_MEMBER_ID
+    assert request(bs, 12, dict(hb, generation_id=gen - 1), 3)["error_code"] == Errors.ILLEGAL_GENERATION
+    assert request(bs, 12, dict(hb, member_id="nobody"), 3)["error_code"] == Errors.UNKNOWN_MEMBER_ID
     commit = {"group_id": group, "generation_id_or_member_epoch": gen - 1, "member_id": mid,
               "topics": [{"name": "__consumer_offsets", "partitions": [
                   {"partition_index": 0, "committed_offset": 1, "committed_metadata": ""}]}]}
-    assert request(bs, 8, commit, 7)["topics"][0]["partitions"][0]["error_code"] == 22
+    assert request(bs, 8, commit, 7)["topics"][0]["partitions"][0]["error_code"] == Errors.ILLEGAL_GENERATION
     # DeleteGroups refuses a group with members; after LeaveGroup it is empty and can go
-    assert request(bs, 42, {"groups_names": [group]}, 1)["results"][0]["error_code"] == 68   # NON_EMPTY_GROUP
+    assert request(bs, 42, {"groups_names": [group]}, 1)["results"][0]["error_code"] == Errors.NON_EMPTY_GROUP
     lv = request(bs, 13, {"group_id": group, "members": [{"member_id": mid}]}, 3)
     assert lv["error_code"] == 0 and lv["members"][0]["error_code"] == 0
     assert describe(bs, group)["group_state"] == "Empty"
     assert request(bs, 42, {"groups_names": [group]}, 1)["results"][0]["error_code"] == 0
     assert describe(bs, group)["group_state"] == "Dead"
-    assert request(bs, 42, {"groups_names": [group]}, 1)["results"][0]["error_code"] == 69   # GROUP_ID_NOT_FOUND
+    assert request(bs, 42, {"groups_names": [group]}, 1)["results"][0]["error_code"] == Errors.GROUP_ID_NOT_FOUND
 
 
 def test_standalone_commit_fetch_offset_delete_and_records(bs):
@@ -380,7 +381,7 @@ def test_standalone_commit_fetch_offset_delete_and_records(bs):
 
     # the records in __consumer_offsets are Kafka's formats: key v1, value v3
     from kafka import KafkaConsumer, TopicPartition
-    from kbroker.coordinator.manager import partition_for
+    from kbroker.coordinator.group_coordinator import partition_for
     tp = TopicPartition("__consumer_offsets", partition_for(group, OFFSETS_PARTITIONS))
     c = KafkaConsumer(bootstrap_servers=bs, enable_auto_commit=False)
     try:
@@ -390,14 +391,14 @@ def test_standalone_commit_fetch_offset_delete_and_records(bs):
         deadline = time.time() + 10
         while time.time() < deadline:
             recs += [m for ms in c.poll(500).values() for m in ms]
-            if any(m.key == R.offset_key(group, topic, 0) for m in recs):
+            if any(m.key == consumer_offsets.offset_key(group, topic, 0) for m in recs):
                 break
     finally:
         c.close()
-    mine = [m for m in recs if m.key == R.offset_key(group, topic, 0)]
+    mine = [m for m in recs if m.key == consumer_offsets.offset_key(group, topic, 0)]
     assert len(mine) == 1
     assert mine[0].value[:2] == b"\x00\x03"
-    v = R.decode_offset_value(mine[0].value)
+    v = consumer_offsets.decode_offset_value(mine[0].value)
     assert (v.offset, v.leader_epoch, v.metadata) == (42, 3, "m0")
 
     od = request(bs, 47, {"group_id": group, "topics": [{"name": topic, "partitions": [{"partition_index": 0}]}]}, 0)
@@ -467,7 +468,7 @@ def test_static_member_rejoin_fences_the_old_member_id(bs):
     assert j2["error_code"] == 0 and j2["member_id"] != old
     assert j2["generation_id"] == gen                     # no rebalance
     hb = {"group_id": group, "generation_id": gen, "group_instance_id": "inst-1"}
-    assert request(bs, 12, dict(hb, member_id=old), 3)["error_code"] == 82          # FENCED_INSTANCE_ID
+    assert request(bs, 12, dict(hb, member_id=old), 3)["error_code"] == Errors.FENCED_INSTANCE_ID
     assert request(bs, 12, dict(hb, member_id=j2["member_id"]), 3)["error_code"] == 0
     s2 = request(bs, 14, {"group_id": group, "generation_id": gen, "member_id": j2["member_id"],
                           "group_instance_id": "inst-1", "assignments": []}, 3)

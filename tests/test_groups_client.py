@@ -12,6 +12,7 @@ import uuid
 import pytest
 
 from kbroker.testing import LocalCluster, wait_until
+from kbroker.protocol.errors import Errors
 
 from test_groups import check_exactly_once, coordinator_ready, create_topic, produce, request, split_ok
 
@@ -99,7 +100,7 @@ def test_console_producer_backs_off_while_the_topic_is_missing(bs):
     assert 4.5 <= elapsed < 30, elapsed
     assert cpu < 1.0, f"{cpu:.2f} s CPU in {elapsed:.1f} s"
     md = request(bs, 3, {"topics": [{"name": topic}], "allow_auto_topic_creation": False}, 4)
-    assert md["topics"][0]["error_code"] == 3     # and it really was not created
+    assert md["topics"][0]["error_code"] == Errors.UNKNOWN_TOPIC_OR_PARTITION  # and it really was not created
 
 
 @pytest.mark.parametrize("first", ["kbroker", "kafka_python"])

@@ -78,7 +78,7 @@ def test_commit_not_acknowledged_while_followers_are_held_back(tmp_path):
     import os
     import signal
     from kbroker.client.connection import BrokerConnection
-    from kbroker.coordinator.manager import partition_for
+    from kbroker.coordinator.group_coordinator import partition_for
     overrides = {"offsets.topic.num.partitions": 3, "offsets.topic.replication.factor": 3,
                  "min.insync.replicas": 2, "default.replication.factor": 3, "offsets.commit.timeout.ms": 2000,
                  "group.initial.rebalance.delay.ms": 0}

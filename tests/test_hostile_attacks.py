@@ -1,4 +1,4 @@
-"""Attacks by hostile or careless clients (issue 9) against a real broker, with real clients beside them.
+"""Attacks by hostile or careless clients against a real broker, with real clients beside them.
 
 Every attack runs while ``Steady`` keeps a confluent-kafka producer (acks=all) and consumer on their own
 connections and opens a brand-new raw client every second. For each attack the test states and checks:
@@ -23,6 +23,7 @@ from checkers import (API_VERSIONS, METADATA, PRODUCE, RawConn, create_topic, ho
                       wait_for_topic, wait_until)
 from kbroker._native.crc import crc32c
 from kbroker.protocol import api
+from kbroker.protocol.types import varint_bytes
 from kbroker.record.compression import compress
 from kbroker.testing import LocalCluster
 
@@ -281,20 +282,10 @@ def test_fetch_max_bytes_over_1000_partitions(attacked):
 
 # ---- compressed batches: lies and bombs ---------------------------------------------------------------
 
-def _varint(v: int) -> bytes:
-    z = (v << 1) ^ (v >> 63)
-    out = bytearray()
-    while z >= 0x80:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
-
-
 def _record(i: int, key: bytes | None, value: bytes) -> bytes:
-    body = (b"\0" + _varint(0) + _varint(i) + (_varint(-1) if key is None else _varint(len(key)) + key)
-            + _varint(len(value)) + value + _varint(0))
-    return _varint(len(body)) + body
+    key_field = varint_bytes(-1) if key is None else varint_bytes(len(key)) + key
+    body = b"\0" + varint_bytes(0) + varint_bytes(i) + key_field + varint_bytes(len(value)) + value + varint_bytes(0)
+    return varint_bytes(len(body)) + body
 
 
 def _batch(codec: int, records: list[bytes], claimed_count: int | None = None) -> bytes:

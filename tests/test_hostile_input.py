@@ -1,4 +1,4 @@
-"""Hostile input on the wire (reliability plan §2.4) while a real producer keeps working.
+"""Hostile input on the wire while a real producer keeps working.
 
 Invariants:
 - every malformed frame (size over socket.request.max.bytes, negative, zero, truncated header,

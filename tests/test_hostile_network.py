@@ -1,5 +1,5 @@
-"""The network layer's guarantees against a real KafkaServer on 127.0.0.1 with real client sockets
-(issue 9, items 1 and 2). The handlers here are the server's real dispatch table filled with small
+"""The network layer's guarantees against a real KafkaServer on 127.0.0.1 with real client sockets.
+The handlers here are the server's real dispatch table filled with small
 handlers that fail on purpose: they are what a failing broker handler looks like to the network layer.
 
 Invariants:

@@ -1,5 +1,5 @@
 """Appends whose bytes are written on a writer thread (Log.begin_append_as_leader / WriteJob.run /
-finish_append, issue 10 item 3): readers never see offsets whose bytes are not written, anything that
+finish_append): readers never see offsets whose bytes are not written, anything that
 changes the log first settles the write in flight, duplicates and refusals never reach the writer."""
 import os
 import threading
@@ -8,6 +8,7 @@ import pytest
 
 from kbroker.log import AppendResult, LogAppendError
 from kbroker.log.log import WriteJob
+from kbroker.protocol.errors import Errors
 
 from test_log import T0, batch, open_log, read_offsets
 
@@ -83,7 +84,7 @@ def test_duplicate_and_refused_batches_never_reach_the_writer(tmp_path):
     torn[20] ^= 0xFF                                      # CRC no longer matches
     with pytest.raises(LogAppendError) as e:
         log.begin_append_as_leader(torn, 1, T0)
-    assert e.value.error_code == 2                        # CORRUPT_MESSAGE
+    assert e.value.error_code == Errors.CORRUPT_MESSAGE
     assert log._write_job is None and log.log_end_offset == 3
     log.close()
 
@@ -105,7 +106,7 @@ def test_failed_write_leaves_the_log_as_it_was(tmp_path):
     assert job.error is not None
     with pytest.raises(LogAppendError) as e:
         log.finish_append(job)
-    assert e.value.error_code == 56                       # KAFKA_STORAGE_ERROR
+    assert e.value.error_code == Errors.KAFKA_STORAGE_ERROR
     assert log.log_end_offset == 3 and seg.size == os.path.getsize(seg.log_path)
     assert log.append_as_leader(batch(1), 1, T0).base_offset == 3
     log.close()

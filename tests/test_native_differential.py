@@ -1,4 +1,4 @@
-"""The native request path against the pure-Python reference (issue 10 item 8).
+"""The native request path against the pure-Python reference.
 
 Three levels, the same seeded request generator for all (valid Produce v3-8 and Fetch v4-11 requests
 built with kbroker.protocol, plus truncated, byte-flipped and length-mutated ones):

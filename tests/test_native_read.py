@@ -1,4 +1,4 @@
-"""One native call per readable event (ext/request.pyx ``on_read``, issue 10) against the connection's
+"""One native call per readable event (ext/request.pyx ``on_read``) against the connection's
 Python reference (``Connection._read_py``, KBROKER_NATIVE_READ=0).
 
 1. In process (tests/netserver.py ServerThread): the same pipelined byte stream (ApiVersions, an

@@ -1,6 +1,7 @@
-"""The event-loop choice (issue 10 item 2): ``kbroker.event.loop`` in the config, or KBROKER_EVENT_LOOP in
-the environment when the config does not set it; validated with Kafka's wording. asyncio is the default;
-uvloop is accepted where the uvloop package is importable (a config error naming the key otherwise).
+"""The event-loop choice: ``kbroker.event.loop`` in the config, or KBROKER_EVENT_LOOP in
+the environment when the config does not set it; validated with Kafka's wording. uvloop is the default
+and is accepted where the uvloop package is importable (a config error naming the key otherwise);
+asyncio is always accepted.
 
 Invariant for a real broker on each loop: every record a confluent-kafka producer wrote (small and
 large, so fetches go both through the copy path and through file regions ≥ the sendfile threshold) is

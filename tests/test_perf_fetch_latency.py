@@ -1,4 +1,4 @@
-"""Smoke test of perf/fetch_latency.py with librdkafka's mock cluster beside a kbroker (issue 10: our
+"""Smoke test of perf/fetch_latency.py with librdkafka's mock cluster beside a kbroker (our
 CPU per small Fetch ÷ the C mock's, same run): both are driven, every figure is positive, and the
 report prints the ratios against the mock. Benchmark plumbing only: no timing assertion."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A full disk under producers (issue 9 item 5): every failed append answers KAFKA_STORAGE_ERROR, the
+"""A full disk under producers: every failed append answers KAFKA_STORAGE_ERROR, the
 broker logs one error line per log dir for the whole streak (not one per retry), and one line when
 appends there succeed again; a second streak is reported again. Real broker on a small tmpfs this test
 mounts (a ballast file fills it; deleting the ballast gives the space back), raw Produce requests on
@@ -14,9 +14,10 @@ import pytest
 
 from checkers import RawConn, create_topic, wait_until
 from kbroker.testing import LocalCluster
+from kbroker.protocol.errors import Errors
 from test_hostile_attacks import _batch, _produce, _record
 
-KAFKA_STORAGE_ERROR = 56
+KAFKA_STORAGE_ERROR = Errors.KAFKA_STORAGE_ERROR
 TMPFS_MIB = 24
 FAIL_LINE = "fail (first:"
 OK_LINE = "succeed again"

@@ -1,4 +1,4 @@
-"""The produce append path off the event loop (issue 9; issue 10 item 3), on a real broker with real clients.
+"""The produce append path off the event loop, on a real broker with real clients.
 
 - Compressed batches are decompressed and checked on worker threads (kbroker.log.validation.threads);
   a pipelined burst of zstd bombs beside a steady confluent-kafka producer and a raw ApiVersions probe
@@ -25,10 +25,12 @@ from checkers import (API_VERSIONS, PRODUCE, RawConn, consume_confluent, create_
 from kbroker._native.batch import BatchBuilder
 from kbroker._native.crc import crc32c
 from kbroker.protocol import api
+from kbroker.protocol.types import varint_bytes
 from kbroker.record.compression import compress
 from kbroker.testing import LocalCluster
+from kbroker.protocol.errors import Errors
 
-CORRUPT_MESSAGE = 2
+CORRUPT_MESSAGE = Errors.CORRUPT_MESSAGE
 ZSTD = 4
 BOMB_BYTES = 70 << 20            # past the broker's 64 MiB decompression cap: ~50 ms of zstd each
 BURST = 24                       # bombs pipelined in one write: ~1.2 s of decompression if on the loop
@@ -36,21 +38,12 @@ STALL_BOUND = 0.5                # s: the steady clients' longest gap must stay 
 OFFLOAD = 64 << 10               # writer-thread threshold in the ordering test (smaller than the default)
 
 
-def _varint(v: int) -> bytes:
-    z = (v << 1) ^ (v >> 63)
-    out = bytearray()
-    while z >= 0x80:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
-
-
 def _bomb() -> bytes:
     """One zstd batch whose single record expands past the decompression cap (CRC valid)."""
     value = b"\0" * BOMB_BYTES
-    body = b"\0" + _varint(0) + _varint(0) + _varint(1) + b"k" + _varint(len(value)) + value + _varint(0)
-    section = compress(ZSTD, _varint(len(body)) + body)
+    body = (b"\0" + varint_bytes(0) + varint_bytes(0) + varint_bytes(1) + b"k" + varint_bytes(len(value)) + value
+            + varint_bytes(0))
+    section = compress(ZSTD, varint_bytes(len(body)) + body)
     now = int(time.time() * 1000)
     after_crc = struct.pack(">hiqqqhii", ZSTD, 0, now, now, -1, -1, -1, 1) + section
     return struct.pack(">qiibI", 0, 4 + 1 + 4 + len(after_crc), -1, 2, crc32c(after_crc)) + after_crc

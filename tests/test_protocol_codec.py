@@ -49,6 +49,7 @@ from kbroker.protocol import api
 from kbroker.protocol.messages import REQUESTS, RESPONSES
 from kbroker.protocol.schema import Struct
 from kbroker.protocol.types import ZERO_UUID, FileRegions, ProtocolError
+from kbroker.protocol.errors import Errors
 
 KP = {
     0: (ProduceRequest, ProduceResponse), 1: (FetchRequest, FetchResponse),
@@ -399,7 +400,7 @@ def test_kip511_fallback_is_a_v0_error_response():
     # A client that sent v4 reads it (kafka-python switches to v0 when error_code != 0).
     decoded = ApiVersionsResponse.decode(data, version=4, header=True, framed=True)
     assert decoded.header.correlation_id == 4242
-    assert decoded.error_code == 35
+    assert decoded.error_code == Errors.UNSUPPORTED_VERSION
     assert [(k.api_key, k.min_version) for k in decoded.api_keys] == [(18, 0)]
     assert decoded.api_keys[0].max_version >= 3
     # and it is exactly a v0 body: error, one-element array, nothing else

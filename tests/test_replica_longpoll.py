@@ -102,7 +102,7 @@ def test_a_cancelled_poll_leaves_nothing_behind():
 
 def test_a_failing_read_fails_the_future_instead_of_hanging():
     """An exception in a done-callback reaches no awaiter: the poll must carry it to its future so the
-    connection answers or closes (issue 9: never a silent hang); the deadline timer goes with it."""
+    connection answers or closes (never a silent hang); the deadline timer goes with it."""
     async def main():
         n = AppendNotifier()
 

@@ -1,4 +1,4 @@
-"""Replication seen from the other clients (issue 6, "Done when"): three real brokers (LocalCluster,
+"""Replication seen from the other clients: three real brokers (LocalCluster,
 ZooKeeper session timeout 6 s), topic RF=3 with min.insync.replicas=2, real kill -9 of the leader.
 
 - T1 with kafka-python's defaults (3.0: idempotent, acks=all, unbounded retries): acked-but-lost 0,

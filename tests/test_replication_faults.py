@@ -1,4 +1,4 @@
-"""Replication under faults the other replication tests do not inject (issue 6: T5, T6, ZooKeeper
+"""Replication under faults the other replication tests do not inject (T5, T6, ZooKeeper
 ensemble faults). Three real brokers (LocalCluster), ZooKeeper session timeout 6 s, topic RF=3 with
 min.insync.replicas=2, acks=all producers at ~1,000 records/s (bounded in time), every send, ack and
 read logged in the shared History checker (tests/checkers.py), whose counts are asserted.
@@ -29,12 +29,13 @@ from checkers import PRODUCE, History, all_batches, read_all_confluent
 from kbroker._native.batch import BatchBuilder
 from kbroker.protocol import api
 from kbroker.testing import LocalCluster, wait_until
+from kbroker.protocol.errors import Errors
 from proxy import TcpProxy
 from test_replication import TOPIC, LoadProducer, make_topic, state, wait_acks_grow, wait_isr, wait_unregistered
 
 LAG_MS = 3000
-NOT_ENOUGH_REPLICAS = 19
-NOT_ENOUGH_REPLICAS_AFTER_APPEND = 20
+NOT_ENOUGH_REPLICAS = Errors.NOT_ENOUGH_REPLICAS
+NOT_ENOUGH_REPLICAS_AFTER_APPEND = Errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND
 
 
 class RawAcksAllSender:

@@ -1,4 +1,4 @@
-"""T15, unclean-election variant (issue 6): proof that the history checker sees loss on that path.
+"""T15, unclean-election variant: proof that the history checker sees loss on that path.
 
 Three real brokers, each advertising a TcpProxy (tests/proxy.py), so followers fetch from the leader
 through its proxy. Topic RF=3 with unclean.leader.election.enable=true and min.insync.replicas=1.

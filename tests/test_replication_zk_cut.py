@@ -1,4 +1,4 @@
-"""One broker's ZooKeeper path cut (issue 6): the broker reaches ZooKeeper only through a TcpProxy
+"""One broker's ZooKeeper path cut: the broker reaches ZooKeeper only through a TcpProxy
 (tests/proxy.py; LocalCluster on our own ZooKeeper, that broker's zookeeper.connect = the proxy) and
 the proxy is cut while the broker leads the partition and keeps talking to clients and followers.
 

@@ -1,6 +1,10 @@
 """The built wheel works on its own: installed into a fresh virtualenv and run from outside the source
-tree, `kbroker cluster up` starts ZooKeeper and a broker, and the demo round-trips records with kcat."""
+tree, `kbroker cluster up` starts ZooKeeper and a broker, and the demo round-trips records with kcat.
+Building without the compression headers, or importing a source tree without its native build, stops
+with one line saying what to do."""
 import os
+import runpy
+import shutil
 import subprocess
 import sys
 import venv
@@ -47,3 +51,41 @@ def test_wheel_installs_and_runs_a_cluster(tmp_path):
     finally:
         down = subprocess.run([str(kbroker), "cluster", "down", "--dir", str(cluster)], **run)
         assert down.returncode == 0, down.stdout + down.stderr
+
+
+def _setup_checks():
+    """setup.py's functions without running setup() (it runs only as __main__)."""
+    return runpy.run_path(str(ROOT / "setup.py"), run_name="kbroker_setup")
+
+
+def test_build_stops_with_one_line_naming_the_packages_when_a_header_is_missing(tmp_path):
+    check = _setup_checks()["check_compression_headers"]
+    for header in ("zlib.h", "lz4.h"):
+        (tmp_path / header).write_text("")
+    with pytest.raises(SystemExit) as e:
+        check([str(tmp_path)])
+    message = str(e.value.code)
+    assert "\n" not in message and "zstd.h" in message and "zlib.h" not in message
+    assert "apt-get install zlib1g-dev liblz4-dev libzstd-dev" in message
+    (tmp_path / "zstd.h").write_text("")
+    check([str(tmp_path)])                    # all three present: the build goes on
+
+
+def test_compiler_include_dirs_honour_cpath_and_build_ext_dirs(monkeypatch, tmp_path):
+    include_dirs = _setup_checks()["compiler_include_dirs"]
+    monkeypatch.setenv("CPATH", str(tmp_path / "cpath"))
+    dirs = include_dirs([str(tmp_path / "given")])
+    assert dirs[:2] == [str(tmp_path / "given"), str(tmp_path / "cpath")] and dirs[-1] == "/usr/include"
+
+
+def test_source_tree_without_native_build_says_how_to_build_it(tmp_path):
+    # A copy of kbroker/ alone: its kbroker._native (ext/, mapped at install time) is absent. -S keeps
+    # site-packages (and this checkout's editable install) off the path.
+    shutil.copytree(ROOT / "kbroker", tmp_path / "kbroker", ignore=shutil.ignore_patterns("__pycache__"))
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    r = subprocess.run([sys.executable, "-S", "-c", "import kbroker.log"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: kbroker's native extensions (kbroker._native) are not built")
+    assert "scripts/setup.sh" in last and "pip install ." in last

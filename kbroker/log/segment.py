@@ -1,7 +1,7 @@
 """One log segment: ``%020d.log`` plus its ``.index`` and ``.timeindex``.
 
 Format: the .log is RecordBatch v2 batches exactly as produced on the wire with baseOffset and
-partitionLeaderEpoch stamped by the leader (kafka-protocol-facts §2); the file name is the base
+partitionLeaderEpoch stamped by the leader (Kafka's log format is its wire format); the file name is the base
 offset (the first offset the segment may hold) zero-padded to 20 digits. Index formats: index.py.
 
 Descriptors: the active segment appends through its own O_APPEND descriptor (one write per
@@ -44,7 +44,7 @@ TAIL_BATCHES = int(os.environ.get("KBROKER_SEGMENT_TAIL_BATCHES", "64"))
 # file is cut, and every cut or reload drops the block (_forget_tail).
 READ_BLOCK = 16 * 1024
 READ_BLOCKS = int(os.environ.get("KBROKER_SEGMENT_READ_BLOCKS", "256"))
-_blocks: dict = {}      # LogSegment -> (file position, bytes), least recently used first
+_blocks: dict = {}      # LogSegment -> its read block (_load_block), least recently used first
 
 # Process-wide counters tests use to prove what a startup did (e.g. no CRC scan after a
 # clean shutdown).

@@ -760,10 +760,6 @@ class ReplicaManager:
             self.logs.delete(tp[0], tp[1])
         return Errors.NONE
 
-    def delete_stale_log(self, tp) -> None:
-        """The log on disk belongs to an earlier topic of the same name: drop it (recreated empty)."""
-        self.stop_replica(tp, delete=True)
-
     def _stop_fetching(self, tp) -> None:
         for f in self.fetchers.values():
             f.remove(tp)

@@ -5,8 +5,9 @@ no API is declared anywhere else. A handler is ``handle(broker, conn, header, bo
 response dict, an awaitable of one, ``NO_RESPONSE`` or ``CLOSE`` (kbroker.network.connection).
 One module per API family holds the handlers.
 
-Advertised ranges are the non-flexible ones every client we test negotiates (kafka-protocol-facts
-§1.2); a row outside its schema's valid range, or a key declared twice, fails at import.
+Advertised ranges are the non-flexible ones every client we test negotiates (each client uses the
+highest version in both its range and ours); a row outside its schema's valid range, or a key declared
+twice, fails at import.
 """
 from __future__ import annotations
 

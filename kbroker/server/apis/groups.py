@@ -4,7 +4,7 @@ when the rebalance does (long polls).
 
 Their advertised versions (the table in ``kbroker.server.apis``) are the non-flexible ranges every
 client we test negotiates (kafka-python 3.0, aiokafka 0.14, confluent-kafka/librdkafka 2.16,
-kcat/librdkafka 2.0); see kafka-protocol-facts §1.2.
+kcat/librdkafka 2.0): each client uses the highest version in both its range and ours.
 """
 from __future__ import annotations
 

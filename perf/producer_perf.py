@@ -40,7 +40,7 @@ from kbroker.client import Cluster, KafkaError, Producer
 from kbroker.client.producer import BATCH_HEADER, COMPRESSION, RECORD_OVERHEAD_MAX
 from kbroker.config import parse_properties
 
-from . import java_format, mib
+from .java_format import java_format, mib
 
 REPORTING_INTERVAL_MS = 5000
 MAX_SAMPLES = 500_000

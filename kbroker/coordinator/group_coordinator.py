@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from ..protocol.errors import Errors
-from . import records as R
+from . import records as consumer_offsets
 from .group import (COMPLETING_REBALANCE, DEAD, EMPTY, PREPARING_REBALANCE, STABLE, Group, Member,
                     OffsetEntry)
 from .store import OFFSETS_TOPIC, OffsetsStore
@@ -50,12 +50,6 @@ class _Partition:
     status: str = LOADING
     groups: set = field(default_factory=set)
     task: asyncio.Task | None = None
-
-
-class CoordinatorError(Exception):
-    def __init__(self, code):
-        super().__init__(E(code).name)
-        self.code = int(code)
 
 
 class GroupCoordinator:
@@ -157,14 +151,14 @@ class GroupCoordinator:
                 if key is None:
                     continue
                 try:
-                    k = R.decode_key(key)
+                    k = consumer_offsets.decode_key(key)
                     if k[0] == "offset":
                         _, gid, topic, part = k
                         g = groups.get(gid) or groups.setdefault(gid, Group(gid))
                         if value is None:
                             g.offsets.pop((topic, part), None)
                         else:
-                            v = R.decode_offset_value(value)
+                            v = consumer_offsets.decode_offset_value(value)
                             g.offsets[(topic, part)] = OffsetEntry(v.offset, v.leader_epoch, v.metadata,
                                                                    v.commit_timestamp, v.expire_timestamp)
                     else:
@@ -177,8 +171,8 @@ class GroupCoordinator:
                                 fresh.offsets = old.offsets
                             continue
                         g = groups.get(gid) or groups.setdefault(gid, Group(gid))
-                        self._apply_group_value(g, R.decode_group_value(value))
-                except R.RecordFormatError as e:
+                        self._apply_group_value(g, consumer_offsets.decode_group_value(value))
+                except consumer_offsets.RecordFormatError as e:
                     log.warning("skipping unreadable record in %s-%d: %s", OFFSETS_TOPIC, ps.index, e)
         except Exception:
             log.exception("loading %s-%d failed", OFFSETS_TOPIC, ps.index)
@@ -198,7 +192,7 @@ class GroupCoordinator:
         log.info("loaded %s-%d: %d groups from %d records in %d ms", OFFSETS_TOPIC, ps.index,
                  len(ps.groups), n, self.now_ms() - t0)
 
-    def _apply_group_value(self, g: Group, v: R.GroupValue) -> None:
+    def _apply_group_value(self, g: Group, v: consumer_offsets.GroupValue) -> None:
         for m in g.members.values():
             self._cancel(m.heartbeat_handle)
         g.protocol_type = v.protocol_type or None
@@ -618,13 +612,13 @@ class GroupCoordinator:
 
     async def _store_group(self, g: Group, assignments: dict) -> int:
         p = self._partition_number(g.group_id)
-        members = [R.MemberValue(m.member_id, m.group_instance_id, m.client_id, m.client_host,
-                                 m.rebalance_timeout_ms, m.session_timeout_ms,
-                                 m.metadata_for(g.protocol_name), assignments.get(m.member_id, b""))
+        members = [consumer_offsets.MemberValue(m.member_id, m.group_instance_id, m.client_id, m.client_host,
+                                                m.rebalance_timeout_ms, m.session_timeout_ms,
+                                                m.metadata_for(g.protocol_name), assignments.get(m.member_id, b""))
                    for m in g.members.values()]
-        value = R.group_value(R.GroupValue(g.protocol_type or "", g.generation, g.protocol_name, g.leader_id,
-                                           g.state_timestamp, members))
-        code, _ = await self.store.append(p, [(R.group_key(g.group_id), value)], for_commit=False)
+        value = consumer_offsets.group_value(consumer_offsets.GroupValue(
+            g.protocol_type or "", g.generation, g.protocol_name, g.leader_id, g.state_timestamp, members))
+        code, _ = await self.store.append(p, [(consumer_offsets.group_key(g.group_id), value)], for_commit=False)
         if code:
             log.warning("storing group %s failed: %s", g.group_id, E(code).name)
         return code
@@ -732,8 +726,8 @@ class GroupCoordinator:
                 continue
             e = OffsetEntry(offset, epoch, metadata or "", now)
             entries[(topic, part)] = e
-            recs.append((R.offset_key(group_id, topic, part),
-                         R.offset_value(R.OffsetValue(offset, epoch, e.metadata, now))))
+            recs.append((consumer_offsets.offset_key(group_id, topic, part),
+                         consumer_offsets.offset_value(consumer_offsets.OffsetValue(offset, epoch, e.metadata, now))))
         if recs:
             code, _ = await self.store.append(p, recs, for_commit=True)
             if not code and self.groups.get(group_id) is g:
@@ -803,8 +797,8 @@ class GroupCoordinator:
             return int(E.GROUP_ID_NOT_FOUND)
         if g.state != EMPTY:
             return int(E.NON_EMPTY_GROUP)
-        recs = [(R.offset_key(group_id, t, q), None) for (t, q) in g.offsets]
-        recs.append((R.group_key(group_id), None))
+        recs = [(consumer_offsets.offset_key(group_id, t, q), None) for (t, q) in g.offsets]
+        recs.append((consumer_offsets.group_key(group_id), None))
         code, _ = await self.store.append(p, recs, for_commit=False)
         if code:
             return code
@@ -831,13 +825,13 @@ class GroupCoordinator:
             else:
                 result[tp] = 0
                 if tp in g.offsets:
-                    recs.append((R.offset_key(group_id, tp[0], tp[1]), None))
+                    recs.append((consumer_offsets.offset_key(group_id, tp[0], tp[1]), None))
         if recs:
             code, _ = await self.store.append(p, recs, for_commit=True)
             if code:
                 return code, {}
             for k, _v in recs:
-                _, _g, t, q = R.decode_key(k)
+                _, _g, t, q = consumer_offsets.decode_key(k)
                 g.offsets.pop((t, q), None)
         return 0, result
 
@@ -859,9 +853,9 @@ class GroupCoordinator:
             dead = len(expired) == len(g.offsets)
             if not expired and not dead:
                 continue
-            recs = [(R.offset_key(g.group_id, t, q), None) for t, q in expired]
+            recs = [(consumer_offsets.offset_key(g.group_id, t, q), None) for t, q in expired]
             if dead:
-                recs.append((R.group_key(g.group_id), None))
+                recs.append((consumer_offsets.group_key(g.group_id), None))
             code, _ = await self.store.append(self._partition_number(g.group_id), recs, for_commit=False)
             if code or self.groups.get(g.group_id) is not g or g.state != EMPTY:
                 continue

@@ -27,7 +27,7 @@ from kbroker.client.connection import KafkaConnectionError, raise_for_error
 from kbroker.config import parse_properties
 from kbroker.record import decode_records, iter_batches
 
-from . import check_date_pattern, java_date, java_format, mib
+from .java_format import check_date_pattern, java_date, java_format, mib
 
 HEADER_TAIL = ", rebalance.time.ms, fetch.time.ms, fetch.MB.sec, fetch.nMsg.sec"
 HEADER = "start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, nMsg.sec" + HEADER_TAIL
