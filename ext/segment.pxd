@@ -1,8 +1,9 @@
-# C-level API of kbroker._native.segment: the active segment's in-memory state (Kafka's LogSegment
-# and the append side of its OffsetIndex/TimeIndex), so that a leader's append (roll check, check +
-# stamp + write, index and tail update) is one native call. kbroker.log.segment.LogSegment owns one
-# and keeps the policy (roll, errors, truncation, load/recovery). Declarations here must stay
-# identical to the definitions in segment.pyx.
+# C-level API of kbroker._native.segment: a segment's in-memory state (SegmentState: Kafka's LogSegment
+# and the append side of its OffsetIndex/TimeIndex; kbroker.log.segment.LogSegment owns one and keeps
+# the policy: roll, errors, truncation, load/recovery), a Log's per-request fields (LogState), one
+# log's leader-append settings (LeaderAppender), so that a leader's append (roll check, check + stamp
+# + write, index and tail update) is one native call; then the write-behind run and the read helpers
+# kbroker._native.request cimports.
 cimport cython
 from libc.stdint cimport int32_t, int64_t
 from posix.uio cimport iovec
@@ -92,7 +93,7 @@ cdef class LeaderAppender:
                   int64_t base) except -1
     cdef int commit(self, SegmentState st, object buf, Appended *out, int64_t position, int64_t base,
                     bint defer) except -1
-    # several partitions' plain appends (ext/request.pyx): all checked (no effect), then all appended
+    # several partitions' plain appends (ext/produce_path.pxi): all checked (no effect), then all appended
     cdef int check_plain(self, SegmentState st, object buf, object cfg, int64_t now_ms, char *p,
                          Py_ssize_t n) except -1
     cdef bint in_sequence(self, const char *p) except -1
@@ -105,11 +106,11 @@ cdef enum:
     NOT_PLAIN = -4
 
 
-# Write-behind run (ext/request.pyx dispatch_frames): between run_begin and run_end a plain leader
+# Write-behind run (ext/conn.pxi dispatch_frames): between run_begin and run_end a plain leader
 # append (LeaderAppender.append: not idempotent, no roll or flush due) is stamped and committed but
 # written only by run_end, one writev per log. -> run_end: how many logs failed to write theirs since
 # run_begin (their appends were unwound: the answers claiming them must not leave as they are).
-# ``set_run_tag(tag)``: the request whose appends follow (ext/request.pyx: its index in the run); each
+# ``set_run_tag(tag)``: the request whose appends follow (ext/lost.pxi: its index in the run); each
 # deferred batch keeps the tag current when it was deferred. ``run_lost()``: what failed since run_begin,
 # [(Log, error message, [tag of each batch cut away, in order]), ...] (taken: the list is emptied).
 cdef void run_begin() noexcept
@@ -119,7 +120,7 @@ cdef list run_lost()
 
 
 
-# Tail reads without a call (ext/request.pyx's fetch fast path; SegmentState.tail_position / tail_end
+# Tail reads without a call (ext/fetch_path.pxi; SegmentState.tail_position / tail_end
 # are these): the remembered batch at or after ``offset`` (-1 past the last, -2 the list does not
 # answer), and the last boundary at or below ``limit`` for a read from ``start`` (-2 does not answer).
 cdef int64_t tail_position(SegmentState st, int64_t offset, int64_t start_position) noexcept

@@ -1,16 +1,17 @@
 """Segment byte work for kbroker.log: appends, sparse-index search, batch walks.
 
 Contract
-- Files: a segment `.log` is RecordBatch v2 batches back to back (61-byte header, see
-  kafka-protocol-facts §2); `.index` entries are 8 bytes (relative offset u32, position u32),
+- Files: a segment `.log` is RecordBatch v2 batches back to back (61-byte header, layout.pxd);
+  `.index` entries are 8 bytes (relative offset u32, position u32),
   `.timeindex` entries 12 bytes (timestamp i64, relative offset u32), all big-endian.
 - Threads: every function here may be called from any thread; the byte loops (write, pread,
   CRC, binary search) run without the GIL. The callers in kbroker.log own the state and call
   from the broker's event-loop thread.
-- Nothing here keeps state between calls: a crash mid-call leaves at most a partial write,
-  which the caller truncates away (append) or the recovery scan cuts off (restart). The one
-  exception is a write-behind run (run_begin .. run_end, LeaderAppender): batches committed
-  inside it are written by run_end, which its caller (ext/request.pyx dispatch_frames) reaches
+- State: LogState / SegmentState mirror the state the kbroker.log objects own (those objects hold
+  them and keep the policy); the files stay the truth: a crash mid-call leaves at most a partial
+  write, which the caller truncates away (append) or the recovery scan cuts off (restart). A
+  write-behind run (run_begin .. run_end, LeaderAppender) defers writes: batches committed inside
+  it are written by run_end, which its caller (kbroker._native.request dispatch_frames) reaches
   before any answer of the run is sent and before the buffers holding them can be reused.
 """
 cimport cython
@@ -526,7 +527,7 @@ cdef class SegmentState:
 
 
 cdef int64_t tail_position(SegmentState st, int64_t offset, int64_t start_position) noexcept:
-    # SegmentState.tail_position (also ext/request.pyx's fetch fast path)
+    # SegmentState.tail_position (also ext/fetch_path.pxi)
     cdef Py_ssize_t lo = 0, hi = st.tail_n, mid
     if hi == 0 or offset <= st.tail_floor:
         return -2
@@ -542,7 +543,7 @@ cdef int64_t tail_position(SegmentState st, int64_t offset, int64_t start_positi
 
 
 cdef int64_t tail_end(SegmentState st, int64_t start, int64_t limit, bint min_one_batch) noexcept:
-    # SegmentState.tail_end (also ext/request.pyx's fetch fast path)
+    # SegmentState.tail_end (also ext/fetch_path.pxi)
     cdef Py_ssize_t lo = 0, hi = st.tail_n, mid, n = st.tail_n
     cdef int64_t byte_end
     if n == 0 or start < st.tail_pos[0]:
@@ -1050,14 +1051,14 @@ cdef class LeaderAppender:
     replaces Log.config, which the next append sees by identity; a LogConfig is never changed
     in place), and its count of messages appended since the last flush.
 
-    Write-behind: inside a run (run_begin .. run_end, opened by ext/request.pyx dispatch_frames
+    Write-behind: inside a run (run_begin .. run_end, opened by ext/conn.pxi dispatch_frames
     around the Produce frames of one receive chunk) a plain append is stamped in its buffer and
     committed to the segment's state, and its bytes are written by run_end with the run's other
     batches of this log (one writev). Anything else an append does here (roll, idempotent batch,
     flush due, another segment) writes the pending bytes first. A failed write cuts the log back
     to the first pending batch (``log._deferred_write_failed``), counts the failure for run_end and
-    records the cut-away batches' run tags (``run_lost``): the caller (ext/request.pyx
-    dispatch_frames) answers those requests' rows KAFKA_STORAGE_ERROR instead."""
+    records the cut-away batches' run tags (``run_lost``): the caller (dispatch_frames,
+    ext/conn.pxi and lost.pxi) answers those requests' rows KAFKA_STORAGE_ERROR instead."""
 
     def __cinit__(self):
         self.config = None
@@ -1206,7 +1207,7 @@ cdef class LeaderAppender:
         # What ``append`` would not end as a plain append (too short to read, idempotent but not
         # ``in_sequence``, flush or roll due), refused with no effect at all (nothing stamped, written, counted; no pending
         # bytes written): -> 0 when ``append_checked`` with the same ``now_ms`` will append the ``n``
-        # bytes at ``p`` (``buf``'s) as a plain append, else NOT_PLAIN; BatchError as ``append``. Several partitions of one request (ext/request.pyx) are all
+        # bytes at ``p`` (``buf``'s) as a plain append, else NOT_PLAIN; BatchError as ``append``. Several partitions of one request (ext/produce_path.pxi) are all
         # checked before the first is appended. The answer holds while nothing else appends to
         # this log.
         cdef Appended out
