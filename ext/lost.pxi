@@ -110,7 +110,7 @@ cdef bytes _rewrite_produce(bytes answer, int version, dict rows):
                 raise ValueError("truncated Produce response")
             message = rows.get((name, index)) if code == 0 else None
             if message is not None:
-                _produce_row(w, version, index, _KAFKA_STORAGE_ERROR, -1, -1, -1, message)
+                _produce_row(w, version, index, ERR_KAFKA_STORAGE_ERROR, -1, -1, -1, message)
             else:
                 w.reserve(pos - row)
                 memcpy(w.p + w.pos, s + row, pos - row)

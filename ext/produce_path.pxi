@@ -387,8 +387,6 @@ cdef bytes _encode_rows(int version, int32_t correlation_id, const unsigned char
 # ---- acks=all with followers: the request parked until the high watermark covers it ---------------
 cdef enum:
     _PARKED = -1                # a row still waiting (DelayedProduce's UNDECIDED)
-    _REQUEST_TIMED_OUT = 7      # Errors.REQUEST_TIMED_OUT
-    _KAFKA_STORAGE_ERROR = 56   # Errors.KAFKA_STORAGE_ERROR
 
 
 cdef class ParkedProduce:
@@ -420,7 +418,7 @@ cdef class ParkedProduce:
         cdef int32_t k
         for k in range(self.n):
             if self.code[k] == _PARKED:
-                self._decide(k, _REQUEST_TIMED_OUT)
+                self._decide(k, ERR_REQUEST_TIMED_OUT)
 
     def undecided(self):
         """The tps still waiting (DelayedProduce.undecided)."""
