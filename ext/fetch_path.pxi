@@ -27,16 +27,15 @@ cdef class FastFetch:
     the native path leaves (``fallback(conn, req)``). Reads the ReplicaManager's armed leader slots
     (``leaders``, shared with FastProduce), counts BytesOut per topic in ``bytes_out`` (never
     replaced), caps answers by the broker's ``fetch.max.bytes`` (``config_values``: the BrokerConfig's
-    dict of typed values) and copies records from the segments' read blocks (kbroker.log.segment
-    ``_blocks``: at most ``read_blocks`` of at most ``read_block`` bytes each; 0: none are kept).
+    dict of typed values) and copies records from the segments' read blocks (``blocks``: the process's
+    ReadBlocks, kbroker.log.segment.read_blocks, which LogSegment reads through too).
     ``fast``/``slow``: requests served natively / through ``fallback`` (tests, A/B)."""
 
     def __init__(self, fallback, rearm, dict leaders not None, dict bytes_out not None,
-                 dict config_values not None, dict blocks not None, Py_ssize_t read_blocks, int64_t read_block,
-                 int32_t local_id, dict topic_configs not None, complete, broker_metrics):
+                 dict config_values not None, ReadBlocks blocks not None, int32_t local_id,
+                 dict topic_configs not None, complete, broker_metrics):
         self.fallback, self.rearm, self.leaders, self.bytes_out = fallback, rearm, leaders, bytes_out
-        self.config_values, self.blocks = config_values, blocks
-        self.read_blocks, self.read_block, self.local_id = read_blocks, read_block, local_id
+        self.config_values, self.blocks, self.local_id = config_values, blocks, local_id
         self.topic_configs, self.complete, self.broker_metrics = topic_configs, complete, broker_metrics
 
     def reread(self, ConnState conn not None, bytes frame not None):
@@ -65,23 +64,19 @@ cdef int64_t _batch_position(FastFetch ff, seg, SegmentState st, int64_t offset,
     does (its block cursor moved the same way); _UNDECIDED where it would load a block or search the
     index and the file (the Python path then does)."""
     cdef int64_t pos = tail_position(st, offset, start_position), bpos, size = 0, base = -1, last = -1
-    cdef list block
-    cdef bytes data
+    cdef ReadBlock block
     if pos != -2:
         return pos                      # -1: past the last batch
-    if not ff.read_blocks:
-        return _UNDECIDED
     block = ff.blocks.get(seg)
-    if block is None or offset <= <int64_t>block[2]:
+    if block is None or offset <= block.floor:
         return _UNDECIDED
-    data = <bytes>block[1]
-    bpos = <int64_t>block[0]
-    pos = seek_in(PyBytes_AS_STRING(data), bpos, bpos + len(data),
-                  <int64_t>block[3] if offset > <int64_t>block[4] else bpos, st.size, offset, _I64_MAX,
+    bpos = block.pos
+    pos = seek_in(PyBytes_AS_STRING(block.data), bpos, bpos + len(block.data),
+                  block.cursor if offset > block.cursor_floor else bpos, st.size, offset, _I64_MAX,
                   &size, &base, &last)
     if size:
-        block[3] = pos
-        block[4] = base - 1
+        block.cursor = pos
+        block.cursor_floor = base - 1
         return pos if pos >= start_position else _UNDECIDED
     if pos + HEADER_SIZE > st.size:
         return -1                       # past the last batch
@@ -93,8 +88,7 @@ cdef int64_t _end_position(FastFetch ff, seg, SegmentState st, int64_t start, in
     """LogSegment.end_position(start, max_bytes, max_offset, min_one_batch) from the recent-batch
     list or the read block; _UNDECIDED where that method would load a block or walk the file."""
     cdef int64_t end = st.size, pos, limit, byte_end, bpos, bend, size = 0, base, last
-    cdef list block
-    cdef bytes data
+    cdef ReadBlock block
     if max_offset < st.next_offset:
         pos = _batch_position(ff, seg, st, max_offset, start)
         if pos == _UNDECIDED:
@@ -107,61 +101,20 @@ cdef int64_t _end_position(FastFetch ff, seg, SegmentState st, int64_t start, in
     byte_end = tail_end(st, start, limit, min_one_batch)
     if byte_end != -2:
         return end if end < byte_end else byte_end
-    if not ff.read_blocks:
-        return _UNDECIDED
     block = ff.blocks.get(seg)
     if block is None:
         return _UNDECIDED               # loads a block (a small read) or walks the file
-    data = <bytes>block[1]
-    bpos = <int64_t>block[0]
-    bend = bpos + len(data)
+    bpos = block.pos
+    bend = bpos + len(block.data)
     if start < bpos or (limit + HEADER_SIZE > bend and bend < end):
         return _UNDECIDED
-    pos = seek_in(PyBytes_AS_STRING(data), bpos, bend, start, end, _I64_MAX, limit, &size, &base, &last)
+    pos = seek_in(PyBytes_AS_STRING(block.data), bpos, bend, start, end, _I64_MAX, limit, &size, &base, &last)
     if not size:
         return _UNDECIDED               # the index and the file
     byte_end = pos
     if byte_end == start and min_one_batch:
         byte_end = start + size
     return end if end < byte_end else byte_end
-
-
-cdef list _block_holding(FastFetch ff, seg, SegmentState st, int64_t start, int64_t n):
-    """LogSegment.read_bytes' block for [start, start + n): the segment's read block when it holds the
-    range (moved to the most recently used end), else a new one read at ``start`` (LogSegment._load_block,
-    the least recently used block dropped past the limit); None when no block can hold it (the
-    Python path sends it from the file)."""
-    cdef list block
-    cdef int64_t bpos, want, floor
-    cdef bytes data
-    cdef dict blocks = ff.blocks
-    if not ff.read_blocks or n > ff.read_block:
-        return None
-    block = blocks.get(seg)
-    if block is not None:
-        bpos = <int64_t>block[0]
-        if start >= bpos and start + n <= bpos + len(<bytes>block[1]):
-            if next(reversed(blocks)) is not seg:
-                blocks[seg] = blocks.pop(seg)
-            return block
-    want = st.size - start
-    if want > ff.read_block:
-        want = ff.read_block
-    if want < n:
-        return None
-    data = PyBytes_FromStringAndSize(NULL, want)
-    if read_full(<int>seg.read_fd, PyBytes_AS_STRING(data), want, start) != want:
-        return None                     # cut underneath: the Python path reports it
-    floor = <int64_t>load_be64(PyBytes_AS_STRING(data)) - 1 if want >= HEADER_SIZE else _I64_MAX
-    block = [start, data, floor, start, floor]
-    blocks.pop(seg, None)
-    blocks[seg] = block
-    if len(blocks) > ff.read_blocks:
-        try:
-            del blocks[next(iter(blocks))]
-        except (KeyError, RuntimeError):
-            pass
-    return block
 
 
 cdef inline bint _valid_utf8(const unsigned char *s, Py_ssize_t n):
@@ -197,7 +150,8 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
                                             # offset, current leader epoch, log end, the row's position)
     cdef object client_id = None, rack = "", name, tparts, seg, cap, metrics, name0 = None
     cdef LogState lg
-    cdef list block, more = None            # BytesOut: the first topic with data (name0, total0), the others
+    cdef ReadBlock block
+    cdef list more = None                   # BytesOut: the first topic with data (name0, total0), the others
     cdef int64_t total0 = 0
     cdef FastLeader fl
     cdef SegmentState st
@@ -372,7 +326,8 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
                     total += n
                     if total >= sendfile_min:
                         return 0        # sent by sendfile
-                    block = _block_holding(ff, seg, st, start, n)
+                    # LogSegment.read_bytes' block (None: read from the file, by the Python path)
+                    block = ff.blocks.holding(seg, <int>seg.read_fd, start, n, st.size)
                     if block is None:
                         return 0
                 else:
@@ -383,7 +338,7 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
             w.i32(<int32_t>n)
             if n:
                 w.reserve(n)
-                memcpy(w.p + w.pos, PyBytes_AS_STRING(<bytes>block[1]) + (start - <int64_t>block[0]), n)
+                memcpy(w.p + w.pos, PyBytes_AS_STRING(block.data) + (start - block.pos), n)
                 w.pos += n
                 budget -= n
                 topic_total += n
@@ -470,14 +425,12 @@ cdef int _record_followers(FastFetch ff, list recs, _Writer w) except -1:
 
 cdef int _record_one(FastFetch ff, tuple rec, int64_t now) except -1:
     """One partition of _record_followers: Partition.update_follower (the follower's LEO, fetch epoch
-    and caught-up time), then, past the HW, maybe_increment_hw (HW = min LEO over the ISR, clamped as
-    Log.high_watermark's setter does) and _complete when it moved."""
-    cdef int64_t o, leo, hw, cur, f_leo, start
-    cdef object fs, p, f2, r
+    and caught-up time), then, past the HW, the leader's HW rule (LogState.advance_hw, as
+    Partition.maybe_increment_hw) and _complete when it moved."""
+    cdef int64_t o, leo
+    cdef object fs, p
     cdef LogState lg
     cdef FastLeader fl = <FastLeader>rec[0]
-    cdef list isr
-    cdef dict followers
     fs = rec[1]
     o = <int64_t>rec[2]
     leo = <int64_t>rec[4]
@@ -492,29 +445,9 @@ cdef int _record_one(FastFetch ff, tuple rec, int64_t now) except -1:
     fs.leo = o
     fs.fetch_epoch = rec[3]
     lg = fl.log
-    cur = lg._high_watermark
-    if o <= cur:
+    if o <= lg._high_watermark:
         return 0                        # an ISR follower at or below the HW cannot move it
     p = fl.partition
-    isr = p.isr
-    if len(isr) < <Py_ssize_t>lg.config.min_insync_replicas:
-        return 0
-    hw = leo
-    followers = p.followers
-    for r in isr:
-        if <int32_t>r == ff.local_id:
-            continue
-        f2 = followers.get(r)
-        if f2 is None:
-            return 0
-        f_leo = f2.leo
-        if f_leo < 0:
-            return 0
-        if f_leo < hw:
-            hw = f_leo
-    if hw <= cur:
-        return 0
-    start = lg.log_start_offset
-    lg._high_watermark = (hw if hw > start else start) if hw < leo else leo
-    ff.complete(p)
+    if lg.advance_hw(p.isr, p.followers, ff.local_id, <Py_ssize_t>lg.config.min_insync_replicas, leo):
+        ff.complete(p)
     return 0

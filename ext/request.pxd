@@ -2,7 +2,7 @@
 # lists the includes). Fields a class keeps private are still declared here: Cython needs one place.
 from libc.stdint cimport int16_t, int32_t, int64_t
 
-from kbroker._native.segment cimport LeaderAppender, LogState, SegmentState
+from kbroker._native.segment cimport LeaderAppender, LogState, ReadBlocks, SegmentState
 
 
 cdef enum:
@@ -141,9 +141,7 @@ cdef class FastFetch:
     cdef dict leaders                       # the armed leader slots, shared with FastProduce
     cdef dict bytes_out                     # BrokerMetrics' BytesOut per topic (never replaced)
     cdef dict config_values                 # the BrokerConfig's typed values (fetch.max.bytes)
-    cdef dict blocks                        # kbroker.log.segment's read blocks
-    cdef Py_ssize_t read_blocks             # kbroker.log.segment.READ_BLOCKS (0: no blocks)
-    cdef int64_t read_block                 # the size of one read block
+    cdef ReadBlocks blocks                  # the process's read blocks (kbroker.log.segment.read_blocks)
     cdef int32_t local_id                   # this broker's id
     cdef dict topic_configs                 # LogManager.topic_configs (topic -> overrides; never replaced)
     cdef object complete                    # ReplicaManager._complete: a follower's fetch moved the HW

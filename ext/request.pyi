@@ -165,8 +165,8 @@ class FastFetch:
     follower_polled: int    # followers' fetches recorded natively, long-polled by ``fallback``
     follower_slow: int      # followers' fetches left whole to ``fallback``
     def __init__(self, fallback: Any, rearm: Any, leaders: dict, bytes_out: dict[str, int],
-                 config_values: dict, blocks: dict, read_blocks: int, read_block: int, local_id: int,
-                 topic_configs: dict, complete: Any, broker_metrics: Any) -> None: ...
+                 config_values: dict, blocks: Any, local_id: int, topic_configs: dict, complete: Any,
+                 broker_metrics: Any) -> None: ...
     def reread(self, conn: Any, frame: bytes) -> list | None:
         """A long poll's read of a recorded follower fetch -> [chunks, records' size] or None (Python)."""
     def __call__(self, conn: Any, req: FetchRequest) -> Any: ...

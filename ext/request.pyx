@@ -42,8 +42,8 @@ cdef extern from "Python.h":
     void *PyUnicode_DATA(object)
 
 from kbroker._native.hton cimport load_be16, load_be32, load_be64, store_be16, store_be32, store_be64
-from kbroker._native.segment cimport (LeaderAppender, LogState, SegmentState, read_full, run_begin, run_end, run_lost,
-                                      seek_in, set_run_tag, tail_end, tail_position)
+from kbroker._native.segment cimport (LeaderAppender, LogState, ReadBlock, ReadBlocks, SegmentState, run_begin,
+                                      run_end, run_lost, seek_in, set_run_tag, tail_end, tail_position)
 from errors cimport ERR_KAFKA_STORAGE_ERROR, ERR_REQUEST_TIMED_OUT
 from layout cimport HEADER_SIZE
 

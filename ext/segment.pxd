@@ -59,6 +59,7 @@ cdef class LogState:
     cdef public object config, segments, write_future, _write_job
     cdef public bint offline, dirty
     cdef public int64_t log_start_offset, _high_watermark
+    cpdef bint advance_hw(self, list isr, dict followers, int local_id, Py_ssize_t min_isr, int64_t leo) except -1
 
 
 @cython.final
@@ -132,3 +133,27 @@ cdef int read_full(int fd, char *buf, int64_t n, int64_t pos) noexcept nogil
 cdef int64_t seek_in(const char *data, int64_t block_pos, int64_t block_end, int64_t start, int64_t end,
                      int64_t target_offset, int64_t limit_position, int64_t *size_out, int64_t *base_out,
                      int64_t *last_out) noexcept
+
+
+# Read blocks (kbroker.log.segment READ_BLOCK / READ_BLOCKS): the bytes of a segment's file from a batch
+# boundary, kept so that small reads walk batch headers and copy records from memory. One ReadBlocks
+# (the process's, kbroker.log.segment.read_blocks) serves LogSegment and the native Fetch path.
+@cython.final
+cdef class ReadBlock:
+    cdef readonly int64_t pos               # file position of data[0], a batch boundary
+    cdef readonly bytes data                # the file's bytes from ``pos`` (below the size the segment had)
+    cdef readonly int64_t floor             # first batch's base offset - 1 (INT64_MAX: no whole header):
+                                            # no batch before ``pos`` holds an offset above it
+    cdef public int64_t cursor              # a batch boundary in the block, where the last walk stopped
+    cdef public int64_t cursor_floor        # the cursor batch's base offset - 1
+
+
+@cython.final
+cdef class ReadBlocks:
+    cdef readonly dict by_segment           # LogSegment -> ReadBlock, least recently used first
+    cdef readonly Py_ssize_t limit          # blocks kept at most (0: none: every method answers None)
+    cdef readonly int64_t block_size        # bytes per block at most
+    cpdef ReadBlock get(self, seg)
+    cpdef ReadBlock load(self, seg, int fd, int64_t pos, int64_t size)
+    cpdef ReadBlock holding(self, seg, int fd, int64_t start, int64_t n, int64_t size)
+    cpdef forget(self, seg)

@@ -139,9 +139,8 @@ class ReplicaManager:
         from ..log import segment
         self.fast_fetch_handler = FastFetch(fallback, self._fast_rearm, self._fast_leaders,
                                             self.broker.metrics.bytes_out, self.broker.config._values,
-                                            segment._blocks, segment.READ_BLOCKS, segment.READ_BLOCK,
-                                            self.broker_id, self.logs.topic_configs, self._complete,
-                                            self.broker.metrics)
+                                            segment.read_blocks, self.broker_id, self.logs.topic_configs,
+                                            self._complete, self.broker.metrics)
         self._fast_refresh_all()
         return self.fast_fetch_handler
 
