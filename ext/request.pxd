@@ -103,7 +103,7 @@ cdef class FastProduce:
     cdef object write_failed                # produce.fast_write_failed (bound to the broker): a write failed
     cdef dict leaders                       # topic -> {partition index: FastLeader} (arm_leader / disarm_leader)
     cdef dict messages_in, bytes_in         # BrokerMetrics' per-topic counts (never replaced)
-    cdef dict notify                        # AppendNotifier._waiters (never replaced)
+    cdef dict notify                        # AppendNotifier.waiters (never replaced)
     cdef object appended                    # AppendNotifier.appended
     cdef dict failing_dirs                  # ReplicaManager._failing_dirs (never replaced)
     cdef int64_t big                        # AppendThreads.write_offload_bytes
