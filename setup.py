@@ -6,7 +6,7 @@ build is required: a compiler or Cython error fails ``pip install`` loudly, ther
 slow pure-Python fallback in production.
 
 Environment:
-  KBROKER_DEBUG=1   annotate HTML, line tracing, -O0 -g and -DKBROKER_DEBUG (debug counters)
+  KBROKER_DEBUG=1   annotate HTML, line tracing, bounds checks, -O0 -g
 """
 import glob
 import os
@@ -38,7 +38,7 @@ C_DEPS = {
 
 def extensions():
     cflags = ["-Wall", "-Wno-unused-function", "-Wno-unreachable-code"]
-    cflags += ["-O0", "-g", "-DKBROKER_DEBUG=1"] if DEBUG else ["-O3"]
+    cflags += ["-O0", "-g"] if DEBUG else ["-O3"]
     macros = [("CYTHON_TRACE", "1")] if DEBUG else []
     exts = []
     for pyx in sorted(glob.glob("ext/*.pyx")):

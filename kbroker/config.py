@@ -703,6 +703,12 @@ class BrokerConfig:
         return cls.from_text(text, overrides, source=str(path))
 
     # -- raw access ------------------------------------------------------------------------------
+    @property
+    def values(self) -> dict[str, Any]:
+        """Every known key's typed value: the config's own dict, to read and never write (the native
+        Fetch path holds it and reads fetch.max.bytes per request without a method call)."""
+        return self._values
+
     def get(self, key: str) -> Any:
         """The typed value of a known broker key (Kafka's default when unset; None if Kafka has none)."""
         try:

@@ -1,11 +1,12 @@
 """Small fetches from the segments' read blocks (LogSegment.batch_position / end_position / read_bytes
-with kbroker.log.segment READ_BLOCKS): every answer must equal the one read from the index and the file
+through kbroker.log.segment.read_blocks): every answer must equal the one read from the index and the file
 without blocks — positions, ends and the bytes themselves — for readers moving batch by batch, jumping
 around, at the tail, and across appends, rolls, follower truncation and a reload. A sequential reader
 must need about one pread per block, not three per fetch. The checker is shown to see a stale block."""
 import os
 import random
 
+from kbroker._native.segment import ReadBlocks
 from kbroker.log import Log, LogConfig
 from kbroker.log import segment as segment_mod
 
@@ -14,8 +15,9 @@ from test_log import T0, batch
 
 def _reference(seg, offset, max_bytes, max_offset, one):
     """(start, end, bytes) from the index and the file alone: no tail list, no block."""
-    saved = seg._tail_last, seg._tail_pos, segment_mod.READ_BLOCKS
-    seg._tail_last, seg._tail_pos, segment_mod.READ_BLOCKS = [], [], 0
+    saved = seg._tail_last, seg._tail_pos, segment_mod.read_blocks
+    seg._tail_last, seg._tail_pos = [], []
+    segment_mod.read_blocks = ReadBlocks(0, segment_mod.READ_BLOCK)
     try:
         r = seg.translate_offset(offset)
         if r is None:
@@ -23,7 +25,7 @@ def _reference(seg, offset, max_bytes, max_offset, one):
         end = seg.end_position(r[0], max_bytes, max_offset, one)
         return r[0], end, os.pread(seg.read_fd, end - r[0], r[0])
     finally:
-        seg._tail_last, seg._tail_pos, segment_mod.READ_BLOCKS = saved
+        seg._tail_last, seg._tail_pos, segment_mod.read_blocks = saved
 
 
 def _with_blocks(seg, offset, max_bytes, max_offset, one):
@@ -54,12 +56,38 @@ def _mismatches(log, offsets, rng, fixed=None):
     return bad
 
 
+class _CountingBlocks:
+    """segment_mod.read_blocks with each block read from the file listed as a "pread"."""
+
+    def __init__(self, inner, calls):
+        self.inner, self.calls, self.limit = inner, calls, inner.limit
+
+    def get(self, seg):
+        return self.inner.get(seg)
+
+    def forget(self, seg):
+        self.inner.forget(seg)
+
+    def load(self, seg, fd, pos, size):
+        self.calls.append("pread")
+        return self.inner.load(seg, fd, pos, size)
+
+    def holding(self, seg, fd, start, n, size):
+        before = self.inner.get(seg)
+        block = self.inner.holding(seg, fd, start, n, size)
+        if block is not None and block is not before:
+            self.calls.append("pread")
+        return block
+
+
 def _count_file_reads(monkeypatch) -> list:
-    """From now on every os.pread ("pread") and native header walk in the file ("seek") is listed."""
+    """From now on every file read ("pread": os.pread and block loads) and native header walk in the
+    file ("seek") is listed."""
     calls = []
     real_pread, real_seek = os.pread, segment_mod._native.seek_batch
     monkeypatch.setattr(os, "pread", lambda *a: calls.append("pread") or real_pread(*a))
     monkeypatch.setattr(segment_mod._native, "seek_batch", lambda *a: calls.append("seek") or real_seek(*a))
+    monkeypatch.setattr(segment_mod, "read_blocks", _CountingBlocks(segment_mod.read_blocks, calls))
     return calls
 
 
@@ -139,10 +167,13 @@ def test_the_checker_sees_a_stale_block(tmp_path):
     _grow(log, rng, 200)
     seg = log.segments[-1]
     _with_blocks(seg, 10, 200, log.log_end_offset, True)    # a small read: a block at offset 10's batch
-    block = segment_mod._blocks[seg]
-    spoiled = bytearray(block[1])
-    spoiled[segment_mod._HEADER + 5] ^= 0xFF        # one byte of the first batch's record differs from the file
-    block[1] = bytes(spoiled)
+    block = segment_mod.read_blocks.get(seg)
+    at = block.pos + segment_mod._HEADER + 5        # one byte of the block's first batch's records
+    fd = os.open(seg.log_path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, bytes([block.data[at - block.pos] ^ 0xFF]), at)   # the file now differs from the block
+    finally:
+        os.close(fd)
     seg._tail_last, seg._tail_pos = [], []          # so reads near the end come from the block too
     bad = _mismatches(log, range(10, 40), rng, fixed=(200, True))
     assert bad and not bad[0][-1]                   # same positions, other bytes
@@ -166,9 +197,10 @@ def test_large_reads_load_no_blocks(tmp_path, monkeypatch):
         return ends, list(calls)
 
     with_blocks = reads()
-    monkeypatch.setattr(segment_mod, "READ_BLOCKS", 0)
+    blocks = segment_mod.read_blocks
+    monkeypatch.setattr(segment_mod, "read_blocks", ReadBlocks(0, segment_mod.READ_BLOCK))
     without = reads()
-    assert with_blocks == without and segment_mod._blocks.get(log.segments[-1]) is None
+    assert with_blocks == without and blocks.get(log.segments[-1]) is None
     log.close()
 
 

@@ -8,6 +8,7 @@ statement, module level or inside a function, resolved to an absolute module nam
 - nothing imports kbroker.server except itself and the command that runs a broker.
 """
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,52 @@ def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
 @pytest.mark.parametrize("layer", sorted(WALLS))
 def test_each_layer_exists(layer):
     assert any(within(name, layer) for name, _ in modules()), f"no modules found for {layer}"
+
+
+# The native rooms (ext/), lowest first: a module cimports only rooms of a lower rank. Ranks 0 and 1
+# are declarations and inline helpers with no module behind (C headers, then what builds on them); a
+# .pxi is part of the module that includes it.
+NATIVE_RANKS = {
+    "hton": 0, "ccrc32c": 0, "czlib": 0, "errors": 0,
+    "varint": 1, "layout": 1,
+    "crc": 2, "codec": 2, "batch": 2, "sendio": 2,
+    "segment": 3, "cleaner": 3, "arrow": 3,
+    "request": 4,
+}
+NATIVE_INCLUDES = {"wire": "request", "reqstats": "request", "slots": "request", "produce_path": "request",
+                   "fetch_path": "request", "lost": "request", "conn": "request"}
+_CIMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+cimport\b|cimport\s+([\w.]+))", re.M)
+_NOT_OURS = ("libc", "posix", "cpython", "cython", "libcpp")
+
+
+def native_violations(ext: Path) -> list[str]:
+    out = []
+    for path in sorted(p for p in ext.iterdir() if p.suffix in (".pyx", ".pxd", ".pxi")):
+        owner = NATIVE_INCLUDES.get(path.stem, path.stem)
+        if owner not in NATIVE_RANKS:
+            out.append(f"{path.name}: not a known native room (add it to NATIVE_RANKS or NATIVE_INCLUDES)")
+            continue
+        for m in _CIMPORT.finditer(path.read_text()):
+            target = (m.group(1) or m.group(2)).removeprefix("kbroker._native.")
+            if target.split(".")[0] in _NOT_OURS:
+                continue
+            if target not in NATIVE_RANKS:
+                out.append(f"{path.name} cimports {target}: not a known native room")
+            elif NATIVE_RANKS[target] >= NATIVE_RANKS[owner]:
+                out.append(f"{path.name} cimports {target} (rank {NATIVE_RANKS[target]} is not below "
+                           f"{owner}'s {NATIVE_RANKS[owner]})")
+    return out
+
+
+def test_native_cimport_walls_hold():
+    assert native_violations(ROOT / "ext") == []
+
+
+def test_the_native_checker_sees_a_violation(tmp_path):
+    (tmp_path / "batch.pyx").write_text("from kbroker._native.request cimport Slot\nfrom libc.stdint cimport int32_t\n")
+    (tmp_path / "wire.pxi").write_text("from varint cimport read_varint\n")
+    (tmp_path / "mystery.pyx").write_text("")
+    found = native_violations(tmp_path)
+    assert any(v.startswith("batch.pyx cimports request") for v in found), found
+    assert any(v.startswith("mystery.pyx: not a known native room") for v in found), found
+    assert not any(v.startswith("wire.pxi") for v in found), found

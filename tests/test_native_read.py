@@ -138,12 +138,13 @@ def _session(srv, native: bool) -> tuple[list[bytes], int]:
         s.settimeout(10)
         s.sendall(api.encode_request(18, 0, 0, "c", {}))
         _read_answers(s, 1)
-        # the transport's readable callback: ext/request.pyx recv_ready on the native path, asyncio's own
-        # _read_ready__get_buffer on the Python one
+        # the transport's readable callback: ext/conn.pxi recv_ready on the native path, asyncio's own
+        # _read_ready__get_buffer on the Python one or where asyncio's internals are not to be used
         if srv.loop_name == "asyncio":          # uvloop's transport reads in its own C, then calls on_read
-            cbs = srv.call(lambda: [getattr(c.transport._read_ready_cb, "__name__", "?")
+            internals = srv.call(lambda: srv.server.asyncio_internals)
+            cbs = srv.call(lambda: [(getattr(c.transport._read_ready_cb, "__name__", "?"), c._direct_write)
                                     for c in srv.server.connections])
-            assert cbs == (["recv_ready"] if native else ["_read_ready__get_buffer"]), cbs
+            assert cbs == [("recv_ready" if native and internals else "_read_ready__get_buffer", internals)], cbs
         small, n = _stream(1)
         for k in range(1, len(small)):           # every byte boundary: two reads
             s.sendall(small[:k])
@@ -184,6 +185,19 @@ def test_split_reads_answer_the_same_native_and_python(loop_name):
     # each path really served its session, and the splits were separate reads (most of them)
     assert native_reads[1] == 0 and native_reads[0] > len(small), native_reads
     assert python_reads[0] == 0 and python_reads[1] > len(small), python_reads
+
+
+def test_without_asyncio_internals_the_native_read_keeps_to_the_public_transport():
+    """On a CPython minor version other than kbroker.network.server.ASYNCIO_INTERNALS_VERSION (here: the
+    server's asyncio_internals switched off) the transport's own readable callback and writes serve,
+    the frames still go through on_read, and every answer equals the Python reference path's."""
+    handlers = {18: _api_versions, 3: _metadata}
+    with ServerThread(handlers, "asyncio", native_handlers={0: _produce, 1: _fetch}) as srv:
+        srv.call(lambda: setattr(srv.server, "asyncio_internals", False))
+        public, public_reads = _session(srv, True)
+        python, _python_reads = _session(srv, False)
+    assert public == python
+    assert public_reads[1] == 0 and public_reads[0] > 0, public_reads
 
 
 @pytest.mark.parametrize("loop_name", LOOPS)

@@ -40,7 +40,7 @@ def test_an_append_completes_the_poll_at_once():
         assert await asyncio.wait_for(fut, 1.0) == 100
         assert loop.time() - t0 < 1.0
         assert d.reads == 1
-        assert not n._waiters          # nothing left registered
+        assert not n.waiters          # nothing left registered
     run(main())
 
 
@@ -52,11 +52,11 @@ def test_too_little_waits_for_the_next_append():
         n.appended(TP)
         await asyncio.sleep(0.01)
         assert not fut.done() and d.reads == 1
-        assert n._waiters[TP]          # re-registered for the next append
+        assert n.waiters[TP]          # re-registered for the next append
         d.size = 250
         n.appended(TP)
         assert await asyncio.wait_for(fut, 1.0) == 250
-        assert d.reads == 2 and not n._waiters
+        assert d.reads == 2 and not n.waiters
     run(main())
 
 
@@ -68,7 +68,7 @@ def test_the_deadline_answers_with_what_there_is():
         fut = long_poll(n, [TP], n.waiter([TP]), 0.1, d.read, lambda size: size >= 1)
         assert await asyncio.wait_for(fut, 2.0) == 0
         assert loop.time() - t0 >= 0.09
-        assert d.reads == 1 and not n._waiters
+        assert d.reads == 1 and not n.waiters
     run(main())
 
 
@@ -88,11 +88,11 @@ def test_a_cancelled_poll_leaves_nothing_behind():
         n, d = AppendNotifier(), Data()
         loop = asyncio.get_running_loop()
         fut = long_poll(n, [TP, ("t", 1)], n.waiter([TP, ("t", 1)]), 5.0, d.read, lambda size: size >= 1)
-        assert n._waiters
+        assert n.waiters
         timers = len(loop._scheduled)
         fut.cancel()
         await asyncio.sleep(0)
-        assert not n._waiters
+        assert not n.waiters
         assert sum(not h.cancelled() for h in loop._scheduled) <= timers - 1
         n.appended(TP)                 # a later append finds nothing to wake
         await asyncio.sleep(0)
@@ -116,7 +116,7 @@ def test_a_failing_read_fails_the_future_instead_of_hanging():
             assert "on purpose" in str(exc)
         else:
             raise AssertionError("the poll answered although its read failed")
-        assert not n._waiters
+        assert not n.waiters
     run(main())
 
 
@@ -207,7 +207,7 @@ def test_a_finished_poll_is_freed_without_the_cyclic_collector():
         del woken, later, timed, failed, cancelled
         for _ in range(3):
             await asyncio.sleep(0)     # the futures' own done-callbacks run
-        assert not n._waiters
+        assert not n.waiters
         return refs
 
     gc.collect()
