@@ -24,10 +24,38 @@ from kbroker.zk.local import start_zookeeper
 _API_VERSIONS_V0 = struct.pack(">ihhih", 10, 18, 0, 1, 0)
 
 
+# Under pytest-xdist every worker hands out ports from its own block below Linux's ephemeral range
+# (32768+): a port picked here (not bound until the broker starts) is then never picked by another
+# worker, nor taken meanwhile by a client's outgoing connection. Blocks start at the base port.
+_WORKER_PORT_BASE = 20000
+_WORKER_PORT_BLOCK = 500
+_next_in_block = 0
+
+
+def _worker_index() -> int | None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else None
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing is bound to now (the caller binds it later)."""
+    global _next_in_block
+    index = _worker_index()
+    if index is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    first = _WORKER_PORT_BASE + index * _WORKER_PORT_BLOCK
+    for _ in range(_WORKER_PORT_BLOCK):
+        port = first + _next_in_block
+        _next_in_block = (_next_in_block + 1) % _WORKER_PORT_BLOCK
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # a listener, or TIME_WAIT leftovers of one: take the next
+                continue
+            return port
+    raise OSError(f"no free port in {first}..{first + _WORKER_PORT_BLOCK - 1}")
 
 
 def wait_until(predicate, timeout: float = 20.0, what: str = "condition", interval: float = 0.05):

@@ -31,3 +31,30 @@ def kafka_cluster(tmp_path_factory):
 @pytest.fixture
 def bootstrap(kafka_cluster):
     return kafka_cluster.bootstrap
+
+
+# Timing-sensitive or CPU-heavy tests: on a busy machine they would measure the other workers,
+# so scripts/test.sh runs them alone after the parallel run (marker `serial`).
+SERIAL = ("tests/perf/", "tests/spark/", "tests/cluster/test_network_looplag.py",
+          "tests/cluster/test_event_loop_clients.py", "tests/unit/perf/test_latency_limiter.py")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--serial-tests", choices=("all", "skip", "only"), default="all",
+                     help="run the `serial` tests with the others (all), leave them out (skip) or run only them "
+                          "(only); scripts/test.sh uses skip for its parallel run and only for the serial one")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid.startswith(SERIAL):
+            item.add_marker(pytest.mark.serial)
+    which = config.getoption("--serial-tests")
+    if which == "all":
+        return
+    keep, drop = [], []
+    for item in items:
+        (keep if (item.get_closest_marker("serial") is not None) == (which == "only") else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep

@@ -21,12 +21,7 @@ from kbroker.client import (Admin, BrokerConnection, Cluster, ConfigResource, Co
                             Producer, partition_for_key)
 from kbroker.protocol import api
 from kbroker.protocol.errors import Errors
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from kbroker.testing import free_port
 
 
 def wait_port(port: int, proc: subprocess.Popen | None = None, timeout: float = 15.0) -> None:
