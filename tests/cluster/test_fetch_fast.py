@@ -39,15 +39,16 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from checkers import FETCH, RawConn, all_batches, create_topic, segment_files, wait_for_topic
 from kbroker.testing import wait_until
+from kbroker.protocol.errors import Errors
 from test_produce_fast import (alter_topic, leader_conn, new_topic, one, produce_confluent, produce_raw,  # noqa: F401
                                rf3_topic, single, three)
 from test_produce_fast import test_long_poll_woken_by_native_append as _produce_long_poll
 
-OFFSET_OUT_OF_RANGE = 1
-UNKNOWN_TOPIC_OR_PARTITION = 3
-NOT_LEADER_OR_FOLLOWER = 6
-FENCED_LEADER_EPOCH = 74
-UNKNOWN_LEADER_EPOCH = 75
+OFFSET_OUT_OF_RANGE = Errors.OFFSET_OUT_OF_RANGE
+UNKNOWN_TOPIC_OR_PARTITION = Errors.UNKNOWN_TOPIC_OR_PARTITION
+NOT_LEADER_OR_FOLLOWER = Errors.NOT_LEADER_OR_FOLLOWER
+FENCED_LEADER_EPOCH = Errors.FENCED_LEADER_EPOCH
+UNKNOWN_LEADER_EPOCH = Errors.UNKNOWN_LEADER_EPOCH
 _COUNTER = re.compile(r'^kbroker_fetch_native_requests_total\{path="(\w+)"\} (\S+)$', re.M)
 
 

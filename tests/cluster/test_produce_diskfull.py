@@ -14,9 +14,10 @@ import pytest
 
 from checkers import RawConn, create_topic, wait_until
 from kbroker.testing import LocalCluster
+from kbroker.protocol.errors import Errors
 from test_hostile_attacks import _batch, _produce, _record
 
-KAFKA_STORAGE_ERROR = 56
+KAFKA_STORAGE_ERROR = Errors.KAFKA_STORAGE_ERROR
 TMPFS_MIB = 24
 FAIL_LINE = "fail (first:"
 OK_LINE = "succeed again"

@@ -36,14 +36,15 @@ from checkers import (FETCH, PRODUCE, RawConn, all_batches, create_topic, end_of
                       wait_for_topic)
 from kbroker._native.crc import crc32c
 from kbroker.testing import LocalCluster, free_port, wait_until
+from kbroker.protocol.errors import Errors
 from test_hostile_attacks import _batch, _record
 from test_produce_diskfull import _fill, _fill_to_last_page, tmpfs  # noqa: F401 (tmpfs: the fixture)
 
-NOT_LEADER_OR_FOLLOWER = 6
-MESSAGE_TOO_LARGE = 10
-INVALID_TOPIC_EXCEPTION = 17
-UNKNOWN_TOPIC_OR_PARTITION = 3
-KAFKA_STORAGE_ERROR = 56
+NOT_LEADER_OR_FOLLOWER = Errors.NOT_LEADER_OR_FOLLOWER
+MESSAGE_TOO_LARGE = Errors.MESSAGE_TOO_LARGE
+INVALID_TOPIC_EXCEPTION = Errors.INVALID_TOPIC_EXCEPTION
+UNKNOWN_TOPIC_OR_PARTITION = Errors.UNKNOWN_TOPIC_OR_PARTITION
+KAFKA_STORAGE_ERROR = Errors.KAFKA_STORAGE_ERROR
 
 
 def counts(port: int) -> dict:
@@ -783,9 +784,9 @@ def test_rf3_leadership_move(three):
 
 
 # ---- acks=-1 with followers: appended natively, parked until the HW covers it (ParkedProduce) ----------
-REQUEST_TIMED_OUT = 7
-NOT_ENOUGH_REPLICAS = 19
-NOT_ENOUGH_REPLICAS_AFTER_APPEND = 20
+REQUEST_TIMED_OUT = Errors.REQUEST_TIMED_OUT
+NOT_ENOUGH_REPLICAS = Errors.NOT_ENOUGH_REPLICAS
+NOT_ENOUGH_REPLICAS_AFTER_APPEND = Errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND
 
 
 def _metadata(c, bid, topic):

@@ -27,8 +27,9 @@ from kbroker._native.crc import crc32c
 from kbroker.protocol import api
 from kbroker.record.compression import compress
 from kbroker.testing import LocalCluster
+from kbroker.protocol.errors import Errors
 
-CORRUPT_MESSAGE = 2
+CORRUPT_MESSAGE = Errors.CORRUPT_MESSAGE
 ZSTD = 4
 BOMB_BYTES = 70 << 20            # past the broker's 64 MiB decompression cap: ~50 ms of zstd each
 BURST = 24                       # bombs pipelined in one write: ~1.2 s of decompression if on the loop

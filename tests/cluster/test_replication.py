@@ -19,11 +19,12 @@ from confluent_kafka import Producer
 from checkers import FETCH, METADATA, PRODUCE, History, RawConn, all_batches, read_all_confluent
 from kbroker._native.batch import BatchBuilder
 from kbroker.testing import LocalCluster, wait_until
+from kbroker.protocol.errors import Errors
 
 LAG_MS = 3000
 TOPIC = "rep"
-NOT_ENOUGH_REPLICAS = 19
-NOT_LEADER_OR_FOLLOWER = 6
+NOT_ENOUGH_REPLICAS = Errors.NOT_ENOUGH_REPLICAS
+NOT_LEADER_OR_FOLLOWER = Errors.NOT_LEADER_OR_FOLLOWER
 
 
 @pytest.fixture

@@ -29,12 +29,13 @@ from checkers import PRODUCE, History, all_batches, read_all_confluent
 from kbroker._native.batch import BatchBuilder
 from kbroker.protocol import api
 from kbroker.testing import LocalCluster, wait_until
+from kbroker.protocol.errors import Errors
 from proxy import TcpProxy
 from test_replication import TOPIC, LoadProducer, make_topic, state, wait_acks_grow, wait_isr, wait_unregistered
 
 LAG_MS = 3000
-NOT_ENOUGH_REPLICAS = 19
-NOT_ENOUGH_REPLICAS_AFTER_APPEND = 20
+NOT_ENOUGH_REPLICAS = Errors.NOT_ENOUGH_REPLICAS
+NOT_ENOUGH_REPLICAS_AFTER_APPEND = Errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND
 
 
 class RawAcksAllSender:

@@ -27,12 +27,13 @@ from checkers import RawConn, check_acked, consume_confluent, log_end_offset, wa
 from kbroker._native.batch import BatchBuilder, iter_batches
 from kbroker.protocol.api import decode_response, encode_request
 from kbroker.testing import LocalCluster, wait_until
+from kbroker.protocol.errors import Errors
 
 import test_crash_recovery
 from test_hostile_ops import KAFKA_STORAGE_ERROR, tmpfs  # noqa: F401 (a fixture: a small tmpfs, root only)
 
 RECORDS = 3000
-INVALID_RECORD = 87
+INVALID_RECORD = Errors.INVALID_RECORD
 
 
 @pytest.fixture(scope="module")

@@ -20,9 +20,10 @@ import pytest
 
 from checkers import RawConn, create_topic, log_end_offset, wait_until
 from kbroker.testing import LocalCluster
+from kbroker.protocol.errors import Errors
 from test_hostile_attacks import _batch, _produce, _record
 
-KAFKA_STORAGE_ERROR = 56
+KAFKA_STORAGE_ERROR = Errors.KAFKA_STORAGE_ERROR
 DELETE_DELAY_MS = 2000
 TMPFS_MIB = 24
 

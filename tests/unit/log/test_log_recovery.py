@@ -7,22 +7,17 @@ import sys
 
 import pytest
 from kafka.record import MemoryRecords
-from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from kbroker.log import Log, LogConfig
 from kbroker.log.segment import STATS
+import builders
 import paths
 
-T0 = 1_700_000_000_000
+T0 = builders.T0
 
 
 def batch(n=3, value_size=100, ts=T0):
-    b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False,
-                                  producer_id=-1, producer_epoch=-1, base_sequence=-1,
-                                  batch_size=1 << 22)
-    for i in range(n):
-        b.append(i, timestamp=ts + i, key=None, value=b"r" * value_size, headers=[])
-    return memoryview(bytearray(b.build()))
+    return builders.batch(n, value_size, ts, key=None, fill=b"r")
 
 
 def reopen(path, clean, **kw):
