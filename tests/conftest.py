@@ -36,7 +36,14 @@ def bootstrap(kafka_cluster):
 # Timing-sensitive or CPU-heavy tests: on a busy machine they would measure the other workers,
 # so scripts/test.sh runs them alone after the parallel run (marker `serial`).
 SERIAL = ("tests/perf/", "tests/spark/", "tests/cluster/test_network_looplag.py",
-          "tests/cluster/test_event_loop_clients.py", "tests/unit/perf/test_latency_limiter.py")
+          "tests/cluster/test_event_loop_clients.py", "tests/unit/perf/test_latency_limiter.py",
+          # event-loop stall bounds, idle percentage, replication throttle rates
+          "tests/cluster/test_broker_fetch.py::test_huge_list_offsets_does_not_hold_the_loop",
+          "tests/hostile/test_hostile_attacks.py::test_huge_metadata_request_does_not_hold_the_loop",
+          "tests/cluster/test_metrics.py::test_idle_percent_falls_under_load",
+          "tests/cluster/test_configs_broker.py::"
+          "test_rate_set_through_the_api_throttles_a_follower_and_delete_lifts_it",
+          "tests/cluster/test_replication_throttle.py::")
 
 
 def pytest_addoption(parser):
