@@ -6,22 +6,12 @@ import threading
 
 import pytest
 from kafka.record import MemoryRecords
-from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from kbroker._native import segment as _native
 from kbroker.log import Log, LogAppendError, LogConfig, OffsetOutOfRange, validate_batch
 from kbroker.log import errors
 
-T0 = 1_700_000_000_000
-
-
-def batch(n=3, value_size=100, ts=T0, pid=-1, epoch=-1, seq=-1):
-    b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False,
-                                  producer_id=pid, producer_epoch=epoch, base_sequence=seq,
-                                  batch_size=1 << 22)
-    for i in range(n):
-        b.append(i, timestamp=ts + i, key=b"k", value=b"v" * value_size, headers=[])
-    return memoryview(bytearray(b.build()))
+from builders import T0, batch
 
 
 def open_log(path, **cfg):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"kbroker": ROOT / "kbroker", "kbroker.zk": ROOT / "zk"}
 
 BROKER_PARTS = ("kbroker.server", "kbroker.log", "kbroker.network", "kbroker.zk", "kbroker.replica",

@@ -8,13 +8,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from kbroker.config import DEFAULT_EVENT_LOOP, EVENT_LOOP_ENV, EVENT_LOOPS
+import paths
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
@@ -23,9 +22,9 @@ def test_client_roundtrips_on_the_other_loop(tmp_path):
     other = next(loop for loop in EVENT_LOOPS if loop != DEFAULT_EVENT_LOOP)
     base = tmp_path / "run"
     env = dict(os.environ, **{EVENT_LOOP_ENV: other})
-    r = subprocess.run([sys.executable, "-m", "pytest", "tests/test_clients_roundtrip.py", "-q", "-x",
+    r = subprocess.run([sys.executable, "-m", "pytest", "tests/cluster/test_clients_roundtrip.py", "-q", "-x",
                         "-p", "no:cacheprovider", "--basetemp", str(base)],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=380)
+                       cwd=paths.ROOT, env=env, capture_output=True, text=True, timeout=380)
     tail = (r.stdout + r.stderr)[-3000:]
     assert r.returncode == 0, tail
     assert " passed" in r.stdout and " failed" not in r.stdout, tail

@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_session(app: str, master: str = "local[2]", extra: dict | None = None):

@@ -4,24 +4,19 @@ import os
 import struct
 
 import pytest
-from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from kbroker.log import Log, LogAppendError, LogConfig
 from kbroker.log import errors
 from kbroker.log.producer_state import INT32_MAX, ProducerStateManager, last_sequence
 from kbroker.log.segment import STATS
+import builders
 
-T0 = 1_700_000_000_000
+T0 = builders.T0
 PID = 4242
 
 
 def batch(seq, n=3, pid=PID, epoch=0):
-    b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False,
-                                  producer_id=pid, producer_epoch=epoch, base_sequence=seq,
-                                  batch_size=1 << 20)
-    for i in range(n):
-        b.append(i, timestamp=T0, key=None, value=b"p" * 50, headers=[])
-    return memoryview(bytearray(b.build()))
+    return builders.batch(n, 50, T0, pid, epoch, seq, key=None, fill=b"p", ts_step=0)
 
 
 def open_log(path, clean=True, **cfg):

@@ -17,7 +17,7 @@ import pytest
 from kbroker.testing import free_port, wait_until
 from spark_util import create_topic, produce
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(900)
 
 

@@ -23,13 +23,13 @@ import time
 import uuid
 
 import pytest
-from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from checkers import (API_VERSIONS, CORRUPT_MESSAGE, INVALID_TOPIC_EXCEPTION, MESSAGE_TOO_LARGE, METADATA, PRODUCE,
                       UNSUPPORTED_VERSION, RawConn, create_topic, host_port, log_end_offset, rss_kib,
                       wait_for_topic, wait_until)
 from kbroker.protocol import api
 from kbroker.testing import LocalCluster
+import builders
 
 MAX_REQUEST = 1 << 20          # socket.request.max.bytes
 QUEUED_MAX = 8 << 20           # queued.max.request.bytes
@@ -162,12 +162,8 @@ def test_api_versions_too_new_gets_kip511_answer(hostile):
 
 
 def _batch(n=10, value_size=50):
-    b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1,
-                                  producer_epoch=-1, base_sequence=-1, batch_size=1 << 24)
-    now = int(time.time() * 1000)
-    for i in range(n):
-        b.append(i, timestamp=now, key=b"k%d" % i, value=b"v" * value_size, headers=[])
-    return bytes(b.build())
+    return bytes(builders.batch(n, value_size, int(time.time() * 1000), key=lambda i: b"k%d" % i, ts_step=0,
+                                max_bytes=1 << 24))
 
 
 def _produce(conn, topic, records, acks=-1, version=3):

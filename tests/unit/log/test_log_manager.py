@@ -5,22 +5,17 @@ import subprocess
 import sys
 
 import pytest
-from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from kbroker.log import LogDirError, LogManager
 from kbroker.log.segment import STATS
+import builders
 
-T0 = 1_700_000_000_000
+T0 = builders.T0
 CLUSTER = "Yk3Zc1pTQmW2bXJ0aWNsZQ"
 
 
 def batch(n=3, ts=T0):
-    b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False,
-                                  producer_id=-1, producer_epoch=-1, base_sequence=-1,
-                                  batch_size=1 << 20)
-    for i in range(n):
-        b.append(i, timestamp=ts, key=None, value=b"m" * 100, headers=[])
-    return memoryview(bytearray(b.build()))
+    return builders.batch(n, ts=ts, key=None, fill=b"m", ts_step=0)
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ import re
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,10 +14,11 @@ from kbroker.config import (
     parse_topic_config,
 )
 from kbroker.logging_setup import setup_logging
+import paths
 
 ZK = "zookeeper.connect=127.0.0.1:2181\n"
 
-KAFKA_39_SAMPLE = (Path(__file__).parent / "data" / "kafka39_server.properties").read_text()
+KAFKA_39_SAMPLE = (paths.DATA / "kafka39_server.properties").read_text()
 
 
 def load(text: str, overrides=()) -> BrokerConfig:

@@ -14,12 +14,12 @@ import time
 import urllib.request
 
 import pytest
-from kafka.record.default_records import DefaultRecordBatchBuilder
 from prometheus_client.parser import text_string_to_metric_families
 
 from checkers import API_VERSIONS, FETCH, PRODUCE, RawConn, wait_for_topic
 from kbroker.protocol import api
 from kbroker.testing import LocalCluster, free_port
+import builders
 
 
 def _scrape(port):
@@ -32,10 +32,7 @@ def _scrape(port):
 
 
 def _batch():
-    b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1,
-                                  producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
-    b.append(0, timestamp=int(time.time() * 1000), key=None, value=b"m" * 100, headers=[])
-    return bytes(b.build())
+    return bytes(builders.batch(1, 100, int(time.time() * 1000), key=None, fill=b"m"))
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ import pytest
 from kbroker.procutil import die_with_parent
 from kbroker.testing import LocalCluster, api_versions_ok, free_port
 from kbroker.zk.local import start_zookeeper
+import paths
 from test_broker_fetch import (LATEST, NONE, Raw, create_topic, list_offset, produce, read_all, unique,
                                wait_for)
 
@@ -207,7 +208,7 @@ def test_cluster_id_mismatch_is_refused(tmp_path):
 # ---- Kafka's sample server.properties ---------------------------------------------------------------------
 
 # Kafka 3.9's sample config/server.properties (active keys and values; commented ones as shipped).
-KAFKA_39_SERVER_PROPERTIES = (Path(__file__).parent / "data" / "kafka39_server.properties").read_text()
+KAFKA_39_SERVER_PROPERTIES = (paths.DATA / "kafka39_server.properties").read_text()
 
 
 def test_kafka_sample_server_properties_starts_and_serves(tmp_path, zk_server):

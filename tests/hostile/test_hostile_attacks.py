@@ -26,6 +26,7 @@ from kbroker.protocol import api
 from kbroker.protocol.types import varint_bytes
 from kbroker.record.compression import compress
 from kbroker.testing import LocalCluster
+from kbroker.protocol.errors import Errors
 
 MAX_REQUEST = 8 << 20          # socket.request.max.bytes
 POOL = 32 << 20                # queued.max.request.bytes
@@ -33,7 +34,7 @@ FRAME_TIMEOUT_MS = 3000        # kbroker.socket.request.frame.timeout.ms
 RSS_SLACK_MIB = 48             # interpreter heap growth, per-connection objects and receive chunks (~250 x 32 KiB)
 RSS_KEPT_MIB = 12              # RSS above the pre-attack level 2 s after the attackers left
 NEWCOMER_TIMEOUT = 5.0         # a new client not answered within this counts as unanswered
-CORRUPT_MESSAGE, INVALID_RECORD = 2, 87
+CORRUPT_MESSAGE, INVALID_RECORD = Errors.CORRUPT_MESSAGE, Errors.INVALID_RECORD
 FETCH_MAX_BYTES = 4 << 20      # fetch.max.bytes here (Kafka's default 57671680 would need > 55 MB of data)
 
 

@@ -17,9 +17,10 @@ from kbroker._native.crc import crc32c
 from kbroker.record import decode_records as decode_any
 from kbroker.record import reference
 from kbroker.record.compression import CompressionError
+from kbroker.protocol.errors import Errors
 
-CORRUPT_MESSAGE, MESSAGE_TOO_LARGE, INVALID_TIMESTAMP = 2, 10, 32
-UNSUPPORTED_FOR_MESSAGE_FORMAT, UNSUPPORTED_COMPRESSION_TYPE, INVALID_RECORD = 43, 76, 87
+CORRUPT_MESSAGE, MESSAGE_TOO_LARGE, INVALID_TIMESTAMP = (Errors.CORRUPT_MESSAGE, Errors.MESSAGE_TOO_LARGE, Errors.INVALID_TIMESTAMP)
+UNSUPPORTED_FOR_MESSAGE_FORMAT, UNSUPPORTED_COMPRESSION_TYPE, INVALID_RECORD = (Errors.UNSUPPORTED_FOR_MESSAGE_FORMAT, Errors.UNSUPPORTED_COMPRESSION_TYPE, Errors.INVALID_RECORD)
 MAX = 1048588
 CODECS = [0, 1, 2, 3, 4]
 

@@ -25,10 +25,11 @@ from pathlib import Path
 
 from kbroker.protocol import api
 from kbroker.testing import LocalCluster, free_port, wait_until  # noqa: F401  (wait_until: used by the test modules)
+from kbroker.protocol.errors import Errors
 
 # Kafka API keys and error codes used by the tests.
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS = 0, 1, 2, 3, 18
-CORRUPT_MESSAGE, MESSAGE_TOO_LARGE, INVALID_TOPIC_EXCEPTION, UNSUPPORTED_VERSION = 2, 10, 17, 35
+CORRUPT_MESSAGE, MESSAGE_TOO_LARGE, INVALID_TOPIC_EXCEPTION, UNSUPPORTED_VERSION = (Errors.CORRUPT_MESSAGE, Errors.MESSAGE_TOO_LARGE, Errors.INVALID_TOPIC_EXCEPTION, Errors.UNSUPPORTED_VERSION)
 
 CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 

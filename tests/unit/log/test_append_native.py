@@ -7,23 +7,18 @@ import os
 import random
 
 import pytest
-from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from kbroker._native import segment as native
 from kbroker._native.batch import BatchError, validate_and_stamp
 from kbroker.log import Log, LogAppendError, LogConfig
 from kbroker.log.log import AppendResult
+import builders
+from builders import T0
 
-T0 = 1_700_000_000_000
 
 
-def batch(n=1, value_size=100, ts=T0, pid=-1, epoch=-1, seq=-1):
-    b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False,
-                                  producer_id=pid, producer_epoch=epoch, base_sequence=seq,
-                                  batch_size=1 << 22)
-    for i in range(n):
-        b.append(i, timestamp=ts + i, key=b"k", value=b"v" * value_size, headers=[])
-    return bytes(b.build())
+def batch(n=1, *args, **kw):
+    return bytes(builders.batch(n, *args, **kw))
 
 
 def reference_append(log, buf, leader_epoch, now):

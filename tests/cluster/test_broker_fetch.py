@@ -17,10 +17,11 @@ import pytest
 from kbroker._native import batch as native_batch
 from kbroker.protocol import api
 from kbroker.testing import wait_until as wait_for
+from kbroker.protocol.errors import Errors
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS = 0, 1, 2, 3, 18
 FETCH_V, LIST_OFFSETS_V, PRODUCE_V, METADATA_V = 11, 5, 8, 8
-NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, KAFKA_STORAGE_ERROR = 0, 1, 3, 56
+NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, KAFKA_STORAGE_ERROR = (Errors.NONE, Errors.OFFSET_OUT_OF_RANGE, Errors.UNKNOWN_TOPIC_OR_PARTITION, Errors.KAFKA_STORAGE_ERROR)
 LATEST, EARLIEST = -1, -2
 QUIET_WINDOW_S = 2.0      # the probe alone, before a huge request: its worst answer sets a floor
 

@@ -7,21 +7,17 @@ import sys
 
 import pytest
 from kafka.record import MemoryRecords
-from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from kbroker.log import Log, LogConfig
 from kbroker.log.segment import STATS
+import builders
+import paths
 
-T0 = 1_700_000_000_000
+T0 = builders.T0
 
 
 def batch(n=3, value_size=100, ts=T0):
-    b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False,
-                                  producer_id=-1, producer_epoch=-1, base_sequence=-1,
-                                  batch_size=1 << 22)
-    for i in range(n):
-        b.append(i, timestamp=ts + i, key=None, value=b"r" * value_size, headers=[])
-    return memoryview(bytearray(b.build()))
+    return builders.batch(n, value_size, ts, key=None, fill=b"r")
 
 
 def reopen(path, clean, **kw):
@@ -236,8 +232,8 @@ def test_hw_checkpoint_kept_when_replication_owns_it(tmp_path):
 
 _KILLED_WRITER = r"""
 import os, signal, sys
-sys.path.insert(0, {root!r})
-from tests.test_log_recovery import batch, T0
+sys.path[:0] = {path!r}
+from test_log_recovery import batch, T0
 from kbroker.log import Log, LogConfig
 log = Log({dir!r}, "t", 0, LogConfig({{"segment.bytes": 2000}}))
 for i, epoch in enumerate([1, 1, 2, 2, 2, 3, 3, 5, 5, 8]):
@@ -253,8 +249,7 @@ def test_epochs_written_lazily_survive_kill_9(tmp_path):
     """Invariant: after kill -9, the epoch cache rebuilt at restart equals the one the leader held,
     although new epochs are no longer written (fsync) on the append that starts them."""
     d = str(tmp_path / "t-0")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-c", _KILLED_WRITER.format(root=root, dir=d)],
+    proc = subprocess.run([sys.executable, "-c", _KILLED_WRITER.format(path=[os.path.dirname(__file__), str(paths.TESTS / "support")], dir=d)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     recovery_point = int(proc.stdout.split()[0])
