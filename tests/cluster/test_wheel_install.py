@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # a whole native build: slow when the parallel run shares the cores
 def test_wheel_installs_and_runs_a_cluster(tmp_path):
     wheels = tmp_path / "wheels"
     # --no-build-isolation: build with this environment's pinned Cython/setuptools (no second download).

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from paths import ROOT
 
 from kbroker.config import (
     BROKER_CONFIGS, LONG_MAX, TOPIC_CONFIGS, BrokerConfig, ConfigError, parse_properties,
@@ -363,7 +364,7 @@ def test_serve_exits_non_zero_naming_the_key(tmp_path, text, extra, key):
 def _string_literals_outside_the_tables() -> dict[str, set[str]]:
     """Every string literal of the broker's code (kbroker/, zk/) -> the files holding it, leaving out
     the key names in the _impl/_known rows of the config tables themselves."""
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     found: dict[str, set[str]] = {}
     for base in (root / "kbroker", root / "zk"):
         for path in base.rglob("*.py"):

@@ -1,11 +1,11 @@
 """ext/errors.pxd (the Kafka error codes native code uses) holds the same names and numbers as
 kbroker.protocol.errors.Errors, the table the reference path answers with."""
 import re
-from pathlib import Path
 
 from kbroker.protocol.errors import Errors
+from paths import ROOT
 
-PXD = Path(__file__).resolve().parent.parent / "ext" / "errors.pxd"
+PXD = ROOT / "ext" / "errors.pxd"
 
 
 def codes() -> dict[str, int]:
