@@ -6,10 +6,11 @@ build is required: a compiler or Cython error fails ``pip install`` loudly, ther
 slow pure-Python fallback in production.
 
 Environment:
-  KBROKER_DEBUG=1   annotate HTML, line tracing, -O0 -g and -DKBROKER_DEBUG (debug counters)
+  KBROKER_DEBUG=1   annotate HTML, line tracing, bounds checks, -O0 -g
 """
 import glob
 import os
+import sysconfig
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -37,7 +38,7 @@ C_DEPS = {
 
 def extensions():
     cflags = ["-Wall", "-Wno-unused-function", "-Wno-unreachable-code"]
-    cflags += ["-O0", "-g", "-DKBROKER_DEBUG=1"] if DEBUG else ["-O3"]
+    cflags += ["-O0", "-g"] if DEBUG else ["-O3"]
     macros = [("CYTHON_TRACE", "1")] if DEBUG else []
     exts = []
     for pyx in sorted(glob.glob("ext/*.pyx")):
@@ -50,6 +51,31 @@ def extensions():
             define_macros=macros,
         ))
     return exts
+
+
+# C headers of the compression libraries ext/ links (zlib, liblz4, libzstd) -> their Debian package.
+COMPRESSION_HEADERS = {"zlib.h": "zlib1g-dev", "lz4.h": "liblz4-dev", "zstd.h": "libzstd-dev"}
+
+
+def compiler_include_dirs(extra=()) -> list[str]:
+    """Where the C compiler looks for system headers: ``extra`` (build_ext --include-dirs), CPATH and
+    C_INCLUDE_PATH, then the standard directories (with Debian's multiarch one)."""
+    dirs = list(extra)
+    for var in ("CPATH", "C_INCLUDE_PATH"):
+        dirs += [d for d in os.environ.get(var, "").split(os.pathsep) if d]
+    multiarch = sysconfig.get_config_var("MULTIARCH")
+    dirs += ["/usr/local/include"] + ([f"/usr/include/{multiarch}"] if multiarch else []) + ["/usr/include"]
+    return dirs
+
+
+def check_compression_headers(include_dirs) -> None:
+    """Stop the build with one line naming the packages to install when a compression header is
+    missing, before the compiler would fail on it with a page of errors."""
+    missing = [h for h in COMPRESSION_HEADERS
+               if not any(os.path.isfile(os.path.join(d, h)) for d in include_dirs)]
+    if missing:
+        raise SystemExit(f"kbroker: the C headers {', '.join(missing)} are missing; install them with "
+                         f"'apt-get install {' '.join(COMPRESSION_HEADERS.values())}' (or run scripts/setup.sh)")
 
 
 def _pxd_tree() -> str:
@@ -74,6 +100,8 @@ class BuildExt(build_ext):
 
     def finalize_options(self):
         from Cython.Build import cythonize
+
+        check_compression_headers(compiler_include_dirs(self.include_dirs or ()))
 
         directives = {
             "language_level": 3,
@@ -107,17 +135,19 @@ def _packages():
     return pkgs + list(PACKAGE_DIR)
 
 
-setup(
-    packages=_packages(),
-    # Spark 4 auto-registers the DefaultSource of an installed top-level module pyspark_<name>.
-    py_modules=["pyspark_kbroker"],
-    package_dir=PACKAGE_DIR,
-    package_data={
-        "kbroker._native": ["*.pyi", "*.pxd", "py.typed"],
-        "kbroker.zk": ["*.cfg.in"],
-        "kbroker": ["py.typed", "config/*.properties"],
-    },
-    ext_modules=extensions(),
-    cmdclass={"build_ext": BuildExt},
-    zip_safe=False,
-)
+# build_meta (pip) and `python setup.py` run this file as __main__; tests import its checks.
+if __name__ == "__main__":
+    setup(
+        packages=_packages(),
+        # Spark 4 auto-registers the DefaultSource of an installed top-level module pyspark_<name>.
+        py_modules=["pyspark_kbroker"],
+        package_dir=PACKAGE_DIR,
+        package_data={
+            "kbroker._native": ["*.pyi", "*.pxd", "py.typed"],
+            "kbroker.zk": ["*.cfg.in"],
+            "kbroker": ["py.typed", "config/*.properties"],
+        },
+        ext_modules=extensions(),
+        cmdclass={"build_ext": BuildExt},
+        zip_safe=False,
+    )

@@ -34,14 +34,8 @@ import time
 
 from czlib cimport *
 
-cdef enum:
-    # Kafka error codes this module raises.
-    ERR_CORRUPT_MESSAGE = 2
-    ERR_MESSAGE_TOO_LARGE = 10
-    ERR_INVALID_TIMESTAMP = 32
-    ERR_UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
-    ERR_UNSUPPORTED_COMPRESSION_TYPE = 76
-    ERR_INVALID_RECORD = 87
+from errors cimport (ERR_CORRUPT_MESSAGE, ERR_INVALID_RECORD, ERR_INVALID_TIMESTAMP, ERR_MESSAGE_TOO_LARGE,
+                     ERR_UNSUPPORTED_COMPRESSION_TYPE, ERR_UNSUPPORTED_FOR_MESSAGE_FORMAT)
 
 
 # Below this many bytes the GIL round trip costs more than the byte work.

@@ -1,5 +1,5 @@
 # distutils: libraries = lz4 zstd z
-"""Validation of compressed records sections by streaming decompression (issue 9 item 3).
+"""Validation of compressed records sections by streaming decompression.
 
 ``check_section`` decodes a compressed records section (codec 1 gzip, 3 lz4, 4 zstd) chunk by
 chunk into a small reused window and walks the records as each chunk arrives, without the GIL:

@@ -2,7 +2,7 @@
 # (batch, segment, cleaner, request, arrow). Python code reads the same numbers from
 # kbroker._native.batch.LAYOUT instead of redefining them.
 #
-# Header (61 bytes, big-endian; kafka-protocol-facts §2):
+# Header (61 bytes, big-endian):
 #    0 baseOffset i64 | 8 batchLength i32 (= size - 12) | 12 partitionLeaderEpoch i32
 #   16 magic i8 | 17 crc u32 = CRC-32C of bytes [21, end) | 21 attributes i16
 #   23 lastOffsetDelta i32 | 27 baseTimestamp i64 | 35 maxTimestamp i64

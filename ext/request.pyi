@@ -1,5 +1,7 @@
-"""Native request path: Produce v3-8 parsed from the frame and answered in one call (request.pyx)."""
+"""Native request path (request.pyx and its includes): the Python-visible names, by include."""
 from typing import Any
+
+# ---- wire.pxi
 
 PRODUCE_MIN: int
 PRODUCE_MAX: int
@@ -42,6 +44,7 @@ def parse_fetch(frame: Any) -> FetchRequest: ...
 def encode_fetch_response(version: int, correlation_id: int, error_code: int, topics: list,
                           inline_max: int) -> tuple[list, int]: ...
 
+# ---- reqstats.pxi
 BOUNDS_S: tuple[float, ...]
 N_BUCKETS: int
 
@@ -62,8 +65,7 @@ class RequestStats:
     def observe(self, queue_s: float, local_s: float, send_s: float, total_s: float) -> None: ...
     def histograms(self) -> dict[str, TimeHistogram]: ...
 
-
-def lost_answer(slot: Slot, chunks: Any, no_response: Any, close: Any) -> Any: ...
+# ---- slots.pxi
 def bind_request_stats(by_key: dict[int, RequestStats], get: Any) -> None: ...
 
 class Slot:
@@ -86,6 +88,10 @@ def observe_slots(slots: list[Slot], sent: float) -> None: ...
 def begin_native(frame: Any, parse: Any, pending: Any, counts: dict[tuple[int, int], int], since: float,
                  arrived: float) -> Slot: ...
 def end_native(slot: Slot, result: Any, no_response: object, close: object) -> bool: ...
+# ---- lost.pxi
+def lost_answer(slot: Slot, chunks: Any, no_response: Any, close: Any) -> Any: ...
+
+# ---- conn.pxi
 def dispatch_frames(conn: Any, chunk: Any, start: int, end: int, max_frame: int, produce: Any, fetch: Any,
                     supported: dict[int, tuple[int, int]], no_response: object, close: object) -> int: ...
 def take_answers(pending: Any, out: list[Any], answered: list[Slot], no_response: object) -> None: ...
@@ -109,6 +115,7 @@ def next_buffer(conn: Any, sizehint: int) -> Any: ...
 def on_read(conn: Any, nbytes: int) -> None: ...
 def recv_ready(conn: Any) -> None: ...
 
+# ---- produce_path.pxi
 class FastLeader:
     """A partition this broker leads, armed for the native Produce path (ReplicaManager._fast_refresh)."""
     partition: Any
@@ -141,6 +148,13 @@ class ParkedProduce:
     def expire(self) -> None: ...
     def undecided(self) -> list[tuple[str, int]]: ...
 
+def arm_leader(leaders: dict, leader: FastLeader) -> None:
+    """Serve ``leader.tp`` natively (its slot in the shared ``leaders`` dict replaced)."""
+
+def disarm_leader(leaders: dict, tp: tuple[str, int]) -> None:
+    """``tp`` takes the Python path."""
+
+# ---- fetch_path.pxi
 class FastFetch:
     """The Fetch handler of the native request path: the consumer's small one-partition Fetch of an
     armed partition served inside dispatch_frames, everything else by ``fallback(conn, req)``
@@ -151,14 +165,8 @@ class FastFetch:
     follower_polled: int    # followers' fetches recorded natively, long-polled by ``fallback``
     follower_slow: int      # followers' fetches left whole to ``fallback``
     def __init__(self, fallback: Any, rearm: Any, leaders: dict, bytes_out: dict[str, int],
-                 config_values: dict, blocks: dict, read_blocks: int, read_block: int, local_id: int,
-                 topic_configs: dict, complete: Any, broker_metrics: Any) -> None: ...
+                 config_values: dict, blocks: Any, local_id: int, topic_configs: dict, complete: Any,
+                 broker_metrics: Any) -> None: ...
     def reread(self, conn: Any, frame: bytes) -> list | None:
         """A long poll's read of a recorded follower fetch -> [chunks, records' size] or None (Python)."""
     def __call__(self, conn: Any, req: FetchRequest) -> Any: ...
-
-def arm_leader(leaders: dict, leader: FastLeader) -> None:
-    """Serve ``leader.tp`` natively (its slot in the shared ``leaders`` dict replaced)."""
-
-def disarm_leader(leaders: dict, tp: tuple[str, int]) -> None:
-    """``tp`` takes the Python path."""

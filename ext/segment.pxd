@@ -1,8 +1,9 @@
-# C-level API of kbroker._native.segment: the active segment's in-memory state (Kafka's LogSegment
-# and the append side of its OffsetIndex/TimeIndex), so that a leader's append (roll check, check +
-# stamp + write, index and tail update) is one native call. kbroker.log.segment.LogSegment owns one
-# and keeps the policy (roll, errors, truncation, load/recovery). Declarations here must stay
-# identical to the definitions in segment.pyx.
+# C-level API of kbroker._native.segment: a segment's in-memory state (SegmentState: Kafka's LogSegment
+# and the append side of its OffsetIndex/TimeIndex; kbroker.log.segment.LogSegment owns one and keeps
+# the policy: roll, errors, truncation, load/recovery), a Log's per-request fields (LogState), one
+# log's leader-append settings (LeaderAppender), so that a leader's append (roll check, check + stamp
+# + write, index and tail update) is one native call; then the write-behind run and the read helpers
+# kbroker._native.request cimports.
 cimport cython
 from libc.stdint cimport int32_t, int64_t
 from posix.uio cimport iovec
@@ -58,6 +59,7 @@ cdef class LogState:
     cdef public object config, segments, write_future, _write_job
     cdef public bint offline, dirty
     cdef public int64_t log_start_offset, _high_watermark
+    cpdef bint advance_hw(self, list isr, dict followers, int local_id, Py_ssize_t min_isr, int64_t leo) except -1
 
 
 @cython.final
@@ -92,7 +94,7 @@ cdef class LeaderAppender:
                   int64_t base) except -1
     cdef int commit(self, SegmentState st, object buf, Appended *out, int64_t position, int64_t base,
                     bint defer) except -1
-    # several partitions' plain appends (ext/request.pyx): all checked (no effect), then all appended
+    # several partitions' plain appends (ext/produce_path.pxi): all checked (no effect), then all appended
     cdef int check_plain(self, SegmentState st, object buf, object cfg, int64_t now_ms, char *p,
                          Py_ssize_t n) except -1
     cdef bint in_sequence(self, const char *p) except -1
@@ -105,11 +107,11 @@ cdef enum:
     NOT_PLAIN = -4
 
 
-# Write-behind run (ext/request.pyx dispatch_frames): between run_begin and run_end a plain leader
+# Write-behind run (ext/conn.pxi dispatch_frames): between run_begin and run_end a plain leader
 # append (LeaderAppender.append: not idempotent, no roll or flush due) is stamped and committed but
 # written only by run_end, one writev per log. -> run_end: how many logs failed to write theirs since
 # run_begin (their appends were unwound: the answers claiming them must not leave as they are).
-# ``set_run_tag(tag)``: the request whose appends follow (ext/request.pyx: its index in the run); each
+# ``set_run_tag(tag)``: the request whose appends follow (ext/lost.pxi: its index in the run); each
 # deferred batch keeps the tag current when it was deferred. ``run_lost()``: what failed since run_begin,
 # [(Log, error message, [tag of each batch cut away, in order]), ...] (taken: the list is emptied).
 cdef void run_begin() noexcept
@@ -119,7 +121,7 @@ cdef list run_lost()
 
 
 
-# Tail reads without a call (ext/request.pyx's fetch fast path; SegmentState.tail_position / tail_end
+# Tail reads without a call (ext/fetch_path.pxi; SegmentState.tail_position / tail_end
 # are these): the remembered batch at or after ``offset`` (-1 past the last, -2 the list does not
 # answer), and the last boundary at or below ``limit`` for a read from ``start`` (-2 does not answer).
 cdef int64_t tail_position(SegmentState st, int64_t offset, int64_t start_position) noexcept
@@ -131,3 +133,27 @@ cdef int read_full(int fd, char *buf, int64_t n, int64_t pos) noexcept nogil
 cdef int64_t seek_in(const char *data, int64_t block_pos, int64_t block_end, int64_t start, int64_t end,
                      int64_t target_offset, int64_t limit_position, int64_t *size_out, int64_t *base_out,
                      int64_t *last_out) noexcept
+
+
+# Read blocks (kbroker.log.segment READ_BLOCK / READ_BLOCKS): the bytes of a segment's file from a batch
+# boundary, kept so that small reads walk batch headers and copy records from memory. One ReadBlocks
+# (the process's, kbroker.log.segment.read_blocks) serves LogSegment and the native Fetch path.
+@cython.final
+cdef class ReadBlock:
+    cdef readonly int64_t pos               # file position of data[0], a batch boundary
+    cdef readonly bytes data                # the file's bytes from ``pos`` (below the size the segment had)
+    cdef readonly int64_t floor             # first batch's base offset - 1 (INT64_MAX: no whole header):
+                                            # no batch before ``pos`` holds an offset above it
+    cdef public int64_t cursor              # a batch boundary in the block, where the last walk stopped
+    cdef public int64_t cursor_floor        # the cursor batch's base offset - 1
+
+
+@cython.final
+cdef class ReadBlocks:
+    cdef readonly dict by_segment           # LogSegment -> ReadBlock, least recently used first
+    cdef readonly Py_ssize_t limit          # blocks kept at most (0: none: every method answers None)
+    cdef readonly int64_t block_size        # bytes per block at most
+    cpdef ReadBlock get(self, seg)
+    cpdef ReadBlock load(self, seg, int fd, int64_t pos, int64_t size)
+    cpdef ReadBlock holding(self, seg, int fd, int64_t start, int64_t n, int64_t size)
+    cpdef forget(self, seg)

@@ -85,3 +85,31 @@ class LeaderAppender:
     def write_deferred(self) -> None: ...
     def append(self, st: SegmentState, buf: Buffer, leader_epoch: int, cfg: object, prevalidated: bool,
                now_ms: int) -> int: ...
+
+class ReadBlock:
+    """A segment's file bytes from a batch boundary (ReadBlocks.load)."""
+    pos: int
+    data: bytes
+    floor: int
+    cursor: int
+    cursor_floor: int
+
+class ReadBlocks:
+    """The process's read blocks: segment -> ReadBlock, least recently used first, at most ``limit``."""
+    by_segment: dict[object, ReadBlock]
+    limit: int
+    block_size: int
+    def __init__(self, limit: int, block_size: int) -> None: ...
+    def get(self, seg: object) -> ReadBlock | None: ...
+    def load(self, seg: object, fd: int, pos: int, size: int) -> ReadBlock | None: ...
+    def holding(self, seg: object, fd: int, start: int, n: int, size: int) -> ReadBlock | None: ...
+    def forget(self, seg: object) -> None: ...
+
+class LogState:
+    """The per-request fields of kbroker.log.log.Log (its base class)."""
+    config: object
+    segments: list
+    offline: bool
+    dirty: bool
+    log_start_offset: int
+    def advance_hw(self, isr: list[int], followers: dict, local_id: int, min_isr: int, leo: int) -> bool: ...

@@ -1,16 +1,17 @@
 """Segment byte work for kbroker.log: appends, sparse-index search, batch walks.
 
 Contract
-- Files: a segment `.log` is RecordBatch v2 batches back to back (61-byte header, see
-  kafka-protocol-facts §2); `.index` entries are 8 bytes (relative offset u32, position u32),
+- Files: a segment `.log` is RecordBatch v2 batches back to back (61-byte header, layout.pxd);
+  `.index` entries are 8 bytes (relative offset u32, position u32),
   `.timeindex` entries 12 bytes (timestamp i64, relative offset u32), all big-endian.
 - Threads: every function here may be called from any thread; the byte loops (write, pread,
   CRC, binary search) run without the GIL. The callers in kbroker.log own the state and call
   from the broker's event-loop thread.
-- Nothing here keeps state between calls: a crash mid-call leaves at most a partial write,
-  which the caller truncates away (append) or the recovery scan cuts off (restart). The one
-  exception is a write-behind run (run_begin .. run_end, LeaderAppender): batches committed
-  inside it are written by run_end, which its caller (ext/request.pyx dispatch_frames) reaches
+- State: LogState / SegmentState mirror the state the kbroker.log objects own (those objects hold
+  them and keep the policy); the files stay the truth: a crash mid-call leaves at most a partial
+  write, which the caller truncates away (append) or the recovery scan cuts off (restart). A
+  write-behind run (run_begin .. run_end, LeaderAppender) defers writes: batches committed inside
+  it are written by run_end, which its caller (kbroker._native.request dispatch_frames) reaches
   before any answer of the run is sent and before the buffers holding them can be reused.
 """
 cimport cython
@@ -526,7 +527,7 @@ cdef class SegmentState:
 
 
 cdef int64_t tail_position(SegmentState st, int64_t offset, int64_t start_position) noexcept:
-    # SegmentState.tail_position (also ext/request.pyx's fetch fast path)
+    # SegmentState.tail_position (also ext/fetch_path.pxi)
     cdef Py_ssize_t lo = 0, hi = st.tail_n, mid
     if hi == 0 or offset <= st.tail_floor:
         return -2
@@ -542,7 +543,7 @@ cdef int64_t tail_position(SegmentState st, int64_t offset, int64_t start_positi
 
 
 cdef int64_t tail_end(SegmentState st, int64_t start, int64_t limit, bint min_one_batch) noexcept:
-    # SegmentState.tail_end (also ext/request.pyx's fetch fast path)
+    # SegmentState.tail_end (also ext/fetch_path.pxi)
     cdef Py_ssize_t lo = 0, hi = st.tail_n, mid, n = st.tail_n
     cdef int64_t byte_end
     if n == 0 or start < st.tail_pos[0]:
@@ -799,7 +800,7 @@ def seek_batch(int fd, int64_t start, int64_t end, int64_t target_offset,
     return (pos, 0, -1, -1, -1)
 
 
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 
 
 def seek_batch_in(bytes block not None, int64_t block_pos, int64_t start, int64_t end,
@@ -1043,6 +1044,36 @@ cdef enum:
 cdef class LogState:
     """The per-request fields of kbroker.log.log.Log (its base class; declared in segment.pxd)."""
 
+    cpdef bint advance_hw(self, list isr, dict followers, int local_id, Py_ssize_t min_isr, int64_t leo) except -1:
+        """A leader's high-watermark rule (Kafka's maybeIncrementLeaderHW): with at least ``min_isr``
+        replicas in ``isr`` and every one but ``local_id`` known in ``followers`` with a log end
+        (``.leo`` >= 0), the HW moves to the smallest log end over the ISR (this log's is ``leo``),
+        clamped as Log.high_watermark's setter clamps it; it never moves back. -> whether it moved.
+        The one implementation: Partition.maybe_increment_hw and the native Fetch path's follower
+        record call it. Precondition, the stricter of the two callers': the partition is led here and
+        its leadership is not stale (a stale or former leader's followers do not commit anything; the
+        Python caller checks it, the native one only records followers of an armed, not stale slot)."""
+        cdef int64_t hw = leo, f_leo, start
+        cdef object r, f
+        if len(isr) < min_isr:
+            return False
+        for r in isr:
+            if <int>r == local_id:
+                continue
+            f = followers.get(r)
+            if f is None:
+                return False
+            f_leo = f.leo
+            if f_leo < 0:
+                return False
+            if f_leo < hw:
+                hw = f_leo
+        if hw <= self._high_watermark:
+            return False
+        start = self.log_start_offset
+        self._high_watermark = (hw if hw > start else start) if hw < leo else leo
+        return True
+
 
 @cython.final
 cdef class LeaderAppender:
@@ -1050,14 +1081,14 @@ cdef class LeaderAppender:
     replaces Log.config, which the next append sees by identity; a LogConfig is never changed
     in place), and its count of messages appended since the last flush.
 
-    Write-behind: inside a run (run_begin .. run_end, opened by ext/request.pyx dispatch_frames
+    Write-behind: inside a run (run_begin .. run_end, opened by ext/conn.pxi dispatch_frames
     around the Produce frames of one receive chunk) a plain append is stamped in its buffer and
     committed to the segment's state, and its bytes are written by run_end with the run's other
     batches of this log (one writev). Anything else an append does here (roll, idempotent batch,
     flush due, another segment) writes the pending bytes first. A failed write cuts the log back
     to the first pending batch (``log._deferred_write_failed``), counts the failure for run_end and
-    records the cut-away batches' run tags (``run_lost``): the caller (ext/request.pyx
-    dispatch_frames) answers those requests' rows KAFKA_STORAGE_ERROR instead."""
+    records the cut-away batches' run tags (``run_lost``): the caller (dispatch_frames,
+    ext/conn.pxi and lost.pxi) answers those requests' rows KAFKA_STORAGE_ERROR instead."""
 
     def __cinit__(self):
         self.config = None
@@ -1206,7 +1237,7 @@ cdef class LeaderAppender:
         # What ``append`` would not end as a plain append (too short to read, idempotent but not
         # ``in_sequence``, flush or roll due), refused with no effect at all (nothing stamped, written, counted; no pending
         # bytes written): -> 0 when ``append_checked`` with the same ``now_ms`` will append the ``n``
-        # bytes at ``p`` (``buf``'s) as a plain append, else NOT_PLAIN; BatchError as ``append``. Several partitions of one request (ext/request.pyx) are all
+        # bytes at ``p`` (``buf``'s) as a plain append, else NOT_PLAIN; BatchError as ``append``. Several partitions of one request (ext/produce_path.pxi) are all
         # checked before the first is appended. The answer holds while nothing else appends to
         # this log.
         cdef Appended out
@@ -1276,3 +1307,93 @@ cdef class LeaderAppender:
                                            <int32_t>load_be32(p + OFF_LAST_OFFSET_DELTA), base, out.max_timestamp)
         records[0] = out.record_count
         return out.last_offset
+
+
+# ---- read blocks ------------------------------------------------------------------------------------
+
+@cython.final
+cdef class ReadBlock:
+    """One segment's read block (fields in segment.pxd); made by ReadBlocks.load."""
+
+    def __repr__(self):
+        return f"ReadBlock(pos={self.pos}, {len(self.data)} bytes, floor={self.floor}, cursor={self.cursor})"
+
+
+@cython.final
+cdef class ReadBlocks:
+    """The read blocks of the process: at most ``limit`` of at most ``block_size`` bytes, one per segment,
+    the least recently used dropped first. A block holds file bytes below the size the segment had when
+    it was read: those never change until the file is cut, and the segment drops its block (``forget``)
+    on every cut or reload. Any thread may call; the dict is changed with the GIL held, and an eviction
+    that loses a race with another thread's is left to the next load."""
+
+    def __init__(self, Py_ssize_t limit, int64_t block_size):
+        self.by_segment = {}
+        self.limit = limit if limit > 0 else 0
+        self.block_size = block_size
+
+    cpdef ReadBlock get(self, seg):
+        """``seg``'s block as it is (its place in the order unchanged), or None."""
+        if not self.limit:
+            return None
+        return <ReadBlock>self.by_segment.get(seg)
+
+    cpdef ReadBlock load(self, seg, int fd, int64_t pos, int64_t size):
+        """Read ``seg``'s file (``fd``) from batch boundary ``pos`` (at most ``block_size`` bytes, up to
+        ``size``) as its block, now the most recently used; None when no blocks are kept. A file cut
+        underneath gives a shorter block (the caller's own read reports the cut)."""
+        cdef int64_t want = size - pos
+        cdef int got
+        cdef bytes data
+        cdef char *buf
+        cdef ReadBlock block
+        if not self.limit:
+            return None
+        if want > self.block_size:
+            want = self.block_size
+        if want < 0:
+            want = 0
+        data = PyBytes_FromStringAndSize(NULL, want)
+        buf = PyBytes_AS_STRING(data)
+        with nogil:
+            got = read_full(fd, buf, want, pos)
+        if got < 0:
+            raise _os_error(-got)
+        if got < want:
+            data = data[:got]
+        block = ReadBlock.__new__(ReadBlock)
+        block.pos = pos
+        block.data = data
+        block.floor = <int64_t>load_be64(PyBytes_AS_STRING(data)) - 1 if got >= HEADER_SIZE else _I64_MAX
+        block.cursor = pos
+        block.cursor_floor = block.floor
+        self.by_segment.pop(seg, None)
+        self.by_segment[seg] = block
+        if len(self.by_segment) > self.limit:
+            try:
+                del self.by_segment[next(iter(self.by_segment))]
+            except (KeyError, RuntimeError):
+                pass        # another thread's load moved the order meanwhile: evicted next time
+        return block
+
+    cpdef ReadBlock holding(self, seg, int fd, int64_t start, int64_t n, int64_t size):
+        """The block holding ``seg``'s bytes [start, start + n) (a range a read placed below ``size``):
+        its block, moved to the most recently used end, or a new one read at ``start``; None when no
+        block can hold them (more than ``block_size``, no blocks kept, or the file was cut underneath:
+        the caller reads the file itself)."""
+        cdef ReadBlock block
+        cdef dict blocks = self.by_segment
+        if not self.limit or n > self.block_size:
+            return None
+        block = <ReadBlock>blocks.get(seg)
+        if block is not None and start >= block.pos and start + n <= block.pos + len(block.data):
+            if next(reversed(blocks)) is not seg:
+                blocks[seg] = blocks.pop(seg)
+            return block
+        block = self.load(seg, fd, start, size)
+        return block if len(block.data) >= n else None
+
+    cpdef forget(self, seg):
+        """Drop ``seg``'s block (its file was cut or reloaded)."""
+        if self.by_segment:
+            self.by_segment.pop(seg, None)

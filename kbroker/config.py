@@ -197,7 +197,7 @@ def _known(name: str, type_: str, default: Any, validator: Validator | None = No
     return ConfigKey(name, type_, default, validator, False)
 
 
-# kbroker's own key choosing the event-loop implementation (issue 10 item 2); the environment variable
+# kbroker's own key choosing the event-loop implementation; the environment variable
 # lets test and benchmark runs pick it for every broker they start without editing configs.
 EVENT_LOOP_KEY = "kbroker.event.loop"
 EVENT_LOOP_ENV = "KBROKER_EVENT_LOOP"
@@ -260,10 +260,7 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _impl("socket.send.buffer.bytes", "int", 100 * 1024, doc="-1 = OS default"),
     _impl("socket.receive.buffer.bytes", "int", 100 * 1024, doc="-1 = OS default"),
     _impl("queued.max.request.bytes", "long", -1, doc="-1 = no limit"),
-    _impl("queued.max.requests", "int", 500, at_least(1)),
     _impl("connections.max.idle.ms", "long", 10 * 60 * 1000),
-    _impl("num.network.threads", "int", 3, at_least(1)),
-    _impl("num.io.threads", "int", 8, at_least(1)),
     _impl("zookeeper.connect", "string", None, doc="required: host:port[,host:port][/chroot]"),
     _impl("zookeeper.session.timeout.ms", "int", 18000),
     _impl("zookeeper.connection.timeout.ms", "int", None, doc="falls back to the session timeout"),
@@ -276,6 +273,8 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     # static value here is the fallback below the dynamic ones.
     _impl("leader.replication.throttled.rate", "long", LONG_MAX, at_least(0)),
     _impl("follower.replication.throttled.rate", "long", LONG_MAX, at_least(0)),
+    _impl("replication.quota.window.num", "int", 11, at_least(1)),
+    _impl("replication.quota.window.size.seconds", "int", 1, at_least(1)),
     _impl("unclean.leader.election.enable", "boolean", False),
     _impl("auto.leader.rebalance.enable", "boolean", True),
     _impl("leader.imbalance.per.broker.percentage", "int", 10),
@@ -283,7 +282,6 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _impl("controlled.shutdown.enable", "boolean", True),
     _impl("controlled.shutdown.max.retries", "int", 3),
     _impl("controlled.shutdown.retry.backoff.ms", "long", 5000),
-    _impl("producer.id.expiration.ms", "int", 86400000, at_least(1)),
     _impl("replica.fetch.max.bytes", "int", 1024 * 1024, at_least(0)),
     _impl("replica.fetch.min.bytes", "int", 1),
     _impl("replica.fetch.wait.max.ms", "int", 500),
@@ -323,6 +321,11 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _known("broker.id.generation.enable", "boolean", True),
     _known("reserved.broker.max.id", "int", 1000, at_least(0)),
     _known("background.threads", "int", 10, at_least(1)),
+    # One event loop serves every connection and request; there are no thread pools or request
+    # queue of these sizes to configure.
+    _known("num.network.threads", "int", 3, at_least(1)),
+    _known("num.io.threads", "int", 8, at_least(1)),
+    _known("queued.max.requests", "int", 500, at_least(1)),
     _known("request.timeout.ms", "int", 30000),
     _known("compression.type", "string", "producer", one_of(*COMPRESSION_TYPES, case_sensitive=False)),
     _known("compression.gzip.level", "int", -1),
@@ -392,12 +395,11 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _known("transaction.abort.timed.out.transaction.cleanup.interval.ms", "int", 10000, at_least(1)),
     _known("transaction.remove.expired.transaction.cleanup.interval.ms", "int", 3600000, at_least(1)),
     _known("transaction.partition.verification.enable", "boolean", True),
+    _known("producer.id.expiration.ms", "int", 86400000, at_least(1)),
     _known("producer.id.expiration.check.interval.ms", "int", 600000, at_least(1)),
     _known("max.incremental.fetch.session.cache.slots", "int", 1000, at_least(0)),
     _known("quota.window.num", "int", 11, at_least(1)),
     _known("quota.window.size.seconds", "int", 1, at_least(1)),
-    _known("replication.quota.window.num", "int", 11, at_least(1)),
-    _known("replication.quota.window.size.seconds", "int", 1, at_least(1)),
     _known("metric.reporters", "list", []),
     _known("metrics.num.samples", "int", 2, at_least(1)),
     _known("metrics.sample.window.ms", "long", 30000, at_least(1)),
@@ -515,6 +517,20 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {k.name: k for k in (
 # Broker synonyms of topic keys in another unit: the multiplier to the topic key's milliseconds.
 SYNONYM_UNITS = {"log.roll.hours": 3600 * 1000, "log.retention.minutes": 60 * 1000,
                  "log.retention.hours": 3600 * 1000, "log.roll.jitter.hours": 3600 * 1000}
+
+
+def broker_synonym_value(topic_key: str, lookup: Callable[[str], Any]) -> Any:
+    """The value the broker keys give ``topic_key``, in the topic key's unit, or None.
+
+    ``lookup(broker_key)`` returns the broker's value for a key or None when it has none. The
+    synonyms are tried in precedence order (ms over minutes over hours, as Kafka) and the first
+    present one wins; a value in a coarser unit (a number or its text) is scaled to milliseconds."""
+    for syn in TOPIC_CONFIGS[topic_key].synonyms:
+        value = lookup(syn)
+        if value is not None:
+            unit = SYNONYM_UNITS.get(syn, 1)
+            return int(value) * unit if unit != 1 else value
+    return None
 
 
 def parse_topic_config(key: str, text: str) -> Any:
@@ -687,6 +703,12 @@ class BrokerConfig:
         return cls.from_text(text, overrides, source=str(path))
 
     # -- raw access ------------------------------------------------------------------------------
+    @property
+    def values(self) -> dict[str, Any]:
+        """Every known key's typed value: the config's own dict, to read and never write (the native
+        Fetch path holds it and reads fetch.max.bytes per request without a method call)."""
+        return self._values
+
     def get(self, key: str) -> Any:
         """The typed value of a known broker key (Kafka's default when unset; None if Kafka has none)."""
         try:
@@ -751,25 +773,16 @@ class BrokerConfig:
     @property
     def log_retention_ms(self) -> int:
         """ms > minutes > hours, as Kafka; any negative result means no time limit (-1)."""
-        v = self._values
-        if v["log.retention.ms"] is not None:
-            ms = v["log.retention.ms"]
-        elif v["log.retention.minutes"] is not None:
-            ms = v["log.retention.minutes"] * 60_000
-        else:
-            ms = v["log.retention.hours"] * 3_600_000
+        ms = broker_synonym_value("retention.ms", self._values.get)
         return -1 if ms < 0 else ms
 
     @property
     def log_roll_ms(self) -> int:
-        v = self._values
-        return v["log.roll.ms"] if v["log.roll.ms"] is not None else v["log.roll.hours"] * 3_600_000
+        return broker_synonym_value("segment.ms", self._values.get)
 
     @property
     def log_flush_interval_ms(self) -> int:
-        v = self._values
-        ms = v["log.flush.interval.ms"]
-        return v["log.flush.scheduler.interval.ms"] if ms is None else ms
+        return broker_synonym_value("flush.ms", self._values.get)
 
     @property
     def metrics_port(self) -> int:

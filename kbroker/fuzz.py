@@ -1,4 +1,4 @@
-"""Structure-aware protocol fuzzer for a running kbroker (issue 9, reliability plan §2.4).
+"""Structure-aware protocol fuzzer for a running kbroker.
 
 Requests are generated from the schemas in ``kbroker.protocol.messages`` for every API and version the
 broker advertises (valid headers, fields of the right types, arrays, record batches in every codec),
@@ -42,7 +42,7 @@ import uuid as _uuid
 from .protocol import api
 from .protocol.messages import REQUESTS
 from .protocol.schema import Struct, _in
-from .protocol.types import ProtocolError
+from .protocol.types import ProtocolError, varint_bytes
 
 TOPICS = ["fuzz-a", "fuzz-b", "__consumer_offsets", "", "x" * 249, "bad topic!", "fuzz-c"]
 GROUPS = ["fuzz-g", "", "g" * 300]
@@ -127,16 +127,6 @@ class Gen:
         return out
 
 
-def _varint(v: int) -> bytes:
-    z = (v << 1) ^ (v >> 63)
-    out = bytearray()
-    while z >= 0x80:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
-
-
 def make_batch(r: random.Random) -> bytes:
     """A RecordBatch v2, valid or wrong in a structure-aware way, with a correct CRC unless the CRC is
     the point."""
@@ -150,11 +140,12 @@ def make_batch(r: random.Random) -> bytes:
         key = None if r.random() < 0.2 else b"k%d" % i
         value = b"v" * r.choice([0, 10, 1000])
         delta = i if r.random() < 0.9 else r.choice([0, -1, i + 1, 0x7FFFFFFF])
-        body = (b"\0" + _varint(0) + _varint(delta) + (_varint(-1) if key is None else _varint(len(key)) + key)
-                + _varint(len(value)) + value + _varint(0))
+        key_field = varint_bytes(-1) if key is None else varint_bytes(len(key)) + key
+        body = (b"\0" + varint_bytes(0) + varint_bytes(delta) + key_field
+                + varint_bytes(len(value)) + value + varint_bytes(0))
         if r.random() < 0.05:
             body = body[:r.randrange(len(body))]
-        recs.append(_varint(len(body) if r.random() < 0.95 else r.choice([0, -1, 1 << 20])) + body)
+        recs.append(varint_bytes(len(body) if r.random() < 0.95 else r.choice([0, -1, 1 << 20])) + body)
     raw = b"".join(recs)
     if r.random() < 0.03:
         raw = b"\0" * (r.choice([1, 4, 16]) << 20)     # bomb (small enough for a long run)

@@ -11,23 +11,15 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from kbroker.cli.cluster import api_versions_probe, metadata_probe
+from kbroker.ports import free_port
 from kbroker.procutil import die_with_parent
 from kbroker.zk.local import start_zookeeper
-
-_API_VERSIONS_V0 = struct.pack(">ihhih", 10, 18, 0, 1, 0)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(predicate, timeout: float = 20.0, what: str = "condition", interval: float = 0.05):
@@ -44,35 +36,14 @@ def wait_until(predicate, timeout: float = 20.0, what: str = "condition", interv
 
 def api_versions_ok(port: int) -> bool:
     """True when a raw ApiVersions v0 request on the port gets a well-formed answer."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-            s.sendall(_API_VERSIONS_V0)
-            head = s.recv(10)
-            return len(head) >= 10 and struct.unpack(">ii", head[:8])[1] == 1 and head[8:10] == b"\0\0"
-    except OSError:
-        return False
+    return api_versions_probe(port, timeout=1.0) is None
 
 
 def controller_known(port: int):
     """The controller id in the broker's Metadata answer (v1, no topics) once the broker has applied
     the controller's first UpdateMetadata; None before (or when it does not answer)."""
-    from kbroker.protocol import api
-
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
-            s.sendall(api.encode_request(3, 1, 7, "kbroker-testing", {"topics": []}))
-            head = s.recv(4, socket.MSG_WAITALL)
-            (size,) = struct.unpack(">i", head)
-            frame = b""
-            while len(frame) < size:
-                chunk = s.recv(size - len(frame))
-                if not chunk:
-                    return None
-                frame += chunk
-        _, body = api.decode_response(3, 1, memoryview(frame))
-    except (OSError, struct.error, ValueError):
-        return None
-    return None if body["controller_id"] < 0 else body["controller_id"]
+    got = metadata_probe(port)
+    return None if got is None or got[1] < 0 else got[1]
 
 
 class BrokerProc:

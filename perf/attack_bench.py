@@ -1,4 +1,4 @@
-"""Attack benchmark (issue 9): steady clients' latency during each attack beside their latency without it,
+"""Attack benchmark: steady clients' latency during each attack beside their latency without it,
 and what validating compressed batches costs on compressed produce. Not a timed test.
 
 ``python -m kbroker.perf.attack_bench [--phase-s 10] [--only NAME,...] [--json out.json]``
@@ -39,6 +39,7 @@ from pathlib import Path
 
 from kbroker.perf.harness import cpu_seconds, kcat_env
 from kbroker.protocol import api
+from kbroker.protocol.types import varint_bytes
 from kbroker.testing import LocalCluster
 
 MAX_REQUEST = 8 << 20
@@ -154,24 +155,14 @@ def attack_zstd_bombs(bootstrap, topic, until):
     from kbroker.record.compression import compress
 
     value = b"\0" * (70 << 20)
-    rec = b"\0" + b"\0" + b"\0" + b"\x01" + _zz(len(value)) + value + b"\0"
-    section = compress(4, _zz(len(rec)) + rec)
+    rec = b"\0" + b"\0" + b"\0" + b"\x01" + varint_bytes(len(value)) + value + b"\0"
+    section = compress(4, varint_bytes(len(rec)) + rec)
     after = struct.pack(">hiqqqhii", 4, 0, 0, 0, -1, -1, -1, 1) + section
     batch = struct.pack(">qiibI", 0, 9 + len(after), -1, 2, crc32c(after)) + after
     body = {"transactional_id": None, "acks": -1, "timeout_ms": 5000,
             "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": batch}]}]}
     while time.monotonic() < until:
         _roundtrip(bootstrap, 0, 7, body)
-
-
-def _zz(v):
-    z = (v << 1) ^ (v >> 63)
-    out = bytearray()
-    while z >= 0x80:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
 
 
 def attack_fuzz(bootstrap, topic, until):

@@ -1,4 +1,4 @@
-"""Produce latency while the log cleaner runs, divided by the same without it (issue 7 target <= 2).
+"""Produce latency while the log cleaner runs, divided by the same without it (the target is at most 2).
 
 Each phase starts a fresh one-broker LocalCluster (real ZooKeeper) and runs, for ``--seconds``:
 - churn: a confluent-kafka producer in a child process writing 200 B values over 1000 keys at

@@ -1,4 +1,4 @@
-"""Broker CPU per small Fetch, side by side (issue 10): A/B of event loops or of two trees, in one run.
+"""Broker CPU per small Fetch, side by side: A/B of event loops or of two trees, in one run.
 
     python -m kbroker.perf.fetch_latency [--targets asyncio,uvloop] [--rounds 5] [--count 5000]
         [--base-tree /path/to/worktree] [--strace] [--perf-record OUT_DIR] [--py-spy OUT_DIR]

@@ -1,4 +1,4 @@
-"""Server CPU per GB to send large file ranges over loopback, by send method (issue 10, fetch capacity).
+"""Server CPU per GB to send large file ranges over loopback, by send method (what bounds fetch capacity).
 
     python -m kbroker.perf.fetch_send_methods [--methods memory,sendfile-nb,mmap-b,...] [--rounds 5]
         [--sends 96] [--size-mib 4] [--sndbuf 102400] [--dir /dev/shm] [--max-seconds 60]

@@ -1,4 +1,4 @@
-"""Group coordinator benchmark (issue 7): failure detection and Join->Sync times, commit throughput
+"""Group coordinator benchmark: failure detection and Join->Sync times, commit throughput
 and latency. Not a timed test; run it by hand:
 
     .venv/bin/python -m perf.group_bench [--seconds 10] [--committers 8] [--partitions-per-commit 10]
@@ -28,6 +28,7 @@ import time
 
 from kbroker.client.connection import BrokerConnection
 from kbroker.client.group import encode_assignment, encode_subscription
+from kbroker.protocol.errors import Errors
 from kbroker.testing import LocalCluster
 
 SESSION_MS = 6000
@@ -46,7 +47,7 @@ class Member:
                 "member_id": self.member_id, "protocol_type": "consumer",
                 "protocols": [{"name": "range", "metadata": encode_subscription(["t"], version=0)}]}, 5,
                 timeout=30)
-            if r["error_code"] == 79:
+            if r["error_code"] == Errors.MEMBER_ID_REQUIRED:
                 self.member_id = r["member_id"]
                 continue
             assert r["error_code"] == 0, r

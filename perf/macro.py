@@ -50,10 +50,11 @@ from kbroker._native.batch import iter_batches
 from kbroker.perf import inputs
 from kbroker.perf.inputs import KiB, MiB, SINK
 from kbroker.protocol import api
+from kbroker.protocol.errors import Errors
 
 PRODUCE, FETCH, METADATA, CREATE_TOPICS = 0, 1, 3, 19
 PRODUCE_V, FETCH_V, METADATA_V, CREATE_TOPICS_V = 8, 11, 8, 4
-TOPIC_ALREADY_EXISTS = 36
+TOPIC_ALREADY_EXISTS = Errors.TOPIC_ALREADY_EXISTS
 
 PARTITIONS = 4
 BATCH_BYTES = 256 * KiB          # per partition: 4 × 256 KiB = 1 MiB per request

@@ -1,5 +1,5 @@
 """Cost of one small request: broker CPU per one-record Produce and per small Fetch, and end-to-end latency
-at half of the producer's peak (issue 10), kbroker beside librdkafka's mock cluster (C) and Tansu (Rust).
+at half of the producer's peak, kbroker beside librdkafka's mock cluster (C) and Tansu (Rust).
 
     python -m kbroker.perf.request_bench            # full: 3 interleaved rounds (about 6-10 minutes on 2 cores)
     python -m kbroker.perf.request_bench --quick    # smoke: 1 round, small counts (tests/test_perf_request.py)
@@ -628,7 +628,7 @@ def write_markdown(path: Path, doc: dict) -> None:
             f"`{t}`: event loop {f.get('event_loop')}, {f.get('request_path')} request path"
             for t, f in facts.items()) + ".\n")
     if summ["goals"]:
-        L.append("## Goals (issue 10)\n")
+        L.append("## Goals\n")
         L.append("| goal | figure | wanted | median-based value | per-round range | status |")
         L.append("|---|---|---|---|---|---|")
         for g in summ["goals"]:

@@ -17,22 +17,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from kbroker.testing import LocalCluster, free_port, wait_until
-
-
-def _port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
+from kbroker.ports import free_port, port_open
+from kbroker.testing import LocalCluster, wait_until
 
 
 def wait_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 30.0) -> None:
@@ -147,7 +139,7 @@ class TansuTarget(Target):
         def up():
             if self.proc.poll() is not None:
                 raise RuntimeError(f"tansu exited with {self.proc.returncode}")
-            return _port_open(port)
+            return port_open(port)
         wait_until(up, 30, "tansu to listen")
         self.proc_pid = self.proc.pid
         self.bootstrap = f"127.0.0.1:{port}"

@@ -13,13 +13,15 @@ import re
 import threading
 import time
 
+from kbroker.protocol.errors import Errors
+
 from .options import EARLIEST, LATEST, ClientConfig, OffsetRange, OptionError, ReadConfig
 
 _log = logging.getLogger("kbroker.spark")
 _WAITING: set = set()       # topics already reported as awaited (one warning per driver process)
 
-UNKNOWN_TOPIC_OR_PARTITION = 3
-OFFSET_OUT_OF_RANGE = 1
+UNKNOWN_TOPIC_OR_PARTITION = Errors.UNKNOWN_TOPIC_OR_PARTITION
+OFFSET_OUT_OF_RANGE = Errors.OFFSET_OUT_OF_RANGE
 
 
 class DataLossError(RuntimeError):
@@ -225,8 +227,8 @@ _BUFFERS = _Buffers()
 class _FetchChannel:
     """Fetch requests to partition leaders over plain blocking sockets, the response read with
     recv_into straight into a reusable buffer: one copy from the kernel, into pages already
-    mapped. kbroker's client once copied each response byte three times (asyncio streams: 0.10-0.18
-    s of a read task's 0.16-0.22 s per 110 MB of 100 B records, measured); it now receives into
+    mapped. kbroker's client once copied each response byte three times (asyncio streams, most of a
+    read task's time); it now receives into
     one buffer per frame too, but a fresh one (a page fault per 4 KiB), and from the event loop's
     thread. The client still finds the leader, negotiates the Fetch version and drives the retries
     across leader moves (Consumer.with_leader): a socket failure raises KafkaConnectionError

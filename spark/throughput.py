@@ -117,7 +117,7 @@ def run(args) -> dict:
     spark = session("kbroker-throughput", args.master,
                     {"spark.sql.execution.arrow.maxRecordsPerBatch": str(rows_per_batch)})
     # The checksum pass groups by topic partition: a reduce side of 200 (Spark's default) meant
-    # 200 shuffle files per map task and ~1.5 s per phase whatever the size; one reduce task per
+    # 200 shuffle files per map task and a fixed cost per phase whatever the size; one reduce task per
     # topic partition is enough. A value given to spark-submit wins.
     if not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
         spark.conf.set("spark.sql.shuffle.partitions", str(args.partitions))

@@ -31,3 +31,37 @@ def kafka_cluster(tmp_path_factory):
 @pytest.fixture
 def bootstrap(kafka_cluster):
     return kafka_cluster.bootstrap
+
+
+# Timing-sensitive or CPU-heavy tests: on a busy machine they would measure the other workers,
+# so scripts/test.sh runs them alone after the parallel run (marker `serial`).
+SERIAL = ("tests/perf/", "tests/spark/", "tests/cluster/test_network_looplag.py",
+          "tests/cluster/test_event_loop_clients.py", "tests/unit/perf/test_latency_limiter.py",
+          # event-loop stall bounds, idle percentage, replication throttle rates
+          "tests/cluster/test_broker_fetch.py::test_huge_list_offsets_does_not_hold_the_loop",
+          "tests/hostile/test_hostile_attacks.py::test_huge_metadata_request_does_not_hold_the_loop",
+          "tests/cluster/test_metrics.py::test_idle_percent_falls_under_load",
+          "tests/cluster/test_configs_broker.py::"
+          "test_rate_set_through_the_api_throttles_a_follower_and_delete_lifts_it",
+          "tests/cluster/test_replication_throttle.py::")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--serial-tests", choices=("all", "skip", "only"), default="all",
+                     help="run the `serial` tests with the others (all), leave them out (skip) or run only them "
+                          "(only); scripts/test.sh uses skip for its parallel run and only for the serial one")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid.startswith(SERIAL):
+            item.add_marker(pytest.mark.serial)
+    which = config.getoption("--serial-tests")
+    if which == "all":
+        return
+    keep, drop = [], []
+    for item in items:
+        (keep if (item.get_closest_marker("serial") is not None) == (which == "only") else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep

@@ -1,4 +1,5 @@
-"""The broker's ZooKeeper client: registration, lone-broker controller, topic metadata.
+"""The broker's ZooKeeper client: registration, controller election (/controller, fenced by the
+controller epoch), topic, partition-state and config znodes, and watches.
 
 Threads (see python-zk/kazoo#355/#405/#491 for why it is shaped this way):
 

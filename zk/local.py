@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from kbroker import procutil
+from kbroker.ports import LOOPBACK, free_port, free_ports, port_in_use
 from kbroker.procutil import live_argv
 
 ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
@@ -39,7 +40,6 @@ CONFIG_FILE = "zoo.cfg"
 LOG_FILE = "zookeeper.log"
 PID_FILE = "zookeeper.pid"
 
-LOOPBACK = "127.0.0.1"
 _INSTALL_HINT = "install Debian's zookeeper package (apt-get install -y zookeeper)"
 
 
@@ -178,10 +178,10 @@ def start_zookeeper(data_dir: str | os.PathLike, port: int = 0, tick_time_ms: in
 
     attempts = 5 if port == 0 else 1
     for attempt in range(attempts):
-        chosen = port or _free_port()
+        chosen = port or free_port()
         while not port and chosen in avoid_ports:
-            chosen = _free_port()
-        if port and _port_in_use(port):
+            chosen = free_port()
+        if port and port_in_use(port):
             raise ZooKeeperStartError(f"port {port} on {LOOPBACK} is already in use")
         try:
             return _start_once(java, zookeeper_jar, data_dir, chosen, tick_time_ms, ready_timeout,
@@ -232,7 +232,7 @@ def _start_once(java: str, jar: str, data_dir: Path, port: int, tick_time_ms: in
             proc.stop()  # removes the pid file
             tail = _tail(log_path, log_start)
             # Without slf4j-simple the log is silent: also probe the port itself.
-            if "BindException" in tail or _port_in_use(port):
+            if "BindException" in tail or port_in_use(port):
                 raise _PortTaken()
             raise ZooKeeperStartError(
                 f"ZooKeeper exited with status {popen.returncode} during start-up; "
@@ -265,23 +265,6 @@ def _find_java() -> str:
     if java is None:
         raise ZooKeeperNotInstalled(f"java not found on PATH: {_INSTALL_HINT} (it pulls in a JRE)")
     return java
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return sock.getsockname()[1]
-
-
-def _port_in_use(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # SO_REUSEADDR: only a live listener counts, not TIME_WAIT leftovers.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((LOOPBACK, port))
-        except OSError:
-            return True
-    return False
 
 
 def _pid_is_our_server(pid: int, data_dir: Path) -> bool:
@@ -331,7 +314,9 @@ def start_ensemble(root: str | os.PathLike, size: int = 3, tick_time_ms: int = 2
     if not os.path.isfile(zookeeper_jar):
         raise ZooKeeperNotInstalled(f"{zookeeper_jar} not found: {_INSTALL_HINT}")
     root = Path(root).resolve()
-    ports = ports or [(_free_port(), _free_port(), _free_port()) for _ in range(size)]
+    if not ports:
+        picked = free_ports(3 * size)
+        ports = [tuple(picked[3 * i:3 * i + 3]) for i in range(size)]
     servers = "".join(f"server.{i + 1}={LOOPBACK}:{peer}:{election}\n"
                       for i, (_, peer, election) in enumerate(ports))
     nodes = []

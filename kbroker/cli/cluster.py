@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kbroker.config import BrokerConfig, ConfigError
+from kbroker.ports import LOOPBACK, free_ports, port_in_use
 from kbroker.procutil import live_argv
 
 LAYOUT_FILE = "cluster.json"
-LOOPBACK = "127.0.0.1"
 DEFAULT_ZK_PORT = 2181
 DEFAULT_BASE_PORT = 9092
 # Local clusters use a 6 s ZooKeeper session instead of Kafka's 18 s: a killed broker's registration
@@ -151,9 +151,8 @@ def broker_properties(layout: Layout, slot: BrokerSlot) -> str:
         f"transaction.state.log.min.isr={min(2, n)}",
         # No reason to hold the first consumer group back on a local cluster.
         "group.initial.rebalance.delay.ms=0",
-        # The kernel sizes the receive buffer (autotuning) instead of Kafka's fixed 100 KiB: a 512 KiB
-        # produce request then takes ~6 reads instead of ~9 (docs/perf/request-capacity.md: 0.82-0.86x
-        # the broker CPU per GB, 1.1x the MB/s, and no cost on one-record requests).
+        # The kernel sizes the receive buffer (autotuning) instead of Kafka's fixed 100 KiB: a large
+        # produce request then takes fewer reads (docs/perf/request-capacity.md has the figures).
         "socket.receive.buffer.bytes=-1",
         "",
     ])
@@ -191,31 +190,6 @@ def running_broker_pid(layout: Layout, broker_id: int) -> int | None:
     if pid is not None and is_our_broker(pid, layout.config_path(broker_id)):
         return pid
     return None
-
-
-def _port_in_use(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((LOOPBACK, port))
-        except OSError:
-            return True
-    return False
-
-
-def _free_ports(count: int) -> list[int]:
-    # Hold every socket open until all are chosen so the ports are distinct. Another process may
-    # still take one before the broker binds it; the broker then dies and `up` reports its log.
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind((LOOPBACK, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _tail(path: Path, start: int = 0, lines: int = 30) -> str:
@@ -436,7 +410,7 @@ def ensure_ensemble(layout: Layout) -> tuple[str, bool]:
 
 def _ensemble_ports(n: int, zk_port: int | None) -> list[tuple[int, int, int]]:
     if zk_port == 0:
-        ports = _free_ports(3 * n)
+        ports = free_ports(3 * n)
         return [tuple(ports[3 * i:3 * i + 3]) for i in range(n)]
     base = DEFAULT_ZK_PORT if zk_port is None else zk_port
     return [(base + i, 2888 + i, 3888 + i) for i in range(n)]
@@ -481,7 +455,7 @@ def cluster_up(root: Path, brokers: int | None, zk_port: int | None, base_port: 
         zk, _ = ensure_zookeeper(root / "zookeeper", DEFAULT_ZK_PORT if zk_port is None else zk_port)
         try:
             base = DEFAULT_BASE_PORT if base_port is None else base_port
-            ports = _free_ports(n) if base == 0 else list(range(base, base + n))
+            ports = free_ports(n) if base == 0 else list(range(base, base + n))
             if ports[-1] > 65535:
                 raise ClusterError(f"broker ports {ports[0]}..{ports[-1]} exceed 65535")
             layout = Layout(root, zk.port, [BrokerSlot(i, p) for i, p in enumerate(ports)],
@@ -518,7 +492,7 @@ def _cluster_up_ensemble(root, brokers, zk_port, base_port, partitions, timeout,
         raise ClusterError(f"cannot start the ZooKeeper ensemble: {e}") from None
     try:
         base = DEFAULT_BASE_PORT if base_port is None else base_port
-        ports = _free_ports(n) if base == 0 else list(range(base, base + n))
+        ports = free_ports(n) if base == 0 else list(range(base, base + n))
         layout = Layout(root, ensemble[0][0], [BrokerSlot(i, p) for i, p in enumerate(ports)],
                         1 if partitions is None else partitions, ensemble)
         layout.save()
@@ -553,7 +527,7 @@ def _start_brokers(layout: Layout, zk_connect: str, timeout: float, out) -> Layo
                 log_start = log_path.stat().st_size if log_path.exists() else 0
                 started.append(Started(slot, None, pid, log_start, None))
                 continue
-            if _port_in_use(slot.port):
+            if port_in_use(slot.port):
                 raise ClusterError(f"port {slot.port} for broker {slot.id} is in use by another process")
             stale = client.exists(f"/brokers/ids/{slot.id}")
             popen, log_start = start_broker(layout, slot)

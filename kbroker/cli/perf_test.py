@@ -1,5 +1,5 @@
 """``kbroker producer-perf-test`` / ``kbroker consumer-perf-test`` (kafka-*-perf-test.sh, Kafka 3.9
-flags and output lines; see :mod:`kbroker.perf_tools`)."""
+flags and output lines; see :mod:`kbroker.perf.producer_perf` and :mod:`kbroker.perf.consumer_perf`)."""
 from __future__ import annotations
 
 import argparse
@@ -57,7 +57,7 @@ def register(subparsers) -> None:
 
 
 def producer_main(args: argparse.Namespace) -> int:
-    from kbroker.perf_tools import producer_perf as pp
+    from kbroker.perf import producer_perf as pp
 
     try:
         if args.transactional_id is not None or args.transaction_duration_ms is not None:
@@ -86,7 +86,7 @@ def producer_main(args: argparse.Namespace) -> int:
 
 
 def consumer_main(args: argparse.Namespace) -> int:
-    from kbroker.perf_tools import consumer_perf as cp
+    from kbroker.perf import consumer_perf as cp
 
     try:
         asyncio.run(cp.run(cp.options_from(args)))

@@ -7,7 +7,6 @@ aborted transactions listed in the Fetch response are skipped too, as Kafka's co
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, field
 
 from kbroker.protocol.errors import Errors
@@ -212,24 +211,3 @@ class Consumer(ClusterClient):
                         break   # nothing more will come within this range's promise
                     continue
                 pos = r.next_offset
-
-    async def iter_records(self, topic: str, partition: int, offset, max_messages: int | None = None,
-                           idle_timeout_ms: int | None = None, max_wait_ms: int = 500):
-        """Follow a partition from ``offset`` (or 'earliest'/'latest'), yielding records as they
-        arrive; stops after ``max_messages`` or ``idle_timeout_ms`` without new records."""
-        if not isinstance(offset, int) or offset < 0:
-            offset = await self.list_offsets(topic, partition, offset)
-        seen = 0
-        last_data = time.monotonic()
-        while max_messages is None or seen < max_messages:
-            r = await self.fetch(topic, partition, offset, max_wait_ms=max_wait_ms)
-            for rec in r.records:
-                yield rec
-                seen += 1
-                if max_messages is not None and seen >= max_messages:
-                    return
-            if r.records:
-                last_data = time.monotonic()
-            elif idle_timeout_ms is not None and (time.monotonic() - last_data) * 1000 >= idle_timeout_ms:
-                return
-            offset = max(offset, r.next_offset)

@@ -35,7 +35,8 @@ import logging
 from ..protocol.errors import Errors
 from ..zk import layout as L
 from ..zk.client import NotControllerError, StaleVersionError
-from . import election, requests as R
+from . import election
+from . import requests as broker_requests
 from .channel import BrokerChannel
 from .context import ControllerContext, LiveBroker
 
@@ -264,8 +265,8 @@ class Controller:
             fresh = is_new
             if new_replicas:
                 fresh = frozenset(is_new) | {tp for tp in tps if bid in new_replicas.get(tp, ())}
-            body = R.leader_and_isr(ctx, self.broker_id, ctx.brokers[bid].epoch, tps, fresh)
-            futs.append(self.channels[bid].send(R.LEADER_AND_ISR, body))
+            body = broker_requests.leader_and_isr(ctx, self.broker_id, ctx.brokers[bid].epoch, tps, fresh)
+            futs.append(self.channels[bid].send(broker_requests.LEADER_AND_ISR, body))
         return futs
 
     def _send_update_metadata(self, parts, to=None, deleted=None) -> list:
@@ -274,9 +275,9 @@ class Controller:
         for bid in sorted(ctx.brokers if to is None else to):
             if bid not in ctx.brokers:
                 continue
-            body = R.update_metadata(ctx, self.broker_id, ctx.brokers[bid].epoch,
-                                     [tp for tp in parts if tp in ctx.states], deleted)
-            futs.append(self.channels[bid].send(R.UPDATE_METADATA, body))
+            body = broker_requests.update_metadata(ctx, self.broker_id, ctx.brokers[bid].epoch,
+                                                   [tp for tp in parts if tp in ctx.states], deleted)
+            futs.append(self.channels[bid].send(broker_requests.UPDATE_METADATA, body))
         return futs
 
     # ---- writing states -----------------------------------------------------------------------------
@@ -416,8 +417,8 @@ class Controller:
             # then the new topic's id tells its replica manager the old log is stale).
             stray = sorted(tp for tp in ctx.stray.pop(b, ()) if tp[0] not in ctx.assignments)
             if stray:
-                body = R.stop_replica(ctx, self.broker_id, ctx.brokers[b].epoch, stray, delete=True)
-                self.channels[b].send(R.STOP_REPLICA, body)
+                body = broker_requests.stop_replica(ctx, self.broker_id, ctx.brokers[b].epoch, stray, delete=True)
+                self.channels[b].send(broker_requests.STOP_REPLICA, body)
                 log.info("controller %d: deleting %d replicas of deleted topics on returning broker %d",
                          self.broker_id, len(stray), b)
         for name in list(ctx.assignments):
@@ -527,8 +528,8 @@ class Controller:
         for bid in sorted(ctx.brokers):
             parts = [(name, p) for p, r in assignment.items() if bid in r]
             if parts:
-                body = R.stop_replica(ctx, self.broker_id, ctx.brokers[bid].epoch, parts, delete=True)
-                futs.append(self.channels[bid].send(R.STOP_REPLICA, body))
+                body = broker_requests.stop_replica(ctx, self.broker_id, ctx.brokers[bid].epoch, parts, delete=True)
+                futs.append(self.channels[bid].send(broker_requests.STOP_REPLICA, body))
         if futs:
             await asyncio.wait(futs, timeout=STOP_REPLICA_WAIT_S)
         for p, replicas in assignment.items():
@@ -646,8 +647,8 @@ class Controller:
             self._send_leader_and_isr([tp])
             for r in removed:
                 if r in ctx.brokers:
-                    body = R.stop_replica(ctx, self.broker_id, ctx.brokers[r].epoch, [tp], delete=True)
-                    self.channels[r].send(R.STOP_REPLICA, body)
+                    body = broker_requests.stop_replica(ctx, self.broker_id, ctx.brokers[r].epoch, [tp], delete=True)
+                    self.channels[r].send(broker_requests.STOP_REPLICA, body)
             self._send_update_metadata([tp])
             del ctx.reassigning[tp]
             done.append(tp)
@@ -865,8 +866,8 @@ class Controller:
         futs = self._send_leader_and_isr(changed)
         followers = [tp for tp in mine if ctx.states[tp][0].leader != broker_id]
         if followers:
-            body = R.stop_replica(ctx, self.broker_id, b.epoch, followers, delete=False)
-            self.channels[broker_id].send(R.STOP_REPLICA, body)
+            body = broker_requests.stop_replica(ctx, self.broker_id, b.epoch, followers, delete=False)
+            self.channels[broker_id].send(broker_requests.STOP_REPLICA, body)
         futs += self._send_update_metadata(changed)
         # Answer once the new leaders lead (bounded): the stopping broker closes its listener next,
         # and, when it is this controller's broker, its channels go with it.

@@ -5,6 +5,6 @@
 - ``group``: one group's members and state machine (Empty, PreparingRebalance, CompletingRebalance,
   Stable, Dead).
 - ``store``: appends to and loads from the offsets partitions (the single append entry point).
-- ``manager``: ``GroupCoordinator``, the request logic behind the thin handlers in
+- ``group_coordinator``: ``GroupCoordinator``, the request logic behind the thin handlers in
   ``server/apis/groups.py``: joins, syncs, heartbeats, commits, loading and unloading partitions.
 """

@@ -78,9 +78,6 @@ class Group:
     new_member_added: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    def is_(self, state: str) -> bool:
-        return self.state == state
-
     def transition(self, state: str, now_ms: int) -> None:
         self.state = state
         self.state_timestamp = now_ms

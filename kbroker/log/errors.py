@@ -1,15 +1,16 @@
 """Exceptions raised by kbroker.log.
 
-Error codes are Kafka's numbers (Errors.java); the storage layer names only the few it can
-produce, so it does not depend on the protocol package.
+The storage layer names the few Kafka error codes it can produce; their numbers come from the
+one table, kbroker.protocol.errors (a leaf module with no broker imports).
 """
+from ..protocol.errors import Errors
 
-CORRUPT_MESSAGE = 2
-MESSAGE_TOO_LARGE = 10
-OUT_OF_ORDER_SEQUENCE_NUMBER = 45
-INVALID_PRODUCER_EPOCH = 47
-KAFKA_STORAGE_ERROR = 56
-INVALID_RECORD = 87
+CORRUPT_MESSAGE = Errors.CORRUPT_MESSAGE
+MESSAGE_TOO_LARGE = Errors.MESSAGE_TOO_LARGE
+OUT_OF_ORDER_SEQUENCE_NUMBER = Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
+INVALID_PRODUCER_EPOCH = Errors.INVALID_PRODUCER_EPOCH
+KAFKA_STORAGE_ERROR = Errors.KAFKA_STORAGE_ERROR
+INVALID_RECORD = Errors.INVALID_RECORD
 
 
 class LogError(Exception):

@@ -57,7 +57,7 @@ from kbroker._native import batch as _batch
 from kbroker._native import segment as _native
 
 from .cleaner import recover_swaps
-from ..config import SYNONYM_UNITS, TOPIC_CONFIGS
+from ..config import TOPIC_CONFIGS, broker_synonym_value
 from .checkpoint import write_text
 from .epoch_cache import UNDEFINED_EPOCH, LeaderEpochCache
 from .errors import (CORRUPT_MESSAGE, INVALID_RECORD, KAFKA_STORAGE_ERROR, LogAppendError,
@@ -82,11 +82,6 @@ LOG_KEYS = ("segment.bytes", "segment.ms", "retention.ms", "retention.bytes", "m
             "min.cleanable.dirty.ratio")
 
 DEFAULTS = {k: TOPIC_CONFIGS[k].default for k in LOG_KEYS}
-
-# Broker-level (server.properties) names accepted in LogManager defaults: topic key -> its
-# synonyms in precedence order as (broker key, multiplier to the topic key's unit).
-BROKER_SYNONYMS = {k: tuple((syn, SYNONYM_UNITS.get(syn, 1)) for syn in TOPIC_CONFIGS[k].synonyms if syn != k)
-                   for k in LOG_KEYS}
 
 _STRING_KEYS = {"message.timestamp.type", "cleanup.policy"}
 _FLOAT_KEYS = {"min.cleanable.dirty.ratio"}
@@ -135,12 +130,10 @@ class LogConfig:
         """Translate broker-level keys (log.retention.hours, ...) to topic-level ones; of several
         synonyms the most specific wins, as in Kafka (ms over minutes over hours)."""
         out = {k: v for k, v in props.items() if k in DEFAULTS}
-        for key, synonyms in BROKER_SYNONYMS.items():
-            for name, unit in synonyms:
-                if name in props and props[name] is not None:
-                    v = props[name]
-                    out[key] = int(v) * unit if unit != 1 else v
-                    break
+        for key in LOG_KEYS:
+            value = broker_synonym_value(key, props.get)
+            if value is not None:
+                out[key] = value
         return out
 
 

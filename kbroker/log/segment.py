@@ -1,7 +1,7 @@
 """One log segment: ``%020d.log`` plus its ``.index`` and ``.timeindex``.
 
 Format: the .log is RecordBatch v2 batches exactly as produced on the wire with baseOffset and
-partitionLeaderEpoch stamped by the leader (kafka-protocol-facts §2); the file name is the base
+partitionLeaderEpoch stamped by the leader (Kafka's log format is its wire format); the file name is the base
 offset (the first offset the segment may hold) zero-padded to 20 digits. Index formats: index.py.
 
 Descriptors: the active segment appends through its own O_APPEND descriptor (one write per
@@ -44,7 +44,7 @@ TAIL_BATCHES = int(os.environ.get("KBROKER_SEGMENT_TAIL_BATCHES", "64"))
 # file is cut, and every cut or reload drops the block (_forget_tail).
 READ_BLOCK = 16 * 1024
 READ_BLOCKS = int(os.environ.get("KBROKER_SEGMENT_READ_BLOCKS", "256"))
-_blocks: dict = {}      # LogSegment -> (file position, bytes), least recently used first
+read_blocks = _native.ReadBlocks(READ_BLOCKS, READ_BLOCK)   # the process's (the native Fetch path's too)
 
 # Process-wide counters tests use to prove what a startup did (e.g. no CRC scan after a
 # clean shutdown).
@@ -369,8 +369,7 @@ class LogSegment:
 
     def _forget_tail(self) -> None:
         self._st.forget_tail()
-        if _blocks:
-            _blocks.pop(self, None)
+        read_blocks.forget(self)
 
     def _truncate_file(self, size: int) -> None:
         self._forget_tail()
@@ -399,19 +398,19 @@ class LogSegment:
             pos = self._st.tail_position(offset, start_position)
             if pos != -2:
                 return pos                  # -1: past the last batch
-        block = _blocks.get(self) if READ_BLOCKS else None
-        if block is not None and offset > block[2]:
-            # Every batch before the block's first ends at or below block[2]: walk the block (from the
+        block = read_blocks.get(self)
+        if block is not None and offset > block.floor:
+            # Every batch before the block's first ends at or below its floor: walk the block (from the
             # batch found last time when the offset is past it: a reader moving on walks one header),
             # and on into the next block of the file when the batch lies just past this one.
-            walk = block[3] if offset > block[4] else block[0]
-            r = _native.seek_batch_in(block[1], block[0], walk, self.size, offset, INT64_MAX)
+            walk = block.cursor if offset > block.cursor_floor else block.pos
+            r = _native.seek_batch_in(block.data, block.pos, walk, self.size, offset, INT64_MAX)
             if not r[1] and r[0] + _HEADER <= self.size:
-                block = self._load_block(r[0])
-                r = _native.seek_batch_in(block[1], block[0], r[0], self.size, offset, INT64_MAX)
+                block = read_blocks.load(self, self.read_fd, r[0], self.size)
+                r = _native.seek_batch_in(block.data, block.pos, r[0], self.size, offset, INT64_MAX)
             if r[1]:
-                block[3] = r[0]
-                block[4] = r[2] - 1
+                block.cursor = r[0]
+                block.cursor_floor = r[2] - 1
                 if r[0] >= start_position:
                     return r[0]
             elif r[0] + _HEADER > self.size:
@@ -419,39 +418,15 @@ class LogSegment:
         r = self.translate_offset(offset, start_position)
         return -1 if r is None else r[0]
 
-    def _load_block(self, pos: int):
-        """Read the file from batch boundary ``pos`` (at most READ_BLOCK bytes, up to ``size``) as this
-        segment's read block: [pos, bytes, floor, cursor position, cursor floor], floor = the first
-        batch's base offset - 1 (offsets only grow through a log, so no batch before ``pos`` holds an
-        offset above it); the cursor is a batch boundary in the block with its own floor."""
-        n = self.size - pos
-        data = os.pread(self.read_fd, READ_BLOCK if n > READ_BLOCK else n, pos)
-        floor = int.from_bytes(data[:8], "big", signed=True) - 1 if len(data) >= _HEADER else INT64_MAX
-        block = [pos, data, floor, pos, floor]
-        _blocks.pop(self, None)
-        _blocks[self] = block
-        if len(_blocks) > READ_BLOCKS:
-            try:
-                del _blocks[next(iter(_blocks))]
-            except (KeyError, RuntimeError):
-                pass        # another thread's read moved the order meanwhile: evicted next time
-        return block
-
     def read_bytes(self, start: int, length: int):
         """The file's bytes [start, start + length) (a range a read just placed below ``size``) from
         the read block, reading a new block at ``start`` when it does not hold them; None when the
         range is larger than a block (the caller sends it from the file)."""
-        if not READ_BLOCKS or length > READ_BLOCK:
-            return None
-        block = _blocks.get(self)
-        if block is None or start < block[0] or start + length > block[0] + len(block[1]):
-            block = self._load_block(start)
-            if len(block[1]) < length:
-                return None                 # cut underneath: the caller's pread reports it
-        elif next(reversed(_blocks)) is not self:
-            _blocks[self] = _blocks.pop(self)
-        i = start - block[0]
-        return memoryview(block[1])[i:i + length]
+        block = read_blocks.holding(self, self.read_fd, start, length, self.size)
+        if block is None:
+            return None                     # too large, no blocks, or cut underneath: the caller's pread
+        i = start - block.pos
+        return memoryview(block.data)[i:i + length]
 
     def end_position(self, start: int, max_bytes: int, max_offset: int, min_one_batch: bool) -> int:
         """Where a read starting at batch boundary ``start`` ends: only whole batches, none
@@ -469,16 +444,17 @@ class LogSegment:
                 byte_end = self._st.tail_end(start, limit, min_one_batch)
                 if byte_end != -2:
                     return end if end < byte_end else byte_end
-            block = _blocks.get(self) if READ_BLOCKS else None
-            if block is not None or (READ_BLOCKS and max_bytes < READ_BLOCK):
+            block = read_blocks.get(self)
+            if block is not None or (read_blocks.limit and max_bytes < READ_BLOCK):
                 # Batch boundaries from the read block: the first batch crossing the limit. A small
                 # read (its bytes will be copied from a block) reads a block at ``start`` when none
                 # holds the limit's batch; a large one (sent with sendfile) walks the file as before.
-                if block is None or start < block[0] or (limit + _HEADER > block[0] + len(block[1])
-                                                         and block[0] + len(block[1]) < end):
-                    block = self._load_block(start) if max_bytes < READ_BLOCK else None
+                if block is None or start < block.pos or (limit + _HEADER > block.pos + len(block.data)
+                                                          and block.pos + len(block.data) < end):
+                    block = (read_blocks.load(self, self.read_fd, start, self.size)
+                             if max_bytes < READ_BLOCK else None)
                 r = (start, 0) if block is None else _native.seek_batch_in(
-                    block[1], block[0], start, end, INT64_MAX, limit)
+                    block.data, block.pos, start, end, INT64_MAX, limit)
                 if r[1]:
                     byte_end = r[0]
                     if byte_end == start and min_one_batch:
@@ -539,7 +515,7 @@ class LogSegment:
     def close(self, trim: bool = True) -> None:
         """Trim indexes and close every descriptor (clean shutdown); ``trim=False`` when the
         files are already gone (partition deleted)."""
-        _blocks.pop(self, None)
+        read_blocks.forget(self)
         if trim and self.active:
             self._final_time_entry()
         self.index.close(trim)
@@ -566,7 +542,7 @@ class LogSegment:
 
     def remove(self) -> None:
         """Close the read descriptor and unlink the ``.deleted`` files."""
-        _blocks.pop(self, None)
+        read_blocks.forget(self)
         if self.read_fd >= 0:
             os.close(self.read_fd)
             self.read_fd = -1

@@ -194,7 +194,8 @@ class Connection(ConnState, asyncio.BufferedProtocol):
         self._writing = False
         self._write_fd = -1       # fd we registered for writability (-1: none; a dup of ours on uvloop)
         self._selector = server.selector_loop
-        self._direct_write = server.selector_loop   # on_read may send on the socket itself (asyncio's transport)
+        # on_read may send on the socket itself (asyncio's transport, whose internals it checks first)
+        self._direct_write = server.selector_loop and server.asyncio_internals
         self._send_rest = None    # (slot, SendCursor) of an answer waiting for the socket (_on_writable)
         self._sock_fd = -1        # the socket's descriptor (direct sends)
         self._in_read = False     # dispatching the frames of one read: defer writes to its end
@@ -219,9 +220,10 @@ class Connection(ConnState, asyncio.BufferedProtocol):
         if sock is not None:
             self.server.tune_socket(sock)
             self._sock_fd = sock.fileno()
-        if self._native_read and self._sock_fd >= 0 and hasattr(transport, "_read_ready_cb"):
+        if (self._native_read and self._sock_fd >= 0 and self.server.asyncio_internals
+                and hasattr(transport, "_read_ready_cb")):
             # asyncio's selector transport: its readable callback's recv into our buffer made native too
-            # (ext/request.pyx recv_ready: asyncio's _read_ready__get_buffer, then on_read)
+            # (ext/conn.pxi recv_ready: asyncio's _read_ready__get_buffer, then on_read)
             transport._read_ready_cb = self._recv_ready
         self.server.connection_opened(self)
         if not self._prepare():

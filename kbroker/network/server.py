@@ -32,10 +32,17 @@ import os
 import resource
 import select
 import socket
+import sys
 
 from .._native.request import ReadStats
 from .connection import Connection, hostile_log
 from .pool import FrameCache, MemoryPool
+
+# The CPython minor version whose asyncio selector transport internals the native read was checked
+# against: its readable-callback hook (``_read_ready_cb``) and the state a direct send must respect
+# (``_buffer``, ``_conn_lost``, ``_empty_waiter``, ``_eof``). They are private, so on any other version
+# the plain Python read and the transport's own writes serve instead (as on uvloop).
+ASYNCIO_INTERNALS_VERSION = (3, 11)
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +160,8 @@ class KafkaServer:
         self.loop = None
         self.selector_loop = False   # asyncio's selector loop (its private reader/writer hooks are used)
         self.native_read = False     # readable events in one native call (set in start: KBROKER_NATIVE_READ)
+        # asyncio's private transport internals may be used (checked once: ASYNCIO_INTERNALS_VERSION)
+        self.asyncio_internals = sys.version_info[:2] == ASYNCIO_INTERNALS_VERSION
         self._server = None
         self._serving = False
         self._handshakes = 0         # accepted sockets whose connection_made has not run yet (uvloop)
@@ -177,6 +186,10 @@ class KafkaServer:
         self.native_read = os.environ.get("KBROKER_NATIVE_READ", "1") != "0"
         if not self.native_read:
             log.info("native read path off (KBROKER_NATIVE_READ=0): readable events in Python")
+        if self.selector_loop and not self.asyncio_internals:
+            log.info("asyncio transport internals checked on Python %d.%d only, this is %d.%d: readable "
+                     "events through asyncio's own callback, answers through transport.write",
+                     *ASYNCIO_INTERNALS_VERSION, *sys.version_info[:2])
         if not self.selector_loop:
             self._listen = self._bind()
             self.port = self._listen[0].getsockname()[1]

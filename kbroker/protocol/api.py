@@ -12,6 +12,7 @@ import struct
 from dataclasses import dataclass
 
 from . import types as T
+from .errors import Errors
 from .messages import REQUESTS, RESPONSES, API_NAMES
 from .types import FileRegions, ProtocolError
 
@@ -160,7 +161,7 @@ def encode_api_versions_fallback(correlation_id: int) -> bytes:
     UNSUPPORTED_VERSION and our ApiVersions range, so the client retries with a version we speak."""
     lo, hi = SUPPORTED.get(API_VERSIONS, (0, 3))
     return b"".join(encode_response(API_VERSIONS, 0, correlation_id, {
-        "error_code": 35,
+        "error_code": Errors.UNSUPPORTED_VERSION,
         "api_keys": [{"api_key": API_VERSIONS, "min_version": lo, "max_version": hi}],
     }))
 

@@ -185,22 +185,32 @@ def read_uvarint(buf, pos):
             raise ProtocolError("unsigned varint longer than 5 bytes")
 
 
-def write_uvarint(out, v):
-    if v < 0:
-        raise ValueError("unsigned varint must be >= 0")
-    b = out.buf
+def _append_base128(b: bytearray, v: int) -> None:
     while v >= 0x80:
         b.append((v & 0x7F) | 0x80)
         v >>= 7
     b.append(v)
 
 
-def uvarint_size(v: int) -> int:
-    n = 1
-    while v >= 0x80:
-        v >>= 7
-        n += 1
-    return n
+def write_uvarint(out, v):
+    if v < 0:
+        raise ValueError("unsigned varint must be >= 0")
+    _append_base128(out.buf, v)
+
+
+def uvarint_bytes(v: int) -> bytes:
+    """An unsigned varint (base 128, low group first) on its own."""
+    if v < 0:
+        raise ValueError("unsigned varint must be >= 0")
+    b = bytearray()
+    _append_base128(b, v)
+    return bytes(b)
+
+
+def varint_bytes(v: int) -> bytes:
+    """A record field's varint/varlong: zigzag (protobuf sint64; small magnitudes of either sign stay
+    short), then an unsigned varint."""
+    return uvarint_bytes((v << 1) ^ (v >> 63))
 
 
 # ---- strings / bytes / records: classic (int16/int32 length) and compact (uvarint len+1) ---------

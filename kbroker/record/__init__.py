@@ -17,6 +17,7 @@ from kbroker._native.batch import (
     read_batch,
     validate_and_stamp,
 )
+from kbroker.protocol.errors import Errors
 from kbroker.record.compression import CompressionError, decompress
 
 __all__ = [
@@ -27,7 +28,6 @@ __all__ = [
 # The header layout is defined once, natively (ext/layout.pxd).
 LOG_OVERHEAD = LAYOUT["LOG_OVERHEAD"]
 HEADER_SIZE = LAYOUT["HEADER_SIZE"]
-CORRUPT_MESSAGE = 2
 
 # Default cap on a decompressed records section: far above any batch the
 # broker accepts (max.message.bytes default 1048588) yet bounded.
@@ -46,7 +46,7 @@ def decode_records(batch, *, check_crc: bool = False,
         try:
             body = decompress(info.codec, body, max_decompressed)
         except CompressionError as e:
-            raise BatchError(CORRUPT_MESSAGE, f"records section: {e}") from e
+            raise BatchError(Errors.CORRUPT_MESSAGE, f"records section: {e}") from e
     return decode_record_data(body, info.record_count, info.base_offset,
                               info.first_timestamp,
                               info.max_timestamp if info.timestamp_type else -1)

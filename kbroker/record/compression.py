@@ -104,9 +104,8 @@ def _scratch_view(size: int) -> memoryview:
         have = 0 if buf is None else len(buf)
         # Grow geometrically while below the keep limit, exactly above it.
         grown = max(size, min(2 * have, SCRATCH_KEEP))
-        # bytearray(n) zero-fills n bytes holding the GIL (~40 ms for a 64 MiB bomb cap, measured on
-        # a validation worker, stalling the loop); an anonymous mapping is zero pages faulted in as the
-        # decompressor writes them.
+        # bytearray(n) zero-fills n bytes holding the GIL (tens of milliseconds at a bomb cap's size,
+        # stalling the loop); an anonymous mapping is zero pages faulted in as the decompressor writes them.
         buf = _scratch.buf = bytearray(grown) if grown < _MMAP_FROM else mmap.mmap(-1, grown)
     return memoryview(buf)
 

@@ -161,7 +161,7 @@ class ReplicaManager:
         metrics = self.broker.metrics
         notifier = self.broker.notifier
         self.fast = FastProduce(fallback, self._fast_rearm, write_failed, self._fast_leaders,
-                                metrics.messages_in, metrics.bytes_in, notifier._waiters, notifier.appended,
+                                metrics.messages_in, metrics.bytes_in, notifier.waiters, notifier.appended,
                                 self._failing_dirs, threads.write_offload_bytes, threads.validates_off_loop,
                                 metrics.produce_failed)
         self._fast_refresh_all()
@@ -179,10 +179,9 @@ class ReplicaManager:
             return fallback
         from ..log import segment
         self.fast_fetch_handler = FastFetch(fallback, self._fast_rearm, self._fast_leaders,
-                                            self.broker.metrics.bytes_out, self.broker.config._values,
-                                            segment._blocks, segment.READ_BLOCKS, segment.READ_BLOCK,
-                                            self.broker_id, self.logs.topic_configs, self._complete,
-                                            self.broker.metrics)
+                                            self.broker.metrics.bytes_out, self.broker.config.values,
+                                            segment.read_blocks, self.broker_id, self.logs.topic_configs,
+                                            self._complete, self.broker.metrics)
         self._fast_refresh_all()
         return self.fast_fetch_handler
 
@@ -759,10 +758,6 @@ class ReplicaManager:
         if delete:
             self.logs.delete(tp[0], tp[1])
         return Errors.NONE
-
-    def delete_stale_log(self, tp) -> None:
-        """The log on disk belongs to an earlier topic of the same name: drop it (recreated empty)."""
-        self.stop_replica(tp, delete=True)
 
     def _stop_fetching(self, tp) -> None:
         for f in self.fetchers.values():

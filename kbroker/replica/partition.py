@@ -164,22 +164,12 @@ class Partition:
         return True
 
     def maybe_increment_hw(self) -> bool:
-        """Advance the HW to the smallest LEO in the ISR. Returns whether it moved."""
-        if self.stale or not self.is_leader or len(self.isr) < self.min_isr:
+        """Advance the HW to the smallest LEO in the ISR (LogState.advance_hw, the rule the native Fetch
+        path applies too). Returns whether it moved."""
+        if self.stale or not self.is_leader:
             return False
         log = self.log
-        hw = log.log_end_offset
-        for r in self.isr:
-            if r != self.local_id:
-                f = self.followers.get(r)
-                if f is None or f.leo < 0:
-                    return False
-                if f.leo < hw:
-                    hw = f.leo
-        if hw > log.high_watermark:
-            log.high_watermark = hw
-            return True
-        return False
+        return log.advance_hw(self.isr, self.followers, self.local_id, self.min_isr, log.log_end_offset)
 
     def can_join_isr(self, replica_id: int) -> bool:
         f = self.followers.get(replica_id)

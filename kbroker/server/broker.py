@@ -33,7 +33,7 @@ from . import apis  # noqa: E402
 from .apis import fetch as fetch_api  # noqa: E402
 from .apis import produce as produce_api  # noqa: E402
 from .apis.producer_ids import ProducerIdAllocator  # noqa: E402
-from ..coordinator.manager import GroupCoordinator  # noqa: E402
+from ..coordinator.group_coordinator import GroupCoordinator  # noqa: E402
 
 
 class Broker:

@@ -29,13 +29,6 @@ def topic_name_error(name) -> str | None:
     return None
 
 
-def topic_id_bytes(topic_id: str | None) -> bytes:
-    """ZooKeeper keeps topic ids as 22-char base64url; the wire carries 16 raw bytes."""
-    if not topic_id:
-        return bytes(16)
-    return base64.urlsafe_b64decode(topic_id + "==")
-
-
 def topic_id_text(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
@@ -75,10 +68,6 @@ class MetadataCache:
         self.topic_ids: dict[bytes, str] = {}
         self.updates = 0                    # UpdateMetadata requests applied
         self._waiters: list[asyncio.Future] = []
-
-    def replace_topics(self, topics: dict[str, TopicInfo]) -> None:
-        self.topics = topics
-        self.topic_ids = {t.topic_id: t.name for t in topics.values()}
 
     def put_topic(self, info: TopicInfo) -> None:
         self.topics[info.name] = info

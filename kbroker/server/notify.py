@@ -6,27 +6,29 @@ import asyncio
 
 class AppendNotifier:
     def __init__(self):
-        self._waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
+        # tp -> its waiters' futures; public because the native Produce path (FastProduce) holds this
+        # dict to skip ``appended`` for a partition nobody waits on: never replaced, only changed here
+        self.waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
 
     def waiter(self, tps) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()
         for tp in tps:
-            self._waiters.setdefault(tp, []).append(fut)
+            self.waiters.setdefault(tp, []).append(fut)
         return fut
 
     def forget(self, tps, fut) -> None:
         for tp in tps:
-            lst = self._waiters.get(tp)
+            lst = self.waiters.get(tp)
             if lst:
                 try:
                     lst.remove(fut)
                 except ValueError:
                     pass
                 if not lst:
-                    del self._waiters[tp]
+                    del self.waiters[tp]
 
     def appended(self, tp) -> None:
-        lst = self._waiters.pop(tp, None)
+        lst = self.waiters.pop(tp, None)
         if lst:
             for fut in lst:
                 if not fut.done():

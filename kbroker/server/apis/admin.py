@@ -251,7 +251,7 @@ def _fail(res: dict, code: int, message: str) -> None:
 
 # ZooKeeper refuses a znode larger than jute.maxbuffer (1 MiB by default), and the whole assignment
 # lives in /brokers/topics/<t>: a partition count that cannot fit is refused before anything is built
-# (a fuzzed count of 134,217,729 once took 4.5 GiB planning it).
+# (planning the assignment of a huge count would itself take gigabytes).
 ZNODE_LIMIT_BYTES = 0xFFFFF
 
 

@@ -18,7 +18,8 @@ import asyncio
 import logging
 
 from ...network.connection import EncodeOffLoop
-from ...config import BROKER_CONFIGS, TOPIC_CONFIGS, ConfigError, format_value, parse_topic_config
+from ...config import (BROKER_CONFIGS, TOPIC_CONFIGS, ConfigError, broker_synonym_value, format_value,
+                       parse_topic_config)
 from ...protocol.errors import Errors
 from ...replica.throttle import FOLLOWER_RATE, LEADER_RATE
 from ...zk.layout import DEFAULT_BROKER_ENTITY
@@ -41,16 +42,13 @@ _CONFIG_TYPES = {"boolean": 1, "string": 2, "int": 3, "short": 4, "long": 5, "do
                  "class": 8, "password": 9}
 # IncrementalAlterConfigs operations.
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
-# Broker keys with a coarser unit than the topic key they default (log.retention.hours → retention.ms).
-_UNIT_MS = {".hours": 3_600_000, ".minutes": 60_000}
 
 
 # ---- DescribeConfigs (32) ------------------------------------------------------------------------
 
 # A DescribeConfigs answer is built this many resources per event-loop turn: a topic resource is
-# expensive (every topic key with its source and synonyms; a 20,000-topic request took 13.6 s end to
-# end), so a request naming thousands of topics would otherwise hold the loop, and every other client,
-# for seconds.
+# expensive (every topic key with its source and synonyms), so a request naming thousands of topics
+# would otherwise hold the loop, and every other client, for seconds.
 RESOURCES_PER_TURN = 20
 
 
@@ -130,15 +128,10 @@ def topic_default(broker, key: str):
     defaults = broker.config.topic_defaults()
     if key in defaults:
         return defaults[key]
-    spec = TOPIC_CONFIGS[key]
-    for syn in spec.synonyms:
-        if broker.config.is_set(syn) and syn in BROKER_CONFIGS:
-            value = broker.config.get(syn)
-            for suffix, factor in _UNIT_MS.items():
-                if syn.endswith(suffix) and key.endswith(".ms") and value is not None:
-                    return value * factor
-            return value
-    return spec.default
+    cfg = broker.config
+    value = broker_synonym_value(key, lambda syn: cfg.get(syn) if syn in BROKER_CONFIGS and cfg.is_set(syn)
+                                 else None)
+    return TOPIC_CONFIGS[key].default if value is None else value
 
 
 def _topic_entries(broker, name) -> list[dict]:

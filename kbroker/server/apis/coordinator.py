@@ -10,7 +10,7 @@ librdkafka < 2.1, Debian's kcat, only turns LZ4 on when a broker advertises it.)
 """
 from __future__ import annotations
 
-from ...coordinator.manager import java_string_hash, partition_for  # noqa: F401  (re-exported)
+from ...coordinator.group_coordinator import java_string_hash, partition_for  # noqa: F401  (re-exported)
 from ...protocol.errors import Errors
 from ...topics import GROUP_METADATA_TOPIC as OFFSETS_TOPIC
 

@@ -1,0 +1,120 @@
+# Included by request.pyx: write-behind runs and the answers a failed write makes wrong.
+
+# The Produce requests of the current write-behind run, in order: a request's appends are tagged with
+# its index here (set_run_tag), so the batches a failed write cut away name their requests' slots.
+cdef list _run_slots = []
+
+
+cdef int _end_run(ConnState conn, bint *run, no_response, close) except -1:
+    # the run's deferred bytes written, or the logs that failed cut back and the answers claiming their
+    # batches corrected (_lost_answers)
+    run[0] = False
+    try:
+        if run_end():
+            _lost_answers(conn, no_response, close)
+    finally:
+        del _run_slots[:]
+    return 0
+
+
+cdef int _lost_answers(ConnState conn, no_response, close) except -1:
+    # Each request of the run whose batch a failed write cut away (run_lost): its answer, once there is
+    # one, gets that partition's row as a failed append's (_lost_answer); an answer still to come (acks=all
+    # parked, appends queued off the loop) is corrected when the connection finishes it (lost_answer).
+    cdef dict per = {}, rows
+    cdef Slot slot
+    cdef Py_ssize_t n = len(_run_slots)
+    for lg, message, tags in run_lost():
+        tp = (lg.topic, lg.partition)
+        for tag in tags:
+            if tag is None:
+                continue
+            rows = per.get(tag)
+            if rows is None:
+                per[tag] = rows = {}
+            if tp not in rows:
+                rows[tp] = message
+    for tag, rows in per.items():
+        if <Py_ssize_t>tag >= n:
+            conn.close()            # its slot was never queued (its handler raised): no answer may claim it
+            continue
+        slot = <Slot>_run_slots[<Py_ssize_t>tag]
+        if slot.done:
+            slot.chunks = _lost_answer(slot.header.api_version, rows, slot.chunks, no_response, close)
+        else:
+            slot.lost = rows
+    return 0
+
+
+def lost_answer(Slot slot, chunks, no_response, close):
+    """A Produce answer that was not ready when its write-behind run's write failed (kbroker.network.
+    connection ``_finish``, when ``slot.lost``): corrected as dispatch_frames corrects the others."""
+    return _lost_answer(slot.header.api_version, slot.lost, chunks, no_response, close)
+
+
+cdef object _lost_answer(int version, dict rows, chunks, no_response, close):
+    # acks=0: the connection closes (as for any failed acks=0 append: the client has no other way to
+    # learn of it); an encoded answer: the rows on ``rows``' partitions that claim the append rewritten
+    if chunks is no_response:
+        return close
+    if type(chunks) is list and len(<list>chunks) == 1 and type((<list>chunks)[0]) is bytes:
+        return [_rewrite_produce((<list>chunks)[0], version, rows)]
+    return chunks
+
+
+cdef bytes _rewrite_produce(bytes answer, int version, dict rows):
+    # A Produce v3-8 response frame (size prefix included) with each row whose (topic, partition) is in
+    # ``rows`` and whose error code is 0 replaced by a failed append's row: KAFKA_STORAGE_ERROR, base
+    # offset, append time and log start -1, no record errors, the message (v8). Other bytes copied.
+    cdef const unsigned char *s = <const unsigned char *>PyBytes_AS_STRING(answer)
+    cdef Py_ssize_t n = len(answer), pos = 12, at, row
+    cdef int32_t t, j, e, n_topics, n_parts, n_errors, index
+    cdef int16_t name_len, slen, code
+    cdef _Writer w = _out
+    if n < 16:
+        raise ValueError("not a Produce response")
+    w.pos = 0
+    w.reserve(12)
+    memcpy(w.p, s, 12)
+    w.pos = 12
+    n_topics = <int32_t>load_be32(<const char *>s + 8)
+    for t in range(n_topics):
+        at = pos
+        if pos + 2 > n:
+            raise ValueError("truncated Produce response")
+        name_len = <int16_t>load_be16(<const char *>s + pos)
+        if name_len < 0 or pos + 2 + name_len + 4 > n:
+            raise ValueError("truncated Produce response")
+        name = PyUnicode_DecodeUTF8(<const char *>s + pos + 2, name_len, NULL)
+        n_parts = <int32_t>load_be32(<const char *>s + pos + 2 + name_len)
+        pos += 2 + name_len + 4
+        w.reserve(pos - at)
+        memcpy(w.p + w.pos, s + at, pos - at)
+        w.pos += pos - at
+        for j in range(n_parts):
+            row = pos
+            if pos + 22 > n:
+                raise ValueError("truncated Produce response")
+            index = <int32_t>load_be32(<const char *>s + pos)
+            code = <int16_t>load_be16(<const char *>s + pos + 4)
+            pos += 22 + (8 if version >= 5 else 0)
+            if version >= 8:
+                n_errors = <int32_t>load_be32(<const char *>s + pos)
+                pos += 4
+                for e in range(n_errors):
+                    slen = <int16_t>load_be16(<const char *>s + pos + 4)
+                    pos += 6 + (slen if slen > 0 else 0)
+                slen = <int16_t>load_be16(<const char *>s + pos)
+                pos += 2 + (slen if slen > 0 else 0)
+            if pos > n:
+                raise ValueError("truncated Produce response")
+            message = rows.get((name, index)) if code == 0 else None
+            if message is not None:
+                _produce_row(w, version, index, ERR_KAFKA_STORAGE_ERROR, -1, -1, -1, message)
+            else:
+                w.reserve(pos - row)
+                memcpy(w.p + w.pos, s + row, pos - row)
+                w.pos += pos - row
+    if n - pos != 4:
+        raise ValueError("not a Produce response")
+    return _produce_end(w)
