@@ -686,8 +686,11 @@ class GroupCoordinator:
         return 0, codes
 
     # ---- OffsetCommit --------------------------------------------------------------------------------
-    async def commit_offsets(self, group_id: str, generation: int, member_id: str, instance_id, topics) -> dict:
-        """``topics`` {(topic, partition): (offset, leader_epoch, metadata)} -> {(topic, partition): code}."""
+    async def commit_offsets(self, group_id: str, generation: int, member_id: str, instance_id, topics,
+                             retention_ms: int = -1, timestamps: dict | None = None) -> dict:
+        """``topics`` {(topic, partition): (offset, leader_epoch, metadata)} -> {(topic, partition): code}.
+        ``retention_ms`` >= 0 (OffsetCommit v2-4) fixes the offsets' expiry at now + retention_ms;
+        ``timestamps`` {(topic, partition): commit time} (OffsetCommit v1) replaces now as commit time."""
         err, p = self._partition_of(group_id)
         if not err and not group_id:
             err = int(E.INVALID_GROUP_ID)
@@ -724,10 +727,12 @@ class GroupCoordinator:
             if metadata is not None and len(metadata.encode()) > max_meta:
                 result[(topic, part)] = int(E.OFFSET_METADATA_TOO_LARGE)
                 continue
-            e = OffsetEntry(offset, epoch, metadata or "", now)
+            ts = timestamps.get((topic, part), now) if timestamps else now
+            expire = now + retention_ms if retention_ms >= 0 else -1
+            e = OffsetEntry(offset, epoch, metadata or "", ts, expire)
             entries[(topic, part)] = e
             recs.append((consumer_offsets.offset_key(group_id, topic, part),
-                         consumer_offsets.offset_value(consumer_offsets.OffsetValue(offset, epoch, e.metadata, now))))
+                         consumer_offsets.offset_value(consumer_offsets.OffsetValue(offset, epoch, e.metadata, ts, expire))))
         if recs:
             code, _ = await self.store.append(p, recs, for_commit=True)
             if not code and self.groups.get(group_id) is g:
@@ -845,11 +850,11 @@ class GroupCoordinator:
         for g in list(self.groups.values()):
             if g.state != EMPTY:
                 continue
-            if g.protocol_type:
-                expired = list(g.offsets) if g.state_timestamp + retention <= now else []
-            else:
-                expired = [tp for tp, e in g.offsets.items()
-                           if (e.expire_timestamp if e.expire_timestamp >= 0 else e.commit_timestamp + retention) <= now]
+            # An offset committed with its own retention (OffsetCommit v2-4) expires at that time.
+            base = g.state_timestamp if g.protocol_type else None
+            expired = [tp for tp, e in g.offsets.items()
+                       if (e.expire_timestamp if e.expire_timestamp >= 0
+                           else (e.commit_timestamp if base is None else base) + retention) <= now]
             dead = len(expired) == len(g.offsets)
             if not expired and not dead:
                 continue

@@ -1,6 +1,7 @@
 """Record formats of ``__consumer_offsets``, as Kafka writes them (its group-coordinator JSON schemas
 OffsetCommitKey/Value and GroupMetadataKey/Value). Keys and values start with an int16 schema
-version. We write offset key v1 + value v3 (offset, leader epoch, metadata, commit timestamp) and
+version. We write offset key v1 + value v3 (offset, leader epoch, metadata, commit timestamp), or
+value v1 for a commit with its own expiry, and
 group key v2 + value v3 (with static members' instance ids); we read every non-flexible version
 (0-3), which is what Kafka and tools such as Burrow read and write.
 
@@ -117,6 +118,15 @@ class OffsetValue:
 
 
 def offset_value(v: OffsetValue) -> bytes:
+    """Value v3, or v1 (the only version with an expire timestamp, and without a leader epoch) when the
+    commit fixed its own expiry, as Kafka writes them."""
+    if v.expire_timestamp >= 0:
+        out = bytearray(_h.pack(1))
+        out += _q.pack(v.offset)
+        _str(out, v.metadata or "")
+        out += _q.pack(v.commit_timestamp)
+        out += _q.pack(v.expire_timestamp)
+        return bytes(out)
     out = bytearray(_h.pack(OFFSET_VALUE_VERSION))
     out += _q.pack(v.offset)
     out += _i.pack(v.leader_epoch)

@@ -5,9 +5,9 @@ no API is declared anywhere else. A handler is ``handle(broker, conn, header, bo
 response dict, an awaitable of one, ``NO_RESPONSE`` or ``CLOSE`` (kbroker.network.connection).
 One module per API family holds the handlers.
 
-Advertised ranges are the non-flexible ones every client we test negotiates (each client uses the
-highest version in both its range and ours); a row outside its schema's valid range, or a key declared
-twice, fails at import.
+The group and admin APIs advertise Kafka 3.9's whole ranges (clients of a ZooKeeper-era cluster send
+their oldest versions); the data path and controller APIs the versions we serve. A row outside its
+schema's valid range, or a key declared twice, fails at import.
 """
 from __future__ import annotations
 
@@ -57,27 +57,27 @@ TABLE: tuple[Api, ...] = (
     Api(K.STOP_REPLICA, 3, 3, _stop_replica),
     Api(K.UPDATE_METADATA, 7, 7, _update_metadata),
     Api(K.CONTROLLED_SHUTDOWN, 3, 3, _controlled_shutdown),
-    Api(K.OFFSET_COMMIT, 2, 7, groups.offset_commit),
-    Api(K.OFFSET_FETCH, 1, 5, groups.offset_fetch),
-    Api(K.FIND_COORDINATOR, 0, 2, coordinator.find_coordinator),
-    Api(K.JOIN_GROUP, 0, 5, groups.join_group),
-    Api(K.HEARTBEAT, 0, 3, groups.heartbeat),
-    Api(K.LEAVE_GROUP, 0, 3, groups.leave_group),
-    Api(K.SYNC_GROUP, 0, 3, groups.sync_group),
-    Api(K.DESCRIBE_GROUPS, 0, 4, groups.describe_groups),
-    Api(K.LIST_GROUPS, 0, 2, groups.list_groups),
+    Api(K.OFFSET_COMMIT, 0, 9, groups.offset_commit),
+    Api(K.OFFSET_FETCH, 0, 9, groups.offset_fetch),
+    Api(K.FIND_COORDINATOR, 0, 6, coordinator.find_coordinator),
+    Api(K.JOIN_GROUP, 0, 9, groups.join_group),
+    Api(K.HEARTBEAT, 0, 4, groups.heartbeat),
+    Api(K.LEAVE_GROUP, 0, 5, groups.leave_group),
+    Api(K.SYNC_GROUP, 0, 5, groups.sync_group),
+    Api(K.DESCRIBE_GROUPS, 0, 5, groups.describe_groups),
+    Api(K.LIST_GROUPS, 0, 5, groups.list_groups),
     # v4 requests get the KIP-511 answer (v0 body, UNSUPPORTED_VERSION, our range).
     Api(K.API_VERSIONS, 0, 3, core.api_versions),
-    Api(K.CREATE_TOPICS, 0, 4, admin.create_topics),
-    Api(K.DELETE_TOPICS, 0, 3, admin.delete_topics),
+    Api(K.CREATE_TOPICS, 0, 7, admin.create_topics),
+    Api(K.DELETE_TOPICS, 0, 6, admin.delete_topics),
     Api(K.DELETE_RECORDS, 0, 2, log_admin.delete_records),
     Api(K.INIT_PRODUCER_ID, 0, 4, producer_ids.init_producer_id),
     Api(K.OFFSET_FOR_LEADER_EPOCH, 2, 3, fetch.handle_offset_for_leader_epoch),
     Api(K.DESCRIBE_CONFIGS, 0, 4, configs.describe_configs),
     Api(K.ALTER_CONFIGS, 0, 2, configs.alter_configs),
     Api(K.DESCRIBE_LOG_DIRS, 0, 4, log_admin.describe_log_dirs),
-    Api(K.CREATE_PARTITIONS, 0, 1, admin.create_partitions),
-    Api(K.DELETE_GROUPS, 0, 1, groups.delete_groups),
+    Api(K.CREATE_PARTITIONS, 0, 3, admin.create_partitions),
+    Api(K.DELETE_GROUPS, 0, 2, groups.delete_groups),
     Api(K.ELECT_LEADERS, 0, 2, admin.elect_leaders),
     Api(K.INCREMENTAL_ALTER_CONFIGS, 0, 1, configs.incremental_alter_configs),
     Api(K.ALTER_PARTITION_REASSIGNMENTS, 0, 0, reassignments.alter_partition_reassignments),

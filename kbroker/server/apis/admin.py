@@ -221,9 +221,28 @@ async def create_topics(broker, conn, header, body):
                     _fail(res, Errors.REQUEST_TIMED_OUT,
                           f"Timed out waiting for topic {name} to be created "
                           f"({'waiting for its leaders' if name in done else 'not yet written'}).")
+    if header.api_version >= 5:
+        _describe_created(broker, results, to_create)
     # error_message only exists from v1; the encoder leaves out fields the version lacks.
     answer = {"throttle_time_ms": 0, "topics": [results[n] for n in order]}
     return EncodeOffLoop(answer) if len(order) > TOPICS_PER_TURN else answer
+
+
+def _describe_created(broker, results: dict, planned) -> None:
+    """CreateTopics v5+: a topic created (or validated) without error is answered with its partition
+    count, replication factor and every config (v7+ also its id, zero while validating only)."""
+    from .configs import topic_config_entries
+    for name, assignment, overrides in planned:
+        res = results[name]
+        if res["error_code"]:
+            continue
+        info = broker.metadata.topics.get(name)
+        res["topic_id"] = info.topic_id if info is not None else bytes(16)
+        res["num_partitions"] = len(assignment)
+        res["replication_factor"] = len(assignment[0]) if assignment else -1
+        res["configs"] = [{"name": e["name"], "value": e["value"], "read_only": e["read_only"],
+                           "config_source": e["config_source"], "is_sensitive": e["is_sensitive"]}
+                          for e in topic_config_entries(broker, overrides)]
 
 
 def _fail(res: dict, code: int, message: str) -> None:
@@ -283,18 +302,43 @@ def _plan_topic(broker, md, t, live: dict[int, str | None]) -> tuple[dict[int, l
 
 # ---- DeleteTopics (20) ---------------------------------------------------------------------------
 
+def _deletion_targets(broker, version, body) -> tuple[list[str], dict[str, dict]]:
+    """-> (topic names, answers already decided): v6+ names a topic by name or by id (UNKNOWN_TOPIC_ID
+    for an id we do not know; both at once is INVALID_REQUEST, as Kafka)."""
+    if version < 6:
+        return list(body.get("topic_names") or []), {}
+    names, decided = [], {}
+    for t in body["topics"]:
+        name, tid = t["name"], bytes(t["topic_id"])
+        if name is not None and any(tid):
+            decided[f"id:{tid.hex()}:{name}"] = {"name": name, "topic_id": tid, "error_code": Errors.INVALID_REQUEST,
+                                                 "error_message": "You may not specify both topic name and topic id."}
+        elif name is None:
+            known = broker.metadata.topic_ids.get(tid)
+            if known is None:
+                decided[f"id:{tid.hex()}"] = {"name": None, "topic_id": tid, "error_code": Errors.UNKNOWN_TOPIC_ID,
+                                              "error_message": "This server does not host this topic ID."}
+            else:
+                names.append(known)
+        else:
+            names.append(name)
+    return names, decided
+
+
 async def delete_topics(broker, conn, header, body):
     version = header.api_version
-    names = list(body.get("topic_names") or [])
-    responses = {}
-    order = []
+    names, decided = _deletion_targets(broker, version, body)
+    responses = dict(decided)
+    order = list(decided)
     to_delete = []
     enabled = broker.config.get("delete.topic.enable")
     for name in names:
         if name in responses:
             continue
         order.append(name)
-        res = responses[name] = {"name": name, "error_code": 0}
+        info = broker.metadata.topics.get(name)
+        res = responses[name] = {"name": name, "error_code": 0,
+                                 "topic_id": info.topic_id if info is not None else bytes(16)}
         if not enabled:
             # Kafka: INVALID_REQUEST before v3, which has no dedicated code for it.
             res["error_code"] = Errors.TOPIC_DELETION_DISABLED if version >= 3 else Errors.INVALID_REQUEST

@@ -141,10 +141,15 @@ def _topic_entries(broker, name) -> list[dict]:
     info = broker.metadata.topics.get(name)
     if info is None:
         raise AdminError(Errors.UNKNOWN_TOPIC_OR_PARTITION, f"The topic '{name}' does not exist.")
+    return topic_config_entries(broker, info.config)
+
+
+def topic_config_entries(broker, overrides: dict[str, str]) -> list[dict]:
+    """Every topic config of a topic with these overrides, as DescribeConfigs shows them."""
     out = []
     for key, spec in TOPIC_CONFIGS.items():
         syns = _broker_synonyms(broker, spec.synonyms)
-        override = info.config.get(key)
+        override = overrides.get(key)
         if override is not None:
             try:
                 value = format_value(parse_topic_config(key, override))

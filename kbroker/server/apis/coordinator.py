@@ -1,4 +1,5 @@
-"""FindCoordinator (v0-2): which broker coordinates a consumer group.
+"""FindCoordinator (v0-6): which broker coordinates a consumer group; v4+ asks for several keys at once
+and gets one answer per key.
 
 As in Kafka, the coordinator of group G is the leader of partition ``abs(javaHash(G)) % 50`` of the
 internal topic ``__consumer_offsets`` (partition count ``offsets.topic.num.partitions``), created on
@@ -17,13 +18,23 @@ GROUP, TRANSACTION = 0, 1
 
 
 def _answer(code, node=None, message=None):
-    return {"throttle_time_ms": 0, "error_code": int(code), "error_message": message,
+    return {"error_code": int(code), "error_message": message,
             "node_id": node.broker_id if node else -1, "host": node.host if node else "",
             "port": node.port if node else -1}
 
 
 async def find_coordinator(broker, conn, header, body):
-    if body.get("key_type", GROUP) != GROUP:
+    key_type = body.get("key_type", GROUP)
+    if header.api_version >= 4:
+        coordinators = []
+        for key in body["coordinator_keys"]:
+            coordinators.append({"key": key, **await _find(broker, key_type, key)})
+        return {"throttle_time_ms": 0, "coordinators": coordinators}
+    return {"throttle_time_ms": 0, **await _find(broker, key_type, body["key"])}
+
+
+async def _find(broker, key_type, key) -> dict:
+    if key_type != GROUP:
         return _answer(Errors.COORDINATOR_NOT_AVAILABLE, message="transactions are not implemented")
     md = broker.metadata
     if OFFSETS_TOPIC not in md.topics:
@@ -32,7 +43,7 @@ async def find_coordinator(broker, conn, header, body):
     topic = md.topics.get(OFFSETS_TOPIC)
     if topic is None or not topic.partitions:
         return _answer(Errors.COORDINATOR_NOT_AVAILABLE, message=f"{OFFSETS_TOPIC} is not available yet")
-    leader = topic.partitions[partition_for(body["key"], len(topic.partitions))].leader
+    leader = topic.partitions[partition_for(key, len(topic.partitions))].leader
     node = md.brokers.get(leader)
     if node is None:
         return _answer(Errors.COORDINATOR_NOT_AVAILABLE, message="the coordinator's broker is not live")

@@ -2,9 +2,9 @@
 GroupCoordinator (``kbroker.coordinator``). JoinGroup and SyncGroup return coroutines that complete
 when the rebalance does (long polls).
 
-Their advertised versions (the table in ``kbroker.server.apis``) are the non-flexible ranges every
-client we test negotiates (kafka-python 3.0, aiokafka 0.14, confluent-kafka/librdkafka 2.16,
-kcat/librdkafka 2.0): each client uses the highest version in both its range and ours.
+Their advertised versions (the table in ``kbroker.server.apis``) are Kafka 3.9's whole ranges, so
+clients of a ZooKeeper-era cluster that send old versions (and new clients sending flexible ones) are
+served.
 """
 from __future__ import annotations
 
@@ -43,14 +43,22 @@ def leave_group(broker, conn, header, body):
 
 
 async def offset_commit(broker, conn, header, body):
+    """v0 commits are stored in ``__consumer_offsets`` like v1+ (Kafka kept v0 commits in ZooKeeper) and
+    are standalone commits: v0 carries no generation or member id. v1 may give each partition's commit
+    timestamp (-1: now); v2-4 a retention time (-1: the broker's ``offsets.retention.minutes``) that
+    fixes each offset's expiry."""
+    version = header.api_version
+    retention = body.get("retention_time_ms", -1) if 2 <= version <= 4 else -1
     wanted, order = {}, []
     for t in body["topics"]:
         for p in t["partitions"]:
             tp = (t["name"], p["partition_index"])
             order.append(tp)
             wanted[tp] = (p["committed_offset"], p.get("committed_leader_epoch", -1), p["committed_metadata"])
-    codes = await broker.group_coordinator.commit_offsets(body["group_id"], body.get("generation_id_or_member_epoch", -1),
-                                    body.get("member_id", ""), body.get("group_instance_id"), wanted)
+    codes = await broker.group_coordinator.commit_offsets(
+        body["group_id"], body.get("generation_id_or_member_epoch", -1), body.get("member_id", ""),
+        body.get("group_instance_id"), wanted, retention_ms=retention,
+        timestamps=_commit_timestamps(body) if version == 1 else None)
     topics: dict = {}
     for tp in order:
         topics.setdefault(tp[0], []).append({"partition_index": tp[1], "error_code": codes.get(tp, 0)})
@@ -58,11 +66,29 @@ async def offset_commit(broker, conn, header, body):
             "topics": [{"name": n, "partitions": ps} for n, ps in topics.items()]}
 
 
+def _commit_timestamps(body) -> dict:
+    return {(t["name"], p["partition_index"]): p["commit_timestamp"]
+            for t in body["topics"] for p in t["partitions"] if p["commit_timestamp"] != -1}
+
+
 def offset_fetch(broker, conn, header, body):
+    """v0 reads the offsets from ``__consumer_offsets`` (Kafka read v0 fetches from ZooKeeper); v8+
+    batches groups, each answered with its own error code."""
     version = header.api_version
-    req_topics = body["topics"]
+    if version >= 8:
+        groups = []
+        for g in body["groups"]:
+            err, topics = _fetch_group(broker, g["group_id"], g["topics"], version)
+            groups.append({"group_id": g["group_id"], "topics": topics, "error_code": err})
+        return {"throttle_time_ms": 0, "groups": groups}
+    err, topics = _fetch_group(broker, body["group_id"], body["topics"], version)
+    return {"throttle_time_ms": 0, "error_code": err, "topics": topics}
+
+
+def _fetch_group(broker, group_id, req_topics, version) -> tuple[int, list]:
+    """-> (group error, response topics); before v2 the group error goes on every requested partition."""
     wanted = None if req_topics is None else [(t["name"], p) for t in req_topics for p in t["partition_indexes"]]
-    err, found = broker.group_coordinator.fetch_offsets(body["group_id"], wanted)
+    err, found = broker.group_coordinator.fetch_offsets(group_id, wanted)
     topics: dict = {}
     if err and version < 2:
         for tp in wanted or []:
@@ -70,8 +96,7 @@ def offset_fetch(broker, conn, header, body):
     elif not err:
         for tp, e in (found.items() if wanted is None else ((tp, found.get(tp)) for tp in wanted)):
             topics.setdefault(tp[0], []).append(_fetched(tp[1], e, 0))
-    return {"throttle_time_ms": 0, "error_code": err,
-            "topics": [{"name": n, "partitions": ps} for n, ps in topics.items()]}
+    return err, [{"name": n, "partitions": ps} for n, ps in topics.items()]
 
 
 def _fetched(partition, entry, code):
@@ -88,6 +113,10 @@ def describe_groups(broker, conn, header, body):
 
 
 async def list_groups(broker, conn, header, body):
+    # Every group here is a classic one; a v5 type filter without "classic" matches none (as Kafka).
+    types = body.get("types_filter")
+    if types and "classic" not in {t.lower() for t in types}:
+        return {"throttle_time_ms": 0, "error_code": 0, "groups": []}
     err, groups = await broker.group_coordinator.list_groups(body.get("states_filter"))
     return {"throttle_time_ms": 0, "error_code": err, "groups": groups}
 
