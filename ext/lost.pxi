@@ -11,8 +11,9 @@
 # 3. acks=0: the connection closes after the answers queued before it.
 # 4. at the cut itself (Log.on_cut -> ReplicaManager): every acks=all wait on a batch at or after the
 #    cut is decided KAFKA_STORAGE_ERROR, since those offsets will be reused.
-# 5. while a dir is failing the native path refuses its requests (failing_dirs), so an append there
-#    is a lone write whose outcome is known before its answer.
+# 5. while a dir is failing, an append Python would defer in a run is written at once (append_records)
+#    and the native path leaves such requests to Python (failing_dirs): the outcome is a lone write's,
+#    and only a written append ends the failure streak.
 # Rows that already carry an error are left alone.
 
 # The Produce requests of the current write-behind run, in order: a request's appends are tagged with
