@@ -1,4 +1,13 @@
 # Included by request.pyx: the connection read loop: dispatch of a read's frames, the answers written out.
+#
+# on_read (Connection.buffer_updated) is one native call per readable event: stamp the read's clocks,
+# dispatch_frames over the chunk, prepare the chunk for the next read, take the answers that are one
+# chunk (take_answers) and send them in one send when the transport has nothing buffered (the rest, or
+# an error, goes to transport.write, which keeps partial writes, backpressure and fatal errors), then
+# observe their slots. recv_ready is the readable callback itself on asyncio's selector loop. Every
+# uncommon case calls the connection's Python where its own path would: a large frame's buffer, a
+# refused size prefix, a chunk to rotate or pool memory to reserve, an answer of several chunks or
+# CLOSE. The fields a read touches are C fields of ConnState, the connection's native base.
 
 def dispatch_frames(ConnState conn not None, chunk, Py_ssize_t start, Py_ssize_t end, Py_ssize_t max_frame, produce, fetch,
                     dict supported, no_response, close):

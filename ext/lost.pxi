@@ -1,4 +1,20 @@
 # Included by request.pyx: write-behind runs and the answers a failed write makes wrong.
+#
+# When a deferred write fails (at run_end, or earlier when another write path of that log writes the
+# pending bytes first) the log is cut back to the first deferred batch; the connection stays open and
+# each request whose batch was cut away answers as Kafka answers a failed append:
+# 1. an answer already encoded (acks=1; acks=-1 answered at once): that partition's row is rewritten
+#    to KAFKA_STORAGE_ERROR, base offset / append time / log start -1, no record errors, and from v8
+#    the write's message; its rows on logs that were written keep theirs.
+# 2. an answer still to come (acks=-1 parked, appends queued off the loop): the rows are kept in
+#    Slot.lost and rewritten the same way when the connection finishes it (lost_answer).
+# 3. acks=0: the connection closes after the answers queued before it.
+# 4. at the cut itself (Log.on_cut -> ReplicaManager): every acks=all wait on a batch at or after the
+#    cut is decided KAFKA_STORAGE_ERROR, since those offsets will be reused.
+# 5. while a dir is failing, an append Python would defer in a run is written at once (append_records)
+#    and the native path leaves such requests to Python (failing_dirs): the outcome is a lone write's,
+#    and only a written append ends the failure streak.
+# Rows that already carry an error are left alone.
 
 # The Produce requests of the current write-behind run, in order: a request's appends are tagged with
 # its index here (set_run_tag), so the batches a failed write cut away name their requests' slots.

@@ -12,9 +12,15 @@
 # -> execute -> ReplicaManager.append_records), which stays the reference: what the native path does
 # must give the same bytes in the log and in the answer (tests/test_native_differential.py,
 # tests/test_produce_fast.py). Policy stays in Python as the slots' state: the ReplicaManager arms a
-# slot when the conditions hold and disarms or re-arms it when they change (ARCHITECTURE.md, "Native
-# Produce fast path"); what may change without it (the log's config, offline flag, writes in flight,
+# slot when the conditions hold and disarms or re-arms it when they change (kbroker/replica/manager.py
+# docstring); what may change without it (the log's config, offline flag, writes in flight,
 # active segment, epoch cache, queued appends, waiters) is checked here per request, O(1) per partition.
+#
+# Two passes: the first checks every partition (nothing written), the second appends; a refusal in
+# the first leaves the request whole for Python. acks=-1 with followers is parked (ParkedProduce), one
+# object registered with each waiting partition, answered when the HW passes every row or on timeout.
+# An idempotent batch is served only in its producer's steady state (the next sequence of the current
+# epoch, no duplicate to answer); everything else about producer state stays in Python.
 
 cdef class FastLeader:
     """One partition this broker leads, as the native Produce path needs it (armed by

@@ -13,6 +13,29 @@ Contract
   write-behind run (run_begin .. run_end, LeaderAppender) defers writes: batches committed inside
   it are written by run_end, which its caller (kbroker._native.request dispatch_frames) reaches
   before any answer of the run is sent and before the buffers holding them can be reused.
+
+Parts
+- append_leader: the leader's append in one call: the producer batch's checks (those of
+  batch.validate_and_stamp, same codes and messages), the roll decision on the checked header, the
+  stamp, the write (GIL released for large buffers). An idempotent batch comes back stamped but not
+  written, so Log can answer a retried duplicate from producer state first.
+- SegmentState: the active segment's append-time state (size, next offset, segment.ms clocks, max
+  timestamp and its offset, bytes since the last index entry, the recent batches' (last offset,
+  position)); LogSegment owns it and keeps roll, truncation and recovery. size / next_offset are
+  written back to plain attributes so readers pay no call.
+- LogState: the base class of Log; the fields the native Produce/Fetch read or write per request, as C
+  fields; advance_hw is the one high-watermark rule.
+- LeaderAppender, one per Log: the append limits read once per LogConfig object (a config change
+  replaces the object) and the unflushed count; append = roll check + checks + stamp + write + state,
+  returning the last offset or a code (roll, flush due, idempotent) for Log's slow path.
+- Write-behind (run_begin / run_end, on the thread that opened the run only): a plain append is
+  stamped in the receive chunk and committed to the state at once; its bytes are written by run_end,
+  one writev per log. Every other write path of the log writes pending bytes first. A failed write of
+  deferred bytes cuts the log back to the first of them (Log._deferred_write_failed); which answers
+  that makes wrong is request.pyx's lost.pxi. An idempotent batch is never deferred.
+- ReadBlock / ReadBlocks: the process's typed cache of segment read blocks (one per segment, least
+  recently used dropped, only bytes that never change until a cut), so small fetches copy from memory;
+  seek_batch_in finds batch boundaries inside a block.
 """
 cimport cython
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer

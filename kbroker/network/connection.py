@@ -19,7 +19,13 @@ One native call per readable event: ``buffer_updated`` is ``_native.request.on_r
 dispatched, the chunk prepared for the next read, the one-chunk answers sent in one write, their slots
 observed), which calls back into the methods here for every uncommon case; on asyncio's selector loop the
 transport's readable callback is native too (``recv_ready``), on uvloop its own C calls ``on_read``.
-``_read_py`` is the same in Python, the reference (``KBROKER_NATIVE_READ=0``).
+``_read_py`` is the same in Python, the reference (``KBROKER_NATIVE_READ=0``). The native read calls
+back here only where ``_read_py`` would do the same step: a large frame's own buffer (``_read_rest``), a
+refused size prefix (``_chunk_code``), a chunk to rotate or pool memory to reserve (``_prepare`` /
+``_wait_for_memory``), an answer of several chunks or ``CLOSE`` (``_flush``). The fields a read touches
+are C fields of ``ConnState``, the native base class, which also holds copies of the server's fixed
+values a request needs (native handlers, request counts, sendfile threshold), so none is an attribute
+lookup.
 
 Sending: requests may complete out of order (a long-polling Fetch, an acks=all Produce), but their
 responses leave in request order (clients match correlation ids FIFO). Response chunks are bytes or

@@ -17,7 +17,9 @@ Loops (``kbroker.event.loop``): on asyncio's selector loop the listening sockets
 ``create_server`` and the accept loop is swapped in through the selector loop's own reader hooks; on any
 other loop (uvloop) the server binds its own listening sockets, watches them with the public
 ``loop.add_reader`` and hands each accepted socket to ``loop.connect_accepted_socket``. The same limits
-apply on both.
+apply on both. asyncio's private transport internals (the native readable callback, writing straight to the
+socket) are used only on the CPython version they were checked against (``ASYNCIO_INTERNALS_VERSION``);
+on any other version readable events and answers go through asyncio's public paths.
 """
 from __future__ import annotations
 
