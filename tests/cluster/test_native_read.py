@@ -260,8 +260,8 @@ def test_clients_are_read_natively(single):
     assert [m.rec.value for m in consume_kafka_python(c.bootstrap, topic, {0: 100})] == want
     after = read_counts(port)
     native = after.get("native", 0) - before.get("native", 0)
-    python = after.get("python", 0) - before.get("python", 0)
+    reference = after.get("reference", 0) - before.get("reference", 0)
     if not switches.current.native_read:
-        assert native == 0 and python > 20, (native, python)
+        assert native == 0 and reference > 20, (native, reference)
     else:
-        assert python == 0 and native > 20, (native, python)
+        assert reference == 0 and native > 20, (native, reference)
