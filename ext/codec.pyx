@@ -28,7 +28,7 @@ from libc.string cimport memcpy, memmove, memset
 
 from varint cimport read_varint, read_varlong
 
-import os
+from kbroker import switches
 
 
 cdef extern from "lz4.h" nogil:
@@ -532,7 +532,7 @@ _pool = []
 
 # KBROKER_CODEC_STREAMING=0 sends every section to the general path (side-by-side measurement:
 # kbroker.perf.attack_bench validation-cost); set_streaming changes it in this process.
-cdef bint _streaming = os.environ.get("KBROKER_CODEC_STREAMING", "1") != "0"
+cdef bint _streaming = switches.current.codec_streaming
 
 
 def set_streaming(bint on):

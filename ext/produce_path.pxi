@@ -151,7 +151,7 @@ cdef int _produce_parts(FastProduce fp, ConnState conn, object view, const unsig
     cdef int16_t n16, acks
     cdef int32_t version, correlation_id, timeout_ms, index, rsize, n_topics, n_parts, count = 0
     cdef int32_t t, j, k, failed = -1, waiting = 0
-    cdef int64_t last, now, leo
+    cdef int64_t last, now
     cdef object client_id = None, name, parts, result, records, error = None
     cdef LogState lg
     cdef list entries
@@ -280,12 +280,9 @@ cdef int _produce_parts(FastProduce fp, ConnState conn, object view, const unsig
         ps.t_bytes[ps.topic[k]] += ps.size[k]
         if fl.followers and PyDict_Contains(fp.notify, fl.follower_key):
             fp.appended(fl.follower_key)
-        if fl.alone:
-            leo = st.next_offset
-            if leo > lg._high_watermark:
-                lg._high_watermark = leo
-                if PyDict_Contains(fp.notify, fl.tp):
-                    fp.appended(fl.tp)
+        if fl.alone and lg.advance_hw_alone(st.next_offset):
+            if PyDict_Contains(fp.notify, fl.tp):
+                fp.appended(fl.tp)
         ps.last[k] = last
         if acks == -1 and last >= lg._high_watermark:
             ps.wait[k] = True           # append_records' pending (only a slot with followers gets here)

@@ -60,6 +60,8 @@ cdef class LogState:
     cdef public bint offline, dirty
     cdef public int64_t log_start_offset, _high_watermark
     cpdef bint advance_hw(self, list isr, dict followers, int local_id, Py_ssize_t min_isr, int64_t leo) except -1
+    cpdef bint advance_hw_alone(self, int64_t leo) except -1
+    cdef bint _raise_hw(self, int64_t hw, int64_t leo) noexcept
 
 
 @cython.final

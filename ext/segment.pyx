@@ -1076,7 +1076,7 @@ cdef class LogState:
         record call it. Precondition, the stricter of the two callers': the partition is led here and
         its leadership is not stale (a stale or former leader's followers do not commit anything; the
         Python caller checks it, the native one only records followers of an armed, not stale slot)."""
-        cdef int64_t hw = leo, f_leo, start
+        cdef int64_t hw = leo, f_leo
         cdef object r, f
         if len(isr) < min_isr:
             return False
@@ -1091,6 +1091,15 @@ cdef class LogState:
                 return False
             if f_leo < hw:
                 hw = f_leo
+        return self._raise_hw(hw, leo)
+
+    cpdef bint advance_hw_alone(self, int64_t leo) except -1:
+        """``advance_hw`` for an ISR of this replica alone (no follower to wait for): the HW moves to
+        ``leo``. Log.high_watermark_to_end and the native Produce path's ISR-of-one append call it."""
+        return self._raise_hw(leo, leo)
+
+    cdef bint _raise_hw(self, int64_t hw, int64_t leo) noexcept:
+        cdef int64_t start
         if hw <= self._high_watermark:
             return False
         start = self.log_start_offset

@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import difflib
 import logging
-import os
 import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
+
+from . import switches
 
 log = logging.getLogger(__name__)
 
@@ -839,7 +840,7 @@ class BrokerConfig:
     # -- cross-key checks ------------------------------------------------------------------------
     def _check_and_derive(self) -> None:
         v = self._values
-        env_loop = os.environ.get(EVENT_LOOP_ENV)
+        env_loop = switches.current.event_loop
         if EVENT_LOOP_KEY not in self.originals and env_loop is not None:
             try:
                 v[EVENT_LOOP_KEY] = BROKER_CONFIGS[EVENT_LOOP_KEY].parse(env_loop)

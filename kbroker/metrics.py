@@ -159,8 +159,8 @@ def broker_families(snap: dict) -> list[Metric]:
         out.append(_counter("kbroker_network_fetch_copy_bytes", "Fetch bytes sent through the copying path (tiny ranges)",
                             [((), copy_bytes)]))
         out.append(_counter("kbroker_network_reads", "Readable events of client connections: served in one native "
-                            "call (native) or by the connection's Python (python: a large frame's own buffer, "
-                            "KBROKER_NATIVE_READ=0)", [(("native",), reads[0]), (("python",), reads[1])],
+                            "call (native) or by the connection's Python, the reference path (reference: a large "
+                            "frame's own buffer, native_read off)", [(("native",), reads[0]), (("reference",), reads[1])],
                             ("path",)))
         out.append(_gauge("kafka_network_socketserver_connections", "Open client connections", [((), connections)]))
         out.append(_gauge("kbroker_network_request_pool_used_bytes",
@@ -187,18 +187,19 @@ def broker_families(snap: dict) -> list[Metric]:
                           [((), snap["under_replicated"])]))
     for key, name in (("fast_produce", "Produce"), ("fast_fetch", "Fetch")):
         if key in snap:
-            fast, slow = snap[key]
+            fast, reference = snap[key]
             out.append(_counter(f"kbroker_{name.lower()}_native_requests",
                                 f"{name} requests of the native request path: served without a Python frame "
-                                "(fast) or by the Python handler (slow)", [(("fast",), fast), (("slow",), slow)],
+                                "(fast) or by the Python handler, the reference path (reference)",
+                                [(("fast",), fast), (("reference",), reference)],
                                 ("path",)))
     if "fast_follower" in snap:
-        served, polled, slow = snap["fast_follower"]
+        served, polled, reference = snap["fast_follower"]
         out.append(_counter("kbroker_fetch_native_follower_requests",
                             "Followers' Fetch requests: answered natively (fast, also counted in "
                             "kbroker_fetch_native_requests path=fast), recorded natively and long-polled by Python "
-                            "(polled) or left to the Python handler (slow)",
-                            [(("fast",), served), (("polled",), polled), (("slow",), slow)], ("path",)))
+                            "(polled) or left to the Python handler, the reference path (reference)",
+                            [(("fast",), served), (("polled",), polled), (("reference",), reference)], ("path",)))
     active, offline, elections = snap["controller"]
     out.append(_gauge("kafka_controller_kafkacontroller_activecontrollercount", "1 on the active controller",
                       [((), active)]))

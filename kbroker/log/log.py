@@ -263,11 +263,7 @@ class Log(_native.LogState):
         """Move the high watermark to the log end offset (a leader whose ISR is itself alone):
         what ``high_watermark = log_end_offset`` does, as one call on the append path. Returns
         whether it moved."""
-        leo = self.segments[-1].next_offset
-        if leo > self._high_watermark:
-            self._high_watermark = leo
-            return True
-        return False
+        return self.advance_hw_alone(self.segments[-1].next_offset)
 
     @property
     def size_bytes(self) -> int:

@@ -24,6 +24,7 @@ reads the headers after the last index entry. A failed write is truncated away a
 import os
 import time
 
+from kbroker import switches
 from kbroker._native import segment as _native
 
 from .errors import KAFKA_STORAGE_ERROR, LogAppendError
@@ -34,7 +35,7 @@ MAX_RELATIVE_OFFSET = (1 << 31) - 1   # Kafka reads the u32 as a signed int
 _HEADER = 61                          # RecordBatch v2 header bytes (ext/layout.pxd HEADER_SIZE)
 # Recent batches a segment remembers for tail reads (between this many and twice as many); 0 = none
 # (KBROKER_SEGMENT_TAIL_BATCHES, for side-by-side measurement).
-TAIL_BATCHES = int(os.environ.get("KBROKER_SEGMENT_TAIL_BATCHES", "64"))
+TAIL_BATCHES = switches.current.segment_tail_batches
 # Read blocks: a small fetch (a consumer reading batch after batch, a tail reader) needs the batch
 # boundaries around its position and then the bytes themselves: reading READ_BLOCK bytes of the file
 # once and keeping them serves the following fetches' header walks and copies from memory instead of
@@ -43,7 +44,7 @@ TAIL_BATCHES = int(os.environ.get("KBROKER_SEGMENT_TAIL_BATCHES", "64"))
 # holds file bytes below the size the segment had when it was read: those never change until the
 # file is cut, and every cut or reload drops the block (_forget_tail).
 READ_BLOCK = 16 * 1024
-READ_BLOCKS = int(os.environ.get("KBROKER_SEGMENT_READ_BLOCKS", "256"))
+READ_BLOCKS = switches.current.segment_read_blocks
 read_blocks = _native.ReadBlocks(READ_BLOCKS, READ_BLOCK)   # the process's (the native Fetch path's too)
 
 # Process-wide counters tests use to prove what a startup did (e.g. no CRC scan after a

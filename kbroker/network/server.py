@@ -36,15 +36,11 @@ import select
 import socket
 import sys
 
+from .. import switches
 from .._native.request import ReadStats
 from .connection import Connection, hostile_log
 from .pool import FrameCache, MemoryPool
-
-# The CPython minor version whose asyncio selector transport internals the native read was checked
-# against: its readable-callback hook (``_read_ready_cb``) and the state a direct send must respect
-# (``_buffer``, ``_conn_lost``, ``_empty_waiter``, ``_eof``). They are private, so on any other version
-# the plain Python read and the transport's own writes serve instead (as on uvloop).
-ASYNCIO_INTERNALS_VERSION = (3, 11)
+from ..switches import ASYNCIO_INTERNALS_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +68,6 @@ GC_GEN0_THRESHOLD = 20_000
 
 
 def _tune_gc() -> None:
-    if os.environ.get("KBROKER_GC_TUNE", "1") == "0":
-        return
     gen0, gen1, gen2 = gc.get_threshold()
     if gen0 and gen0 < GC_GEN0_THRESHOLD:
         gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
@@ -115,10 +109,10 @@ class KafkaServer:
         self.port = port
         self.handlers = handlers
         # Produce v3-8 through the native request path (kbroker._native.request) when the broker
-        # passes its handler; KBROKER_NATIVE_REQUESTS=0 keeps every request on the generic codec (the
+        # passes its handler; native_requests off keeps every request on the schema codec (the
         # reference path) for side-by-side measurement and differential tests.
         native = dict(native_handlers or {})
-        if os.environ.get("KBROKER_NATIVE_REQUESTS", "1") == "0" and native:
+        if not switches.current.native_requests and native:
             native.clear()
             log.info("native request path off (KBROKER_NATIVE_REQUESTS=0): every request uses the generic codec")
         self.native_produce = native.get(0)
@@ -141,14 +135,10 @@ class KafkaServer:
         self._accept_failing = False     # in an EMFILE episode (reported once)
         self._listen = []
         self.idle_ms = idle_ms
-        # KBROKER_SENDFILE_MIN_BYTES overrides the threshold for measurements (perf.request_bench
+        # the sendfile_min_bytes switch overrides the threshold for measurements (perf.request_bench
         # sendfile-threshold runs one broker that always copies beside one that always uses sendfile).
-        env_min = os.environ.get("KBROKER_SENDFILE_MIN_BYTES")
-        if env_min is not None:
-            try:
-                sendfile_min_bytes = int(env_min)
-            except ValueError:
-                raise ValueError(f"KBROKER_SENDFILE_MIN_BYTES={env_min!r} is not an integer") from None
+        if switches.current.sendfile_min_bytes is not None:
+            sendfile_min_bytes = switches.current.sendfile_min_bytes
             log.info("sendfile threshold from KBROKER_SENDFILE_MIN_BYTES: %d", sendfile_min_bytes)
         self.sendfile_min_bytes = sendfile_min_bytes
         self.send_buffer_bytes = send_buffer_bytes
@@ -163,7 +153,7 @@ class KafkaServer:
         self.selector_loop = False   # asyncio's selector loop (its private reader/writer hooks are used)
         self.native_read = False     # readable events in one native call (set in start: KBROKER_NATIVE_READ)
         # asyncio's private transport internals may be used (checked once: ASYNCIO_INTERNALS_VERSION)
-        self.asyncio_internals = sys.version_info[:2] == ASYNCIO_INTERNALS_VERSION
+        self.asyncio_internals = switches.current.asyncio_internals
         self._server = None
         self._serving = False
         self._handshakes = 0         # accepted sockets whose connection_made has not run yet (uvloop)
@@ -174,7 +164,8 @@ class KafkaServer:
     async def start(self):
         self.loop = loop = asyncio.get_running_loop()
         _tune_gc()
-        lag_log = os.environ.get("KBROKER_LOOP_LAG_LOG")
+        log.info("switches: %s", switches.current.describe())
+        lag_log = switches.current.loop_lag_log
         if lag_log:
             from .looplag import LoopLagSampler
             self._loop_lag = LoopLagSampler(loop, lag_log.replace("{pid}", str(os.getpid())))
@@ -185,7 +176,7 @@ class KafkaServer:
         # Connection.buffer_updated natively (ext/request.pyx on_read) on either loop (on asyncio's selector
         # loop its readable callback too: recv_ready); KBROKER_NATIVE_READ=0 keeps the Python reference
         # path (Connection._read_py)
-        self.native_read = os.environ.get("KBROKER_NATIVE_READ", "1") != "0"
+        self.native_read = switches.current.native_read
         if not self.native_read:
             log.info("native read path off (KBROKER_NATIVE_READ=0): readable events in Python")
         if self.selector_loop and not self.asyncio_internals:

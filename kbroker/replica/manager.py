@@ -70,6 +70,7 @@ import os
 import time
 from typing import NamedTuple
 
+from .. import switches
 from .._native.request import FastFetch, FastLeader, FastProduce, arm_leader, disarm_leader
 from ..log.appender import AppendThreads, codec_of
 from ..log.errors import LogAppendError
@@ -154,7 +155,7 @@ class ReplicaManager:
         ``fallback`` itself when KBROKER_FAST_PRODUCE=0. ``write_failed`` answers a request one of
         whose fast appends could not be written (produce.fast_write_failed bound to the broker: the
         server wires the handlers in, replica never imports server)."""
-        if os.environ.get("KBROKER_FAST_PRODUCE", "1") == "0":
+        if not switches.current.fast_produce:
             log.info("native Produce fast path off (KBROKER_FAST_PRODUCE=0)")
             return fallback
         threads = self._threads or self._append_threads()
@@ -174,7 +175,7 @@ class ReplicaManager:
         the HW moved, ``_complete`` called when it moves; a caught-up follower's long poll is still
         fetch.handle_native's), ``fallback`` (fetch.handle_native) for everything else; ``fallback``
         itself when KBROKER_FAST_FETCH=0."""
-        if os.environ.get("KBROKER_FAST_FETCH", "1") == "0":
+        if not switches.current.fast_fetch:
             log.info("native Fetch fast path off (KBROKER_FAST_FETCH=0)")
             return fallback
         from ..log import segment

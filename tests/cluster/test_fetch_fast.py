@@ -1,7 +1,7 @@
 """The consumer's small one-partition Fetch served without a Python frame (ext/request.pyx
 FastFetch, the leader slots of kbroker/replica/manager.py ``_fast_refresh``): real brokers, real clients
 (confluent-kafka, kafka-python, aiokafka, kcat) and raw requests. The broker's
-``kbroker_fetch_native_requests_total{path=fast|slow}`` counters show which path served each Fetch;
+``kbroker_fetch_native_requests_total{path=fast|reference}`` counters show which path served each Fetch;
 every reason the native path must leave a fetch to Python is shown to do so (and to give Python's
 answer), and plain fetches to be served natively again afterwards.
 
@@ -66,12 +66,12 @@ def fetch_counts(port: int) -> dict:
 
 @contextlib.contextmanager
 def Fetches(port):
-    """Fetch requests served while the block ran, once it left: ``d.fast``, ``d.slow`` and the
-    followers' ``d.follower_fast``, ``d.follower_polled``, ``d.follower_slow``."""
+    """Fetch requests served while the block ran, once it left: ``d.fast``, ``d.reference`` and the
+    followers' ``d.follower_fast``, ``d.follower_polled``, ``d.follower_reference``."""
     d = types.SimpleNamespace(before=fetch_counts(port))
     yield d
     after = fetch_counts(port)
-    for key in ("fast", "slow", "follower_fast", "follower_polled", "follower_slow"):
+    for key in ("fast", "reference", "follower_fast", "follower_polled", "follower_reference"):
         setattr(d, key, after.get(key, 0) - d.before.get(key, 0))
 
 
@@ -116,7 +116,7 @@ def test_consumers_read_everything_natively(single):
         got = read_all(conn, topic, 301)
     assert got == log_bytes(c, topic)
     # Python: the first fetch (no read block yet), and one each time the reader walks past a block
-    assert d.fast >= 290 and d.slow <= 5, (d.fast, d.slow)
+    assert d.fast >= 290 and d.reference <= 5, (d.fast, d.reference)
     want = [b"v"] + [b"value-%d" % i for i in range(300)]
 
     cons = Consumer({"bootstrap.servers": c.bootstrap, "group.id": "ff-" + uuid.uuid4().hex[:6],
@@ -133,7 +133,7 @@ def test_consumers_read_everything_natively(single):
         finally:
             cons.close()
     assert values == want
-    assert d.fast > 10, (d.fast, d.slow)
+    assert d.fast > 10, (d.fast, d.reference)
 
     from kafka import KafkaConsumer
     from kafka import TopicPartition as KTP
@@ -187,21 +187,21 @@ def test_offsets_at_and_past_the_high_watermark(single):
             assert produce_raw(conn, topic, one(b"x%d" % i))["error_code"] == 0
         with Fetches(port) as d:
             last = fetch_raw(conn, topic, 5, partition_max=1)
-        assert (d.fast, d.slow) == (1, 0)
+        assert (d.fast, d.reference) == (1, 0)
         assert last["error_code"] == 0 and last["high_watermark"] == 6 and b"x4" in last["records"]
         with Fetches(port) as d:
             at = fetch_raw(conn, topic, 6)
             past = fetch_raw(conn, topic, 7)
-        assert (d.fast, d.slow) == (1, 1)
+        assert (d.fast, d.reference) == (1, 1)
         assert at["error_code"] == 0 and at["records"] == b"" and at["high_watermark"] == 6
         with Fetches(port) as d:
             polled = fetch_raw(conn, topic, 6, max_wait_ms=20)
-        assert (d.fast, d.slow) == (0, 1)
+        assert (d.fast, d.reference) == (0, 1)
         assert polled["error_code"] == 0 and polled["records"] == b"" and polled["high_watermark"] == 6
         assert past["error_code"] == OFFSET_OUT_OF_RANGE
         with Fetches(port) as d:
             every = fetch_raw(conn, topic, 0)
-        assert (d.fast, d.slow) == (1, 0)
+        assert (d.fast, d.reference) == (1, 0)
         assert every["records"] == log_bytes(c, topic)
 
 
@@ -217,7 +217,7 @@ def test_epoch_fencing(single):
             anyone = fetch_raw(conn, topic, 0, epoch=-1)
         assert newer["error_code"] == UNKNOWN_LEADER_EPOCH and newer["records"] == b""
         assert current["error_code"] == 0 and current["records"] == anyone["records"] != b""
-        assert (d.fast, d.slow) == (2, 1), (d.fast, d.slow)
+        assert (d.fast, d.reference) == (2, 1), (d.fast, d.reference)
 
 
 def test_segment_rolls_and_old_segments(single):
@@ -234,12 +234,12 @@ def test_segment_rolls_and_old_segments(single):
         with Fetches(port) as d:
             old = fetch_raw(conn, topic, 0, partition_max=1)
             new = fetch_raw(conn, topic, active_base, partition_max=1)
-        assert (d.fast, d.slow) == (1, 1), (d.fast, d.slow)
+        assert (d.fast, d.reference) == (1, 1), (d.fast, d.reference)
         assert old["error_code"] == new["error_code"] == 0
         assert int.from_bytes(new["records"][:8], "big") == active_base
         with Fetches(port) as d:
             assert read_all(conn, topic, 41) == log_bytes(c, topic)
-        assert d.fast >= 1 and d.slow >= 30, (d.fast, d.slow)
+        assert d.fast >= 1 and d.reference >= 30, (d.fast, d.reference)
         # a reader at the tail while the log rolls under it
         offset, seen = 41, []
         with Fetches(port) as d:
@@ -253,7 +253,7 @@ def test_segment_rolls_and_old_segments(single):
                   for path, b in all_batches(c.brokers[0].data_dir, topic, 0)[-30:]]
         assert seen == stored
         assert [int.from_bytes(r[:8], "big") for r in seen] == list(range(41, 71))
-        assert d.fast >= 20, (d.fast, d.slow)
+        assert d.fast >= 20, (d.fast, d.reference)
 
 
 def test_retention_moves_log_start(tmp_path):
@@ -278,7 +278,7 @@ def test_retention_moves_log_start(tmp_path):
         start = int(segment_files(c.brokers[0].data_dir, topic, 0)[0].name.split(".")[0])
         assert last["error_code"] == 0 and last["log_start_offset"] == start > 0, (last, start)
         assert int.from_bytes(last["records"][:8], "big") == 20
-        assert (d.fast, d.slow) == (1, 1), (d.fast, d.slow)
+        assert (d.fast, d.reference) == (1, 1), (d.fast, d.reference)
 
 
 def test_long_poll_woken_by_append(single):
@@ -287,7 +287,7 @@ def test_long_poll_woken_by_append(single):
     c, port = single
     with Fetches(port) as d:
         _produce_long_poll(single)
-    assert (d.fast, d.slow) == (0, 1)
+    assert (d.fast, d.reference) == (0, 1)
 
 
 def test_large_answer_goes_by_sendfile(single):
@@ -301,7 +301,7 @@ def test_large_answer_goes_by_sendfile(single):
         with Fetches(port) as d:
             big = fetch_raw(conn, topic, 0)
             small = fetch_raw(conn, topic, 3, partition_max=1)
-        assert (d.fast, d.slow) == (1, 1), (d.fast, d.slow)     # the small one reads its block natively
+        assert (d.fast, d.reference) == (1, 1), (d.fast, d.reference)     # the small one reads its block natively
         assert big["records"] == log_bytes(c, topic)
         assert len(big["records"]) > 64 * 1024
         assert int.from_bytes(small["records"][:8], "big") == 3
@@ -318,13 +318,13 @@ def test_topic_delete(single):
         with Fetches(port) as d:
             gone = fetch_raw(conn, topic, 0)
         assert gone["error_code"] in (UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER_OR_FOLLOWER)
-        assert (d.fast, d.slow) == (0, 1)
+        assert (d.fast, d.reference) == (0, 1)
     create_topic(c.bootstrap, topic, 1)
     with RawConn(c.bootstrap, timeout=30) as conn:
         wait_until(lambda: produce_raw(conn, topic, one(b"again"))["error_code"] == 0, 30, "the topic back")
         with Fetches(port) as d:
             back = fetch_raw(conn, topic, 0)
-        assert b"again" in back["records"] and (d.fast, d.slow) == (1, 0)
+        assert b"again" in back["records"] and (d.fast, d.reference) == (1, 0)
 
 
 def test_switch_off(tmp_path):
@@ -398,7 +398,7 @@ def test_several_partitions_in_one_fetch(single):
             shuffled = [fetch_parts(conn, topic, {p: 0 for p in order}, version=v, rack="rack-1") for v in range(4, 12)]
             at_hw = fetch_parts(conn, topic, {p: 11 for p in range(PARTS)})
             budget = fetch_parts(conn, topic, {p: 0 for p in order}, max_bytes=1)
-        assert (d.fast, d.slow) == (11, 0), (d.fast, d.slow)
+        assert (d.fast, d.reference) == (11, 0), (d.fast, d.reference)
         assert [r["partition_index"] for r in whole] == list(range(PARTS))
         assert [r["records"] for r in whole] == [part_bytes(c, topic, p) for p in range(PARTS)]
         for rows in shuffled:
@@ -408,7 +408,7 @@ def test_several_partitions_in_one_fetch(single):
         assert [r["records"] for r in budget] == [first] + [b""] * (PARTS - 1)
         with Fetches(port) as d:
             out_of_range = fetch_parts(conn, topic, {0: 0, 1: 99})
-        assert (d.fast, d.slow) == (0, 1)
+        assert (d.fast, d.reference) == (0, 1)
         assert out_of_range[0]["records"] == part_bytes(c, topic, 0)
         assert out_of_range[1]["error_code"] == OFFSET_OUT_OF_RANGE
 
@@ -440,7 +440,7 @@ def _consume_all(c, port, topic, want):
         finally:
             cons.close()
     assert by_partition(pairs) == want
-    counts["confluent-kafka"] = (d.fast, d.slow)
+    counts["confluent-kafka"] = (d.fast, d.reference)
 
     from kafka import KafkaConsumer
     from kafka import TopicPartition as KTP
@@ -459,7 +459,7 @@ def _consume_all(c, port, topic, want):
         finally:
             kc.close()
     assert by_partition(pairs) == want
-    counts["kafka-python"] = (d.fast, d.slow)
+    counts["kafka-python"] = (d.fast, d.reference)
 
     async def aio():
         from aiokafka import AIOKafkaConsumer
@@ -483,7 +483,7 @@ def _consume_all(c, port, topic, want):
     with Fetches(port) as d:
         pairs = asyncio.run(aio())
     assert by_partition(pairs) == want
-    counts["aiokafka"] = (d.fast, d.slow)
+    counts["aiokafka"] = (d.fast, d.reference)
 
     with Fetches(port) as d:
         kcat = subprocess.run(["kcat", "-C", "-b", c.bootstrap, "-t", topic, "-o", "beginning", "-e",
@@ -491,7 +491,7 @@ def _consume_all(c, port, topic, want):
                               capture_output=True, timeout=60, check=True)
     pairs = [(int(p), v) for p, v in (line.split(b" ", 1) for line in kcat.stdout.split(b"\n") if line)]
     assert by_partition(pairs) == want
-    counts["kcat"] = (d.fast, d.slow)
+    counts["kcat"] = (d.fast, d.reference)
     return counts
 
 
@@ -533,7 +533,7 @@ def test_rf3_consumer_never_sees_past_the_hw(three):
             if hw == 1:         # the ISR has not shrunk yet (replica.lag.time.max.ms: 3 s)
                 assert part["records"] == log_bytes(c, topic)[:batches[1][1].position]
                 assert at["records"] == b""
-                assert d.fast == 2, (d.fast, d.slow)        # both: at the HW with max_wait_ms 0 too
+                assert d.fast == 2, (d.fast, d.reference)        # both: at the HW with max_wait_ms 0 too
         finally:
             for bid in (1, 2):
                 os.kill(c.brokers[bid].pid, 18)   # SIGCONT
@@ -580,7 +580,7 @@ def test_rf3_leadership_move(three):
             ok = fetch_raw(conn, topic, 0, epoch=2)
         assert fenced["error_code"] == FENCED_LEADER_EPOCH
         assert ok["error_code"] == 0 and ok["records"]
-        assert d.fast == 1, (d.fast, d.slow)
+        assert d.fast == 1, (d.fast, d.reference)
 
 
 @pytest.mark.slow
@@ -609,6 +609,6 @@ def test_rf3_several_partitions_never_past_the_hw(three):
             for bid in (1, 2):
                 os.kill(c.brokers[bid].pid, 18)   # SIGCONT
     assert [r["high_watermark"] for r in rows] == [1] * PARTS, "the ISR shrank before the read: rerun"
-    assert d.fast == 1, (d.fast, d.slow)
+    assert d.fast == 1, (d.fast, d.reference)
     for p, r in enumerate(rows):
         assert r["records"] == part_bytes(c, name, p, below=1) != part_bytes(c, name, p), p

@@ -1,7 +1,7 @@
 """Followers' fetches on the native Fetch fast path (ext/request.pyx ``_fetch_fast`` with
 replica_id >= 0, ``_record_followers``): three real brokers, a topic with replicas 0, 1, 2 led by 0, a
 confluent-kafka producer with acks=all and a confluent-kafka consumer. The leader's
-``kbroker_fetch_native_requests_total{path=fast|slow}`` counters show which path took the followers'
+``kbroker_fetch_native_requests_total{path=fast|reference}`` counters show which path took the followers'
 fetches (no consumer reads the leader while they are counted: every Fetch it gets is a follower's; a
 caught-up follower's fetch recorded natively and long-polled by Python counts as neither).
 
@@ -84,11 +84,11 @@ def _full_isr_then_native(c, ports, topic, start, n, wait_s, what, min_fast, min
         wait_until(lambda: _isr(conn, topic) == [0, 1, 2], wait_s, what)
     with Fetches(ports[0]) as d, _HwWatch(c, topic) as watch:
         assert produce_confluent(c.bootstrap, topic, n, start, **ACKS_ALL_ONE_IN_FLIGHT) == []
-    assert d.fast > min_fast and d.fast > 4 * d.slow, (d.fast, d.slow)
+    assert d.fast > min_fast and d.fast > 4 * d.reference, (d.fast, d.reference)
     # the followers' own counter: answered or recorded natively, hardly ever left to Python (its
     # first fetches after a restart are the ISR expansion's)
     native = d.follower_fast + d.follower_polled
-    assert d.follower_fast > min_fast and native > 10 * d.follower_slow, vars(d)
+    assert d.follower_fast > min_fast and native > 10 * d.follower_reference, vars(d)
     assert watch.samples > min_samples and watch.bad == [], (watch.samples, watch.bad[:5])
 
 

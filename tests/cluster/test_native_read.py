@@ -23,7 +23,6 @@ caught by the reset case: after ECONNRESET the next recv reads EOF and the conne
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import re
 import socket
@@ -34,6 +33,7 @@ import uuid
 
 import pytest
 
+from kbroker import switches
 from kbroker.protocol import api
 
 from netserver import LOOPS, ServerThread, _conn
@@ -175,7 +175,7 @@ def test_split_reads_answer_the_same_native_and_python(loop_name):
     handlers = {18: _api_versions, 3: _metadata}
     with ServerThread(handlers, loop_name, native_handlers={0: _produce, 1: _fetch}) as srv:
         # the native read path is the default on both loops (KBROKER_NATIVE_READ=0: off)
-        assert srv.server.native_read == (os.environ.get("KBROKER_NATIVE_READ", "1") != "0")
+        assert srv.server.native_read == switches.current.native_read
         native, native_reads = _session(srv, True)
         python, python_reads = _session(srv, False)
     small, _n = _stream(1)
@@ -260,8 +260,8 @@ def test_clients_are_read_natively(single):
     assert [m.rec.value for m in consume_kafka_python(c.bootstrap, topic, {0: 100})] == want
     after = read_counts(port)
     native = after.get("native", 0) - before.get("native", 0)
-    python = after.get("python", 0) - before.get("python", 0)
-    if os.environ.get("KBROKER_NATIVE_READ", "1") == "0":
-        assert native == 0 and python > 20, (native, python)
+    reference = after.get("reference", 0) - before.get("reference", 0)
+    if not switches.current.native_read:
+        assert native == 0 and reference > 20, (native, reference)
     else:
-        assert python == 0 and native > 20, (native, python)
+        assert reference == 0 and native > 20, (native, reference)

@@ -5,10 +5,12 @@ variable no file is written.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
 
+from kbroker import switches
 from netserver import LOOPS, ServerThread
 
 HOLD_S = 0.040
@@ -39,7 +41,7 @@ def _held(rows):
 @pytest.mark.parametrize("loop_name", LOOPS)
 def test_a_held_loop_shows_as_one_stall_with_its_cpu(loop_name, tmp_path, monkeypatch):
     path = tmp_path / "lag-{pid}.txt"
-    monkeypatch.setenv("KBROKER_LOOP_LAG_LOG", str(path))
+    monkeypatch.setattr(switches, "current", dataclasses.replace(switches.current, loop_lag_log=str(path)))
     with ServerThread({}, loop_name=loop_name) as srv:
         time.sleep(0.05)
         srv.call(_busy)
@@ -57,6 +59,6 @@ def test_a_held_loop_shows_as_one_stall_with_its_cpu(loop_name, tmp_path, monkey
 
 
 def test_off_without_the_variable(tmp_path, monkeypatch):
-    monkeypatch.delenv("KBROKER_LOOP_LAG_LOG", raising=False)
+    monkeypatch.setattr(switches, "current", dataclasses.replace(switches.current, loop_lag_log=None))
     with ServerThread({}) as srv:
         assert srv.call(lambda: srv.server._loop_lag) is None

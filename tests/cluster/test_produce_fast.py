@@ -1,6 +1,6 @@
 """The common Produce (one or several partitions) served without a Python frame (ext/request.pyx FastProduce,
 kbroker/replica/manager.py ``_fast_refresh``): real brokers, real clients (confluent-kafka) and raw
-requests. The broker's ``kbroker_produce_native_requests_total{path=fast|slow}`` counters show which
+requests. The broker's ``kbroker_produce_native_requests_total{path=fast|reference}`` counters show which
 path served each Produce; every reason the native path must leave a request to Python is shown to do
 so (and to give Python's answer), and the plain requests to be served natively again afterwards.
 
@@ -48,7 +48,7 @@ KAFKA_STORAGE_ERROR = Errors.KAFKA_STORAGE_ERROR
 
 
 def counts(port: int) -> dict:
-    """{"fast": n, "slow": n} from the broker's metrics endpoint."""
+    """{"fast": n, "reference": n} from the broker's metrics endpoint."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     out = {}
     for line in text.splitlines():
@@ -71,7 +71,7 @@ class Delta:
     def __exit__(self, *exc):
         after = counts(self.port)
         self.fast = after["fast"] - self.before["fast"]
-        self.slow = after["slow"] - self.before["slow"]
+        self.reference = after["reference"] - self.before["reference"]
 
 
 def produce_raw(conn, topic, batch, acks=1, version=7, index=0, timeout_ms=10000):
@@ -159,7 +159,7 @@ def test_plain_produce_is_served_natively_and_reads_back(single):
     with Delta(port) as d:
         assert produce_confluent(c.bootstrap, topic, 300) == []
     # one may re-arm: the topic's config from its creation can reach the log after the warm-up append
-    assert d.fast >= 299 and d.fast + d.slow == 300, (d.fast, d.slow)
+    assert d.fast >= 299 and d.fast + d.reference == 300, (d.fast, d.reference)
     got = consume_values(c.bootstrap, topic, 301)
     assert [(o, v) for o, v, _ts in got[1:]] == [(i + 1, b"value-%d" % i) for i in range(300)]
 
@@ -180,7 +180,7 @@ def test_every_version_and_acks_native(single, acks):
                     assert r["log_start_offset"] == 0
         # acks=0 has no answer to wait for: the last request may still be in flight here
         wait_until(lambda: end_offsets(c.bootstrap, topic, 1) == {0: 7}, 30, "all six appended")
-    assert d.fast == 6 and d.slow == 0, (d.fast, d.slow)
+    assert d.fast == 6 and d.reference == 0, (d.fast, d.reference)
 
 
 def test_idempotent_producer_native_in_steady_state(single):
@@ -190,7 +190,7 @@ def test_idempotent_producer_native_in_steady_state(single):
     topic = new_topic(c)
     with Delta(port) as d:
         assert produce_confluent(c.bootstrap, topic, 300, **{"enable.idempotence": True, "acks": "all"}) == []
-    assert d.fast >= 290 and d.fast + d.slow == 300, (d.fast, d.slow)
+    assert d.fast >= 290 and d.fast + d.reference == 300, (d.fast, d.reference)
     got = consume_values(c.bootstrap, topic, 301)
     assert [(o, v) for o, v, _ts in got[1:]] == [(i + 1, b"value-%d" % i) for i in range(300)]
 
@@ -209,7 +209,7 @@ def test_compressed_batch_validated_off_the_loop_takes_python_path(single):
     with Delta(port) as d, RawConn(c.bootstrap) as conn:
         for i in range(5):
             assert produce_raw(conn, topic, one(b"z" * 500, codec=1))["error_code"] == 0
-    assert d.slow == 5 and d.fast == 0, (d.fast, d.slow)
+    assert d.reference == 5 and d.fast == 0, (d.fast, d.reference)
     assert [o for o, _v, _t in consume_values(c.bootstrap, topic, 6)] == list(range(6))
 
 
@@ -219,7 +219,7 @@ def test_flush_messages_one_takes_python_path(single):
     with Delta(port) as d, RawConn(c.bootstrap) as conn:
         for i in range(5):
             assert produce_raw(conn, topic, one())["error_code"] == 0
-    assert d.slow == 5 and d.fast == 0, (d.fast, d.slow)
+    assert d.reference == 5 and d.fast == 0, (d.fast, d.reference)
 
 
 def test_config_changes_are_seen(single):
@@ -235,7 +235,7 @@ def test_config_changes_are_seen(single):
             before = int(time.time() * 1000)
             r = produce_raw(conn, topic, one())
         assert r["error_code"] == 0 and r["log_append_time_ms"] >= before - 1000, r
-        assert d.fast == 1, (d.fast, d.slow)
+        assert d.fast == 1, (d.fast, d.reference)
 
         alter_topic(c.bootstrap, topic, max_message_bytes=2000)
         wait_until(lambda: produce_raw(conn, topic, one(b"m" * 3000))["error_code"] == MESSAGE_TOO_LARGE, 20,
@@ -243,7 +243,7 @@ def test_config_changes_are_seen(single):
         with Delta(port) as d:
             assert produce_raw(conn, topic, one(b"m" * 3000))["error_code"] == MESSAGE_TOO_LARGE
             assert produce_raw(conn, topic, one(b"s"))["error_code"] == 0
-        assert (d.fast, d.slow) == (1, 1), (d.fast, d.slow)
+        assert (d.fast, d.reference) == (1, 1), (d.fast, d.reference)
 
         alter_topic(c.bootstrap, topic, segment_bytes=1024)
         wait_until(lambda: produce_raw(conn, topic, one(b"r" * 400))["error_code"] == 0 and
@@ -252,7 +252,7 @@ def test_config_changes_are_seen(single):
             for i in range(20):
                 assert produce_raw(conn, topic, one(b"r" * 400))["error_code"] == 0
         # every other batch or so rolls (Python), the others append natively to the new segment
-        assert d.fast >= 5 and d.slow >= 5 and d.fast + d.slow == 20, (d.fast, d.slow)
+        assert d.fast >= 5 and d.reference >= 5 and d.fast + d.reference == 20, (d.fast, d.reference)
     end = end_offsets(c.bootstrap, topic, 1)[0]
     assert [o for o, _v, _t in consume_values(c.bootstrap, topic, end)] == list(range(end))
 
@@ -271,7 +271,7 @@ def test_internal_topic_rejected(single):
         for index in range(50):
             r = produce_raw(conn, "__consumer_offsets", one(), index=index)
             assert r["error_code"] in (INVALID_TOPIC_EXCEPTION, NOT_LEADER_OR_FOLLOWER), r
-    assert d.fast == 0 and d.slow == 50, (d.fast, d.slow)
+    assert d.fast == 0 and d.reference == 50, (d.fast, d.reference)
 
 
 def test_long_poll_woken_by_native_append(single):
@@ -316,7 +316,7 @@ def test_topic_delete_and_recreate(single):
                    "the topic gone")
         with Delta(port) as d:
             assert produce_raw(conn, topic, one())["error_code"] == UNKNOWN_TOPIC_OR_PARTITION
-        assert (d.fast, d.slow) == (0, 1)
+        assert (d.fast, d.reference) == (0, 1)
     create_topic(c.bootstrap, topic, 1)
     with Delta(port) as d, RawConn(c.bootstrap) as conn:
         wait_until(lambda: produce_raw(conn, topic, one())["error_code"] == 0, 30, "the topic back")
@@ -436,7 +436,7 @@ def test_keyed_producer_several_partitions_native(single, client):
     with Delta(port) as d:
         acked = produce(c.bootstrap, topic, 3000)
     batches = check_multi(c, topic, 6, acked)
-    assert d.slow == 0 and d.fast > 0, (d.fast, d.slow)
+    assert d.reference == 0 and d.fast > 0, (d.fast, d.reference)
     if client != "confluent":       # librdkafka (2.16) sends one partition per Produce request
         assert batches >= 2 * d.fast, (batches, d.fast)   # two partitions or more per request, on average
 
@@ -453,7 +453,7 @@ def test_idempotent_keyed_producer_several_partitions_native(single, client):
         acked = produce(c.bootstrap, topic, 3000, idempotent=True)
     check_multi(c, topic, 6, acked)
     # confluent: one request per partition, the first of each Python's; the others carry several
-    assert d.fast > 3 * d.slow and d.slow <= 8, (d.fast, d.slow)
+    assert d.fast > 3 * d.reference and d.reference <= 8, (d.fast, d.reference)
 
 
 def test_write_behind_run_over_several_partitions(single):
@@ -480,7 +480,7 @@ def test_write_behind_run_over_several_partitions(single):
         conn.send(b"".join(frames) + fetch)
         answers = [api.decode_response(PRODUCE, 3 + k % 6, conn.recv_frame(timeout=30))[1] for k in range(20)]
         fetched = api.decode_response(FETCH, 11, conn.recv_frame(timeout=30))[1]
-    assert (d.fast, d.slow) == (20, 0), (d.fast, d.slow)
+    assert (d.fast, d.reference) == (20, 0), (d.fast, d.reference)
     for k, body in enumerate(answers):
         rows = [(t["name"], p["index"], p["error_code"], p["base_offset"])
                 for t in body["responses"] for p in t["partition_responses"]]
@@ -508,12 +508,12 @@ def test_log_dir_failure(tmp_path, tmpfs):
             assert codes == [KAFKA_STORAGE_ERROR] * 4, codes
             # the first: native, its write fails and Python's storage-failure finisher answers it
             # (counted slow); then the failing dir keeps the rest on the Python path
-            assert (d.fast, d.slow) == (0, 4), (d.fast, d.slow)
+            assert (d.fast, d.reference) == (0, 4), (d.fast, d.reference)
             os.unlink(os.path.join(tmpfs, "ballast"))
             with Delta(port) as d:
                 for _ in range(3):
                     assert produce_raw(conn, topic, one())["error_code"] == 0
-            assert (d.fast, d.slow) == (2, 1), (d.fast, d.slow)
+            assert (d.fast, d.reference) == (2, 1), (d.fast, d.reference)
         assert end_offsets(c.bootstrap, topic, 1) == {0: 4}      # the warm-up record and these 3
 
 
@@ -531,11 +531,11 @@ def test_log_dir_failure_idempotent(tmp_path, tmpfs):
             with Delta(port) as d:
                 rows = [produce_raw(conn, topic, batches[k], acks=-1) for k in (0, 1)]
             assert [(r["error_code"], r["base_offset"]) for r in rows] == [(0, 1), (0, 2)], rows
-            assert (d.fast, d.slow) == (1, 1), (d.fast, d.slow)        # the new producer id is Python's
+            assert (d.fast, d.reference) == (1, 1), (d.fast, d.reference)        # the new producer id is Python's
             _fill(tmpfs)
             with Delta(port) as d:
                 r = produce_raw(conn, topic, batches[2], acks=-1)
-            assert r["error_code"] == KAFKA_STORAGE_ERROR and d.fast == 0, (r, d.fast, d.slow)
+            assert r["error_code"] == KAFKA_STORAGE_ERROR and d.fast == 0, (r, d.fast, d.reference)
             os.unlink(os.path.join(tmpfs, "ballast"))
             rows = [produce_raw(conn, topic, batches[k], acks=-1) for k in (2, 2, 3)]
             # the retry appended at 3, its second retry answered from producer state, then the next in sequence
@@ -569,13 +569,13 @@ def test_log_dir_failure_mid_request(tmp_path, tmpfs):
             with Delta(port) as d:
                 rows = produce_multi(conn, topic, {p: one(b"f" * 60_000) for p in (0, 1, 2)})
             assert rows == [(0, 0, 1), (1, KAFKA_STORAGE_ERROR, -1), (2, KAFKA_STORAGE_ERROR, -1)], rows
-            assert (d.fast, d.slow) == (0, 1), (d.fast, d.slow)
+            assert (d.fast, d.reference) == (0, 1), (d.fast, d.reference)
             os.unlink(os.path.join(tmpfs, "ballast"))
             with Delta(port) as d:
                 for k in range(2):
                     rows = produce_multi(conn, topic, {p: one() for p in (2, 1, 0)})
                     assert rows == [(2, 0, 1 + k), (1, 0, 1 + k), (0, 0, 2 + k)], rows
-            assert (d.fast, d.slow) == (1, 1), (d.fast, d.slow)
+            assert (d.fast, d.reference) == (1, 1), (d.fast, d.reference)
         assert end_offsets(c.bootstrap, topic, 3) == {0: 4, 1: 3, 2: 3}
 
 
@@ -598,7 +598,7 @@ def test_log_dir_failure_mid_request_acks_all_rf3(tmp_path, tmpfs):
             with Delta(port) as d:
                 rows = produce_multi(conn, topic, {p: one(b"f" * 60_000) for p in (0, 1, 2)}, acks=-1)
             assert rows == [(0, 0, 1), (1, KAFKA_STORAGE_ERROR, -1), (2, KAFKA_STORAGE_ERROR, -1)], rows
-            assert (d.fast, d.slow) == (0, 1), (d.fast, d.slow)
+            assert (d.fast, d.reference) == (0, 1), (d.fast, d.reference)
             for bid in (1, 2):                                      # answered once both followers had it
                 assert _part_leo(c, bid, topic, 0) >= 2, bid
             os.unlink(os.path.join(tmpfs, "ballast"))
@@ -643,7 +643,7 @@ def test_rf3_leader_native_followers_replicate(three):
         wait_until(lambda: produce_raw(conn, topic, one())["error_code"] == 0, 30, "leader ready")
         for i in range(30):
             assert produce_raw(conn, topic, one(b"r%d" % i))["error_code"] == 0
-    assert d.fast >= 30, (d.fast, d.slow)
+    assert d.fast >= 30, (d.fast, d.reference)
     # followers' long polls were woken: every replica's log reaches the leader's end
     for bid in (1, 2):
         wait_until(lambda b=bid: _leo(c, b, topic) == _leo(c, 0, topic), 30, f"broker {bid} replicated")
@@ -668,8 +668,8 @@ def test_rf3_leaders_several_partitions_acks1(three):
         d.__exit__(None, None, None)
     batches = check_multi(c, topic, 9, acked, brokers=(0, 1, 2))
     # a leader may leave a request or so to Python while its followers join the ISR (as rf3_topic's)
-    fast, slow = sum(d.fast for d in deltas), sum(d.slow for d in deltas)
-    assert all(d.fast > 0 for d in deltas) and slow <= 3, [(d.fast, d.slow) for d in deltas]
+    fast, slow = sum(d.fast for d in deltas), sum(d.reference for d in deltas)
+    assert all(d.fast > 0 for d in deltas) and slow <= 3, [(d.fast, d.reference) for d in deltas]
     assert batches > 1.5 * (fast + slow), (batches, fast, slow)     # each broker leads three partitions
     for p in range(9):
         leader = replicas[p][0]
@@ -694,12 +694,12 @@ def test_rf3_acks_all_waits_for_followers(three):
         with Delta(ports[0]) as d:
             r = produce_raw(conn, topic, one(b"all"), acks=-1)
         assert r["error_code"] == 0
-        assert (d.fast, d.slow) == (1, 0), (d.fast, d.slow)
+        assert (d.fast, d.reference) == (1, 0), (d.fast, d.reference)
         for bid in (1, 2):
             assert _leo(c, bid, topic) >= r["base_offset"] + 1
         with Delta(ports[0]) as d:
             assert produce_raw(conn, topic, one(), acks=1)["error_code"] == 0
-        assert (d.fast, d.slow) == (1, 0)
+        assert (d.fast, d.reference) == (1, 0)
 
 
 @pytest.mark.slow
@@ -725,7 +725,7 @@ def test_rf3_isr_shrink_arms_acks_all(three):
         wait_until(lambda: isr_of(c, topic) == [0, 1, 2], 60, "the followers back in the ISR")
         with Delta(ports[0]) as d:
             r = produce_raw(conn, topic, one(), acks=-1)
-        assert r["error_code"] == 0 and (d.fast, d.slow) == (1, 0), (r, d.fast, d.slow)
+        assert r["error_code"] == 0 and (d.fast, d.reference) == (1, 0), (r, d.fast, d.reference)
         for bid in (1, 2):          # answered only once both had it
             assert _leo(c, bid, topic) >= r["base_offset"] + 1
 
@@ -770,7 +770,7 @@ def test_rf3_leadership_move(three):
                    "the old leader refuses")
         with Delta(ports[0]) as d:
             assert produce_raw(conn, topic, one())["error_code"] == NOT_LEADER_OR_FOLLOWER
-        assert (d.fast, d.slow) == (0, 1)
+        assert (d.fast, d.reference) == (0, 1)
     with leader_conn(c, 1) as conn:
         wait_until(lambda: produce_raw(conn, topic, one())["error_code"] == 0, 30, "the new leader")
         with Delta(ports[1]) as d:
@@ -851,7 +851,7 @@ def test_rf3_confluent_default_acks_all_native(three):
             p.poll(0)
         assert p.flush(60) == 0
     assert all(type(a) is tuple for a in acked) and len(acked) == n, [a for a in acked if type(a) is not tuple][:3]
-    assert d.fast >= n and d.slow == 0, (d.fast, d.slow)
+    assert d.fast >= n and d.reference == 0, (d.fast, d.reference)
     got = {(o, v) for o, v, _ts in consume_values(c.bootstrap, topic, n + 1)}
     assert set(acked) <= got
     for bid in (1, 2):
@@ -882,7 +882,7 @@ def test_rf3_keyed_acks_all_several_partitions_native(three, client):
     for d in deltas:
         d.__exit__(None, None, None)
     check_multi(c, topic, 6, acked, brokers=(0, 1, 2), warm=warm)
-    assert all(d.fast > 0 for d in deltas) and sum(d.slow for d in deltas) == 0, [(d.fast, d.slow) for d in deltas]
+    assert all(d.fast > 0 for d in deltas) and sum(d.reference for d in deltas) == 0, [(d.fast, d.reference) for d in deltas]
 
 
 @pytest.mark.slow
@@ -902,22 +902,22 @@ def test_rf3_acks_all_timeout_and_not_enough_replicas_after_append(three):
             with Delta(ports[0]) as d:
                 r = produce_raw(conn, topic, one(b"late"), acks=-1, timeout_ms=300)
             assert _failed_row(r, REQUEST_TIMED_OUT), r
-            assert (d.fast, d.slow) == (1, 0), (d.fast, d.slow)
+            assert (d.fast, d.reference) == (1, 0), (d.fast, d.reference)
             with Delta(ports[0]) as d:
                 r = produce_raw(conn, topic, one(b"shrunk"), acks=-1, timeout_ms=30000)
             assert _failed_row(r, NOT_ENOUGH_REPLICAS_AFTER_APPEND), r
-            assert (d.fast, d.slow) == (1, 0), (d.fast, d.slow)
+            assert (d.fast, d.reference) == (1, 0), (d.fast, d.reference)
             assert _leo(c, 0, topic) == end + 2         # both were appended
             with Delta(ports[0]) as d:
                 r = produce_raw(conn, topic, one(b"refused"), acks=-1)
-            assert r["error_code"] == NOT_ENOUGH_REPLICAS and (d.fast, d.slow) == (0, 1), (r, d.fast, d.slow)
+            assert r["error_code"] == NOT_ENOUGH_REPLICAS and (d.fast, d.reference) == (0, 1), (r, d.fast, d.reference)
             assert _leo(c, 0, topic) == end + 2
         finally:
             os.kill(c.brokers[2].pid, 18)       # SIGCONT
         wait_until(lambda: isr_of(c, topic) == [0, 1, 2], 60, "the follower back in the ISR")
         with Delta(ports[0]) as d:
             r = produce_raw(conn, topic, one(b"back"), acks=-1)
-        assert r["error_code"] == 0 and (d.fast, d.slow) == (1, 0), (r, d.fast, d.slow)
+        assert r["error_code"] == 0 and (d.fast, d.reference) == (1, 0), (r, d.fast, d.reference)
 
 
 @pytest.mark.slow
@@ -947,7 +947,7 @@ def test_rf3_leadership_moves_while_parked(three):
             r = _parked_answer(conn)
         finally:
             os.kill(c.brokers[2].pid, 18)       # SIGCONT
-    assert (d.fast, d.slow) == (1, 0), (d.fast, d.slow)
+    assert (d.fast, d.reference) == (1, 0), (d.fast, d.reference)
     assert _failed_row(r, NOT_LEADER_OR_FOLLOWER), r
 
 
@@ -989,4 +989,4 @@ def test_leader_kill_acks_all_native_loses_no_acked_record(tmp_path):
     assert report.acked_lost == 0, report.line()
     assert report.inconsistent_offsets == 0, report.line()
     # the load's requests (linger.ms 5: a few records each) to each killed leader, mostly native
-    assert all(n["fast"] >= 30 and n["fast"] > 5 * n["slow"] for n in served), served
+    assert all(n["fast"] >= 30 and n["fast"] > 5 * n["reference"] for n in served), served

@@ -9,6 +9,7 @@ read back once, in order, byte for byte (the sendfile invariants on both loops: 
 extension module is mapped into the process only when it was chosen)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -17,14 +18,20 @@ from pathlib import Path
 
 import pytest
 
+from kbroker import switches
 from kbroker.config import (DEFAULT_EVENT_LOOP, EVENT_LOOP_ENV, EVENT_LOOP_KEY, EVENT_LOOPS, UVLOOP_MISSING,
                             BrokerConfig, ConfigError)
 
 BASE = {"zookeeper.connect": "127.0.0.1:2181", "broker.id": 0}
 
 
+def _env_loop(monkeypatch, value):
+    """This process's switchboard as if started with $KBROKER_EVENT_LOOP = value (None: unset)."""
+    monkeypatch.setattr(switches, "current", dataclasses.replace(switches.current, event_loop=value))
+
+
 def test_key_default_values_and_errors(monkeypatch):
-    monkeypatch.delenv(EVENT_LOOP_ENV, raising=False)
+    _env_loop(monkeypatch, None)
     assert set(EVENT_LOOPS) == {"asyncio", "uvloop"} and DEFAULT_EVENT_LOOP == "uvloop"
     assert BrokerConfig.from_dict(BASE).event_loop == "uvloop"
     assert BrokerConfig.from_dict({**BASE, EVENT_LOOP_KEY: "asyncio"}).event_loop == "asyncio"
@@ -46,11 +53,11 @@ def test_uvloop_not_importable_is_a_config_error(monkeypatch):
 
 
 def test_environment_sets_it_when_the_config_does_not(monkeypatch):
-    monkeypatch.setenv(EVENT_LOOP_ENV, "asyncio")
+    _env_loop(monkeypatch, "asyncio")
     assert BrokerConfig.from_dict(BASE).event_loop == "asyncio"
-    monkeypatch.setenv(EVENT_LOOP_ENV, "uvloop")
+    _env_loop(monkeypatch, "uvloop")
     assert BrokerConfig.from_dict(BASE).event_loop == "uvloop"
-    monkeypatch.setenv(EVENT_LOOP_ENV, "UVLOOP")
+    _env_loop(monkeypatch, "UVLOOP")
     with pytest.raises(ConfigError) as e:
         BrokerConfig.from_dict(BASE)
     assert e.value.key == EVENT_LOOP_KEY and EVENT_LOOP_ENV in str(e.value)
