@@ -43,7 +43,9 @@ SERIAL = ("tests/perf/", "tests/spark/", "tests/cluster/test_network_looplag.py"
           "tests/cluster/test_metrics.py::test_idle_percent_falls_under_load",
           "tests/cluster/test_configs_broker.py::"
           "test_rate_set_through_the_api_throttles_a_follower_and_delete_lifts_it",
-          "tests/cluster/test_replication_throttle.py::")
+          "tests/cluster/test_replication_throttle.py::",
+          # a step-down deadline measured against the session timeout
+          "tests/cluster/test_zombie_leader.py::test_zombie_leader_steps_down_before_its_session_expires")
 
 
 def pytest_addoption(parser):

@@ -289,7 +289,7 @@ def test_failed_run_write_answers_storage_error_and_keeps_the_connection(tmp_pat
                            for r in body["responses"][0]["partition_responses"]]
                     rows += _rows(conn, 1)
                 # natively served (the 4th and maybe a next one not), or (a failing dir) all on the Python path
-                assert (d.fast, d.slow) in ([(0, 5)] if python else [(4, 1), (3, 2)]), (d.fast, d.slow)
+                assert (d.fast, d.reference) in ([(0, 5)] if python else [(4, 1), (3, 2)]), (d.fast, d.reference)
                 assert dup[1]["error_code"] == INVALID_RECORD, dup
                 base = len(acked[good])
                 assert [r[good]["error_code"] for r in (rows[0], rows[2], rows[3])] == [0, 0, 0], rows
@@ -326,7 +326,7 @@ def test_failed_run_write_answers_storage_error_and_keeps_the_connection(tmp_pat
                 conn.send(_frame(40, topic, {full: one(big)}) + _frame(41, topic, {full: one(big)})
                           + _frame(42, topic, {full: idem(one(b"i2" + big), pid, 0, 2)}, acks=-1))
                 rows = [r[full] for r in _rows(conn, 3)]
-            assert d.fast >= 2, (d.fast, d.slow)
+            assert d.fast >= 2, (d.fast, d.reference)
             assert [r["error_code"] for r in rows] == [KAFKA_STORAGE_ERROR] * 3, rows
             os.unlink(os.path.join(tmpfs, "ballast"))
             for k in range(2):                      # the retry is appended; its own retry is the duplicate
