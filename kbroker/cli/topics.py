@@ -143,6 +143,7 @@ async def run(args, out) -> int:
             raise CommandError(f"Topic '{args.topic}' does not exist as expected")
         if args.describe:
             await _describe(admin, topics, out, args.under_replicated_partitions, args.unavailable_partitions)
+            await _warn_fenced(admin)
         elif args.delete:
             if topics:
                 await admin.delete_topics(topics)
@@ -175,6 +176,18 @@ async def _create(admin: Admin, args, out) -> int:
         raise
     print(f"Created topic {args.topic}.", file=out)
     return 0
+
+
+async def _warn_fenced(admin: Admin) -> None:
+    """Name a bootstrap broker that fenced itself: its partitions show ``Leader: none`` above because it
+    stepped down when its ZooKeeper session may have expired, not because no replica is alive."""
+    try:
+        fenced = await admin.self_fenced_brokers()
+    except KafkaError:
+        return          # the description above stands on its own
+    for bid in sorted(fenced):
+        print(f"WARNING: broker {bid} has fenced itself: it lost ZooKeeper for longer than its session "
+              f"timeout and leads no partition until the controller's LeaderAndIsr says so.", file=sys.stderr)
 
 
 async def _describe(admin: Admin, topics: list[str], out, under_replicated: bool = False,

@@ -87,6 +87,7 @@ class ClusterDescription:
     cluster_id: str
     controller_id: int
     brokers: dict[int, tuple[str, int, str | None]]    # id -> (host, port, rack)
+    fenced: set[int] = field(default_factory=set)     # brokers that report themselves fenced (v2)
 
 
 @dataclass(slots=True)
@@ -310,14 +311,27 @@ class Admin(ClusterClient):
 
     # ---- cluster and log dirs ------------------------------------------------------------------
 
-    async def describe_cluster(self) -> ClusterDescription:
-        conn = await self.cluster.any_connection()
+    async def describe_cluster(self, conn=None) -> ClusterDescription:
+        """The cluster as one broker (``conn``, default any) sees it, fenced brokers included (v2)."""
+        conn = conn or await self.cluster.any_connection()
         _, resp = await conn.send(DESCRIBE_CLUSTER, {"include_cluster_authorized_operations": False,
-                                                     "endpoint_type": 1})
+                                                     "endpoint_type": 1, "include_fenced_brokers": True})
         if resp["error_code"]:
             raise KafkaError(resp["error_code"], resp["error_message"], "describe cluster")
+        brokers = resp["brokers"]
         return ClusterDescription(resp["cluster_id"], resp["controller_id"],
-                                  {b["broker_id"]: (b["host"], b["port"], b["rack"]) for b in resp["brokers"]})
+                                  {b["broker_id"]: (b["host"], b["port"], b["rack"])
+                                   for b in brokers if not b.get("is_fenced")},
+                                  {b["broker_id"] for b in brokers if b.get("is_fenced")})
+
+    async def self_fenced_brokers(self) -> set[int]:
+        """The brokers among the bootstrap servers that say they fenced themselves: only such a broker
+        knows it (the others list it as live until ZooKeeper expires its session)."""
+        out = set()
+        for conn in await self.cluster.bootstrap_connections():
+            if conn.version_for(DESCRIBE_CLUSTER) >= 2:
+                out |= (await self.describe_cluster(conn)).fenced
+        return out
 
     async def describe_log_dirs(self, broker_ids: list[int]) -> dict[int, dict[str, LogDirDescription]]:
         """Every log dir of each broker with all its partitions (DescribeLogDirs to each broker)."""

@@ -154,6 +154,16 @@ class Cluster:
                 errors.append(str(e))
         raise KafkaConnectionError("no broker reachable: " + "; ".join(errors))
 
+    async def bootstrap_connections(self) -> list[BrokerConnection]:
+        """A connection to each bootstrap server that answers (the brokers the user named)."""
+        out = []
+        for host, port in self.bootstrap:
+            try:
+                out.append(await self._connect(("bootstrap", host, port), host, port))
+            except KafkaConnectionError:
+                continue
+        return out
+
     async def controller_connection(self) -> BrokerConnection:
         if self.controller_id < 0 or self.controller_id not in self.brokers:
             await self.refresh_metadata()

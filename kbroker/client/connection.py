@@ -61,7 +61,7 @@ CLIENT_VERSIONS: dict[int, tuple[int, int]] = {
     45: (0, 0),     # AlterPartitionReassignments
     46: (0, 0),     # ListPartitionReassignments
     47: (0, 0),     # OffsetDelete
-    60: (0, 1),     # DescribeCluster
+    60: (0, 2),     # DescribeCluster (v2: fenced brokers)
 }
 
 

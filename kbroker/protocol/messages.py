@@ -1050,10 +1050,11 @@ api(47, "OffsetDelete", "0", "none",
     ])
 
 # --- 60 DescribeCluster ---------------------------------------------------------------------------
-api(60, "DescribeCluster", "0-1", "0+",
+api(60, "DescribeCluster", "0-2", "0+",
     request=[
         F("include_cluster_authorized_operations", "bool"),
         F("endpoint_type", "int8", "1+", default=1),
+        F("include_fenced_brokers", "bool", "2+"),
     ],
     response=[
         F("throttle_time_ms", "int32"),
@@ -1067,6 +1068,7 @@ api(60, "DescribeCluster", "0-1", "0+",
             F("host", "string"),
             F("port", "int32"),
             F("rack", "string", nullable="0+", default=NULL),
+            F("is_fenced", "bool", "2+"),
         ]),
         F("cluster_authorized_operations", "int32", default=_OPS_NOT_REQUESTED),
     ])

@@ -46,6 +46,7 @@ class Broker:
         self.replica_manager: ReplicaManager | None = None
         self.zk: BrokerZk | None = None
         self.controller: Controller | None = None   # active while this broker holds /controller
+        self.self_fenced = False    # stepped down: ZooKeeper may have expired our session (_session_fence)
         self._config_change_seq: int | None = None   # last /config/changes notification applied
         self.server: KafkaServer | None = None
         self.notifier = None
@@ -220,8 +221,10 @@ class Broker:
                     # Nor do we count as a live broker in our Metadata answers (ZooKeeper may not list us
                     # any more): clients drop this connection and ask the others, who know the new leaders.
                     me = self.metadata.brokers.pop(self.broker_id, None) or me
+                    self.self_fenced = True         # DescribeCluster v2 lists us as fenced
                 elif out_in is not None:
                     same, out_in = lease.session_id == out_in, None
+                    self.self_fenced = False
                     if me is not None:
                         self.metadata.brokers.setdefault(self.broker_id, me)
                         me = None

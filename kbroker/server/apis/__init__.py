@@ -83,7 +83,7 @@ TABLE: tuple[Api, ...] = (
     Api(K.ALTER_PARTITION_REASSIGNMENTS, 0, 0, reassignments.alter_partition_reassignments),
     Api(K.LIST_PARTITION_REASSIGNMENTS, 0, 0, reassignments.list_partition_reassignments),
     Api(K.OFFSET_DELETE, 0, 0, groups.offset_delete),
-    Api(K.DESCRIBE_CLUSTER, 0, 1, cluster_info.describe_cluster),
+    Api(K.DESCRIBE_CLUSTER, 0, 2, cluster_info.describe_cluster),
 )
 del K
 

@@ -1,4 +1,5 @@
-"""DescribeCluster (60): the cluster id, the controller and the live brokers, from the metadata cache.
+"""DescribeCluster (60): the cluster id, the controller and the live brokers, from the metadata cache;
+from v2 (KIP-1073) with ``include_fenced_brokers``, this broker too while it has fenced itself.
 
 A ZooKeeper-mode broker serves the BROKER endpoint type only (KIP-919): asking it for controllers is
 MISMATCHED_ENDPOINT_TYPE, an unknown type UNSUPPORTED_ENDPOINT_TYPE (INVALID_REQUEST at v0, which
@@ -34,8 +35,15 @@ def describe_cluster(broker, conn, header, body):
             res["error_message"] = (f"The request was sent to an endpoint of type {ENDPOINT_TYPES[wanted]}, "
                                     f"but we wanted an endpoint of type BROKER")
         return res
-    res["brokers"] = [{"broker_id": b.broker_id, "host": b.host, "port": b.port, "rack": b.rack}
+    res["brokers"] = [{"broker_id": b.broker_id, "host": b.host, "port": b.port, "rack": b.rack, "is_fenced": False}
                       for b in sorted(md.brokers.values(), key=lambda b: b.broker_id)]
+    if body.get("include_fenced_brokers") and broker.self_fenced:
+        # Only this broker knows it stepped down (its session lease ran out); the others still list it
+        # as live until ZooKeeper expires the session, and then not at all.
+        adv = broker.config.advertised_listeners[0]
+        res["brokers"].append({"broker_id": broker.broker_id, "host": adv.host, "port": adv.port,
+                               "rack": broker.config.get("broker.rack"), "is_fenced": True})
+        res["brokers"].sort(key=lambda b: b["broker_id"])
     if body["include_cluster_authorized_operations"]:
         res["cluster_authorized_operations"] = CLUSTER_OPERATIONS
     return res

@@ -43,7 +43,10 @@ AK39 = {
 }
 
 # Deliberate differences from the 3.9 valid range.
-RANGE_EXCEPTIONS = {7: (1, 3)}  # ControlledShutdown v0 has a request header without client_id
+RANGE_EXCEPTIONS = {
+    7: (1, 3),   # ControlledShutdown v0 has a request header without client_id
+    60: (0, 2),  # DescribeCluster v2 (Kafka 4.0, KIP-1073): a broker that fenced itself says so
+}
 
 # Deliberate differences from the JSON defaults: (message name, field path) -> our default.
 DEFAULT_EXCEPTIONS = {("ListOffsetsRequest", "replica_id"): -1}
