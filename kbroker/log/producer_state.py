@@ -106,6 +106,8 @@ class ProducerStateManager:
         self.dir = dir_path
         self.producers: dict[int, ProducerEntry] = {}
         self.ongoing: dict[int, int] = {}      # producer id -> first offset of its ongoing transaction
+        # producer id -> the guard of a verification in flight (begin_verification)
+        self.verifying: dict[int, object] = {}
 
     # -- leader append --------------------------------------------------------------------
 
@@ -154,6 +156,26 @@ class ProducerStateManager:
         if transactional and entry.current_txn_first_offset < 0:
             entry.current_txn_first_offset = first_offset
             self.ongoing[producer_id] = first_offset
+            self.verifying.pop(producer_id, None)
+
+    # -- KIP-890 verification ---------------------------------------------------------------------
+    # Before the first transactional batch of a transaction is appended here, the leader may ask the
+    # transaction coordinator whether this partition is in the producer's transaction. A guard taken
+    # before asking is dropped by any marker for the producer, so an answer that a marker overtook
+    # (the transaction ended meanwhile) cannot start a transaction here.
+
+    def needs_verification(self, producer_id: int) -> bool:
+        """True when a transactional batch of this producer would start a transaction here."""
+        entry = self.producers.get(producer_id)
+        return entry is None or entry.current_txn_first_offset < 0
+
+    def begin_verification(self, producer_id: int) -> object:
+        guard = self.verifying[producer_id] = object()
+        return guard
+
+    def verified(self, producer_id: int, guard: object) -> bool:
+        """Whether ``guard`` still stands (no marker for the producer since begin_verification)."""
+        return self.verifying.get(producer_id) is guard
 
     def check_marker(self, producer_id: int, epoch: int, coordinator_epoch: int) -> None:
         """Refuse a COMMIT/ABORT marker as Kafka does (LogAppendError 47 / 52), before it is written."""
@@ -185,6 +207,7 @@ class ProducerStateManager:
         entry.coordinator_epoch = max(entry.coordinator_epoch, coordinator_epoch)
         entry.last_timestamp = timestamp
         self.ongoing.pop(producer_id, None)
+        self.verifying.pop(producer_id, None)
         return CompletedTxn(producer_id, first if first >= 0 else offset, offset, not commit)
 
     def first_unstable_offset(self) -> int | None:
@@ -202,6 +225,7 @@ class ProducerStateManager:
     def clear(self) -> None:
         self.producers.clear()
         self.ongoing.clear()
+        self.verifying.clear()
 
     # -- snapshots ------------------------------------------------------------------------
 

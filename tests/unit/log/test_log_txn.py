@@ -207,3 +207,21 @@ def test_retention_drops_index_of_deleted_segments(tmp_path):
     assert [e[:3] for e in log.txn_index.entries] == [(7, 5, 10)]
     assert [e[0] for e in index_entries(tmp_path)] == [5]
     log.close()
+
+
+def test_verification_guard(tmp_path):
+    """KIP-890 part 1's guard: taken before the leader asks the coordinator, dropped by a marker for the
+    producer (the answer is then stale) and by the batch that starts the transaction."""
+    log = open_log(tmp_path)
+    ps = log.producer_state
+    assert ps.needs_verification(7)
+    guard = ps.begin_verification(7)
+    assert ps.verified(7, guard)
+    log.append_control(7, 0, False, 0, 0, now=T0)          # the transaction ended while verifying
+    assert not ps.verified(7, guard)
+    guard = ps.begin_verification(7)
+    log.append_as_leader(tx(7, 0), 0, T0)
+    assert not ps.needs_verification(7) and not ps.verified(7, guard)
+    log.append_control(7, 0, True, 0, 0, now=T0)
+    assert ps.needs_verification(7)
+    log.close()
