@@ -318,3 +318,28 @@ def test_clients_read_committed_see_exactly_committed_data(cluster, read_topic, 
     assert consume(cluster.bootstrap, "read_committed", 8) == COMMITTED
     assert consume(cluster.bootstrap, "read_uncommitted", 11) == UNCOMMITTED
 
+
+# ---- DescribeProducers ----------------------------------------------------------------------------
+
+DESCRIBE_PRODUCERS = 61
+UNKNOWN_TOPIC_OR_PARTITION = 3
+
+
+def test_describe_producers(cluster, read_topic):
+    leader = read_topic["leader"]
+    follower = next(b for b in cluster.brokers if b != leader)
+    body = {"topics": [{"name": READ_TOPIC, "partition_indexes": [0, 7]}]}
+    with RawConn(addr(cluster, leader)) as c:
+        r = c.request(DESCRIBE_PRODUCERS, 0, body)
+    p0, p7 = r["topics"][0]["partitions"]
+    assert p0["error_code"] == NONE and p7["error_code"] == UNKNOWN_TOPIC_OR_PARTITION
+    got = {p["producer_id"]: p for p in p0["active_producers"]}
+    a, b, c_ = read_topic["a"], read_topic["b"], read_topic["c"]
+    assert set(got) == {a, b, c_}
+    assert (got[a]["last_sequence"], got[a]["current_txn_start_offset"]) == (4, -1)     # committed
+    assert (got[b]["last_sequence"], got[b]["current_txn_start_offset"]) == (1, -1)     # aborted
+    assert (got[c_]["last_sequence"], got[c_]["current_txn_start_offset"]) == (0, 11)   # ongoing: hanging
+    assert got[c_]["last_timestamp"] == TS and got[a]["coordinator_epoch"] == 0
+    with RawConn(addr(cluster, follower)) as c:
+        r = c.request(DESCRIBE_PRODUCERS, 0, body)
+    assert r["topics"][0]["partitions"][0]["error_code"] == NOT_LEADER_OR_FOLLOWER
