@@ -174,15 +174,20 @@ def control_batch(producer_id: int, producer_epoch: int, commit: bool, coordinat
     """A stamped control batch holding one COMMIT or ABORT marker, as a leader appends it."""
     if timestamp is None:
         timestamp = int(time.time() * 1000)
-    key = struct.pack(">hh", 0, COMMIT if commit else ABORT)
-    value = struct.pack(">hi", 0, coordinator_epoch)
-    body = (b"\x00" + _zigzag(0) + _zigzag(0) + _zigzag(len(key)) + key + _zigzag(len(value)) + value
-            + _zigzag(0))
-    record = _zigzag(len(body)) + body
+    record = control_section(COMMIT if commit else ABORT, coordinator_epoch)
     after_crc = struct.pack(">hiqqqhii", ATTR_TRANSACTIONAL | ATTR_CONTROL, 0, timestamp, timestamp,
                             producer_id, producer_epoch, -1, 1) + record
     head = struct.pack(">qiib", base_offset, 4 + 1 + 4 + len(after_crc), leader_epoch, 2)
     return head + struct.pack(">I", crc32c(after_crc)) + after_crc
+
+
+def control_section(kind: int, coordinator_epoch: int, timestamp_delta: int = 0) -> bytes:
+    """The records section of a control batch: its one control record (``kind`` ABORT or COMMIT)."""
+    key = struct.pack(">hh", 0, kind)
+    value = struct.pack(">hi", 0, coordinator_epoch)
+    body = (b"\x00" + _zigzag(timestamp_delta) + _zigzag(0) + _zigzag(len(key)) + key + _zigzag(len(value))
+            + value + _zigzag(0))
+    return _zigzag(len(body)) + body
 
 
 def _varint(buf, pos: int):
