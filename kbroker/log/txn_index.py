@@ -64,11 +64,18 @@ class TxnIndex:
 
     def overlapping(self, start: int, end: int) -> list:
         """Aborted transactions that may hold data in [start, end): last_offset >= start and
-        first_offset < end (what a fetch serving that range must report)."""
-        i = bisect.bisect_left(self._lasts, start)
-        if i == len(self.entries):
-            return []
-        return [e for e in self.entries[i:] if e.first_offset < end]
+        first_offset < end (what a fetch serving that range must report). The walk stops at the first
+        entry whose last stable offset reaches ``end``: every later transaction was still open or not
+        begun when that one completed, so it starts at or after that LSO."""
+        entries = self.entries
+        out = []
+        for k in range(bisect.bisect_left(self._lasts, start), len(entries)):
+            e = entries[k]
+            if e.first_offset < end:
+                out.append(e)
+            if e.last_stable_offset >= end:
+                break
+        return out
 
     # -- changes --------------------------------------------------------------------------
 

@@ -293,3 +293,24 @@ def test_cleaner_drops_aborted_data_then_markers_after_delete_retention(tmp_path
                 now=NOW)
     assert again.producer_state.ongoing == {} and again.last_stable_offset == again.log_end_offset
     again.close()
+
+
+def test_aborted_transactions_are_bounded_by_the_segment_and_the_lso(tmp_path):
+    log = open_log(tmp_path)
+    log.append_as_leader(tx(7, 0), 0, T0)                   # 0-1: A, aborted at 4
+    log.append_as_leader(tx(8, 0), 0, T0)                   # 2-3: B, open across A's abort, aborted at 7
+    log.append_control(7, 0, False, 0, 0, now=T0)           # 4 (LSO then: 2, B's start)
+    log.append_as_leader(tx(9, 0), 0, T0)                   # 5-6: C, aborted at 8
+    log.append_control(8, 0, False, 0, 0, now=T0)           # 7
+    log.append_control(9, 0, False, 0, 0, now=T0)           # 8
+    log.roll(T0)
+    log.append_as_leader(tx(7, 2), 0, T0)                   # 9-10: A again, aborted at 11
+    log.append_control(7, 0, False, 0, 0, now=T0)           # 11
+    got = lambda s, e: [(a.producer_id, a.first_offset) for a in log.aborted_transactions(s, e)]
+    assert got(0, 12) == [(7, 0), (8, 2), (9, 5)]           # stops at the segment end (9)
+    assert got(3, 12) == [(7, 0), (8, 2), (9, 5)]
+    assert got(5, 12) == [(8, 2), (9, 5)]
+    assert got(0, 2) == [(7, 0)]                            # B's entry is still read (LSO 2 < its range)
+    assert got(9, 12) == [(7, 9)]
+    assert [e.last_stable_offset for e in log.txn_index.entries] == [2, 5, 9, 12]
+    log.close()
