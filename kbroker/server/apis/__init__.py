@@ -17,7 +17,7 @@ from typing import Callable, NamedTuple
 from ...protocol import api
 from ...protocol.api import ApiKey
 from . import (admin, cluster_info, configs, controlled_shutdown, coordinator, core, fetch, groups, log_admin,
-               produce, producer_ids, reassignments, replica_control)
+               produce, producer_ids, producers, reassignments, replica_control, txn_markers)
 
 
 class Api(NamedTuple):
@@ -73,6 +73,7 @@ TABLE: tuple[Api, ...] = (
     Api(K.DELETE_RECORDS, 0, 2, log_admin.delete_records),
     Api(K.INIT_PRODUCER_ID, 0, 4, producer_ids.init_producer_id),
     Api(K.OFFSET_FOR_LEADER_EPOCH, 2, 3, fetch.handle_offset_for_leader_epoch),
+    Api(K.WRITE_TXN_MARKERS, 0, 1, txn_markers.write_txn_markers),
     Api(K.DESCRIBE_CONFIGS, 0, 4, configs.describe_configs),
     Api(K.ALTER_CONFIGS, 0, 2, configs.alter_configs),
     Api(K.DESCRIBE_LOG_DIRS, 0, 4, log_admin.describe_log_dirs),
@@ -84,6 +85,7 @@ TABLE: tuple[Api, ...] = (
     Api(K.LIST_PARTITION_REASSIGNMENTS, 0, 0, reassignments.list_partition_reassignments),
     Api(K.OFFSET_DELETE, 0, 0, groups.offset_delete),
     Api(K.DESCRIBE_CLUSTER, 0, 2, cluster_info.describe_cluster),
+    Api(K.DESCRIBE_PRODUCERS, 0, 0, producers.describe_producers),
 )
 del K
 
