@@ -4,8 +4,9 @@ such headers (compressed and not, built by kafka-python's encoder) go to a real 
 Produce requests (the native path, and the off-loop validation of compressed batches); then:
 the stored header carries the records' largest timestamp with a valid CRC, ListOffsets by time
 answers the first offset whose record is at or past the time (kafka-python and confluent-kafka),
-consumers read the records back unchanged (kafka-python checks CRCs), and time-based retention
-deletes segments whose records are old."""
+consumers read the records back unchanged (kafka-python checks CRCs), time-based retention deletes
+segments whose records are old, and segments already stored with -1 (written before this) are
+restamped when the broker recovers them, so they become searchable by time."""
 from __future__ import annotations
 
 import time
@@ -126,3 +127,41 @@ def test_time_retention_deletes_segments_of_old_records(cluster):
                what="the segments of old records deleted by time retention")
     assert len(segment_files(cluster.brokers[0].data_dir, topic, 0)) == 1
 
+
+def test_segments_stored_with_minus_one_are_restamped_on_load(cluster):
+    """Batches as brokers before this stored Sarama's (header maxTimestamp -1, CRC matching, no
+    time index entry): after a restart they are searchable by time and their headers are right."""
+    topic = f"maxts-stored-{uuid.uuid4().hex[:6]}"
+    create_topic(cluster.bootstrap, topic, 1)
+    records, expected_max = [], []
+    for k, codec in enumerate((0, 1, 3, 0)):
+        first = T0 + k * 1000
+        base = produce(cluster.bootstrap, topic, wrong_batch(codec, first, "minus-one"))
+        records += [(base + i, first + offset_ts(i)) for i in range(N)]
+        expected_max.append(first + RECORDS_MAX)
+    data_dir = cluster.brokers[0].data_dir
+    cluster.stop_broker(0)
+    for path, b in all_batches(data_dir, topic, 0):          # the old broker's bytes
+        with open(path, "r+b") as f:
+            f.seek(b.position)
+            raw = bytearray(f.read(b.size))
+            f.seek(b.position)
+            f.write(set_max_timestamp(raw, -1))
+    for path in segment_files(data_dir, topic, 0, ".timeindex"):
+        path.write_bytes(b"")                               # it never indexed a -1 batch
+    assert {b.max_timestamp for _p, b in all_batches(data_dir, topic, 0)} == {-1}
+
+    cluster.start_broker(0)
+    wait_until(lambda: _searchable(cluster.bootstrap, topic), timeout=30, what=f"{topic} served")
+    _check_stored(cluster, topic, expected_max)
+    stamps = sorted({ts for _o, ts in records})
+    times = [T0 - 1] + stamps + [stamps[-1] + 1]
+    assert [log_end_offset(cluster.bootstrap, topic, 0, t) for t in times] == \
+        [_first_at_or_after(records, t) for t in times]
+
+
+def _searchable(bootstrap, topic):
+    try:
+        return log_end_offset(bootstrap, topic, 0, -1) == 4 * N
+    except (OSError, RuntimeError):
+        return False
