@@ -16,7 +16,8 @@ from typing import Callable, NamedTuple
 
 from ...protocol import api
 from ...protocol.api import ApiKey
-from . import (admin, cluster_info, configs, controlled_shutdown, coordinator, core, fetch, groups, log_admin,
+from ...protocol.errors import Errors
+from . import (admin, authz, cluster_info, configs, controlled_shutdown, coordinator, core, fetch, groups, log_admin,
                produce, producer_ids, reassignments, replica_control)
 
 
@@ -27,20 +28,32 @@ class Api(NamedTuple):
     handle: Callable
 
 
-# Controller -> broker handlers take the request body only (the epoch checks need nothing else).
+# Controller -> broker handlers take the request body only (the epoch checks need nothing else); the
+# sender must hold ClusterAction on the cluster (brokers do; a client's forged request changes nothing).
+_REFUSED = {"error_code": int(Errors.CLUSTER_AUTHORIZATION_FAILED)}
+
+
 def _leader_and_isr(broker, conn, header, body):
+    if not authz.cluster(broker, conn, authz.CLUSTER_ACTION):
+        return dict(_REFUSED, topics=[])
     return replica_control.leader_and_isr(broker, body)
 
 
 def _stop_replica(broker, conn, header, body):
+    if not authz.cluster(broker, conn, authz.CLUSTER_ACTION):
+        return dict(_REFUSED, partition_errors=[])
     return replica_control.stop_replica(broker, body)
 
 
 def _update_metadata(broker, conn, header, body):
+    if not authz.cluster(broker, conn, authz.CLUSTER_ACTION):
+        return dict(_REFUSED)
     return replica_control.update_metadata(broker, body)
 
 
 def _controlled_shutdown(broker, conn, header, body):
+    if not authz.cluster(broker, conn, authz.CLUSTER_ACTION):
+        return dict(_REFUSED, remaining_partitions=[])
     return controlled_shutdown.controlled_shutdown(broker, body)
 
 

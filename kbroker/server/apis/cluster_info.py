@@ -7,6 +7,7 @@ has no endpoint type field).
 from __future__ import annotations
 
 from ...protocol.errors import Errors
+from . import authz
 
 ENDPOINT_TYPES = {1: "BROKER", 2: "CONTROLLER"}
 BROKER_ENDPOINT = 1
@@ -37,5 +38,6 @@ def describe_cluster(broker, conn, header, body):
     res["brokers"] = [{"broker_id": b.broker_id, "host": b.host, "port": b.port, "rack": b.rack}
                       for b in sorted(md.brokers.values(), key=lambda b: b.broker_id)]
     if body["include_cluster_authorized_operations"]:
-        res["cluster_authorized_operations"] = CLUSTER_OPERATIONS
+        res["cluster_authorized_operations"] = sum(1 << op for op in (5, 7, 8, 9, 10, 11, 12)
+                                                   if authz.cluster(broker, conn, authz.Operation(op)))
     return res
