@@ -168,3 +168,74 @@ def valid_principal(principal: str) -> bool:
     """``Type:name`` with both parts non-empty (Kafka's KafkaPrincipal parse)."""
     kind, sep, name = principal.partition(":")
     return bool(kind and sep and name)
+
+
+class AclFilter(NamedTuple):
+    """DescribeAcls / DeleteAcls filter, as Kafka's AclBindingFilter: None names, principals and
+    hosts match anything; ANY matches any type, pattern, operation or permission; a MATCH pattern
+    matches the patterns that would apply to the named resource (its literal name, the literal
+    wildcard, each prefix of it)."""
+    rtype: ResourceType
+    name: str | None
+    pattern: PatternType
+    principal: str | None
+    host: str | None
+    operation: Operation
+    permission: Permission
+
+    def unknown(self) -> bool:
+        """A field Kafka refuses in a filter (UNKNOWN)."""
+        return (self.rtype == ResourceType.UNKNOWN or self.pattern == PatternType.UNKNOWN
+                or self.operation == Operation.UNKNOWN or self.permission == Permission.UNKNOWN)
+
+    def matches_pattern(self, r: ResourcePattern) -> bool:
+        if self.rtype != ResourceType.ANY and self.rtype != r.type:
+            return False
+        if self.pattern not in (PatternType.ANY, PatternType.MATCH) and self.pattern != r.pattern:
+            return False
+        if self.name is None:
+            return True
+        if self.pattern in (PatternType.ANY, r.pattern):
+            return self.name == r.name
+        if r.pattern == PatternType.LITERAL:
+            return self.name == r.name or r.name == WILDCARD
+        return self.name.startswith(r.name)
+
+    def matches_entry(self, e: AclEntry) -> bool:
+        return ((self.principal is None or self.principal == e.principal)
+                and (self.host is None or self.host == e.host)
+                and (self.operation == Operation.ANY or self.operation == e.operation)
+                and (self.permission == Permission.ANY or self.permission == e.permission))
+
+    def matches(self, b: AclBinding) -> bool:
+        return self.matches_pattern(b.resource) and self.matches_entry(b.entry)
+
+
+def binding_error(b: AclBinding) -> str | None:
+    """Why CreateAcls refuses a binding (INVALID_REQUEST), or None when it is valid."""
+    r, e = b.resource, b.entry
+    if r.type in (ResourceType.UNKNOWN, ResourceType.ANY):
+        return "Invalid resource type"
+    if r.pattern not in (PatternType.LITERAL, PatternType.PREFIXED):
+        return f"Invalid pattern type {r.pattern.name}: only LITERAL and PREFIXED ACLs can be created"
+    if not r.name:
+        return "Invalid empty resource name specified"
+    if r.type == ResourceType.CLUSTER and r.name != CLUSTER_NAME:
+        return f"The only valid name for the CLUSTER resource is {CLUSTER_NAME}"
+    if e.operation not in VALID_OPERATIONS.get(r.type, ()):
+        return f"Operation {e.operation.name} is not valid for resource type {r.type.name}"
+    if e.permission not in (Permission.ALLOW, Permission.DENY):
+        return "Invalid permission type"
+    if not valid_principal(e.principal):
+        return f"Invalid principal {e.principal!r}"
+    if not e.host:
+        return "Invalid empty host"
+    return None
+
+
+def code_of(cls, value: int):
+    """An enum member from its wire code, UNKNOWN for a code Kafka does not define."""
+    try:
+        return cls(value)
+    except ValueError:
+        return cls(0)

@@ -262,6 +262,26 @@ def _delete_groups(c):
     return c.request(42, 1, {"groups_names": [GROUP + "-gone"]})["results"][0]["error_code"]
 
 
+def _describe_acls(c):
+    return c.request(29, 1, {"resource_type_filter": 1, "resource_name_filter": None, "pattern_type_filter": 1,
+                             "principal_filter": None, "host_filter": None, "operation": 1,
+                             "permission_type": 1})["error_code"]
+
+
+def _create_acls(c):
+    r = c.request(30, 1, {"creations": [{"resource_type": 2, "resource_name": "acl-made", "resource_pattern_type": 3,
+                                         "principal": "User:nobody", "host": "*", "operation": 3,
+                                         "permission_type": 3}]})
+    return r["results"][0]["error_code"]
+
+
+def _delete_acls(c):
+    r = c.request(31, 1, {"filters": [{"resource_type_filter": 2, "resource_name_filter": "acl-made",
+                                       "pattern_type_filter": 3, "principal_filter": "User:nobody",
+                                       "host_filter": None, "operation": 1, "permission_type": 1}]})
+    return r["filter_results"][0]["error_code"]
+
+
 MATRIX = [
     # (API, call, Kafka's refusal)
     ("Metadata (named topic)", _metadata, TAF),
@@ -295,6 +315,9 @@ MATRIX = [
     ("OffsetFetch", _offset_fetch, GAF),
     ("DescribeGroups", _describe_groups, GAF),
     ("DeleteGroups", _delete_groups, GAF),
+    ("DescribeAcls", _describe_acls, CAF),
+    ("CreateAcls", _create_acls, CAF),
+    ("DeleteAcls", _delete_acls, CAF),
 ]
 
 

@@ -17,7 +17,7 @@ from typing import Callable, NamedTuple
 from ...protocol import api
 from ...protocol.api import ApiKey
 from ...protocol.errors import Errors
-from . import (admin, authz, cluster_info, configs, controlled_shutdown, coordinator, core, fetch, groups, log_admin,
+from . import (acls, admin, authz, cluster_info, configs, controlled_shutdown, coordinator, core, fetch, groups, log_admin,
                produce, producer_ids, reassignments, replica_control)
 
 
@@ -86,6 +86,9 @@ TABLE: tuple[Api, ...] = (
     Api(K.DELETE_RECORDS, 0, 2, log_admin.delete_records),
     Api(K.INIT_PRODUCER_ID, 0, 4, producer_ids.init_producer_id),
     Api(K.OFFSET_FOR_LEADER_EPOCH, 2, 3, fetch.handle_offset_for_leader_epoch),
+    Api(K.DESCRIBE_ACLS, 0, 3, acls.describe_acls),
+    Api(K.CREATE_ACLS, 0, 3, acls.create_acls),
+    Api(K.DELETE_ACLS, 0, 3, acls.delete_acls),
     Api(K.DESCRIBE_CONFIGS, 0, 4, configs.describe_configs),
     Api(K.ALTER_CONFIGS, 0, 2, configs.alter_configs),
     Api(K.DESCRIBE_LOG_DIRS, 0, 4, log_admin.describe_log_dirs),
