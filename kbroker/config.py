@@ -413,7 +413,10 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
           one_of("", "kafka.security.authorizer.AclAuthorizer", "kafka.security.auth.SimpleAclAuthorizer")),
     _impl("super.users", "string", None),
     _impl("allow.everyone.if.no.acl.found", "boolean", False),
-    _known("zookeeper.set.acl", "boolean", False),
+    _impl("zookeeper.set.acl", "boolean", False),
+    # Kafka secures ZooKeeper through SASL (a JAAS Client section); Debian's ZooKeeper started by our
+    # scripts has no SASL set up, so brokers authenticate with ZooKeeper's digest scheme instead.
+    _impl("kbroker.zookeeper.digest.credentials", "password", None),
     _known("principal.builder.class", "class", None),
     _known("create.topic.policy.class.name", "class", None),
     _known("alter.config.policy.class.name", "class", None),

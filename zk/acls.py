@@ -17,6 +17,7 @@ import time
 from typing import Callable
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
+from kazoo.security import READ_ACL_UNSAFE, make_acl
 
 log = logging.getLogger("kbroker.zk")
 
@@ -129,3 +130,25 @@ class AclZk:
             return None
 
         self.zk.ChildrenWatch(CHANGES[kind], on_children)
+
+
+# ---- ZooKeeper's own ACLs on the znodes a broker creates (zookeeper.set.acl) -------------------------
+
+# Where secrets live (SCRAM credentials, broker configs with passwords): no world read, as Kafka.
+SENSITIVE_PATHS = ("/config/users", "/config/brokers")
+
+
+def digest_auth(credentials: str) -> list[tuple[str, str]]:
+    """kazoo's ``auth_data`` for ``user:password`` (ZooKeeper's digest scheme); ValueError when the
+    text is not of that form."""
+    user, sep, password = credentials.partition(":")
+    if not (user and sep and password):
+        raise ValueError("ZooKeeper digest credentials must be user:password")
+    return [("digest", credentials)]
+
+
+def secure_acls(sensitive: bool = False) -> list:
+    """What Kafka gives a znode when zookeeper.set.acl is on: everything for the identity that created
+    it (every broker authenticates as the same one), read for everyone else unless ``sensitive``."""
+    creator = make_acl("auth", "", all=True)
+    return [creator] if sensitive else [creator] + list(READ_ACL_UNSAFE)

@@ -75,8 +75,12 @@ class Broker:
         cfg = self.config
         if self.broker_id < 0:
             raise RuntimeError("broker.id must be set (automatic broker id generation is not implemented)")
+        digest = cfg.get("kbroker.zookeeper.digest.credentials") if cfg.get("zookeeper.set.acl") else None
+        if cfg.get("zookeeper.set.acl") and not digest:
+            raise RuntimeError("zookeeper.set.acl=true needs kbroker.zookeeper.digest.credentials=user:password")
         self.zk = BrokerZk(cfg.zookeeper_connect, self.broker_id, cfg.zookeeper_session_timeout_ms,
-                           loop=self.loop, connect_timeout_s=cfg.zookeeper_connection_timeout_ms / 1000)
+                           loop=self.loop, connect_timeout_s=cfg.zookeeper_connection_timeout_ms / 1000,
+                           digest=digest)
         self.zk.on_reregistered = lambda epoch: log.info("re-registered in ZooKeeper, broker epoch %d", epoch)
         self.zk.on_session_lost = lambda: log.warning("ZooKeeper session expired; re-registering")
         self.zk.on_controller_change = self._on_controller_change
