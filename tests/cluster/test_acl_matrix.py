@@ -19,10 +19,11 @@ from kbroker.protocol.errors import Errors
 from kbroker.security.acl import (CLUSTER_NAME, AclEntry, Operation as Op, PatternType, Permission, ResourcePattern,
                                   ResourceType as T)
 from kbroker.security.authorizer import AclAuthorizer
-from kbroker.testing import LocalCluster, wait_until
+from kbroker.testing import LocalCluster, free_port, wait_until
 from kbroker.zk.acls import AclZk
 from builders import batch
 from checkers import RawConn, create_topic
+from test_produce_fast import counts
 
 WITH, WITHOUT = "127.0.0.2", "127.0.0.3"
 TOPIC, GROUP = "acl-t", "acl-g"
@@ -58,7 +59,8 @@ class Acls:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     overrides = {"authorizer.class.name": "kafka.security.authorizer.AclAuthorizer",
-                 "allow.everyone.if.no.acl.found": "true", "auto.create.topics.enable": "true"}
+                 "allow.everyone.if.no.acl.found": "true", "auto.create.topics.enable": "true",
+                 "kbroker.metrics.port": free_port()}
     with LocalCluster(tmp_path_factory.mktemp("aclmatrix"), brokers=1, overrides=overrides) as c:
         create_topic(c.bootstrap, TOPIC, 1)
         for name in ("acl-del", "acl-del2"):
@@ -359,8 +361,12 @@ def test_native_path_follows_acl_changes(cluster):
         deadline = time.monotonic() + 1.0
         while _produce(c) != 0:
             assert time.monotonic() < deadline, "ACL not applied within 1 s"
-        for _ in range(20):                 # the fast path's cached decision
+        assert _produce(c) == 0             # (the partition's native slot may arm on this one)
+        port = int(cluster.overrides["kbroker.metrics.port"])
+        before = counts(port)
+        for _ in range(20):                 # the native path, on the connection's kept decision
             assert _produce(c) == 0
+        assert counts(port).get("fast", 0) - before.get("fast", 0) == 20
         acls.revoke(T.TOPIC, TOPIC, Op.WRITE, WITHOUT)
         deadline = time.monotonic() + 1.0
         while _produce(c) != TAF:
