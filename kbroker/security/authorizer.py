@@ -31,6 +31,7 @@ Threads: decisions and applied changes on the loop; ZooKeeper reads and writes o
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 from typing import Callable, Iterable
 
@@ -172,7 +173,7 @@ class AclAuthorizer(AclCache):
         super().__init__(super_users, allow_if_no_acls)
         self.store: AclZk | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
-        self._last_seq: dict[str, int | None] = {"LITERAL": None, "PREFIXED": None}
+        self._last_seq: dict[str, str | None] = {"LITERAL": None, "PREFIXED": None}   # newest child seen
         self._active = False
 
     @classmethod
@@ -209,14 +210,16 @@ class AclAuthorizer(AclCache):
             self.set(resource, entries)
 
     def _on_changes(self, kind: str, children: list[str]) -> None:
-        """Notification children (loop): re-read the resources named by the ones newer than the last
-        seen (the first call only records where we are: the full load covers what came before)."""
-        seqs = {c: int(c[len("acl_changes_"):]) for c in children if c[len("acl_changes_"):].isdigit()}
+        """Notification children (loop; sorted: ZooKeeper's sequence suffixes are zero-padded, so
+        names sort as their numbers): re-read the resources named by the ones after the last seen
+        (the first call only records where we are: the full load covers what came before). A burst
+        of N notifications fires the watch N times with up to N children each: a binary search
+        keeps each call's work on the loop small."""
         last = self._last_seq[kind]
-        self._last_seq[kind] = max(seqs.values(), default=last if last is not None else -1)
+        self._last_seq[kind] = children[-1] if children else (last if last is not None else "")
         if last is None:
             return
-        fresh = sorted((c for c, n in seqs.items() if n > last), key=seqs.get)
+        fresh = children[bisect.bisect_right(children, last):]
         if fresh:
             self.loop.create_task(self._reload(kind, fresh))
 
