@@ -408,13 +408,19 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _known("kafka.metrics.reporters", "list", []),
     _known("kafka.metrics.polling.interval.secs", "int", 10, at_least(1)),
     _known("auto.include.jmx.reporter", "boolean", True),
-    _known("authorizer.class.name", "string", ""),
-    _known("super.users", "string", None),
+    # authorization (kbroker/security/authorizer.py): the AclAuthorizer, or none (empty)
+    _impl("authorizer.class.name", "string", "",
+          one_of("", "kafka.security.authorizer.AclAuthorizer", "kafka.security.auth.SimpleAclAuthorizer")),
+    _impl("super.users", "string", None),
+    _impl("allow.everyone.if.no.acl.found", "boolean", False),
+    _impl("zookeeper.set.acl", "boolean", False),
+    # Kafka secures ZooKeeper through SASL (a JAAS Client section); Debian's ZooKeeper started by our
+    # scripts has no SASL set up, so brokers authenticate with ZooKeeper's digest scheme instead.
+    _impl("kbroker.zookeeper.digest.credentials", "password", None),
     _known("principal.builder.class", "class", None),
     _known("create.topic.policy.class.name", "class", None),
     _known("alter.config.policy.class.name", "class", None),
     _known("unstable.api.versions.enable", "boolean", False),
-    _known("zookeeper.set.acl", "boolean", False),
     _known("zookeeper.max.in.flight.requests", "int", 10, at_least(1)),
     _known("zookeeper.sync.time.ms", "int", 2000),
     _known("zookeeper.clientCnxnSocket", "string", None),

@@ -31,6 +31,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError, RolledBackError
 from kazoo.retry import KazooRetry
 
+from . import acls as zk_acls
 from . import layout as L
 from .lease import NegotiatedTimeoutLogger, SessionLease
 
@@ -92,8 +93,12 @@ class BrokerZk:
     """
 
     def __init__(self, connect_string: str, broker_id: int, session_timeout_ms: int = 18000,
-                 loop: asyncio.AbstractEventLoop | None = None, *, connect_timeout_s: float = 15.0):
+                 loop: asyncio.AbstractEventLoop | None = None, *, connect_timeout_s: float = 15.0,
+                 digest: str | None = None):
         self.connect_string = connect_string
+        # zookeeper.set.acl: "user:password" of ZooKeeper's digest scheme; every znode this client
+        # creates may then be changed only by that identity (zk/acls.py secure_acls)
+        self._auth = zk_acls.digest_auth(digest) if digest else None
         self.broker_id = int(broker_id)
         self.session_timeout_ms = int(session_timeout_ms)
         self.loop = loop
@@ -131,6 +136,7 @@ class BrokerZk:
         # Retry connecting forever: a broker waits out a ZooKeeper restart.
         self.lease = SessionLease(self.session_timeout_ms)
         self._zk = KazooClient(hosts=self.connect_string, timeout=self.session_timeout_ms / 1000.0,
+                               auth_data=self._auth, default_acl=zk_acls.secure_acls() if self._auth else None,
                                connection_retry=KazooRetry(max_tries=-1, max_delay=2.0),
                                command_retry=KazooRetry(max_tries=5, max_delay=2.0),
                                logger=NegotiatedTimeoutLogger(logging.getLogger("kazoo.client"), self.lease))
@@ -144,6 +150,13 @@ class BrokerZk:
                                 f"within {self.connect_timeout_s}s: {exc!r}") from exc
         for path in L.PERSISTENT_PATHS:
             self._zk.retry(self._zk.ensure_path, path)
+        if self._auth:
+            if not chroot:
+                log.warning("zookeeper.set.acl without a chroot in zookeeper.connect: ZooKeeper's own / stays "
+                            "open, so anyone may delete /controller (an ephemeral; a new election follows)")
+            for path in zk_acls.SENSITIVE_PATHS:
+                self._zk.retry(self._zk.ensure_path, path)
+                self._zk.retry(self._zk.set_acls, path, zk_acls.secure_acls(sensitive=True))
         self.cluster_id = self.get_or_create_cluster_id()
         self._worker = threading.Thread(target=self._work, name=f"kbroker-zk-{self.broker_id}", daemon=True)
         self._worker.start()
@@ -208,7 +221,8 @@ class BrokerZk:
         return self._zk is not None and self._zk.state == KazooState.CONNECTED
 
     def _ensure_chroot(self, hosts: str, chroot: str) -> None:
-        zk = KazooClient(hosts=hosts, timeout=self.session_timeout_ms / 1000.0)
+        zk = KazooClient(hosts=hosts, timeout=self.session_timeout_ms / 1000.0, auth_data=self._auth,
+                         default_acl=zk_acls.secure_acls() if self._auth else None)
         try:
             zk.start(timeout=self.connect_timeout_s)
             zk.ensure_path(chroot)

@@ -18,6 +18,7 @@ SUBCOMMANDS = (
     "kbroker.cli.leader_election",
     "kbroker.cli.reassign_partitions",
     "kbroker.cli.configs",
+    "kbroker.cli.acls",
     "kbroker.cli.console",
     "kbroker.cli.consumer_groups",
     "kbroker.cli.delete_records",

@@ -52,6 +52,9 @@ CLIENT_VERSIONS: dict[int, tuple[int, int]] = {
     20: (0, 5),     # DeleteTopics (6+ names topics by id)
     21: (0, 2),     # DeleteRecords
     22: (0, 4),     # InitProducerId
+    29: (1, 3),     # DescribeAcls (v1+: pattern types)
+    30: (1, 3),     # CreateAcls
+    31: (1, 3),     # DeleteAcls
     32: (0, 4),     # DescribeConfigs
     33: (0, 2),     # AlterConfigs
     35: (0, 4),     # DescribeLogDirs

@@ -213,6 +213,16 @@ class Connection(ConnState, asyncio.BufferedProtocol):
         self._request_counts = server.metrics.requests
         self._sendfile_min = server.sendfile_min_bytes
         self._native_read = server.native_read
+        # Who the client is (a TLS or SASL listener replaces the principal once authenticated) and what
+        # it may do: the authorizer's decisions so far (kbroker/server/apis/authz.py); the native sets
+        # are None when the server has no authorizer.
+        self.principal = "User:ANONYMOUS"
+        self.listener_name = server.listener_name
+        self.client_host = ""
+        self.acl_decisions = {}
+        self._acl_write = set() if server.authorizing else None
+        self._acl_read = set() if server.authorizing else None
+        self._acl_cluster = False
         if not server.native_read:
             # the reference path (KBROKER_NATIVE_READ=0)
             self.get_buffer = self._get_buffer_py
@@ -222,6 +232,7 @@ class Connection(ConnState, asyncio.BufferedProtocol):
     def connection_made(self, transport):
         self.transport = transport
         self.peer = transport.get_extra_info("peername")
+        self.client_host = self.peer[0] if self.peer else ""
         sock = transport.get_extra_info("socket")
         if sock is not None:
             self.server.tune_socket(sock)

@@ -102,11 +102,14 @@ class KafkaServer:
                  pool_bytes: int, idle_ms: int, sendfile_min_bytes: int = SENDFILE_MIN_BYTES,
                  send_buffer_bytes: int = -1, receive_buffer_bytes: int = -1,
                  max_connections: int = 2**31 - 1, max_connections_per_ip: int = 2**31 - 1,
-                 frame_timeout_ms: int = 30000, native_handlers: dict | None = None):
+                 frame_timeout_ms: int = 30000, native_handlers: dict | None = None,
+                 listener_name: str = "PLAINTEXT", authorizing: bool = False):
         if pool_bytes < max_request_bytes:
             raise ValueError("queued.max.request.bytes must be at least socket.request.max.bytes")
         self.host = host
         self.port = port
+        self.listener_name = listener_name
+        self.authorizing = authorizing      # an authorizer decides: connections keep its decisions
         self.handlers = handlers
         # Produce v3-8 through the native request path (kbroker._native.request) when the broker
         # passes its handler; native_requests off keeps every request on the schema codec (the

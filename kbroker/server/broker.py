@@ -24,12 +24,14 @@ from ..replica import ReplicaManager
 from ..controller.controller import Controller
 from ..zk.client import BrokerZk
 from ..zk.layout import CONFIG_CHANGES
+from ..security.authorizer import AclAuthorizer
 from .metadata import BrokerInfo, MetadataCache, TopicInfo
 
 log = logging.getLogger(__name__)
 
 # The API table: advertised versions (api.SUPPORTED) and handlers, declared once.
 from . import apis  # noqa: E402
+from .apis import authz as authz_api  # noqa: E402
 from .apis import fetch as fetch_api  # noqa: E402
 from .apis import produce as produce_api  # noqa: E402
 from .apis.producer_ids import ProducerIdAllocator  # noqa: E402
@@ -61,6 +63,8 @@ class Broker:
         self.group_coordinator = GroupCoordinator(self)
         self.producer_ids = ProducerIdAllocator(self)
         self.handlers: dict = apis.dispatch(self)    # api key -> handler(conn, header, body)
+        # authorizer.class.name: None = every request allowed (no per-request work anywhere)
+        self.authorizer: AclAuthorizer | None = AclAuthorizer.from_config(config.get)
 
     # ---- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -72,13 +76,22 @@ class Broker:
         cfg = self.config
         if self.broker_id < 0:
             raise RuntimeError("broker.id must be set (automatic broker id generation is not implemented)")
+        digest = cfg.get("kbroker.zookeeper.digest.credentials") if cfg.get("zookeeper.set.acl") else None
+        if cfg.get("zookeeper.set.acl") and not digest:
+            raise RuntimeError("zookeeper.set.acl=true needs kbroker.zookeeper.digest.credentials=user:password")
         self.zk = BrokerZk(cfg.zookeeper_connect, self.broker_id, cfg.zookeeper_session_timeout_ms,
-                           loop=self.loop, connect_timeout_s=cfg.zookeeper_connection_timeout_ms / 1000)
+                           loop=self.loop, connect_timeout_s=cfg.zookeeper_connection_timeout_ms / 1000,
+                           digest=digest)
         self.zk.on_reregistered = lambda epoch: log.info("re-registered in ZooKeeper, broker epoch %d", epoch)
         self.zk.on_session_lost = lambda: log.warning("ZooKeeper session expired; re-registering")
         self.zk.on_controller_change = self._on_controller_change
         await asyncio.to_thread(self.zk.start)
         self.cluster_id = self.zk.cluster_id
+        if self.authorizer is not None:
+            # ACLs before the listener opens: no request is decided on an empty cache
+            self.authorizer.on_change.append(self._acls_changed)
+            await asyncio.to_thread(self.authorizer.start, self.zk.kazoo, self.loop,
+                                    lambda fn, *args: self.loop.call_soon_threadsafe(fn, *args))
         log.info("cluster id %s", self.cluster_id)
         # Topic configs come from ZooKeeper before the logs load, so recovery and retention use them.
         configs = await asyncio.to_thread(self._read_topic_configs, None)
@@ -101,6 +114,8 @@ class Broker:
             max_connections=cfg.get("max.connections"),
             max_connections_per_ip=cfg.get("max.connections.per.ip"),
             frame_timeout_ms=cfg.get("kbroker.socket.request.frame.timeout.ms"),
+            listener_name=listener.listener_name,
+            authorizing=self.authorizer is not None,
             # Produce v3-8 and Fetch v4-11 parsed and answered natively (same policy as the table's
             # handlers: kbroker/server/apis/produce.py, fetch.py).
             # The common one-partition Produce is served without a Python frame (ReplicaManager.fast_produce).
@@ -184,6 +199,8 @@ class Broker:
             await self.metrics_server.stop()
         if self.server is not None:
             await self.server.stop()
+        if self.authorizer is not None:
+            self.authorizer.stop()
         if self.zk is not None:
             await asyncio.to_thread(self.zk.close)
         if self.logs is not None:
@@ -232,6 +249,11 @@ class Broker:
                         await rm.resume_fenced()
             except Exception:
                 log.exception("session fencing check failed")
+
+    def _acls_changed(self) -> None:
+        """Every connection drops the decisions it keeps (the next request asks again)."""
+        if self.server is not None:
+            authz_api.forget_all(self.server.connections)
 
     # ---- controller and metadata ------------------------------------------------------------------
     def _on_controller_change(self, controller_id, is_controller, epoch) -> None:

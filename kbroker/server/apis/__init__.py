@@ -16,8 +16,9 @@ from typing import Callable, NamedTuple
 
 from ...protocol import api
 from ...protocol.api import ApiKey
-from . import (admin, cluster_info, configs, controlled_shutdown, coordinator, core, fetch, groups, log_admin,
-               produce, producer_ids, producers, reassignments, replica_control, txn_markers)
+from ...protocol.errors import Errors
+from . import (acls, admin, authz, cluster_info, configs, controlled_shutdown, coordinator, core, fetch, groups,
+               log_admin, produce, producer_ids, producers, reassignments, replica_control, txn_markers)
 
 
 class Api(NamedTuple):
@@ -27,20 +28,32 @@ class Api(NamedTuple):
     handle: Callable
 
 
-# Controller -> broker handlers take the request body only (the epoch checks need nothing else).
+# Controller -> broker handlers take the request body only (the epoch checks need nothing else); the
+# sender must hold ClusterAction on the cluster (brokers do; a client's forged request changes nothing).
+_REFUSED = {"error_code": int(Errors.CLUSTER_AUTHORIZATION_FAILED)}
+
+
 def _leader_and_isr(broker, conn, header, body):
+    if not authz.cluster(broker, conn, authz.CLUSTER_ACTION):
+        return dict(_REFUSED, topics=[])
     return replica_control.leader_and_isr(broker, body)
 
 
 def _stop_replica(broker, conn, header, body):
+    if not authz.cluster(broker, conn, authz.CLUSTER_ACTION):
+        return dict(_REFUSED, partition_errors=[])
     return replica_control.stop_replica(broker, body)
 
 
 def _update_metadata(broker, conn, header, body):
+    if not authz.cluster(broker, conn, authz.CLUSTER_ACTION):
+        return dict(_REFUSED)
     return replica_control.update_metadata(broker, body)
 
 
 def _controlled_shutdown(broker, conn, header, body):
+    if not authz.cluster(broker, conn, authz.CLUSTER_ACTION):
+        return dict(_REFUSED, remaining_partitions=[])
     return controlled_shutdown.controlled_shutdown(broker, body)
 
 
@@ -74,6 +87,9 @@ TABLE: tuple[Api, ...] = (
     Api(K.INIT_PRODUCER_ID, 0, 4, producer_ids.init_producer_id),
     Api(K.OFFSET_FOR_LEADER_EPOCH, 2, 3, fetch.handle_offset_for_leader_epoch),
     Api(K.WRITE_TXN_MARKERS, 0, 1, txn_markers.write_txn_markers),
+    Api(K.DESCRIBE_ACLS, 0, 3, acls.describe_acls),
+    Api(K.CREATE_ACLS, 0, 3, acls.create_acls),
+    Api(K.DELETE_ACLS, 0, 3, acls.delete_acls),
     Api(K.DESCRIBE_CONFIGS, 0, 4, configs.describe_configs),
     Api(K.ALTER_CONFIGS, 0, 2, configs.alter_configs),
     Api(K.DESCRIBE_LOG_DIRS, 0, 4, log_admin.describe_log_dirs),

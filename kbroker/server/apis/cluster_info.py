@@ -8,6 +8,7 @@ has no endpoint type field).
 from __future__ import annotations
 
 from ...protocol.errors import Errors
+from . import authz
 
 ENDPOINT_TYPES = {1: "BROKER", 2: "CONTROLLER"}
 BROKER_ENDPOINT = 1
@@ -45,5 +46,6 @@ def describe_cluster(broker, conn, header, body):
                                "rack": broker.config.get("broker.rack"), "is_fenced": True})
         res["brokers"].sort(key=lambda b: b["broker_id"])
     if body["include_cluster_authorized_operations"]:
-        res["cluster_authorized_operations"] = CLUSTER_OPERATIONS
+        res["cluster_authorized_operations"] = sum(1 << op for op in (5, 7, 8, 9, 10, 11, 12)
+                                                   if authz.cluster(broker, conn, authz.Operation(op)))
     return res

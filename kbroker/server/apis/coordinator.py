@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ...coordinator.group_coordinator import java_string_hash, partition_for  # noqa: F401  (re-exported)
 from ...protocol.errors import Errors
+from . import authz
 from ...topics import GROUP_METADATA_TOPIC as OFFSETS_TOPIC
 
 GROUP, TRANSACTION = 0, 1
@@ -28,9 +29,23 @@ async def find_coordinator(broker, conn, header, body):
     if header.api_version >= 4:
         coordinators = []
         for key in body["coordinator_keys"]:
-            coordinators.append({"key": key, **await _find(broker, key_type, key)})
+            coordinators.append({"key": key, **(_refused(broker, conn, key_type, key) or
+                                                await _find(broker, key_type, key))})
         return {"throttle_time_ms": 0, "coordinators": coordinators}
-    return {"throttle_time_ms": 0, **await _find(broker, key_type, body["key"])}
+    key = body["key"]
+    return {"throttle_time_ms": 0, **(_refused(broker, conn, key_type, key) or await _find(broker, key_type, key))}
+
+
+def _refused(broker, conn, key_type, key) -> dict | None:
+    """Describe on the group (GROUP_AUTHORIZATION_FAILED) or transactional id
+    (TRANSACTIONAL_ID_AUTHORIZATION_FAILED) missing: that answer; None when allowed."""
+    if key_type == GROUP:
+        if not authz.allowed(broker, conn, authz.DESCRIBE, authz.GROUP, key):
+            return _answer(Errors.GROUP_AUTHORIZATION_FAILED)
+    elif key_type == TRANSACTION:
+        if not authz.allowed(broker, conn, authz.DESCRIBE, authz.TRANSACTIONAL_ID, key):
+            return _answer(Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+    return None
 
 
 async def _find(broker, key_type, key) -> dict:

@@ -10,6 +10,7 @@ import asyncio
 import logging
 
 from ...protocol.errors import Errors
+from . import authz
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,17 @@ class ProducerIdAllocator:
 
 
 async def init_producer_id(broker, conn, header, body):
-    if body.get("transactional_id") is not None:
+    tid = body.get("transactional_id")
+    # Kafka: Write on the transactional id; without one (KIP-679) IdempotentWrite on the cluster or Write
+    # on any topic
+    if tid is not None and not authz.allowed(broker, conn, authz.WRITE, authz.TRANSACTIONAL_ID, tid):
+        return {"throttle_time_ms": 0, "error_code": Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                "producer_id": -1, "producer_epoch": -1}
+    if tid is None and not (authz.cluster(broker, conn, authz.IDEMPOTENT_WRITE)
+                            or authz.allowed_any(broker, conn, authz.WRITE, authz.TOPIC)):
+        return {"throttle_time_ms": 0, "error_code": Errors.CLUSTER_AUTHORIZATION_FAILED, "producer_id": -1,
+                "producer_epoch": -1}
+    if tid is not None:
         log.info("refusing InitProducerId for transactional id %r: transactions are not implemented",
                  body["transactional_id"])
         return {"throttle_time_ms": 0, "error_code": Errors.UNSUPPORTED_VERSION, "producer_id": -1,

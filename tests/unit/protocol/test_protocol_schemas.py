@@ -35,6 +35,7 @@ AK39 = {
     17: ("SaslHandshake", (0, 1), None), 18: ("ApiVersions", (0, 4), 3), 19: ("CreateTopics", (0, 7), 5),
     20: ("DeleteTopics", (0, 6), 4), 21: ("DeleteRecords", (0, 2), 2), 22: ("InitProducerId", (0, 5), 2),
     23: ("OffsetForLeaderEpoch", (0, 4), 4), 27: ("WriteTxnMarkers", (0, 1), 1),
+    29: ("DescribeAcls", (0, 3), 2), 30: ("CreateAcls", (0, 3), 2), 31: ("DeleteAcls", (0, 3), 2),
     32: ("DescribeConfigs", (0, 4), 4),
     33: ("AlterConfigs", (0, 2), 2), 35: ("DescribeLogDirs", (0, 4), 2), 36: ("SaslAuthenticate", (0, 2), 2),
     37: ("CreatePartitions", (0, 3), 2), 42: ("DeleteGroups", (0, 2), 2), 43: ("ElectLeaders", (0, 2), 2),
