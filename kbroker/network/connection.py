@@ -170,8 +170,18 @@ _Slot = Slot
 
 class Connection(ConnState, asyncio.BufferedProtocol):
     # ConnState (ext/request.pyx): the fields every read touches, as C fields (on_read)
-    def __init__(self, server):
+    def __init__(self, server, listener):
         self.server = server
+        self.listener = listener
+        # Who the client is, for the authorizer: "User:ANONYMOUS" until authenticated (and for good on
+        # PLAINTEXT, or SSL without a client certificate); the listener it came in on; its address.
+        self.listener_name = listener.name
+        self.principal = "User:ANONYMOUS"
+        self.client_host = None
+        # Under TLS the bytes on the socket are records of the loop's TLS transport: nothing may read or
+        # send on the socket itself (no direct send, no sendfile, no native recv); answers go through
+        # transport.write, file ranges copied (_write_copied).
+        self.tls = listener.ssl_context is not None
         self.pool = server.pool
         self.max_frame = server.max_request_bytes
         self.loop = server.loop
@@ -201,7 +211,7 @@ class Connection(ConnState, asyncio.BufferedProtocol):
         self._write_fd = -1       # fd we registered for writability (-1: none; a dup of ours on uvloop)
         self._selector = server.selector_loop
         # on_read may send on the socket itself (asyncio's transport, whose internals it checks first)
-        self._direct_write = server.selector_loop and server.asyncio_internals
+        self._direct_write = server.selector_loop and server.asyncio_internals and not self.tls
         self._send_rest = None    # (slot, SendCursor) of an answer waiting for the socket (_on_writable)
         self._sock_fd = -1        # the socket's descriptor (direct sends)
         self._in_read = False     # dispatching the frames of one read: defer writes to its end
@@ -222,10 +232,14 @@ class Connection(ConnState, asyncio.BufferedProtocol):
     def connection_made(self, transport):
         self.transport = transport
         self.peer = transport.get_extra_info("peername")
+        self.client_host = self.peer[0] if self.peer else None
         sock = transport.get_extra_info("socket")
         if sock is not None:
             self.server.tune_socket(sock)
-            self._sock_fd = sock.fileno()
+            if not self.tls:
+                self._sock_fd = sock.fileno()
+        if self.tls and not self._tls_principal(transport):
+            return
         if (self._native_read and self._sock_fd >= 0 and self.server.asyncio_internals
                 and hasattr(transport, "_read_ready_cb")):
             # asyncio's selector transport: its readable callback's recv into our buffer made native too
@@ -648,6 +662,11 @@ class Connection(ConnState, asyncio.BufferedProtocol):
             if answered:
                 observe_slots(answered, _now())
                 answered = []
+            if self.tls:
+                if not self._write_copied(chunks):
+                    return
+                slot.observe(_now())
+                continue
             if self._direct_ok():
                 # Most sendfile responses fit in the socket buffer: send them now, from this callback;
                 # what is left (socket full) goes out from writability callbacks, registered once for
@@ -781,6 +800,44 @@ class Connection(ConnState, asyncio.BufferedProtocol):
                 metrics.fetch_sendfile_bytes += sent
                 if sent != length:
                     raise ConnectionError(f"short sendfile ({sent} < {length})")
+
+    def _tls_principal(self, transport) -> bool:
+        """mTLS: the client certificate's subject, through ssl.principal.mapping.rules, is the principal
+        (none sent: ANONYMOUS). False when no rule maps it (the connection is closed, as Kafka fails
+        the authentication)."""
+        from ..security.tls import peer_dn
+        dn = peer_dn(transport.get_extra_info("ssl_object"))
+        if dn is None:
+            return True
+        mapper = self.listener.principal_mapper
+        try:
+            self.principal = "User:" + (mapper.name(dn) if mapper is not None else dn)
+        except ValueError as e:
+            hostile_log(logging.WARNING, "closing %s: %s", self.peer, e)
+            self.close()
+            return False
+        return True
+
+    def _write_copied(self, chunks) -> bool:
+        """An answer with file ranges on a TLS connection: the ranges are read (pread) and written
+        through the TLS transport, in order. False when the file shrank under it (closing)."""
+        metrics = self.server.metrics
+        out = []
+        for c in chunks:
+            if not isinstance(c, FileRegions):
+                out.append(c)
+                continue
+            for fd, pos, length in c.regions:
+                data = os.pread(fd if isinstance(fd, int) else fd.fileno(), length, pos)
+                metrics.fetch_copy_bytes += len(data)
+                if len(data) != length:
+                    hostile_log(logging.WARNING, "closing %s: segment shrank under a fetch (%d < %d)", self.peer,
+                                len(data), length)
+                    self.close()
+                    return False
+                out.append(data)
+        self.transport.writelines(out)
+        return True
 
     def close(self):
         if not self.closed:

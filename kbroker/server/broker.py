@@ -17,7 +17,7 @@ import time
 from ..config import BrokerConfig, parse_topic_config
 from ..log.manager import LogManager
 from ..metrics import BrokerMetrics, MetricsServer
-from ..network.server import KafkaServer
+from ..network.server import KafkaServer, Listener
 from ..protocol import api
 from ..request_metrics import LOOP_IDLE
 from ..replica import ReplicaManager
@@ -92,6 +92,7 @@ class Broker:
         listener = cfg.listeners[0]
         self.server = KafkaServer(
             listener.host, listener.port, self.handlers,
+            listeners=[Listener(e.listener_name, e.security_protocol, e.host, e.port) for e in cfg.listeners],
             max_request_bytes=cfg.get("socket.request.max.bytes"),
             pool_bytes=self._pool_bytes(),
             idle_ms=cfg.get("connections.max.idle.ms"),
@@ -111,19 +112,26 @@ class Broker:
                                  functools.partial(fetch_api.handle_native, self))},
         )
         await self.server.start()
-        adv = cfg.advertised_listeners[0]
-        self.advertised_host = adv.host or "127.0.0.1"
-        self.advertised_port = adv.port or self.server.port
+        bound = {l.name: l.port for l in self.server.listeners}
+        # every advertised endpoint, a port 0 replaced by the port its listener bound
+        self.endpoints = [(e.listener_name, e.host or "127.0.0.1", e.port or bound[e.listener_name])
+                          for e in cfg.advertised_listeners]
+        inter = cfg.inter_broker_listener.listener_name
+        self.metadata.inter_broker_listener = inter
+        _, self.advertised_host, self.advertised_port = next(e for e in self.endpoints if e[0] == inter)
+        protocols = {e.listener_name: e.security_protocol for e in cfg.advertised_listeners}
 
         # Until the controller's first UpdateMetadata this broker knows only itself.
-        self.metadata.brokers = {self.broker_id: BrokerInfo(self.broker_id, self.advertised_host,
-                                                            self.advertised_port, cfg.get("broker.rack"))}
+        self.metadata.brokers = {self.broker_id: BrokerInfo(
+            self.broker_id, self.advertised_host, self.advertised_port, cfg.get("broker.rack"),
+            {name: (host, port) for name, host, port in self.endpoints})}
         # Registration, then the election (as Kafka): the controller finds us among the live brokers
         # and sends us the cluster's metadata over the listener that is already open.
-        epoch = await asyncio.to_thread(self.zk.register_broker, self.advertised_host, self.advertised_port,
-                                        cfg.get("broker.rack"))
-        log.info("registered broker %d at %s:%d (broker epoch %d)", self.broker_id, self.advertised_host,
-                 self.advertised_port, epoch)
+        epoch = await asyncio.to_thread(functools.partial(
+            self.zk.register_broker, self.advertised_host, self.advertised_port, cfg.get("broker.rack"),
+            endpoints=self.endpoints, security_protocol_map=protocols))
+        log.info("registered broker %d at %s (inter-broker listener %s, broker epoch %d)", self.broker_id,
+                 ", ".join(f"{n}://{h}:{p}" for n, h, p in self.endpoints), inter, epoch)
         await asyncio.to_thread(self.zk.elect_controller)
         self.zk.watch_children(CONFIG_CHANGES, self._on_config_changes)
         if cfg.metrics_port >= 0:
@@ -235,7 +243,8 @@ class Broker:
         """/controller changed (loop thread): run the controller while this broker holds it."""
         log.info("controller is now %s (epoch %d)", controller_id, epoch)
         if self.controller is None:
-            self.controller = Controller(self.zk, self.broker_id, self.config.get, self.metrics)
+            self.controller = Controller(self.zk, self.broker_id, self.config.get, self.metrics,
+                                         inter_broker_listener=self.config.inter_broker_listener.listener_name)
         if is_controller:
             self.controller.start(epoch)
         else:

@@ -34,8 +34,8 @@ def describe_cluster(broker, conn, header, body):
             res["error_message"] = (f"The request was sent to an endpoint of type {ENDPOINT_TYPES[wanted]}, "
                                     f"but we wanted an endpoint of type BROKER")
         return res
-    res["brokers"] = [{"broker_id": b.broker_id, "host": b.host, "port": b.port, "rack": b.rack}
-                      for b in sorted(md.brokers.values(), key=lambda b: b.broker_id)]
+    res["brokers"] = [{"broker_id": b.broker_id, "host": host, "port": port, "rack": b.rack}
+                      for b, host, port in md.listener_brokers(conn.listener_name)]
     if body["include_cluster_authorized_operations"]:
         res["cluster_authorized_operations"] = CLUSTER_OPERATIONS
     return res

@@ -38,34 +38,35 @@ def api_versions(broker, conn, header, body):
 
 
 def metadata(broker, conn, header, body):
+    listener = conn.listener_name
     if broker.metadata.updates == 0:
-        return _after_first_update(broker, header, body)
-    return _answer(broker, header, body)
+        return _after_first_update(broker, header, body, listener)
+    return _answer(broker, header, body, listener)
 
 
-def _answer(broker, header, body):
+def _answer(broker, header, body, listener):
     requested = body["topics"]
     version = header.api_version
     md = broker.metadata
     if requested is None or (version == 0 and not requested):
         names = sorted(md.topics)            # null (v1+) or empty (v0): all topics
-        return _metadata_response(broker, names)
+        return _metadata_response(broker, names, listener)
     names = [t["name"] for t in requested]
     missing = [n for n in names if n not in md.topics and topic_name_error(n) is None]
     allow = body.get("allow_auto_topic_creation", True) and broker.config.get("auto.create.topics.enable")
     if missing and allow:
-        return _auto_create_then_answer(broker, names, missing)
-    return _metadata_response(broker, names)
+        return _auto_create_then_answer(broker, names, missing, listener)
+    return _metadata_response(broker, names, listener)
 
 
-async def _after_first_update(broker, header, body):
+async def _after_first_update(broker, header, body, listener):
     # Past the wait (no controller reachable) the client gets what this broker knows: itself.
     await broker.metadata.wait_for(lambda: broker.metadata.updates > 0, STARTUP_METADATA_WAIT_S)
-    r = _answer(broker, header, body)
+    r = _answer(broker, header, body, listener)
     return (await r) if asyncio.iscoroutine(r) else r
 
 
-async def _auto_create_then_answer(broker, names, missing):
+async def _auto_create_then_answer(broker, names, missing, listener):
     from .admin import auto_create_topics
     task = asyncio.ensure_future(auto_create_topics(broker, missing))
     task.add_done_callback(_log_failed_creation)
@@ -77,22 +78,22 @@ async def _auto_create_then_answer(broker, names, missing):
         created = []
     # Kafka answers LEADER_NOT_AVAILABLE for topics it just created; the client retries. We created
     # them synchronously with a leader already in place, so we can answer with the real metadata.
-    return await _metadata_response_sliced(broker, names, pending=set(missing) - set(created))
+    return await _metadata_response_sliced(broker, names, listener, pending=set(missing) - set(created))
 
 
-def _metadata_response(broker, names, pending=()):
+def _metadata_response(broker, names, listener, pending=()):
     if len(names) > TOPICS_PER_TURN:
-        return _metadata_response_sliced(broker, names, pending)
-    return _response(broker, [_topic(broker, name, pending) for name in names])
+        return _metadata_response_sliced(broker, names, listener, pending)
+    return _response(broker, [_topic(broker, name, pending) for name in names], listener)
 
 
-async def _metadata_response_sliced(broker, names, pending=()):
+async def _metadata_response_sliced(broker, names, listener, pending=()):
     topics = []
     for start in range(0, len(names), TOPICS_PER_TURN):
         if start:
             await asyncio.sleep(0)
         topics.extend(_topic(broker, name, pending) for name in names[start:start + TOPICS_PER_TURN])
-    body = _response(broker, topics)
+    body = _response(broker, topics, listener)
     # Built in slices, a huge answer is encoded on the server's heavy thread too, not on the loop.
     return EncodeOffLoop(body) if len(names) > TOPICS_PER_TURN else body
 
@@ -122,10 +123,10 @@ def _topic(broker, name, pending):
             "partitions": parts}
 
 
-def _response(broker, topics):
+def _response(broker, topics, listener=None):
     md = broker.metadata
-    brokers = [{"node_id": b.broker_id, "host": b.host, "port": b.port, "rack": b.rack}
-               for b in sorted(md.brokers.values(), key=lambda b: b.broker_id)]
+    brokers = [{"node_id": b.broker_id, "host": host, "port": port, "rack": b.rack}
+               for b, host, port in md.listener_brokers(listener)]
     return {
         "throttle_time_ms": 0,
         "brokers": brokers,
