@@ -236,6 +236,23 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _impl("listener.security.protocol.map", "string", _DEFAULT_PROTOCOL_MAP),
     _impl("inter.broker.listener.name", "string", None, doc="the listener brokers use among themselves"),
     _impl("security.inter.broker.protocol", "string", "PLAINTEXT", one_of(*SECURITY_PROTOCOLS)),
+    # --- security: listeners' TLS (kbroker/security/tls.py); per listener as listener.name.<l>.ssl.* ---
+    _known("ssl.protocol", "string", "TLSv1.3"),
+    _impl("ssl.enabled.protocols", "list", ["TLSv1.2", "TLSv1.3"]),
+    _impl("ssl.cipher.suites", "list", []),
+    _impl("ssl.client.auth", "string", "none", one_of("required", "requested", "none")),
+    _impl("ssl.endpoint.identification.algorithm", "string", "https"),
+    _impl("ssl.keystore.type", "string", "JKS"),
+    _impl("ssl.keystore.location", "string", None),
+    _impl("ssl.keystore.password", "password", None),
+    _impl("ssl.key.password", "password", None),
+    _impl("ssl.truststore.type", "string", "JKS"),
+    _impl("ssl.truststore.location", "string", None),
+    _impl("ssl.truststore.password", "password", None),
+    _impl("sasl.enabled.mechanisms", "list", ["GSSAPI"], doc="kbroker serves PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"),
+    _impl("sasl.mechanism.inter.broker.protocol", "string", "GSSAPI"),
+    _impl("connection.failed.authentication.delay.ms", "int", 100, at_least(0)),
+    _impl("ssl.principal.mapping.rules", "string", "DEFAULT", doc="mTLS principals: RULE:pattern/replacement/[LU], DEFAULT"),
     _impl("log.dirs", "string", None, doc="comma-separated; overrides log.dir"),
     _impl("log.dir", "string", "/tmp/kafka-logs"),
     _impl("num.partitions", "int", 1, at_least(1)),
@@ -349,7 +366,6 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _known("socket.listen.backlog.size", "int", 50, at_least(1)),
     _known("max.connections.per.ip.overrides", "string", ""),
     _known("max.connection.creation.rate", "int", INT_MAX, at_least(0)),
-    _known("connection.failed.authentication.delay.ms", "int", 100, at_least(0)),
     _impl("log.cleanup.policy", "list", ["delete"], list_of(*CLEANUP_POLICIES)),
     _impl("log.cleaner.enable", "boolean", True),
     _impl("log.cleaner.threads", "int", 1, at_least(0)),
@@ -425,20 +441,6 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _known("controller.quorum.voters", "list", []),
     _known("controller.listener.names", "string", None),
     _known("metadata.log.dir", "string", None),
-    _known("ssl.protocol", "string", "TLSv1.3"),
-    _known("ssl.enabled.protocols", "list", ["TLSv1.2", "TLSv1.3"]),
-    _known("ssl.cipher.suites", "list", []),
-    _known("ssl.client.auth", "string", "none", one_of("required", "requested", "none")),
-    _known("ssl.endpoint.identification.algorithm", "string", "https"),
-    _known("ssl.keystore.type", "string", "JKS"),
-    _known("ssl.keystore.location", "string", None),
-    _known("ssl.keystore.password", "password", None),
-    _known("ssl.key.password", "password", None),
-    _known("ssl.truststore.type", "string", "JKS"),
-    _known("ssl.truststore.location", "string", None),
-    _known("ssl.truststore.password", "password", None),
-    _known("sasl.enabled.mechanisms", "list", ["GSSAPI"]),
-    _known("sasl.mechanism.inter.broker.protocol", "string", "GSSAPI"),
     _known("sasl.kerberos.service.name", "string", None),
     _known("sasl.jaas.config", "password", None),
 )
@@ -587,9 +589,6 @@ def _parse_listeners(key: str, text: str, protocol_map: Mapping[str, str]) -> li
         if proto is None:
             raise _invalid(key, text, f"No security protocol defined for listener {name} "
                                       f"(see listener.security.protocol.map)")
-        if proto != "PLAINTEXT":
-            raise _invalid(key, text, f"Listener {name} uses {proto}: security protocols are not "
-                                      f"implemented yet, only PLAINTEXT listeners are supported")
         if any(e.listener_name == name for e in endpoints):
             raise _invalid(key, text, f"Each listener must have a different name, {name} is repeated")
         endpoints.append(Endpoint(name, proto, host, port))

@@ -61,9 +61,11 @@ def _bool(v) -> bool:
 class Controller:
     """Started by the broker when it wins /controller (``start(epoch)``), stopped when it loses it."""
 
-    def __init__(self, zk, broker_id: int, config_get, metrics=None, inter_broker_listener: str = "PLAINTEXT"):
+    def __init__(self, zk, broker_id: int, config_get, metrics=None, inter_broker_listener: str = "PLAINTEXT",
+                 security=None):
         self.zk = zk
         self.inter_broker_listener = inter_broker_listener   # which endpoint of each broker the channel uses
+        self.security = security                             # and how it connects there (TLS/SASL)
         self.broker_id = broker_id
         self.config_get = config_get          # broker config lookup by Kafka key
         self.metrics = metrics
@@ -245,7 +247,7 @@ class Controller:
         old = self.channels.pop(b.broker_id, None)
         if old is not None:
             old.stop()
-        self.channels[b.broker_id] = BrokerChannel(b, self.broker_id)
+        self.channels[b.broker_id] = BrokerChannel(b, self.broker_id, security=self.security)
 
     # ---- sending ----------------------------------------------------------------------------------
     def _send_leader_and_isr(self, parts, only: int | None = None, is_new=frozenset(),

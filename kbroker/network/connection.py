@@ -95,6 +95,11 @@ FRAME_STEP = 64 * 1024      # pool memory a large frame may hold beyond the byte
 _MIN_TAIL = 4096            # below this much free tail space, rotate the chunk rather than read in dribbles
 _SIZE = struct.Struct(">i")
 
+# Kafka's sasl.server.max.receive.size: the largest frame a connection may send before it authenticated
+SASL_MAX_RECEIVE_BYTES = 524288
+SASL_AUTHENTICATE = 36
+_BEFORE_AUTHENTICATION = frozenset((api.API_VERSIONS, 17, SASL_AUTHENTICATE))   # ApiVersions, SaslHandshake
+
 NO_RESPONSE = object()      # acks=0 produce: nothing is sent back
 CLOSE = object()            # handler asks to close the connection (e.g. acks=0 produce with an error)
 
@@ -182,6 +187,12 @@ class Connection(ConnState, asyncio.BufferedProtocol):
         # send on the socket itself (no direct send, no sendfile, no native recv); answers go through
         # transport.write, file ranges copied (_write_copied).
         self.tls = listener.ssl_context is not None
+        # SASL listeners: nothing but ApiVersions, SaslHandshake and SaslAuthenticate until the client
+        # authenticated (set up in _await_authentication)
+        self.authenticated = listener.sasl is None
+        self.sasl_server = None   # the mechanism's server side once SaslHandshake chose it
+        self.sasl_raw = False     # after a v0 SaslHandshake: the tokens come as bare size-prefixed frames
+        self._auth_failed = False
         self.pool = server.pool
         self.max_frame = server.max_request_bytes
         self.loop = server.loop
@@ -223,6 +234,8 @@ class Connection(ConnState, asyncio.BufferedProtocol):
         self._request_counts = server.metrics.requests
         self._sendfile_min = server.sendfile_min_bytes
         self._native_read = server.native_read
+        if not self.authenticated:
+            self._await_authentication()
         if not server.native_read:
             # the reference path (KBROKER_NATIVE_READ=0)
             self.get_buffer = self._get_buffer_py
@@ -485,11 +498,18 @@ class Connection(ConnState, asyncio.BufferedProtocol):
 
     def _dispatch_generic(self, frame, release):
         server = self.server
+        if self.sasl_raw:
+            self._raw_sasl_token(frame, release)
+            return
         try:
             header, pos = api.parse_request_header(frame)
         except ProtocolError as e:
             release()
             self._refuse("%s", e)
+            return
+        if not self.authenticated and (self._auth_failed or header.api_key not in _BEFORE_AUTHENTICATION):
+            release()
+            self._refuse("%s before SASL authentication completed", api.API_NAMES.get(header.api_key, header.api_key))
             return
         slot = _Slot(header, self.last_active, self._read_at)
         self._pending.append(slot)
@@ -800,6 +820,54 @@ class Connection(ConnState, asyncio.BufferedProtocol):
                 metrics.fetch_sendfile_bytes += sent
                 if sent != length:
                     raise ConnectionError(f"short sendfile ({sent} < {length})")
+
+    # ---- SASL -----------------------------------------------------------------------------------------
+    def _await_authentication(self):
+        # The native Produce/Fetch path is off until authenticated (every frame reaches _dispatch_generic,
+        # which refuses them), and frames are bounded by sasl.server.max.receive.size meanwhile.
+        self._native_produce = self._native_fetch = None
+        self.max_frame = min(self.max_frame, SASL_MAX_RECEIVE_BYTES)
+
+    def authenticated_as(self, user: str):
+        """The SASL exchange succeeded: the principal is the user; every API (and the native path) opens."""
+        self.principal = "User:" + user
+        self.authenticated = True
+        self.sasl_server = None
+        self.sasl_raw = False
+        self._native_produce = self.server.native_produce
+        self._native_fetch = self.server.native_fetch
+        self.max_frame = self.server.max_request_bytes
+
+    def authentication_failed(self, delay_s: float):
+        """The answer (SASL_AUTHENTICATION_FAILED, UNSUPPORTED_SASL_MECHANISM) still goes out; nothing more
+        is read, and the connection closes after connection.failed.authentication.delay.ms, as Kafka
+        slows password guessing."""
+        self._auth_failed = True
+        self.sasl_server = None
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+        self.loop.call_later(delay_s, self.close)
+
+    def _raw_sasl_token(self, frame, release):
+        """A SASL token after a v0 SaslHandshake: the frame is the token, the answer a bare
+        size-prefixed token; a failure closes the connection (this framing has no error field)."""
+        token = bytes(frame)
+        release()
+        slot = _Slot(api.RequestHeader(SASL_AUTHENTICATE, 0, 0, None), self.last_active, self._read_at)
+        self._pending.append(slot)
+        self.loop.create_task(self._raw_sasl_step(slot, token))
+
+    async def _raw_sasl_step(self, slot, token):
+        server_side = self.sasl_server
+        try:
+            answer = await server_side.step(token)
+        except Exception as e:     # AuthenticationFailed and anything malformed alike
+            hostile_log(logging.INFO, "SASL authentication of %s failed: %s", self.peer, e)
+            self._finish(slot, CLOSE)
+            return
+        if server_side.complete:
+            self.authenticated_as(server_side.user)
+        self._finish(slot, [_SIZE.pack(len(answer)) + answer])
 
     def _tls_principal(self, transport) -> bool:
         """mTLS: the client certificate's subject, through ssl.principal.mapping.rules, is the principal

@@ -102,13 +102,14 @@ class Listener:
     ``port`` is the bound port once the server started (0 before, when any free port was asked for)."""
 
     def __init__(self, name: str, security_protocol: str, host: str, port: int, ssl_context=None,
-                 principal_mapper=None):
+                 principal_mapper=None, sasl=None):
         self.name = name                      # upper-case, e.g. PLAINTEXT, INTERNAL
         self.security_protocol = security_protocol
         self.host = host
         self.port = port
         self.ssl_context = ssl_context        # SSL and SASL_SSL listeners (kbroker.security.tls)
         self.principal_mapper = principal_mapper   # mTLS principals (ssl.principal.mapping.rules)
+        self.sasl = sasl                      # SASL listeners: security.sasl.server.SaslListener
         self.socks: list[socket.socket] = []
         self.server = None                    # asyncio's Server (selector loop)
 

@@ -14,10 +14,15 @@ import logging
 import signal
 import time
 
-from ..config import BrokerConfig, parse_topic_config
+from ..config import BrokerConfig, ConfigError, parse_topic_config
 from ..log.manager import LogManager
 from ..metrics import BrokerMetrics, MetricsServer
 from ..network.server import KafkaServer, Listener
+from ..security import tls
+from ..security.sasl.scram import ScramCredential
+from ..security.sasl.server import SUPPORTED as SASL_SUPPORTED, SaslListener
+from ..client.security import ClientSecurity, jaas_options
+from ..zk.credentials import get_user_config
 from ..protocol import api
 from ..request_metrics import LOOP_IDLE
 from ..replica import ReplicaManager
@@ -42,6 +47,13 @@ class Broker:
         self.broker_id = config.broker_id
         self.cluster_id: str | None = None
         self.metadata = MetadataCache()
+        # how this broker connects to the others' inter-broker listener (replica fetchers, controller
+        # channel, controlled shutdown): that listener's protocol and ssl.* values
+        inter = config.inter_broker_listener
+        mechanism = config.get("sasl.mechanism.inter.broker.protocol")
+        self.inter_broker_security = ClientSecurity.from_lookup(
+            functools.partial(config.listener_get, inter.listener_name), inter.security_protocol, mechanism,
+            config.listener_get(inter.listener_name, f"{mechanism.lower()}.sasl.jaas.config") or "")
         self.logs: LogManager | None = None
         self.replica_manager: ReplicaManager | None = None
         self.zk: BrokerZk | None = None
@@ -92,7 +104,7 @@ class Broker:
         listener = cfg.listeners[0]
         self.server = KafkaServer(
             listener.host, listener.port, self.handlers,
-            listeners=[Listener(e.listener_name, e.security_protocol, e.host, e.port) for e in cfg.listeners],
+            listeners=[self._listener(e) for e in cfg.listeners],
             max_request_bytes=cfg.get("socket.request.max.bytes"),
             pool_bytes=self._pool_bytes(),
             idle_ms=cfg.get("connections.max.idle.ms"),
@@ -141,6 +153,49 @@ class Broker:
         if cfg.get("kbroker.zookeeper.session.fencing.enable"):
             self._tasks.append(self.loop.create_task(self._session_fence()))
         self.group_coordinator.start()   # loads the __consumer_offsets partitions we lead, runs offset expiry
+
+    def _listener(self, e) -> Listener:
+        """A listener with its TLS context (SSL, SASL_SSL) from its own ssl.* values."""
+        ctx = mapper = None
+        if e.security_protocol in ("SSL", "SASL_SSL"):
+            get = functools.partial(self.config.listener_get, e.listener_name)
+            ctx = tls.server_context(get)
+            mapper = tls.PrincipalMapper(get("ssl.principal.mapping.rules"))
+        sasl = None
+        if e.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
+            sasl = self._sasl_listener(e.listener_name)
+        return Listener(e.listener_name, e.security_protocol, e.host, e.port, ctx, mapper, sasl)
+
+    def _sasl_listener(self, name: str) -> SaslListener:
+        cfg = self.config
+        mechanisms = [m.strip().upper() for m in cfg.listener_get(name, "sasl.enabled.mechanisms") or [] if m.strip()]
+        bad = [m for m in mechanisms if m not in SASL_SUPPORTED]
+        if bad or not mechanisms:
+            raise ConfigError(f"Invalid value {','.join(mechanisms)} for configuration sasl.enabled.mechanisms "
+                              f"(listener {name}): kbroker serves {', '.join(SASL_SUPPORTED)}",
+                              "sasl.enabled.mechanisms")
+        users = {k[5:]: v for k, v in jaas_options(cfg.listener_get(name, "plain.sasl.jaas.config")).items()
+                 if k.startswith("user_")}
+        if "PLAIN" in mechanisms and not users:
+            raise ConfigError(f"listener.name.{name.lower()}.plain.sasl.jaas.config must name the PLAIN users "
+                              f"(user_<name>=\"<password>\")", "sasl.jaas.config")
+        return SaslListener(mechanisms, users, self._scram_credential,
+                            cfg.get("connection.failed.authentication.delay.ms"))
+
+    async def _scram_credential(self, mechanism: str, user: str):
+        """The user's stored SCRAM credential for ``mechanism`` (ZooKeeper /config/users/<user>), or None."""
+        try:
+            config = await asyncio.to_thread(get_user_config, self.zk.kazoo, user)
+        except ValueError:          # not a user name ZooKeeper can hold
+            return None
+        text = config.get(mechanism)
+        if text is None:
+            return None
+        try:
+            return ScramCredential.decode(text)
+        except (ValueError, KeyError):
+            log.warning("/config/users/%s holds a malformed %s credential", user, mechanism)
+            return None
 
     def _pool_bytes(self) -> int:
         # Kafka's default -1 means unbounded; we always bound it (four maximum-size requests).
@@ -244,7 +299,8 @@ class Broker:
         log.info("controller is now %s (epoch %d)", controller_id, epoch)
         if self.controller is None:
             self.controller = Controller(self.zk, self.broker_id, self.config.get, self.metrics,
-                                         inter_broker_listener=self.config.inter_broker_listener.listener_name)
+                                         inter_broker_listener=self.config.inter_broker_listener.listener_name,
+                                         security=self.inter_broker_security)
         if is_controller:
             self.controller.start(epoch)
         else:

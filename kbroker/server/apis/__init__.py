@@ -17,7 +17,7 @@ from typing import Callable, NamedTuple
 from ...protocol import api
 from ...protocol.api import ApiKey
 from . import (admin, cluster_info, configs, controlled_shutdown, coordinator, core, fetch, groups, log_admin,
-               produce, producer_ids, reassignments, replica_control)
+               produce, producer_ids, reassignments, replica_control, sasl)
 
 
 class Api(NamedTuple):
@@ -84,6 +84,9 @@ TABLE: tuple[Api, ...] = (
     Api(K.LIST_PARTITION_REASSIGNMENTS, 0, 0, reassignments.list_partition_reassignments),
     Api(K.OFFSET_DELETE, 0, 0, groups.offset_delete),
     Api(K.DESCRIBE_CLUSTER, 0, 1, cluster_info.describe_cluster),
+    # SASL (listeners with SASL_PLAINTEXT / SASL_SSL; ILLEGAL_SASL_STATE elsewhere)
+    Api(K.SASL_HANDSHAKE, 0, 1, sasl.sasl_handshake),
+    Api(K.SASL_AUTHENTICATE, 0, 2, sasl.sasl_authenticate),
 )
 del K
 

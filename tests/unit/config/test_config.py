@@ -272,19 +272,10 @@ def test_errors_name_the_key(line, key, why):
     assert key in str(err) and why in str(err)
 
 
-@pytest.mark.parametrize("listeners, protocol_map", [
-    ("SSL://:9093", None),
-    ("SASL_PLAINTEXT://:9094", None),
-    ("SASL_SSL://:9095", None),
-    ("PLAINTEXT://:9092,EXTERNAL://:9096", "PLAINTEXT:PLAINTEXT,EXTERNAL:SSL"),
-])
-def test_non_plaintext_listeners_are_refused(listeners, protocol_map):
-    text = ZK + f"listeners={listeners}\n"
-    if protocol_map:
-        text += f"listener.security.protocol.map={protocol_map}\n"
-    err = error_for(text)
-    assert err.key == "listeners"
-    assert "security protocols are not implemented yet" in str(err)
+def test_secured_listeners_are_accepted():
+    config = load(ZK + "listeners=PLAINTEXT://:9092,EXTERNAL://:9096,SASL_SSL://:9095\n"
+                       "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,EXTERNAL:SSL,SASL_SSL:SASL_SSL\n")
+    assert [e.security_protocol for e in config.listeners] == ["PLAINTEXT", "SSL", "SASL_SSL"]
 
 
 def test_missing_zookeeper_connect_and_bad_override():
