@@ -9,6 +9,20 @@ from typing import Callable, Mapping
 
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 
+
+def is_security_key(key: str) -> bool:
+    """A client property that says how to connect (security.protocol, ssl.*, sasl.*)."""
+    return key == "security.protocol" or key.startswith(("ssl.", "sasl."))
+
+
+def security_from(props: Mapping[str, str], error=ValueError) -> "ClientSecurity":
+    """The security part of a tool's client properties; ``error(message)`` is raised for a bad one."""
+    from ..config import ConfigError
+    try:
+        return ClientSecurity.from_properties({k: v for k, v in props.items() if is_security_key(k)})
+    except ConfigError as e:
+        raise error(str(e)) from None
+
 # username="..." / password="..." inside a JAAS line (PlainLoginModule / ScramLoginModule)
 _JAAS_OPTION = re.compile(r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"')
 

@@ -41,9 +41,14 @@ class ScramCredential:
     @classmethod
     def from_password(cls, mechanism: str, password: str, iterations: int = MIN_ITERATIONS,
                       salt: bytes | None = None) -> "ScramCredential":
-        h = MECHANISMS[mechanism]
         salt = os.urandom(32) if salt is None else salt
-        salted = salted_password(h, password, salt, iterations)
+        return cls.from_salted(mechanism, salted_password(MECHANISMS[mechanism], password, salt, iterations),
+                               salt, iterations)
+
+    @classmethod
+    def from_salted(cls, mechanism: str, salted: bytes, salt: bytes, iterations: int) -> "ScramCredential":
+        """From SaltedPassword (what AlterUserScramCredentials carries): the keys the server keeps."""
+        h = MECHANISMS[mechanism]
         client_key = hmac_(h, salted, b"Client Key")
         return cls(salt, hashlib.new(h, client_key).digest(), hmac_(h, salted, b"Server Key"), iterations)
 

@@ -87,6 +87,8 @@ TABLE: tuple[Api, ...] = (
     # SASL (listeners with SASL_PLAINTEXT / SASL_SSL; ILLEGAL_SASL_STATE elsewhere)
     Api(K.SASL_HANDSHAKE, 0, 1, sasl.sasl_handshake),
     Api(K.SASL_AUTHENTICATE, 0, 2, sasl.sasl_authenticate),
+    Api(K.DESCRIBE_USER_SCRAM_CREDENTIALS, 0, 0, sasl.describe_user_scram_credentials),
+    Api(K.ALTER_USER_SCRAM_CREDENTIALS, 0, 0, sasl.alter_user_scram_credentials),
 )
 del K
 
