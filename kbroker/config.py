@@ -252,6 +252,7 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _impl("sasl.enabled.mechanisms", "list", ["GSSAPI"], doc="kbroker serves PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"),
     _impl("sasl.mechanism.inter.broker.protocol", "string", "GSSAPI"),
     _impl("connection.failed.authentication.delay.ms", "int", 100, at_least(0)),
+    _impl("connections.max.reauth.ms", "long", 0, at_least(0), doc="SASL session lifetime (KIP-368); 0 = unlimited"),
     _impl("ssl.principal.mapping.rules", "string", "DEFAULT", doc="mTLS principals: RULE:pattern/replacement/[LU], DEFAULT"),
     _impl("log.dirs", "string", None, doc="comma-separated; overrides log.dir"),
     _impl("log.dir", "string", "/tmp/kafka-logs"),

@@ -193,6 +193,7 @@ class Connection(ConnState, asyncio.BufferedProtocol):
         self.sasl_server = None   # the mechanism's server side once SaslHandshake chose it
         self.sasl_raw = False     # after a v0 SaslHandshake: the tokens come as bare size-prefixed frames
         self._auth_failed = False
+        self._session_timer = None    # the end of a SASL session (connections.max.reauth.ms)
         self.pool = server.pool
         self.max_frame = server.max_request_bytes
         self.loop = server.loop
@@ -269,6 +270,9 @@ class Connection(ConnState, asyncio.BufferedProtocol):
         # stale selector key would break the next connection that gets the same fd number.
         self._unregister_writer()
         self._send_rest = None
+        if self._session_timer is not None:
+            self._session_timer.cancel()
+            self._session_timer = None
         self.server.connection_closed(self)
         self.server.memory_paused.discard(self)
         if self._waiting_mem:
@@ -828,15 +832,33 @@ class Connection(ConnState, asyncio.BufferedProtocol):
         self._native_produce = self._native_fetch = None
         self.max_frame = min(self.max_frame, SASL_MAX_RECEIVE_BYTES)
 
-    def authenticated_as(self, user: str):
-        """The SASL exchange succeeded: the principal is the user; every API (and the native path) opens."""
-        self.principal = "User:" + user
+    def authenticated_as(self, user: str) -> bool:
+        """The SASL exchange succeeded: the principal is the user; every API (and the native path) opens.
+        With connections.max.reauth.ms (KIP-368) the session ends that long after, unless the client
+        authenticates again before (as the same user: False for another one, which fails the exchange)."""
+        principal = "User:" + user
+        if self._session_timer is not None:          # a re-authentication
+            if principal != self.principal:
+                return False
+            self._session_timer.cancel()
+            self._session_timer = None
+        self.principal = principal
         self.authenticated = True
         self.sasl_server = None
         self.sasl_raw = False
         self._native_produce = self.server.native_produce
         self._native_fetch = self.server.native_fetch
         self.max_frame = self.server.max_request_bytes
+        lifetime_s = self.listener.sasl.reauth_ms / 1000
+        if lifetime_s > 0:
+            self._session_timer = self.loop.call_later(lifetime_s, self._session_expired)
+        return True
+
+    def _session_expired(self):
+        """KIP-368: the session ran out without a re-authentication: from now on only SaslHandshake and
+        SaslAuthenticate may come (anything else closes the connection), as before the first login."""
+        self.authenticated = False
+        self._await_authentication()
 
     def authentication_failed(self, delay_s: float):
         """The answer (SASL_AUTHENTICATION_FAILED, UNSUPPORTED_SASL_MECHANISM) still goes out; nothing more
@@ -865,8 +887,9 @@ class Connection(ConnState, asyncio.BufferedProtocol):
             hostile_log(logging.INFO, "SASL authentication of %s failed: %s", self.peer, e)
             self._finish(slot, CLOSE)
             return
-        if server_side.complete:
-            self.authenticated_as(server_side.user)
+        if server_side.complete and not self.authenticated_as(server_side.user):
+            self._finish(slot, CLOSE)
+            return
         self._finish(slot, [_SIZE.pack(len(answer)) + answer])
 
     def _tls_principal(self, transport) -> bool:

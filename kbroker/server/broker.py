@@ -180,7 +180,8 @@ class Broker:
             raise ConfigError(f"listener.name.{name.lower()}.plain.sasl.jaas.config must name the PLAIN users "
                               f"(user_<name>=\"<password>\")", "sasl.jaas.config")
         return SaslListener(mechanisms, users, self._scram_credential,
-                            cfg.get("connection.failed.authentication.delay.ms"))
+                            cfg.get("connection.failed.authentication.delay.ms"),
+                            cfg.listener_get(name, "connections.max.reauth.ms") or 0)
 
     async def _scram_credential(self, mechanism: str, user: str):
         """The user's stored SCRAM credential for ``mechanism`` (ZooKeeper /config/users/<user>), or None."""

@@ -7,10 +7,8 @@ mechanism gets UNSUPPORTED_SASL_MECHANISM; a request before authentication close
 oversized token is refused."""
 from __future__ import annotations
 
-import asyncio
 import socket
 import struct
-import subprocess
 import time
 import uuid
 
@@ -22,6 +20,7 @@ from kbroker.security.certs import CA
 from kbroker.security.sasl.scram import ScramCredential
 from kbroker.testing import LocalCluster, free_port, wait_until
 from kbroker.zk.credentials import alter_user_config
+from secure_clients import aiokafka_round_trip, confluent_round_trip, kafka_python_round_trip, kcat_round_trip
 
 TIMEOUT_S = 30
 N = 100
@@ -90,70 +89,27 @@ def make_topic(c, protocol, mechanism):
 
 
 def run_confluent(c, protocol, mechanism, topic, want):
-    from confluent_kafka import Consumer, Producer
-    p = Producer(confluent_conf(c, protocol, mechanism) | {"acks": "all"})
-    for v in want:
-        p.produce(topic, v)
-    assert p.flush(TIMEOUT_S) == 0
-    cons = Consumer(confluent_conf(c, protocol, mechanism) | {"group.id": topic, "auto.offset.reset": "earliest"})
-    cons.subscribe([topic])
-    got, end = [], time.monotonic() + TIMEOUT_S
-    while len(got) < len(want) and time.monotonic() < end:
-        m = cons.poll(0.5)
-        if m is not None and m.error() is None:
-            got.append(m.value())
-    cons.close()
-    return got
+    return confluent_round_trip(confluent_conf(c, protocol, mechanism), topic, want)
 
 
-def run_kafka_python(c, protocol, mechanism, topic, want):
-    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+def _python_kw(c, protocol, mechanism):
     kw = dict(bootstrap_servers=bootstrap(c, protocol), security_protocol=protocol, sasl_mechanism=mechanism,
               sasl_plain_username="alice", sasl_plain_password=USERS["alice"])
     if protocol == "SASL_SSL":
         kw["ssl_cafile"] = str(c.ca)
-    p = KafkaProducer(acks="all", **kw)
-    for v in want:
-        p.send(topic, v)
-    p.flush(TIMEOUT_S)
-    p.close()
-    cons = KafkaConsumer(consumer_timeout_ms=5000, auto_offset_reset="earliest", **kw)
-    cons.assign([TopicPartition(topic, 0)])
-    got = [m.value for m in cons]
-    cons.close()
-    return got
+    return kw
+
+
+def run_kafka_python(c, protocol, mechanism, topic, want):
+    return kafka_python_round_trip(_python_kw(c, protocol, mechanism), topic, want)
 
 
 def run_aiokafka(c, protocol, mechanism, topic, want):
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
     from aiokafka.helpers import create_ssl_context
-
-    async def go():
-        kw = dict(bootstrap_servers=bootstrap(c, protocol), security_protocol=protocol, sasl_mechanism=mechanism,
-                  sasl_plain_username="alice", sasl_plain_password=USERS["alice"])
-        if protocol == "SASL_SSL":
-            kw["ssl_context"] = create_ssl_context(cafile=str(c.ca))
-        p = AIOKafkaProducer(acks="all", **kw)
-        await p.start()
-        try:
-            for v in want:
-                await p.send(topic, v)
-            await p.flush()
-        finally:
-            await p.stop()
-        cons = AIOKafkaConsumer(auto_offset_reset="earliest", **kw)
-        await cons.start()
-        got = []
-        try:
-            cons.assign([TopicPartition(topic, 0)])
-            end = time.monotonic() + TIMEOUT_S
-            while len(got) < len(want) and time.monotonic() < end:
-                for msgs in (await cons.getmany(timeout_ms=500)).values():
-                    got.extend(m.value for m in msgs)
-        finally:
-            await cons.stop()
-        return got
-    return asyncio.run(go())
+    kw = _python_kw(c, protocol, mechanism)
+    if kw.pop("ssl_cafile", None):
+        kw["ssl_context"] = create_ssl_context(cafile=str(c.ca))
+    return aiokafka_round_trip(kw, topic, want)
 
 
 def run_kcat(c, protocol, mechanism, topic, want):
@@ -161,12 +117,7 @@ def run_kcat(c, protocol, mechanism, topic, want):
          "-X", "sasl.username=alice", "-X", f"sasl.password={USERS['alice']}"]
     if protocol == "SASL_SSL":
         x += ["-X", f"ssl.ca.location={c.ca}"]
-    b = bootstrap(c, protocol)
-    subprocess.run(["kcat", "-b", b, *x, "-P", "-t", topic, "-p", "0", "-X", "acks=all"],
-                   input=b"\n".join(want) + b"\n", check=True, timeout=TIMEOUT_S)
-    out = subprocess.run(["kcat", "-b", b, *x, "-C", "-t", topic, "-p", "0", "-o", "beginning", "-e", "-q"],
-                         capture_output=True, check=True, timeout=TIMEOUT_S).stdout
-    return out.splitlines()
+    return kcat_round_trip(bootstrap(c, protocol), x, topic, want)
 
 
 CLIENTS = {"confluent": run_confluent, "kafka-python": run_kafka_python, "aiokafka": run_aiokafka,
@@ -203,21 +154,6 @@ def _recv_frame(s):
             return None
         body += got
     return body
-
-
-def _response(key, version, frame):
-    return api.decode_response(key, version, frame) if hasattr(api, "decode_response") else frame
-
-
-def _closed_after(s, limit):
-    s.settimeout(limit)
-    t0 = time.monotonic()
-    try:
-        while s.recv(4096):
-            pass
-    except (socket.timeout, OSError):
-        return None if time.monotonic() - t0 >= limit else time.monotonic() - t0
-    return time.monotonic() - t0
 
 
 def _plaintext_sasl_port(c):

@@ -6,15 +6,13 @@ broker 0 reads a PEM keystore with an encrypted key, broker 1 a PKCS12 keystore.
 the sendfile threshold are copied through TLS, not sent with sendfile."""
 from __future__ import annotations
 
-import asyncio
-import subprocess
-import time
 import uuid
 
 import pytest
 
 from kbroker.security.certs import CA
 from kbroker.testing import LocalCluster, free_port, wait_until
+from secure_clients import aiokafka_round_trip, confluent_round_trip, kafka_python_round_trip, kcat_round_trip
 
 TIMEOUT_S = 30
 N = 200
@@ -81,69 +79,25 @@ def values(n=N, size=10):
 
 
 def run_confluent(c, topic, mtls, want):
-    from confluent_kafka import Consumer, Producer
-    p = Producer(confluent_conf(c, mtls) | {"acks": "all"})
-    for v in want:
-        p.produce(topic, v)
-    assert p.flush(TIMEOUT_S) == 0
-    cons = Consumer(confluent_conf(c, mtls) | {"group.id": topic, "auto.offset.reset": "earliest"})
-    cons.subscribe([topic])
-    got, end = [], time.monotonic() + TIMEOUT_S
-    while len(got) < len(want) and time.monotonic() < end:
-        m = cons.poll(0.5)
-        if m is not None and m.error() is None:
-            got.append(m.value())
-    cons.close()
-    return got
+    return confluent_round_trip(confluent_conf(c, mtls), topic, want)
 
 
-def run_kafka_python(c, topic, mtls, want):
-    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+def _python_kw(c, mtls):
     kw = dict(bootstrap_servers=bootstrap(c, mtls), security_protocol="SSL", ssl_cafile=str(c.pki / "ca.pem"))
     if mtls:
         kw |= dict(ssl_certfile=str(c.pki / "client.pem"), ssl_keyfile=str(c.pki / "client.pem"))
-    p = KafkaProducer(acks="all", **kw)
-    for v in want:
-        p.send(topic, v)
-    p.flush(TIMEOUT_S)
-    p.close()
-    cons = KafkaConsumer(consumer_timeout_ms=5000, auto_offset_reset="earliest", **kw)
-    cons.assign([TopicPartition(topic, 0)])
-    got = [m.value for m in cons]
-    cons.close()
-    return got
+    return kw
+
+
+def run_kafka_python(c, topic, mtls, want):
+    return kafka_python_round_trip(_python_kw(c, mtls), topic, want)
 
 
 def run_aiokafka(c, topic, mtls, want):
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
     from aiokafka.helpers import create_ssl_context
-
-    async def go():
-        ctx = create_ssl_context(cafile=str(c.pki / "ca.pem"),
-                                 **(dict(certfile=str(c.pki / "client.pem")) if mtls else {}))
-        kw = dict(bootstrap_servers=bootstrap(c, mtls), security_protocol="SSL", ssl_context=ctx)
-        p = AIOKafkaProducer(acks="all", **kw)
-        await p.start()
-        try:
-            for v in want:
-                await p.send(topic, v)
-            await p.flush()
-        finally:
-            await p.stop()
-        cons = AIOKafkaConsumer(auto_offset_reset="earliest", **kw)
-        await cons.start()
-        got = []
-        try:
-            cons.assign([TopicPartition(topic, 0)])
-            end = time.monotonic() + TIMEOUT_S
-            while len(got) < len(want) and time.monotonic() < end:
-                batch = await cons.getmany(timeout_ms=500)
-                for msgs in batch.values():
-                    got.extend(m.value for m in msgs)
-        finally:
-            await cons.stop()
-        return got
-    return asyncio.run(go())
+    ctx = create_ssl_context(cafile=str(c.pki / "ca.pem"), **(dict(certfile=str(c.pki / "client.pem")) if mtls else {}))
+    return aiokafka_round_trip(dict(bootstrap_servers=bootstrap(c, mtls), security_protocol="SSL", ssl_context=ctx),
+                               topic, want)
 
 
 def run_kcat(c, topic, mtls, want):
@@ -151,12 +105,7 @@ def run_kcat(c, topic, mtls, want):
     if mtls:
         x += ["-X", f"ssl.certificate.location={c.pki / 'client.pem'}",
               "-X", f"ssl.key.location={c.pki / 'client.pem'}"]
-    b = bootstrap(c, mtls)
-    subprocess.run(["kcat", "-b", b, *x, "-P", "-t", topic, "-p", "0", "-X", "acks=all"],
-                   input=b"\n".join(want) + b"\n", check=True, timeout=TIMEOUT_S)
-    out = subprocess.run(["kcat", "-b", b, *x, "-C", "-t", topic, "-p", "0", "-o", "beginning", "-e", "-q"],
-                         capture_output=True, check=True, timeout=TIMEOUT_S).stdout
-    return out.splitlines()
+    return kcat_round_trip(bootstrap(c, mtls), x, topic, want)
 
 
 CLIENTS = {"confluent": run_confluent, "kafka-python": run_kafka_python, "aiokafka": run_aiokafka,

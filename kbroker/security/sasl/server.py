@@ -143,14 +143,17 @@ class ScramServer:
 
 class SaslListener:
     """A SASL listener's settings: its enabled mechanisms (``sasl.enabled.mechanisms``), PLAIN's users
-    (``listener.name.<l>.plain.sasl.jaas.config``), how SCRAM credentials are found, and the delay
-    before a failed connection closes (``connection.failed.authentication.delay.ms``)."""
+    (``listener.name.<l>.plain.sasl.jaas.config``), how SCRAM credentials are found, the delay
+    before a failed connection closes (``connection.failed.authentication.delay.ms``) and the session
+    lifetime (``connections.max.reauth.ms``, KIP-368)."""
 
-    def __init__(self, mechanisms, plain_users: dict[str, str], scram_lookup, failed_delay_ms: int):
+    def __init__(self, mechanisms, plain_users: dict[str, str], scram_lookup, failed_delay_ms: int,
+                 reauth_ms: int = 0):
         self.mechanisms = list(mechanisms)
         self.plain_users = plain_users
         self.scram_lookup = scram_lookup
         self.failed_delay_s = failed_delay_ms / 1000
+        self.reauth_ms = reauth_ms      # connections.max.reauth.ms: a session's lifetime (0: unlimited)
 
     def new_server(self, mechanism: str):
         if mechanism == "PLAIN":

@@ -20,7 +20,9 @@ log = logging.getLogger(__name__)
 def sasl_handshake(broker, conn, header, body):
     sasl = conn.listener.sasl
     mechanisms = list(sasl.mechanisms) if sasl is not None else []
-    if sasl is None or conn.authenticated or conn.sasl_server is not None:
+    # KIP-368: an authenticated connection may authenticate again (v1 handshake) when sessions expire
+    reauth = conn.authenticated and sasl is not None and sasl.reauth_ms > 0 and header.api_version >= 1
+    if sasl is None or (conn.authenticated and not reauth) or conn.sasl_server is not None:
         return {"error_code": int(Errors.ILLEGAL_SASL_STATE), "mechanisms": mechanisms}
     mechanism = body["mechanism"]
     if mechanism not in mechanisms:
@@ -34,7 +36,7 @@ def sasl_handshake(broker, conn, header, body):
 async def sasl_authenticate(broker, conn, header, body):
     server_side = conn.sasl_server
     if server_side is None:
-        # no handshake, or already authenticated (re-authentication is not offered: session 0)
+        # no handshake (a re-authentication starts with one too)
         conn.authentication_failed(0)
         return _answer(Errors.ILLEGAL_SASL_STATE, "SaslAuthenticate without a SaslHandshake choosing a mechanism")
     try:
@@ -43,13 +45,18 @@ async def sasl_authenticate(broker, conn, header, body):
         log.info("SASL/%s authentication of %s failed: %s", server_side.mechanism, conn.peer, e)
         conn.authentication_failed(conn.listener.sasl.failed_delay_s)
         return _answer(Errors.SASL_AUTHENTICATION_FAILED, str(e))
+    lifetime = 0
     if server_side.complete:
-        conn.authenticated_as(server_side.user)
-    return _answer(Errors.NONE, None, token)
+        if not conn.authenticated_as(server_side.user):
+            conn.authentication_failed(conn.listener.sasl.failed_delay_s)
+            return _answer(Errors.SASL_AUTHENTICATION_FAILED, "Cannot change principals during re-authentication")
+        lifetime = conn.listener.sasl.reauth_ms
+    return _answer(Errors.NONE, None, token, lifetime)
 
 
-def _answer(code, message, token=b""):
-    return {"error_code": int(code), "error_message": message, "auth_bytes": token, "session_lifetime_ms": 0}
+def _answer(code, message, token=b"", lifetime_ms=0):
+    """``session_lifetime_ms``: connections.max.reauth.ms once authenticated (0: the session never ends)."""
+    return {"error_code": int(code), "error_message": message, "auth_bytes": token, "session_lifetime_ms": lifetime_ms}
 
 
 # ---- DescribeUserScramCredentials (50), AlterUserScramCredentials (51) ------------------------------
