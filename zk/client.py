@@ -116,7 +116,7 @@ class BrokerZk:
         self._lock = threading.RLock()        # guards the controller fields and registration
         self._elect_lock = threading.Lock()   # one election at a time (caller and worker)
         self._session_lost = False
-        self._registration: tuple[str, int, str | None] | None = None
+        self._registration: tuple | None = None     # (host, port, rack, endpoints, protocol map)
         self._wants_controller = False
         self._controller_watch_started = False
         self._is_controller = False
@@ -251,7 +251,9 @@ class BrokerZk:
     # --- broker registration -----------------------------------------------
 
     def register_broker(self, host: str, port: int, rack: str | None = None,
-                        wait_timeout_s: float | None = None) -> int:
+                        wait_timeout_s: float | None = None, *,
+                        endpoints: list[tuple[str, str, int]] | None = None,
+                        security_protocol_map: dict[str, str] | None = None) -> int:
         """Create the ephemeral ``/brokers/ids/<id>``; return the broker epoch (its czxid).
 
         A node left by an older session of this broker id (a restart within the
@@ -260,16 +262,16 @@ class BrokerZk:
         Gives up after ``wait_timeout_s`` (default 2 x session timeout).
         """
         with self._lock:
-            self._registration = (host, int(port), rack)
+            self._registration = (host, int(port), rack, endpoints, security_protocol_map)
         epoch = self._register(wait_timeout_s)
         self.broker_epoch = epoch
         return epoch
 
     def _register(self, wait_timeout_s: float | None = None) -> int:
         zk = self.kazoo
-        host, port, rack = self._registration
+        host, port, rack, endpoints, protocols = self._registration
         path = L.broker_path(self.broker_id)
-        data = L.encode_broker(host, port, rack)
+        data = L.encode_broker(host, port, rack, endpoints=endpoints, security_protocol_map=protocols)
         if wait_timeout_s is None:
             wait_timeout_s = 2 * self.session_timeout_ms / 1000.0
         deadline = time.monotonic() + wait_timeout_s

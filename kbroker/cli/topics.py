@@ -12,6 +12,7 @@ import asyncio
 import re
 import sys
 
+from kbroker.cli.tool import add_command_config, command_security
 from kbroker.client.admin import Admin, ConfigResource, NewTopic, uuid_str
 from kbroker.client.connection import KafkaError
 from kbroker.protocol.errors import Errors
@@ -73,6 +74,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("topics", help="create, delete, describe, alter or list topics (kafka-topics.sh)",
                               description="This tool helps to create, delete, describe, or change a topic.")
     p.add_argument("--bootstrap-server", required=True, help="REQUIRED: The Kafka server to connect to.")
+    add_command_config(p)
     action = p.add_mutually_exclusive_group(required=True)
     for name, text in (("create", "Create a new topic."), ("list", "List all available topics."),
                        ("describe", "List details for the given topics."), ("delete", "Delete a topic."),
@@ -130,7 +132,7 @@ def _matching(all_topics: list[str], pattern: str | None, exclude_internal: bool
 
 
 async def run(args, out) -> int:
-    async with Admin(args.bootstrap_server, client_id="kbroker-topics") as admin:
+    async with Admin(args.bootstrap_server, client_id="kbroker-topics", security=command_security(args)) as admin:
         if args.create:
             return await _create(admin, args, out)
         names = await admin.list_topics(include_internal=True)

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from kbroker.protocol.errors import Errors
 
 from .cluster import Cluster, ClusterClient, PartitionMeta
-from .connection import KafkaError
+from .connection import KafkaError, raise_for_error
+
+SCRAM_MECHANISMS = {1: "SCRAM-SHA-256", 2: "SCRAM-SHA-512"}    # Kafka's ScramMechanism ids
 
 CREATE_TOPICS, DELETE_TOPICS, DESCRIBE_CONFIGS, ALTER_CONFIGS = 19, 20, 32, 33
 CREATE_PARTITIONS, INCREMENTAL_ALTER_CONFIGS = 37, 44
@@ -104,8 +106,8 @@ class TopicDescription:
 
 class Admin(ClusterClient):
     def __init__(self, bootstrap_servers=None, *, cluster: Cluster | None = None, client_id: str = "kbroker-admin",
-                 request_timeout_ms: int = 30000, retry_backoff_ms: int = 100):
-        super().__init__(bootstrap_servers, cluster, client_id, request_timeout_ms, retry_backoff_ms)
+                 request_timeout_ms: int = 30000, retry_backoff_ms: int = 100, security=None):
+        super().__init__(bootstrap_servers, cluster, client_id, request_timeout_ms, retry_backoff_ms, security)
         self.request_timeout_ms = request_timeout_ms
         self.retry_backoff = retry_backoff_ms / 1000
 
@@ -200,6 +202,39 @@ class Admin(ClusterClient):
             out[name] = TopicDescription(name, tm.topic_id, tm.is_internal,
                                          [tm.partitions[p] for p in sorted(tm.partitions)])
         return out
+
+    # ---- SCRAM credentials ---------------------------------------------------------------------
+
+    async def describe_user_scram_credentials(self, users: list[str] | None = None) -> dict[str, dict[str, int]]:
+        """{user: {mechanism: iterations}}; every user with credentials when ``users`` is None.
+        KafkaError for a named user without credentials."""
+        conn = await self.cluster.any_connection()
+        _, resp = await conn.send(50, {"users": None if users is None else [{"name": u} for u in users]}, 0)
+        raise_for_error(resp["error_code"], resp["error_message"], "describe SCRAM credentials")
+        out = {}
+        for r in resp["results"]:
+            raise_for_error(r["error_code"], r["error_message"], f"SCRAM credentials of {r['user']}")
+            out[r["user"]] = {SCRAM_MECHANISMS[i["mechanism"]]: i["iterations"] for i in r["credential_infos"]}
+        return out
+
+    async def alter_user_scram_credentials(self, upsertions: list[tuple[str, str, str, int]] = (),
+                                           deletions: list[tuple[str, str]] = ()) -> None:
+        """``upsertions``: (user, mechanism, password, iterations); the salted password is computed here,
+        as Kafka's admin client does, so the password never travels. ``deletions``: (user, mechanism)."""
+        import os
+        from ..security.sasl.scram import MECHANISMS, salted_password
+        ids = {m: i for i, m in SCRAM_MECHANISMS.items()}
+        ups = []
+        for user, mechanism, password, iterations in upsertions:
+            salt = os.urandom(32)
+            ups.append({"name": user, "mechanism": ids.get(mechanism, 0), "iterations": iterations, "salt": salt,
+                        "salted_password": salted_password(MECHANISMS[mechanism], password, salt, iterations)
+                        if mechanism in MECHANISMS else b""})
+        dels = [{"name": u, "mechanism": ids.get(m, 0)} for u, m in deletions]
+        conn = await self.cluster.any_connection()
+        _, resp = await conn.send(51, {"deletions": dels, "upsertions": ups}, 0)
+        for r in resp["results"]:
+            raise_for_error(r["error_code"], r["error_message"], f"alter SCRAM credentials of {r['user']}")
 
     # ---- configs -------------------------------------------------------------------------------
 

@@ -145,8 +145,9 @@ class BrokerConnection:
     """An open, negotiated connection. Create with :meth:`open`."""
 
     def __init__(self, host: str, port: int, *, node_id: int = -1, client_id: str = "kbroker",
-                 request_timeout_ms: int = 30000, client_versions=None):
+                 request_timeout_ms: int = 30000, client_versions=None, security=None):
         self.host, self.port, self.node_id = host, port, node_id
+        self.security = security          # client.security.ClientSecurity; None: PLAINTEXT
         self.client_id = client_id
         self.request_timeout = request_timeout_ms / 1000
         self.client_versions = dict(CLIENT_VERSIONS if client_versions is None else client_versions)
@@ -165,17 +166,23 @@ class BrokerConnection:
     async def open(cls, host: str, port: int, *, negotiate: bool = True, **kw) -> "BrokerConnection":
         conn = cls(host, port, **kw)
         loop = asyncio.get_running_loop()
+        sec = conn.security
+        tls = {} if sec is None or not sec.tls else {"ssl": sec.ssl_context, "server_hostname": host}
         try:
             conn._transport, conn._protocol = await asyncio.wait_for(
-                loop.create_connection(lambda: _ResponseProtocol(conn), host, port), conn.request_timeout)
-        except (OSError, asyncio.TimeoutError) as e:
+                loop.create_connection(lambda: _ResponseProtocol(conn), host, port, **tls), conn.request_timeout)
+        except (OSError, asyncio.TimeoutError) as e:   # ssl.SSLError (a failed handshake) is an OSError
             raise KafkaConnectionError(f"cannot connect to {host}:{port}: {e or 'timed out'}") from None
-        if negotiate:
-            try:
+        try:
+            if negotiate:
                 await conn.negotiate()
-            except BaseException:
-                conn.close()
-                raise
+            if sec is not None and sec.sasl:
+                # ApiVersions may precede SASL; anything else is refused until it completed
+                from .sasl import authenticate
+                await authenticate(conn, sec)
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     @property

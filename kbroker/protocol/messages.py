@@ -1187,6 +1187,50 @@ api(31, "DeleteAcls", "0-3", "2+",
     ])
 
 # --- 60 DescribeCluster ---------------------------------------------------------------------------
+api(50, "DescribeUserScramCredentials", "0", "0+",
+    request=[
+        F("users", [
+            F("name", "string"),
+        ], nullable="0+"),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("error_code", "int16"),
+        F("error_message", "string", nullable="0+"),
+        F("results", [
+            F("user", "string"),
+            F("error_code", "int16"),
+            F("error_message", "string", nullable="0+"),
+            F("credential_infos", [
+                F("mechanism", "int8"),
+                F("iterations", "int32"),
+            ]),
+        ]),
+    ])
+
+api(51, "AlterUserScramCredentials", "0", "0+",
+    request=[
+        F("deletions", [
+            F("name", "string"),
+            F("mechanism", "int8"),
+        ]),
+        F("upsertions", [
+            F("name", "string"),
+            F("mechanism", "int8"),
+            F("iterations", "int32"),
+            F("salt", "bytes"),
+            F("salted_password", "bytes"),
+        ]),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("results", [
+            F("user", "string"),
+            F("error_code", "int16"),
+            F("error_message", "string", nullable="0+"),
+        ]),
+    ])
+
 api(60, "DescribeCluster", "0-2", "0+",
     request=[
         F("include_cluster_authorized_operations", "bool"),

@@ -1,3 +1,6 @@
-"""What a principal may do: ACLs and their ZooKeeper JSON (``acl.py``), the AclAuthorizer's decisions
-(``authorizer.py``). Who the client is (TLS, SASL) is decided elsewhere and arrives as the connection's
-``principal``, ``listener_name`` and ``client_host``."""
+"""Security: who a client is (TLS, SASL: ``tls.py``, ``sasl/``) and what it may do (ACLs and their
+ZooKeeper JSON: ``acl.py``; the AclAuthorizer's decisions: ``authorizer.py``).
+
+Every broker connection carries ``principal`` ("User:<name>", "User:ANONYMOUS" until authenticated),
+``listener_name`` and ``client_host``; authentication sets the principal, authorization reads it.
+"""

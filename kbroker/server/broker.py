@@ -14,10 +14,15 @@ import logging
 import signal
 import time
 
-from ..config import BrokerConfig, parse_topic_config
+from ..config import BrokerConfig, ConfigError, parse_topic_config
 from ..log.manager import LogManager
 from ..metrics import BrokerMetrics, MetricsServer
-from ..network.server import KafkaServer
+from ..network.server import KafkaServer, Listener
+from ..security import tls
+from ..security.sasl.scram import ScramCredential
+from ..security.sasl.server import SUPPORTED as SASL_SUPPORTED, SaslListener
+from ..client.security import ClientSecurity, jaas_options
+from ..zk.credentials import get_user_config
 from ..protocol import api
 from ..request_metrics import LOOP_IDLE
 from ..replica import ReplicaManager
@@ -44,6 +49,13 @@ class Broker:
         self.broker_id = config.broker_id
         self.cluster_id: str | None = None
         self.metadata = MetadataCache()
+        # how this broker connects to the others' inter-broker listener (replica fetchers, controller
+        # channel, controlled shutdown): that listener's protocol and ssl.* values
+        inter = config.inter_broker_listener
+        mechanism = config.get("sasl.mechanism.inter.broker.protocol")
+        self.inter_broker_security = ClientSecurity.from_lookup(
+            functools.partial(config.listener_get, inter.listener_name), inter.security_protocol, mechanism,
+            config.listener_get(inter.listener_name, f"{mechanism.lower()}.sasl.jaas.config") or "")
         self.logs: LogManager | None = None
         self.replica_manager: ReplicaManager | None = None
         self.zk: BrokerZk | None = None
@@ -106,6 +118,7 @@ class Broker:
         listener = cfg.listeners[0]
         self.server = KafkaServer(
             listener.host, listener.port, self.handlers,
+            listeners=[self._listener(e) for e in cfg.listeners],
             max_request_bytes=cfg.get("socket.request.max.bytes"),
             pool_bytes=self._pool_bytes(),
             idle_ms=cfg.get("connections.max.idle.ms"),
@@ -114,7 +127,6 @@ class Broker:
             max_connections=cfg.get("max.connections"),
             max_connections_per_ip=cfg.get("max.connections.per.ip"),
             frame_timeout_ms=cfg.get("kbroker.socket.request.frame.timeout.ms"),
-            listener_name=listener.listener_name,
             authorizing=self.authorizer is not None,
             # Produce v3-8 and Fetch v4-11 parsed and answered natively (same policy as the table's
             # handlers: kbroker/server/apis/produce.py, fetch.py).
@@ -127,19 +139,26 @@ class Broker:
                                  functools.partial(fetch_api.handle_native, self))},
         )
         await self.server.start()
-        adv = cfg.advertised_listeners[0]
-        self.advertised_host = adv.host or "127.0.0.1"
-        self.advertised_port = adv.port or self.server.port
+        bound = {l.name: l.port for l in self.server.listeners}
+        # every advertised endpoint, a port 0 replaced by the port its listener bound
+        self.endpoints = [(e.listener_name, e.host or "127.0.0.1", e.port or bound[e.listener_name])
+                          for e in cfg.advertised_listeners]
+        inter = cfg.inter_broker_listener.listener_name
+        self.metadata.inter_broker_listener = inter
+        _, self.advertised_host, self.advertised_port = next(e for e in self.endpoints if e[0] == inter)
+        protocols = {e.listener_name: e.security_protocol for e in cfg.advertised_listeners}
 
         # Until the controller's first UpdateMetadata this broker knows only itself.
-        self.metadata.brokers = {self.broker_id: BrokerInfo(self.broker_id, self.advertised_host,
-                                                            self.advertised_port, cfg.get("broker.rack"))}
+        self.metadata.brokers = {self.broker_id: BrokerInfo(
+            self.broker_id, self.advertised_host, self.advertised_port, cfg.get("broker.rack"),
+            {name: (host, port) for name, host, port in self.endpoints})}
         # Registration, then the election (as Kafka): the controller finds us among the live brokers
         # and sends us the cluster's metadata over the listener that is already open.
-        epoch = await asyncio.to_thread(self.zk.register_broker, self.advertised_host, self.advertised_port,
-                                        cfg.get("broker.rack"))
-        log.info("registered broker %d at %s:%d (broker epoch %d)", self.broker_id, self.advertised_host,
-                 self.advertised_port, epoch)
+        epoch = await asyncio.to_thread(functools.partial(
+            self.zk.register_broker, self.advertised_host, self.advertised_port, cfg.get("broker.rack"),
+            endpoints=self.endpoints, security_protocol_map=protocols))
+        log.info("registered broker %d at %s (inter-broker listener %s, broker epoch %d)", self.broker_id,
+                 ", ".join(f"{n}://{h}:{p}" for n, h, p in self.endpoints), inter, epoch)
         await asyncio.to_thread(self.zk.elect_controller)
         self.zk.watch_children(CONFIG_CHANGES, self._on_config_changes)
         if cfg.metrics_port >= 0:
@@ -149,6 +168,50 @@ class Broker:
         if cfg.get("kbroker.zookeeper.session.fencing.enable"):
             self._tasks.append(self.loop.create_task(self._session_fence()))
         self.group_coordinator.start()   # loads the __consumer_offsets partitions we lead, runs offset expiry
+
+    def _listener(self, e) -> Listener:
+        """A listener with its TLS context (SSL, SASL_SSL) from its own ssl.* values."""
+        ctx = mapper = None
+        if e.security_protocol in ("SSL", "SASL_SSL"):
+            get = functools.partial(self.config.listener_get, e.listener_name)
+            ctx = tls.server_context(get)
+            mapper = tls.PrincipalMapper(get("ssl.principal.mapping.rules"))
+        sasl = None
+        if e.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
+            sasl = self._sasl_listener(e.listener_name)
+        return Listener(e.listener_name, e.security_protocol, e.host, e.port, ctx, mapper, sasl)
+
+    def _sasl_listener(self, name: str) -> SaslListener:
+        cfg = self.config
+        mechanisms = [m.strip().upper() for m in cfg.listener_get(name, "sasl.enabled.mechanisms") or [] if m.strip()]
+        bad = [m for m in mechanisms if m not in SASL_SUPPORTED]
+        if bad or not mechanisms:
+            raise ConfigError(f"Invalid value {','.join(mechanisms)} for configuration sasl.enabled.mechanisms "
+                              f"(listener {name}): kbroker serves {', '.join(SASL_SUPPORTED)}",
+                              "sasl.enabled.mechanisms")
+        users = {k[5:]: v for k, v in jaas_options(cfg.listener_get(name, "plain.sasl.jaas.config")).items()
+                 if k.startswith("user_")}
+        if "PLAIN" in mechanisms and not users:
+            raise ConfigError(f"listener.name.{name.lower()}.plain.sasl.jaas.config must name the PLAIN users "
+                              f"(user_<name>=\"<password>\")", "sasl.jaas.config")
+        return SaslListener(mechanisms, users, self._scram_credential,
+                            cfg.get("connection.failed.authentication.delay.ms"),
+                            cfg.listener_get(name, "connections.max.reauth.ms") or 0)
+
+    async def _scram_credential(self, mechanism: str, user: str):
+        """The user's stored SCRAM credential for ``mechanism`` (ZooKeeper /config/users/<user>), or None."""
+        try:
+            config = await asyncio.to_thread(get_user_config, self.zk.kazoo, user)
+        except ValueError:          # not a user name ZooKeeper can hold
+            return None
+        text = config.get(mechanism)
+        if text is None:
+            return None
+        try:
+            return ScramCredential.decode(text)
+        except (ValueError, KeyError):
+            log.warning("/config/users/%s holds a malformed %s credential", user, mechanism)
+            return None
 
     def _pool_bytes(self) -> int:
         # Kafka's default -1 means unbounded; we always bound it (four maximum-size requests).
@@ -260,7 +323,9 @@ class Broker:
         """/controller changed (loop thread): run the controller while this broker holds it."""
         log.info("controller is now %s (epoch %d)", controller_id, epoch)
         if self.controller is None:
-            self.controller = Controller(self.zk, self.broker_id, self.config.get, self.metrics)
+            self.controller = Controller(self.zk, self.broker_id, self.config.get, self.metrics,
+                                         inter_broker_listener=self.config.inter_broker_listener.listener_name,
+                                         security=self.inter_broker_security)
         if is_controller:
             self.controller.start(epoch)
         else:

@@ -18,7 +18,7 @@ from ...protocol import api
 from ...protocol.api import ApiKey
 from ...protocol.errors import Errors
 from . import (acls, admin, authz, cluster_info, configs, controlled_shutdown, coordinator, core, fetch, groups,
-               log_admin, produce, producer_ids, producers, reassignments, replica_control, txn_markers)
+               log_admin, produce, producer_ids, producers, reassignments, replica_control, sasl, txn_markers)
 
 
 class Api(NamedTuple):
@@ -102,6 +102,11 @@ TABLE: tuple[Api, ...] = (
     Api(K.OFFSET_DELETE, 0, 0, groups.offset_delete),
     Api(K.DESCRIBE_CLUSTER, 0, 2, cluster_info.describe_cluster),
     Api(K.DESCRIBE_PRODUCERS, 0, 0, producers.describe_producers),
+    # SASL (listeners with SASL_PLAINTEXT / SASL_SSL; ILLEGAL_SASL_STATE elsewhere)
+    Api(K.SASL_HANDSHAKE, 0, 1, sasl.sasl_handshake),
+    Api(K.SASL_AUTHENTICATE, 0, 2, sasl.sasl_authenticate),
+    Api(K.DESCRIBE_USER_SCRAM_CREDENTIALS, 0, 0, sasl.describe_user_scram_credentials),
+    Api(K.ALTER_USER_SCRAM_CREDENTIALS, 0, 0, sasl.alter_user_scram_credentials),
 )
 del K
 

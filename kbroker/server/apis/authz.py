@@ -77,11 +77,7 @@ def allowed_any(broker, conn, op: Operation, rtype: ResourceType) -> bool:
 
 
 def forget(conn) -> None:
-    conn.acl_decisions.clear()
-    if conn._acl_write is not None:
-        conn._acl_write.clear()
-        conn._acl_read.clear()
-    conn._acl_cluster = False
+    conn.forget_decisions()
 
 
 def forget_all(connections) -> None:

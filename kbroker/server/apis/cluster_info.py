@@ -36,13 +36,14 @@ def describe_cluster(broker, conn, header, body):
             res["error_message"] = (f"The request was sent to an endpoint of type {ENDPOINT_TYPES[wanted]}, "
                                     f"but we wanted an endpoint of type BROKER")
         return res
-    res["brokers"] = [{"broker_id": b.broker_id, "host": b.host, "port": b.port, "rack": b.rack, "is_fenced": False}
-                      for b in sorted(md.brokers.values(), key=lambda b: b.broker_id)]
+    res["brokers"] = [{"broker_id": b.broker_id, "host": host, "port": port, "rack": b.rack, "is_fenced": False}
+                      for b, host, port in md.listener_brokers(conn.listener_name)]
     if body.get("include_fenced_brokers") and broker.self_fenced:
         # Only this broker knows it stepped down (its session lease ran out); the others still list it
         # as live until ZooKeeper expires the session, and then not at all.
-        adv = broker.config.advertised_listeners[0]
-        res["brokers"].append({"broker_id": broker.broker_id, "host": adv.host, "port": adv.port,
+        host, port = next(((h, p) for name, h, p in broker.endpoints if name == conn.listener_name),
+                          (broker.advertised_host, broker.advertised_port))
+        res["brokers"].append({"broker_id": broker.broker_id, "host": host, "port": port,
                                "rack": broker.config.get("broker.rack"), "is_fenced": True})
         res["brokers"].sort(key=lambda b: b["broker_id"])
     if body["include_cluster_authorized_operations"]:

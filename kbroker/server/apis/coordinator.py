@@ -18,10 +18,11 @@ from ...topics import GROUP_METADATA_TOPIC as OFFSETS_TOPIC
 GROUP, TRANSACTION = 0, 1
 
 
-def _answer(code, node=None, message=None):
+def _answer(code, node=None, message=None, addr=None):
+    """``addr``: the node's (host, port) on the listener the request came in on."""
     return {"error_code": int(code), "error_message": message,
-            "node_id": node.broker_id if node else -1, "host": node.host if node else "",
-            "port": node.port if node else -1}
+            "node_id": node.broker_id if node else -1, "host": addr[0] if node else "",
+            "port": addr[1] if node else -1}
 
 
 async def find_coordinator(broker, conn, header, body):
@@ -30,10 +31,11 @@ async def find_coordinator(broker, conn, header, body):
         coordinators = []
         for key in body["coordinator_keys"]:
             coordinators.append({"key": key, **(_refused(broker, conn, key_type, key) or
-                                                await _find(broker, key_type, key))})
+                                                await _find(broker, key_type, key, conn.listener_name))})
         return {"throttle_time_ms": 0, "coordinators": coordinators}
     key = body["key"]
-    return {"throttle_time_ms": 0, **(_refused(broker, conn, key_type, key) or await _find(broker, key_type, key))}
+    return {"throttle_time_ms": 0, **(_refused(broker, conn, key_type, key) or
+                                      await _find(broker, key_type, key, conn.listener_name))}
 
 
 def _refused(broker, conn, key_type, key) -> dict | None:
@@ -48,7 +50,7 @@ def _refused(broker, conn, key_type, key) -> dict | None:
     return None
 
 
-async def _find(broker, key_type, key) -> dict:
+async def _find(broker, key_type, key, listener) -> dict:
     if key_type != GROUP:
         return _answer(Errors.COORDINATOR_NOT_AVAILABLE, message="transactions are not implemented")
     md = broker.metadata
@@ -60,6 +62,8 @@ async def _find(broker, key_type, key) -> dict:
         return _answer(Errors.COORDINATOR_NOT_AVAILABLE, message=f"{OFFSETS_TOPIC} is not available yet")
     leader = topic.partitions[partition_for(key, len(topic.partitions))].leader
     node = md.brokers.get(leader)
-    if node is None:
-        return _answer(Errors.COORDINATOR_NOT_AVAILABLE, message="the coordinator's broker is not live")
-    return _answer(Errors.NONE, node)
+    addr = node.address(listener) if node is not None else None
+    if addr is None:
+        return _answer(Errors.COORDINATOR_NOT_AVAILABLE, message="the coordinator's broker is not live "
+                                                                 f"or has no {listener} listener")
+    return _answer(Errors.NONE, node, addr=addr)
