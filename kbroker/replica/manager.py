@@ -194,7 +194,9 @@ class ReplicaManager:
         """Arm ``p``'s native Produce slot when its state allows, else disarm it. Called on every
         change of what the slot holds or was decided from: leadership, leader epoch, ISR, replicas,
         stale (become_leader / become_follower / _write_isr), the partition gone (stop_replica), the
-        log's config (the native path sees a new LogConfig object and calls _fast_rearm)."""
+        log's config (the native path sees a new LogConfig object and calls _fast_rearm). A log whose config
+        has the leader rewrite batches (LogConfig.leader_rewrites: compression.type, timestamp bounds) stays
+        with the Python path."""
         if self.fast is None and self.fast_fetch_handler is None:
             return
         tp = p.tp
@@ -203,7 +205,7 @@ class ReplicaManager:
         cfg = lg.config
         alone = len(isr) == 1 and isr[0] == p.local_id and not p.stale and cfg.min_insync_replicas <= 1
         if (self.partitions.get(tp) is not p or p.leader_id != p.local_id or tp[0] in INTERNAL_TOPICS
-                or (len(isr) == 1 and not alone) or lg.hw_follows_leo):
+                or (len(isr) == 1 and not alone) or lg.hw_follows_leo or cfg.leader_rewrites):
             # an ISR of one that is not this leader alone moves the HW by maybe_increment_hw's full rule
             disarm_leader(self._fast_leaders, tp)
             return
