@@ -206,7 +206,7 @@ def _read(broker, req, record=False):
     inline_left = server.sendfile_min_bytes if server is not None else 0
     for name, pdata in req.topics:
         parts = []
-        for index, leader_epoch, fetch_offset, _start, partition_max in pdata:
+        for index, leader_epoch, fetch_offset, log_start, partition_max in pdata:
             # records never null: librdkafka rejects MessageSetSize -1
             res = [index, 0, -1, -1, -1, b""]
             parts.append(res)
@@ -220,7 +220,7 @@ def _read(broker, req, record=False):
                 errors = True
                 continue
             if record:
-                rm.record_follower_fetch(part, replica_id, fetch_offset, leader_epoch)
+                rm.record_follower_fetch(part, replica_id, fetch_offset, leader_epoch, log_start)
             lg = part.log
             if follower and rm.leader_throttled(part, replica_id):
                 _offsets(res, lg)
