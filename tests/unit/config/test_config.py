@@ -452,3 +452,16 @@ def test_every_key_without_effect_has_a_reason_and_no_reader():
 def test_invalid_values_and_unknown_keys_are_errors_naming_the_key(line, key):
     err = error_for(ZK + line)
     assert err.key == key and key in str(err)
+
+
+def test_the_deploy_template_loads_once_filled_in():
+    # config/deploy/server.properties (docs/deploy.md) with its placeholders filled in
+    text = (ROOT / "config" / "deploy" / "server.properties").read_text()
+    for hole, value in {"<id>": "1", "<host>": "kb1", "<port>": "9092", "<host address>": "10.0.0.11",
+                        "<disk1>": "/d1", "<disk2>": "/d2", "<zk1>": "z1", "<zk2>": "z2", "<zk3>": "z3"}.items():
+        text = text.replace(hole, value)
+    assert "<" not in text
+    config = load(text)
+    assert config.warnings == []
+    assert (config.broker_id, config.get("broker.rack"), config.log_dirs) == (1, "kb1", ["/d1/kbroker", "/d2/kbroker"])
+    assert str(config.advertised_listeners[0]) == "PLAINTEXT://10.0.0.11:9092"
