@@ -109,7 +109,8 @@ class LogManager:
         self.started = False
         # Compaction threads (log.cleaner.* keys); started by startup() when it runs on an
         # event loop (the broker), else by start_cleaner().
-        self.cleaner = LogCleaner(CleanerConfig(cleaner_config), logs=lambda: list(self.logs.values()))
+        self.cleaner = LogCleaner(CleanerConfig(cleaner_config),
+                                  logs=lambda: [lg for lg in self.logs.values() if not lg.offline])
 
     # -- startup ----------------------------------------------------------------------------
 
