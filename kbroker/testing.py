@@ -57,6 +57,7 @@ class BrokerProc:
         self.proc: subprocess.Popen | None = None
         self.czxid = None   # czxid of our last registration: a restart must produce a new one
         self.extra: dict = {}   # this broker's own settings (e.g. advertised.listeners on a test proxy)
+        self.command_prefix: list = []   # run the broker under this (e.g. setpriv dropping capabilities)
 
     @property
     def pid(self):
@@ -137,7 +138,8 @@ class LocalCluster:
         env = dict(os.environ, **(self.env or {}))
         log = open(b.log_path, "ab")
         # Own session (a Ctrl-C to the test run is not a broker crash); dies with the starting thread.
-        b.proc = subprocess.Popen([sys.executable, "-m", "kbroker", "serve", "--config", str(b.config_path)],
+        b.proc = subprocess.Popen([*b.command_prefix, sys.executable, "-m", "kbroker", "serve", "--config",
+                                   str(b.config_path)],
                                   stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                   preexec_fn=die_with_parent())
         log.close()

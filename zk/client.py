@@ -666,6 +666,28 @@ class BrokerZk:
         return self.kazoo.retry(self.kazoo.create, L.ISR_CHANGE_PREFIX, L.encode_partition_list(partitions),
                                 sequence=True, makepath=True)
 
+    def notify_log_dir_failure(self, broker_id: int) -> str:
+        """Tell the controller a log dir of this broker failed: a persistent sequential
+        /log_dir_event_notification/log_dir_event_<seq>."""
+        return self.kazoo.retry(self.kazoo.create, L.LOG_DIR_EVENT_PREFIX, L.encode_log_dir_event(broker_id),
+                                sequence=True, makepath=True)
+
+    def read_log_dir_events(self) -> dict[str, tuple[int, int]]:
+        """{child name: (broker id, event)} under /log_dir_event_notification (unreadable ones: (-1, -1))."""
+        zk = self.kazoo
+        out = {}
+        for child in sorted(zk.retry(zk.get_children, L.LOG_DIR_EVENT_NOTIFICATION)):
+            try:
+                data, _ = zk.retry(zk.get, f"{L.LOG_DIR_EVENT_NOTIFICATION}/{child}")
+            except NoNodeError:
+                continue
+            try:
+                out[child] = L.decode_log_dir_event(data)
+            except (ValueError, KeyError, TypeError):
+                log.error("unreadable %s/%s: %r", L.LOG_DIR_EVENT_NOTIFICATION, child, data)
+                out[child] = (-1, -1)
+        return out
+
     def add_partitions(self, name: str, new_assignment: dict[int, list[int]]) -> dict[int, list[int]]:
         """Add partitions to the assignment (admin write). ``new_assignment`` holds only the new
         partitions, numbered on from the current count. Returns the full assignment; the

@@ -38,6 +38,8 @@ ISR_CHANGE_PREFIX = "/isr_change_notification/isr_change_"
 PREFERRED_REPLICA_ELECTION = "/admin/preferred_replica_election"
 REASSIGN_PARTITIONS = "/admin/reassign_partitions"
 LOG_DIR_EVENT_NOTIFICATION = "/log_dir_event_notification"
+LOG_DIR_EVENT_PREFIX = "/log_dir_event_notification/log_dir_event_"
+LOG_DIR_FAILURE = 1          # the event code of a log dir failure
 CONSUMERS = "/consumers"
 
 # What a Kafka broker ensures at start-up (empty persistent nodes).
@@ -392,6 +394,19 @@ def encode_partition_list(partitions) -> bytes:
 def decode_partition_list(data: bytes | None) -> list[tuple[str, int]]:
     obj = loads(data) or {}
     return [(str(e["topic"]), int(e["partition"])) for e in obj.get("partitions") or ()]
+
+
+# --- /log_dir_event_notification/log_dir_event_<seq> -----------------------------------------------
+
+def encode_log_dir_event(broker_id: int, event: int = LOG_DIR_FAILURE) -> bytes:
+    """{"version":1,"broker":<id>,"event":1}: a broker tells the controller a log dir of it failed."""
+    return dumps({"version": 1, "broker": int(broker_id), "event": int(event)})
+
+
+def decode_log_dir_event(data: bytes | None) -> tuple[int, int]:
+    """-> (broker id, event)."""
+    obj = loads(data) or {}
+    return int(obj["broker"]), int(obj.get("event", LOG_DIR_FAILURE))
 
 
 # --- /admin/reassign_partitions --------------------------------------------------------------------

@@ -25,6 +25,7 @@ SUBCOMMANDS = (
     "kbroker.cli.log_dirs",
     "kbroker.cli.get_offsets",
     "kbroker.cli.broker_api_versions",
+    "kbroker.cli.dump_log",
     "kbroker.cli.perf_test",
 )
 

@@ -30,6 +30,7 @@ leader.imbalance.per.broker.percentage).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 
 from ..protocol.errors import Errors
@@ -155,6 +156,7 @@ class Controller:
             "elect_leaders": self._on_elect_leaders, "rebalance": self._on_rebalance,
             "reassign": self._on_reassign, "alter_reassignments": self._on_alter_reassignments,
             "list_reassignments": self._on_list_reassignments,
+            "log_dir_event": self._on_log_dir_event, "offline_replicas": self._on_offline_replicas,
         }
         while True:
             event = await self._events.get()
@@ -201,7 +203,7 @@ class Controller:
         for name in names:
             await self._load_topic(generation, name)
         for kind, path in (("brokers", L.BROKER_IDS), ("topics", L.BROKER_TOPICS), ("delete", L.DELETE_TOPICS),
-                           ("isr", L.ISR_CHANGE_NOTIFICATION)):
+                           ("isr", L.ISR_CHANGE_NOTIFICATION), ("log_dir_event", L.LOG_DIR_EVENT_NOTIFICATION)):
             self._watch(generation, kind, path)
         self._watch(generation, "preferred", L.PREFERRED_REPLICA_ELECTION, data=True)
         self._watch(generation, "reassign", L.REASSIGN_PARTITIONS, data=True)
@@ -217,19 +219,31 @@ class Controller:
             self._send_leader_and_isr(ctx.partitions_with_replica(bid), only=bid)
         self._send_update_metadata(list(ctx.states))
         self._start_rebalance_timer(generation)
+        if ctx.reassigning:
+            log.info("controller %d: resuming %d reassignment(s) in progress: %s", self.broker_id,
+                     len(ctx.reassigning), sorted(ctx.reassigning)[:10])
+            await self._advance_reassignments()
         log.info("controller %d: %d brokers, %d topics, %d partitions (%d elected at start-up)", self.broker_id,
                  len(ctx.brokers), len(ctx.assignments), len(ctx.states), len(changed))
 
     async def _load_topic(self, generation, name: str) -> bool:
         from ..zk.client import TopicNotFoundError
         try:
-            topic_id, assignment = await self._zk(self.zk.get_topic, name)
+            full, _version = await self._zk(self.zk.get_topic_assignment, name)
         except TopicNotFoundError:
             return False
+        topic_id, assignment = full.topic_id, full.partitions
         states = await self._zk(self.zk.get_partition_states, name, sorted(assignment))
         ctx = self.ctx
         ctx.topic_ids[name] = topic_id
         ctx.assignments[name] = assignment
+        # A move in progress is in the topic znode (adding/removing replicas), whoever started it: one
+        # started through AlterPartitionReassignments has no /admin/reassign_partitions entry, so a new
+        # controller resumes it from here (Kafka's target: the replicas minus the removing ones).
+        for p in set(full.adding_replicas) | set(full.removing_replicas):
+            if (name, p) not in ctx.reassigning and p in assignment:
+                removing = full.removing_replicas.get(p, [])
+                ctx.reassigning[(name, p)] = [r for r in assignment[p] if r not in removing]
         for p, sv in states.items():
             ctx.states[(name, p)] = sv
         if name not in self._watched_topics:    # a watch outlives its znode: one per name is enough
@@ -270,8 +284,23 @@ class Controller:
             if new_replicas:
                 fresh = frozenset(is_new) | {tp for tp in tps if bid in new_replicas.get(tp, ())}
             body = broker_requests.leader_and_isr(ctx, self.broker_id, ctx.brokers[bid].epoch, tps, fresh)
-            futs.append(self.channels[bid].send(broker_requests.LEADER_AND_ISR, body))
+            fut = self.channels[bid].send(broker_requests.LEADER_AND_ISR, body)
+            fut.add_done_callback(functools.partial(self._leader_and_isr_answered, self._generation, bid, body))
+            futs.append(fut)
         return futs
+
+    def _leader_and_isr_answered(self, generation, bid: int, body: dict, fut) -> None:
+        """Replicas a broker answered KAFKA_STORAGE_ERROR for sit in one of its offline log dirs (Kafka's
+        offline replicas): their leadership moves away and they leave the ISR (``_on_offline_replicas``)."""
+        if fut.cancelled() or fut.exception() is not None or not fut.result():
+            return
+        offline = []
+        # the broker answers the topics in the order they were sent
+        for sent, got in zip(body["topic_states"], fut.result().get("topics") or ()):
+            offline += [(sent["topic_name"], e["partition_index"]) for e in got["partition_errors"]
+                        if e["error_code"] == Errors.KAFKA_STORAGE_ERROR]
+        if offline:
+            self._post(generation, "offline_replicas", (bid, offline))
 
     def _send_update_metadata(self, parts, to=None, deleted=None) -> list:
         ctx = self.ctx
@@ -564,6 +593,49 @@ class Controller:
         self._send_update_metadata(parts)
         await self._zk(self.zk.delete_nodes, [f"{L.ISR_CHANGE_NOTIFICATION}/{c}" for c in notes])
         await self._advance_reassignments()
+
+    # ---- failed log dirs (/log_dir_event_notification) --------------------------------------------
+    async def _on_log_dir_event(self, generation) -> None:
+        """A broker's log dir failed: ask it about every replica it holds (LeaderAndIsr); those it
+        answers KAFKA_STORAGE_ERROR for are offline replicas (``_leader_and_isr_answered``)."""
+        ctx = self.ctx
+        events = await self._zk(self.zk.read_log_dir_events)
+        if not events:
+            return
+        brokers = sorted({bid for bid, event in events.values() if event == L.LOG_DIR_FAILURE})
+        log.info("controller %d: log dir failure on broker(s) %s", self.broker_id, brokers)
+        for bid in brokers:
+            if bid in ctx.brokers:
+                self._send_leader_and_isr(ctx.partitions_with_replica(bid), only=bid)
+        await self._zk(self.zk.delete_nodes, [f"{L.LOG_DIR_EVENT_NOTIFICATION}/{c}" for c in events])
+
+    async def _on_offline_replicas(self, generation, arg) -> None:
+        """Broker ``bid``'s replicas of ``tps`` are offline (their log dir failed): leadership moves to
+        another live in-sync replica (none: the partition is offline, as when its leader dies) and the
+        broker leaves their ISRs."""
+        bid, tps = arg
+        ctx = self.ctx
+        live = ctx.live() - ctx.shutting_down - {bid}
+
+        def plan(tp, st):
+            if st.leader == bid:
+                got = election.offline(ctx.replicas(tp), [r for r in st.isr if r != bid], live)
+                if got is None:
+                    leader, isr = election.without_replica(st.leader, st.isr, bid)
+                    log.warning("%s-%d is offline: its leader %d's log dir failed and no other replica is in "
+                                "sync (isr %s)", tp[0], tp[1], bid, st.isr)
+                    return self._state(leader, isr, st)
+                return self._state(got[0], got[1], st)
+            if bid in st.isr and len(st.isr) > 1:
+                return self._state(st.leader, [r for r in st.isr if r != bid], st)
+            return None
+
+        changed = await self._apply([tp for tp in tps if tp in ctx.states], plan)
+        if changed:
+            log.info("controller %d: %d replica(s) on broker %d offline (failed log dir): %d partition(s) "
+                     "changed", self.broker_id, len(tps), bid, len(changed))
+            self._send_leader_and_isr(changed)
+            self._send_update_metadata(changed)
 
     # ---- partition reassignment (/admin/reassign_partitions) --------------------------------------
     # Kafka's steps, kept small: 1. replicas := target + original (adding/removing recorded in the

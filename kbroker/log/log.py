@@ -68,6 +68,7 @@ from .checkpoint import write_text
 from .epoch_cache import UNDEFINED_EPOCH, LeaderEpochCache
 from .errors import (CORRUPT_MESSAGE, INVALID_RECORD, KAFKA_STORAGE_ERROR, LogAppendError,
                      OffsetOutOfRange)
+from .leader_policy import CODECS, apply as leader_rewrite
 from .producer_state import ProducerStateManager
 from . import txn_index as _txn
 from .segment import INT64_MAX, LogSegment
@@ -86,11 +87,14 @@ LOG_KEYS = ("segment.bytes", "segment.ms", "retention.ms", "retention.bytes", "m
             "flush.ms", "min.insync.replicas", "cleanup.policy", "file.delete.delay.ms",
             # Compaction (cleaner.py).
             "delete.retention.ms", "min.compaction.lag.ms", "max.compaction.lag.ms",
-            "min.cleanable.dirty.ratio")
+            "min.cleanable.dirty.ratio",
+            # The leader's rewrites of producer batches (leader_policy.py).
+            "compression.type", "message.timestamp.difference.max.ms", "message.timestamp.before.max.ms",
+            "message.timestamp.after.max.ms")
 
 DEFAULTS = {k: TOPIC_CONFIGS[k].default for k in LOG_KEYS}
 
-_STRING_KEYS = {"message.timestamp.type", "cleanup.policy"}
+_STRING_KEYS = {"message.timestamp.type", "cleanup.policy", "compression.type"}
 _FLOAT_KEYS = {"min.cleanable.dirty.ratio"}
 
 
@@ -112,6 +116,9 @@ class LogConfig:
                 merged[k] = str(v) if k in _STRING_KEYS else float(v) if k in _FLOAT_KEYS else int(v)
         if merged["message.timestamp.type"] not in ("CreateTime", "LogAppendTime"):
             raise ValueError(f"message.timestamp.type: {merged['message.timestamp.type']!r}")
+        merged["compression.type"] = merged["compression.type"].lower()
+        if merged["compression.type"] != "producer" and merged["compression.type"] not in CODECS:
+            raise ValueError(f"compression.type: {merged['compression.type']!r}")
         if merged["segment.bytes"] < 14:
             raise ValueError("segment.bytes must be at least 14")
         if merged["index.interval.bytes"] < 0:
@@ -131,6 +138,17 @@ class LogConfig:
         self.cleanup_policy = frozenset(merged["cleanup.policy"].split(","))
         self.compact = "compact" in self.cleanup_policy     # keyed records required (per append)
         self.file_delete_delay_ms = merged["file.delete.delay.ms"]
+        # None: batches kept as the producer compressed them; else the codec the leader writes.
+        self.compression_codec = CODECS.get(merged["compression.type"])
+        # KIP-937: before/after, each falling back to the deprecated difference while at its default.
+        diff = merged["message.timestamp.difference.max.ms"]
+        before = merged["message.timestamp.before.max.ms"]
+        after = merged["message.timestamp.after.max.ms"]
+        bounds = (before if before != LONG_MAX else diff, after if after != LONG_MAX else diff)
+        self.timestamp_bounds = (None if self.log_append_time or bounds == (LONG_MAX, LONG_MAX)
+                                 else bounds)
+        # The native Produce path serves only logs where both are off (ReplicaManager._fast_refresh).
+        self.leader_rewrites = self.compression_codec is not None or self.timestamp_bounds is not None
 
     @staticmethod
     def from_broker(props: dict) -> dict:
@@ -483,6 +501,8 @@ class Log(_native.LogState):
             self._settle()
         if self.offline:
             raise LogAppendError(KAFKA_STORAGE_ERROR, f"log {self.name} is offline")
+        if self.config.leader_rewrites:
+            buf = leader_rewrite(buf, self.config, now)
         seg = self.segments[-1]
         base = seg.next_offset
         try:
@@ -678,6 +698,8 @@ class Log(_native.LogState):
     def begin_append_as_leader(self, buf, leader_epoch: int, now: int, prevalidated: bool = False):
         """-> WriteJob to run on a writer thread, or the AppendResult of an idempotent duplicate."""
         self._settle_writes()
+        if self.config.leader_rewrites:
+            buf = leader_rewrite(buf, self.config, now)
         r = self._stamp(buf, leader_epoch, now, prevalidated)
         if type(r) is AppendResult:
             return r

@@ -20,10 +20,19 @@ splits the periodic checkpoint: ``checkpoint_snapshot`` on the loop (reads the l
 loop every few seconds stalled every connection for their duration (tens of ms on a real disk).
 One lock serialises the writers of the files (temp + rename).
 
+Failed dirs (Kafka's JBOD): an I/O error in a dir other than a full disk (EIO, EROFS, EACCES, ...)
+takes the dir offline: its logs are marked offline (appends and reads refused) and no longer flushed,
+checkpointed or cleaned; ``on_dir_failure(dir, tps)`` tells the broker, on the loop. A full disk
+(ENOSPC, EDQUOT) is not a failed dir: appends are refused until space returns, reads and deletions go
+on. At start-up a dir that cannot be read is offline from the start; only when every dir is, the
+broker cannot start. Start-up writes nothing it needs before serving: a checkpoint it cannot write on a
+full disk is retried by the periodic checkpoint.
+
 Crash: checkpoints are atomic (temp + fsync + rename). Without the marker each Log CRC-scans
 from its recovery point (log.py). A leftover ``-delete`` directory is removed at startup.
 """
 import asyncio
+import errno
 import fcntl
 import logging
 import os
@@ -46,6 +55,12 @@ CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
 DELETE_SUFFIX = "-delete"
 
 _log = logging.getLogger(__name__)
+
+
+def is_dir_failure(e: OSError) -> bool:
+    """An I/O error that takes a log dir offline: anything but a full disk (which only refuses
+    appends until space returns)."""
+    return e.errno not in (errno.ENOSPC, errno.EDQUOT)
 
 
 def parse_dir_name(name: str):
@@ -85,13 +100,17 @@ class LogManager:
         self._lock_fds: list = []
         self._closing: list = []           # (due_ms, Log) deleted partitions with open fds
         self._failing_dirs: set = set()    # dirs whose checkpoints last failed (reported once)
+        self.offline_dirs: dict = {}       # failed dir -> what failed (Kafka's offline log dirs)
+        self.on_dir_failure = None         # (dir, [tp]) -> None, called on the loop once per failed dir
+        self._loop = None                  # the loop owning the logs (checkpoint threads report to it)
         self._checkpoint_due: set = set()  # dirs whose checkpoints still list deleted partitions
         self._checkpoint_lock = threading.Lock()   # one writer of the checkpoint files at a time
         self.clean_startup = None          # per startup: were all dirs shut down cleanly
         self.started = False
         # Compaction threads (log.cleaner.* keys); started by startup() when it runs on an
         # event loop (the broker), else by start_cleaner().
-        self.cleaner = LogCleaner(CleanerConfig(cleaner_config), logs=lambda: list(self.logs.values()))
+        self.cleaner = LogCleaner(CleanerConfig(cleaner_config),
+                                  logs=lambda: [lg for lg in self.logs.values() if not lg.offline])
 
     # -- startup ----------------------------------------------------------------------------
 
@@ -100,13 +119,15 @@ class LogManager:
         self.topic_configs.update(topic_configs or {})
         try:
             for d in self.log_dirs:
-                os.makedirs(d, exist_ok=True)
-                self._lock(d)
+                self._starting(d, lambda d: (os.makedirs(d, exist_ok=True), self._lock(d)))
             for d in self.log_dirs:
-                self._check_meta(d, broker_id, cluster_id)
+                self._starting(d, lambda d: self._check_meta(d, broker_id, cluster_id))
             clean_all = True
             for d in self.log_dirs:
-                clean_all &= self._load_dir(d)
+                clean_all &= bool(self._starting(d, self._load_dir))
+            if len(self.offline_dirs) == len(self.log_dirs):
+                raise LogDirError("every log dir failed at start-up: " + "; ".join(
+                    f"{d}: {why}" for d, why in self.offline_dirs.items()))
             self.clean_startup = clean_all
         except BaseException:
             self._unlock()
@@ -120,7 +141,25 @@ class LogManager:
         except RuntimeError:
             loop = None
         if loop is not None:
+            self._loop = loop
             self.start_cleaner(loop)
+
+    def _starting(self, d: str, step):
+        """One start-up step on dir ``d``: an I/O error (not a full disk) takes the dir offline instead
+        of stopping the broker; LogDirError (locked, another broker's or cluster's dir) still stops it."""
+        if d in self.offline_dirs:
+            return None
+        try:
+            return step(d)
+        except OSError as e:
+            if not is_dir_failure(e):
+                raise
+            self.offline_dirs[d] = f"{e.strerror} ({e.filename or d})"
+            for tp in [tp for tp, x in self._dir_of.items() if x == d]:
+                self.logs[tp].offline = True
+            _log.error("log dir %s failed at start-up (%s): offline, its partitions are not served by this "
+                       "broker", d, self.offline_dirs[d])
+            return None
 
     def start_cleaner(self, loop=None) -> None:
         """Start the log cleaner threads (log.cleaner.enable); ``loop`` is the thread owning the
@@ -199,7 +238,8 @@ class LogManager:
         if clean:
             os.unlink(marker)
             fsync_dir(d)
-        self._write_checkpoints(d)
+        # Not needed to serve: on a full disk the periodic checkpoint writes it once space returns.
+        self._checkpoint_dir(d)
         return clean
 
     def _config_for(self, topic: str) -> LogConfig:
@@ -224,10 +264,14 @@ class LogManager:
             raise RuntimeError("LogManager.startup() has not run")
         if not topic or "/" in topic or topic in (".", ".."):
             raise ValueError(f"invalid topic name {topic!r}")
-        counts = {d: 0 for d in self.log_dirs}
+        online = [d for d in self.log_dirs if d not in self.offline_dirs]
+        if not online:
+            raise LogDirError(f"no online log dir to create {topic}-{partition} in")
+        counts = {d: 0 for d in online}
         for k, d in self._dir_of.items():
-            counts[d] += 1
-        d = min(self.log_dirs, key=lambda x: counts[x])
+            if d in counts:
+                counts[d] += 1
+        d = min(online, key=lambda x: counts[x])
         log = Log(os.path.join(d, f"{topic}-{partition}"), topic, partition, self._config_for(topic),
                   hw_follows_leo=self.hw_follows_leo)
         fsync_dir(d)
@@ -280,7 +324,8 @@ class LogManager:
         now = now_ms() if now is None else now
         deleted = 0
         for log in self.logs.values():
-            deleted += log.delete_old_segments(now)
+            if not log.offline:
+                deleted += log.delete_old_segments(now)
         self.remove_due_files(now)
         return deleted
 
@@ -307,7 +352,16 @@ class LogManager:
     def flush_dirty(self, now: int | None = None) -> int:
         """flush.ms policy. Returns the number of logs flushed."""
         now = now_ms() if now is None else now
-        return sum(1 for log in self.logs.values() if log.maybe_flush(now))
+        return sum(1 for log in self.logs.values() if not log.offline and self._flushed(log, now))
+
+    def _flushed(self, log, now: int) -> bool:
+        try:
+            return log.maybe_flush(now)
+        except OSError as e:
+            if not is_dir_failure(e):
+                raise
+            self.dir_failed(self.dir_of(log), e)
+            return False
 
     def checkpoint(self) -> None:
         """Write the offset checkpoints of every dir, now, on this thread. A dir that cannot be
@@ -321,7 +375,7 @@ class LogManager:
     def checkpoint_snapshot(self) -> list:
         """What every dir's checkpoints hold now: [(dir, [(path, {tp: offset})])]. Cheap; taken on the
         thread that owns the logs, so ``write_checkpoints`` can run on another."""
-        return [(d, self._snapshot_dir(d)) for d in self.log_dirs]
+        return [(d, self._snapshot_dir(d)) for d in self.log_dirs if d not in self.offline_dirs]
 
     def write_checkpoints(self, snapshot: list) -> None:
         """Write a snapshot's files (temp + fsync + rename each); any thread."""
@@ -339,9 +393,14 @@ class LogManager:
         ]
 
     def _checkpoint_dir(self, d: str, files: list | None = None) -> None:
+        if d in self.offline_dirs:
+            return
         try:
             self._write_checkpoints(d, files)
         except OSError as e:
+            if is_dir_failure(e):
+                self._report_failure(d, e)
+                return
             if d not in self._failing_dirs:
                 self._failing_dirs.add(d)
                 _log.error("cannot write checkpoints in log dir %s: %s (retrying quietly until it works)", d, e)
@@ -357,6 +416,72 @@ class LogManager:
             for path, offsets in files:
                 OffsetCheckpoint(path).write(offsets)
 
+    # -- failed dirs --------------------------------------------------------------------------
+
+    def dir_of(self, log) -> str:
+        return os.path.dirname(log.dir)
+
+    def probe_dir(self, d: str) -> OSError | None:
+        """Write, fsync and remove a small file in ``d``: the error when the dir cannot take it."""
+        path = os.path.join(d, ".kbroker-probe")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, b"probe")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.unlink(path)
+        except OSError as e:
+            return e
+        return None
+
+    def check_dir(self, d: str) -> bool:
+        """After a failed append in ``d``: probe it; a dir failure (not a full disk) takes it offline.
+        -> True when the dir is (now) offline."""
+        if d in self.offline_dirs:
+            return True
+        e = self.probe_dir(d)
+        if e is not None and is_dir_failure(e):
+            self.dir_failed(d, e)
+            return True
+        return False
+
+    def _report_failure(self, d: str, e: OSError) -> None:
+        """A dir failure seen on any thread: handled on the loop owning the logs."""
+        loop = self._loop
+        if loop is None:
+            self.dir_failed(d, e)
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self.dir_failed(d, e)
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(self.dir_failed, d, e)
+
+    def dir_failed(self, d: str, e: OSError) -> list:
+        """Take dir ``d`` offline (once): its logs refuse appends and reads from now on. -> its
+        partitions (also given to ``on_dir_failure``)."""
+        if d in self.offline_dirs or d not in self.log_dirs:
+            return []
+        self.offline_dirs[d] = f"{e.strerror} ({e.filename or d})"
+        tps = sorted(tp for tp, x in self._dir_of.items() if x == d)
+        for tp in tps:
+            self.logs[tp].offline = True
+        _log.error("log dir %s failed (%s): offline, with its %d partition(s); %d of %d log dirs remain online",
+                   d, self.offline_dirs[d], len(tps), len(self.log_dirs) - len(self.offline_dirs),
+                   len(self.log_dirs))
+        if self.on_dir_failure is not None:
+            self.on_dir_failure(d, tps)
+        return tps
+
+    def in_offline_dir(self, tp) -> bool:
+        d = self._dir_of.get(tp)
+        return d is not None and d in self.offline_dirs
+
     # -- shutdown ---------------------------------------------------------------------------
 
     def shutdown(self) -> None:
@@ -364,12 +489,16 @@ class LogManager:
         if not self.started:
             return
         self.cleaner.stop()
-        for log in self.logs.values():
+        for tp, log in self.logs.items():
+            if self._dir_of[tp] in self.offline_dirs:
+                continue        # its files cannot be trusted to take a write: the next start recovers it
             log.close()
         for _due, log in self._closing:
             log.close_for_delete()
         self._closing = []
         for d in self.log_dirs:
+            if d in self.offline_dirs:
+                continue        # no clean-shutdown marker: recovered at the next start
             self._write_checkpoints(d)
             stale = [log.name for tp, log in self.logs.items() if self._dir_of[tp] == d and log.epoch_cache.dirty]
             if stale:

@@ -79,7 +79,7 @@ from ..protocol.errors import Errors
 from ..topics import INTERNAL_TOPICS
 from .delayed import DelayedProduce
 from .fetcher import ReplicaFetcher
-from .partition import Partition
+from .partition import Partition, follower_key
 from .throttle import (FOLLOWER_RATE, FOLLOWER_REPLICAS, LEADER_RATE, LEADER_REPLICAS, ReplicationQuota,
                        ThrottleConfigWatcher)
 
@@ -198,7 +198,9 @@ class ReplicaManager:
         """Arm ``p``'s native Produce slot when its state allows, else disarm it. Called on every
         change of what the slot holds or was decided from: leadership, leader epoch, ISR, replicas,
         stale (become_leader / become_follower / _write_isr), the partition gone (stop_replica), the
-        log's config (the native path sees a new LogConfig object and calls _fast_rearm)."""
+        log's config (the native path sees a new LogConfig object and calls _fast_rearm). A log whose config
+        has the leader rewrite batches (LogConfig.leader_rewrites: compression.type, timestamp bounds) stays
+        with the Python path."""
         if self.fast is None and self.fast_fetch_handler is None:
             return
         tp = p.tp
@@ -207,7 +209,8 @@ class ReplicaManager:
         cfg = lg.config
         alone = len(isr) == 1 and isr[0] == p.local_id and not p.stale and cfg.min_insync_replicas <= 1
         if (self.partitions.get(tp) is not p or p.leader_id != p.local_id or tp[0] in INTERNAL_TOPICS
-                or (len(isr) == 1 and not alone) or lg.hw_follows_leo):
+                or (len(isr) == 1 and not alone) or lg.hw_follows_leo or cfg.leader_rewrites
+                or p.delete_waiters):
             # an ISR of one that is not this leader alone moves the HW by maybe_increment_hw's full rule
             disarm_leader(self._fast_leaders, tp)
             return
@@ -527,7 +530,8 @@ class ReplicaManager:
 
     def _storage_failed(self, tp, lg, e) -> None:
         """A full or failing disk: one error line per log dir until an append there succeeds
-        (every producer retry would otherwise log one)."""
+        (every producer retry would otherwise log one). The first failure of a streak probes the dir:
+        a failed dir (not a full one) goes offline (LogManager.check_dir -> log_dir_failed)."""
         d = os.path.dirname(lg.dir)
         failing = self._failing_dirs
         if d in failing:
@@ -536,6 +540,23 @@ class ReplicaManager:
         failing[d] = 1
         log.error("appends to log dir %s fail (first: %s-%d: %s); further failures there are not logged "
                   "until an append succeeds", d, tp[0], tp[1], e.message)
+        self.logs.check_dir(d)
+
+    def log_dir_failed(self, tps) -> None:
+        """The partitions of a log dir that went offline: no longer served here (waiting produces fail
+        KAFKA_STORAGE_ERROR, follower fetching stops, clients are told NOT_LEADER_OR_FOLLOWER and look
+        for the leader the controller elects elsewhere)."""
+        for tp in tps:
+            p = self.partitions.get(tp)
+            if p is not None:
+                self._fail_waiters(p, Errors.KAFKA_STORAGE_ERROR)
+                info = self.broker.metadata.partition(p.topic, p.index)
+                if info is not None and info.leader == self.broker_id:
+                    info.leader = -1        # Metadata from here: no leader known, ask elsewhere
+            self.stop_replica(tp, delete=False)
+            # long polls on it end now (their next fetch is refused) instead of at their timeout
+            self.broker.notifier.appended(tp)
+            self.broker.notifier.appended(follower_key(*tp))
 
     def _appends_cut(self, lg, base: int, e: LogAppendError, rows: int) -> None:
         """Log.on_cut: batches appended in a write-behind run from offset ``base`` on could not be
@@ -582,6 +603,46 @@ class ReplicaManager:
         while w:
             _req, d = w.popleft()
             d.decide(p.tp, code)
+        deletes, p.delete_waiters = p.delete_waiters, []
+        for _offset, fut in deletes:
+            if not fut.done():
+                fut.set_result((code, -1))
+
+    # -- DeleteRecords ------------------------------------------------------------------------
+
+    def wait_deleted(self, p: Partition, offset: int, timeout_ms: int):
+        """DeleteRecords on the leader moved its log start to ``offset``: an awaitable of (error code, low
+        watermark), done once every in-sync replica's log start reached it (Kafka's DelayedDeleteRecords),
+        REQUEST_TIMED_OUT after ``timeout_ms``. The partition's native slot is disarmed meanwhile: its
+        followers' fetches take the Python path, which records the log start they carry."""
+        fut = asyncio.get_running_loop().create_future()
+        p.delete_waiters.append((offset, fut))
+        self._fast_refresh(p)
+        self._check_deletes(p)
+
+        async def wait():
+            try:
+                return await asyncio.wait_for(asyncio.shield(fut), timeout_ms / 1000)
+            except asyncio.TimeoutError:
+                return Errors.REQUEST_TIMED_OUT, p.low_watermark()
+            finally:
+                if (offset, fut) in p.delete_waiters:
+                    p.delete_waiters.remove((offset, fut))
+                    if not p.delete_waiters:
+                        self._fast_refresh(p)
+        return wait()
+
+    def _check_deletes(self, p: Partition) -> None:
+        low = p.low_watermark()
+        done = [(o, f) for o, f in p.delete_waiters if low >= o]
+        if not done:
+            return
+        p.delete_waiters = [w for w in p.delete_waiters if w not in done]
+        for _o, fut in done:
+            if not fut.done():
+                fut.set_result((Errors.NONE, low))
+        if not p.delete_waiters:
+            self._fast_refresh(p)
 
     # -- fetch --------------------------------------------------------------------------------
 
@@ -613,9 +674,12 @@ class ReplicaManager:
         if q.is_throttled(p.tp):
             q.record(size)
 
-    def record_follower_fetch(self, p: Partition, replica_id: int, fetch_offset: int, fetch_epoch: int) -> None:
-        if not p.update_follower(replica_id, fetch_offset, fetch_epoch, _now_ms()):
+    def record_follower_fetch(self, p: Partition, replica_id: int, fetch_offset: int, fetch_epoch: int,
+                              log_start_offset: int = -1) -> None:
+        if not p.update_follower(replica_id, fetch_offset, fetch_epoch, _now_ms(), log_start_offset):
             return
+        if p.delete_waiters:
+            self._check_deletes(p)
         # HW = min(LEO over the ISR): an ISR follower fetching at or below the HW cannot move it (the
         # fetch that long-polls at a log end the HW has reached). A follower outside the ISR still
         # tries, as before: its fetch is what re-checks an HW held by a since lowered min.insync.replicas.
@@ -703,6 +767,11 @@ class ReplicaManager:
         (another topic id in partition.metadata) is deleted and the replica starts empty."""
         if self.broker_id not in st.replicas:
             return Errors.NONE
+        logs = self.logs
+        if logs.in_offline_dir(tp) or (logs.offline_dirs and not st.is_new and logs.get(tp) is None):
+            # Kafka's offline replica: its dir failed (or may be the failed one: a replica that is not
+            # new and not found while a dir is offline is not created empty elsewhere)
+            return Errors.KAFKA_STORAGE_ERROR
         p = self.partitions.get(tp)
         if (st.is_new and st.leader != self.broker_id and (p is None or st.leader_epoch > p.leader_epoch)
                 and (lg := self.logs.get(tp)) is not None and lg.log_end_offset > 0):

@@ -31,7 +31,7 @@ from collections import deque
 
 class FollowerState:
     __slots__ = ("broker_id", "leo", "last_caught_up_ms", "last_fetch_leader_leo", "last_fetch_ms",
-                 "fetch_epoch")
+                 "fetch_epoch", "log_start_offset")
 
     def __init__(self, broker_id: int, last_caught_up_ms: int):
         self.broker_id = broker_id
@@ -40,6 +40,7 @@ class FollowerState:
         self.last_fetch_leader_leo = -1
         self.last_fetch_ms = 0
         self.fetch_epoch = -1               # current_leader_epoch its last fetch carried
+        self.log_start_offset = -1          # its log start as its last Python-path fetch told (DeleteRecords)
 
 
 def follower_key(topic: str, index: int) -> tuple:
@@ -66,7 +67,23 @@ class Partition:
         self.stale = False                  # an ISR write found the znode moved
         self.fenced_epoch = -1              # leader epoch it stepped down from (session lost), else -1
         self.waiters: deque = deque()       # (required offset, DelayedProduce) in append order
+        # DeleteRecords answers waiting for the ISR's log starts: [(required offset, future)]. While any
+        # waits the partition has no native slot, so its follower fetches report their log start here.
+        self.delete_waiters: list = []
         self.topic_id: bytes | None = None
+
+    def low_watermark(self) -> int:
+        """The lowest log start offset of this leader and its in-sync followers (-1: a follower's is not
+        known yet): what DeleteRecords answers once it reached the asked offset (Kafka's lowWatermark)."""
+        low = self.log.log_start_offset
+        for r in self.isr:
+            if r != self.local_id:
+                f = self.followers.get(r)
+                start = -1 if f is None else f.log_start_offset
+                if start < 0:
+                    return -1
+                low = min(low, start)
+        return low
 
     def __repr__(self):
         return (f"Partition({self.topic}-{self.index} leader={self.leader_id} epoch={self.leader_epoch} "
@@ -145,7 +162,8 @@ class Partition:
 
     # -- leader: follower progress, HW, ISR ---------------------------------------------------
 
-    def update_follower(self, replica_id: int, fetch_offset: int, fetch_epoch: int, now_ms: int) -> bool:
+    def update_follower(self, replica_id: int, fetch_offset: int, fetch_epoch: int, now_ms: int,
+                        log_start_offset: int = -1) -> bool:
         """Record a follower fetch. Returns False for a broker that is not a replica."""
         f = self.followers.get(replica_id)
         if f is None:
@@ -161,6 +179,8 @@ class Partition:
         f.last_fetch_ms = now_ms
         f.leo = fetch_offset
         f.fetch_epoch = fetch_epoch
+        if log_start_offset >= 0:
+            f.log_start_offset = log_start_offset
         return True
 
     def maybe_increment_hw(self) -> bool:

@@ -69,6 +69,8 @@ class Broker:
         # The periodic checkpoint files' fsyncs run here, off the loop (LogManager docstring).
         self._checkpoint_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
         self._stopped = asyncio.Event()
+        self.fatal = None           # why the broker stopped itself (exit code 1), e.g. every log dir failed
+        self.request_stop = None    # set by the process: stop the broker as SIGTERM would
         self.metrics = BrokerMetrics()
         self.metrics_server: MetricsServer | None = None
         self._metadata_lock = asyncio.Lock()
@@ -114,6 +116,7 @@ class Broker:
                           {name: self._typed(c) for name, c in configs.items()})
         self.replica_manager = ReplicaManager(self)
         self.replica_manager.start()
+        self.logs.on_dir_failure = self._log_dir_failed
 
         listener = cfg.listeners[0]
         self.server = KafkaServer(
@@ -244,6 +247,21 @@ class Broker:
                     log.exception("periodic %s failed", name)
 
         self._tasks.append(self.loop.create_task(loop()))
+
+    def _log_dir_failed(self, d: str, tps) -> None:
+        """LogManager.on_dir_failure (on the loop): the dir's partitions stop being served here and the
+        controller is told (/log_dir_event_notification; it moves their leadership to other replicas).
+        With every dir offline the broker stops, exit code 1, as Kafka does."""
+        self.replica_manager.log_dir_failed(tps)
+        if len(self.logs.offline_dirs) == len(self.logs.log_dirs):
+            self.fatal = f"every log dir failed (the last: {d})"
+            log.error("broker %d: %s; shutting down", self.broker_id, self.fatal)
+            if self.request_stop is not None:
+                self.request_stop()
+            return
+        task = self.loop.create_task(asyncio.to_thread(self.zk.notify_log_dir_failure, self.broker_id))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception() is None or log.error(
+            "cannot tell the controller that log dir %s failed: %r", d, t.exception()))
 
     def _checkpoint(self):
         """The logs' offsets are read here on the loop; the files are written on the checkpoint thread."""
@@ -435,6 +453,7 @@ async def _main(config: BrokerConfig) -> int:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    broker.request_stop = stop.set
     try:
         await broker.start()
     except Exception:
@@ -446,7 +465,7 @@ async def _main(config: BrokerConfig) -> int:
     log.info("[KafkaServer id=%d] shutting down", config.broker_id)
     await broker.stop()
     log.info("[KafkaServer id=%d] shut down completed", config.broker_id)
-    return 0
+    return 1 if broker.fatal else 0
 
 
 def run(config: BrokerConfig) -> int:

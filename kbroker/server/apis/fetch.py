@@ -236,7 +236,7 @@ def _read(broker, req, record=False, refused=_NONE):
             rows.append((name, [[p[0], _DENIED, -1, -1, -1, b""] for p in pdata]))
             continue
         parts = []
-        for index, leader_epoch, fetch_offset, _start, partition_max in pdata:
+        for index, leader_epoch, fetch_offset, log_start, partition_max in pdata:
             # records never null: librdkafka rejects MessageSetSize -1
             res = [index, 0, -1, -1, -1, b""]
             parts.append(res)
@@ -250,7 +250,7 @@ def _read(broker, req, record=False, refused=_NONE):
                 errors = True
                 continue
             if record:
-                rm.record_follower_fetch(part, replica_id, fetch_offset, leader_epoch)
+                rm.record_follower_fetch(part, replica_id, fetch_offset, leader_epoch, log_start)
             lg = part.log
             if follower and rm.leader_throttled(part, replica_id):
                 _offsets(res, lg)

@@ -3,14 +3,18 @@
 DeleteRecords is served by each partition's leader, as Kafka's ReplicaManager.deleteRecords: the
 leader moves its log start offset (the whole segments below it go at the next retention pass), the
 followers learn it from their fetch answers' ``log_start_offset`` and move theirs. The new log start
-offsets are in ``log-start-offset-checkpoint`` before the answer leaves, so a restart keeps them.
+offsets are in ``log-start-offset-checkpoint`` before the answer leaves, so a restart keeps them. As
+Kafka's DelayedDeleteRecords, a partition with in-sync followers is answered once every one of them
+reports a log start at the new offset (its low watermark), or REQUEST_TIMED_OUT after ``timeout_ms``.
 
 DescribeLogDirs answers for this broker's own log dirs, as Kafka's ReplicaManager.describeLogDirs:
 per dir its partitions (all, or those asked for) with their size in bytes and offset lag
-(max(high watermark - log end, 0)), and from v4 the file system's total and usable bytes.
+(max(high watermark - log end, 0)), and from v4 the file system's total and usable bytes. An offline
+(failed) dir is answered KAFKA_STORAGE_ERROR with no partitions, as Kafka.
 """
 from __future__ import annotations
 
+import asyncio
 import os
 
 from ...log.errors import OffsetOutOfRange
@@ -46,7 +50,7 @@ def _delete_on_leader(broker, name: str, index: int, offset: int) -> tuple[int, 
 
 async def delete_records(broker, conn, header, body):
     topics = []
-    moved = False
+    moved = []                 # (answer row, tp, new log start) of the partitions whose log start moved
     refused = authz.refused(broker, conn, authz.DELETE, authz.TOPIC, [t["name"] for t in body["topics"]])
     for t in body["topics"]:
         parts = []
@@ -56,12 +60,22 @@ async def delete_records(broker, conn, header, body):
                               "error_code": int(Errors.TOPIC_AUTHORIZATION_FAILED)})
                 continue
             code, low = _delete_on_leader(broker, t["name"], p["partition_index"], p["offset"])
-            moved = moved or code == Errors.NONE
-            parts.append({"partition_index": p["partition_index"], "low_watermark": low, "error_code": int(code)})
+            row = {"partition_index": p["partition_index"], "low_watermark": low, "error_code": int(code)}
+            if code == Errors.NONE:
+                moved.append((row, (t["name"], p["partition_index"]), low))
+            parts.append(row)
         topics.append({"name": t["name"], "partitions": parts})
     if moved:
         # Durable before the client hears of it (the periodic checkpoint alone could lose it to a crash).
         await broker._checkpoint()
+        rm = broker.replica_manager
+        waits = []
+        for row, tp, low in moved:
+            p = rm.partitions.get(tp)
+            if p is not None and len(p.isr) > 1:
+                waits.append((row, rm.wait_deleted(p, low, body["timeout_ms"])))
+        for row, (code, low) in zip([r for r, _ in waits], await asyncio.gather(*(w for _, w in waits))):
+            row["error_code"], row["low_watermark"] = int(code), low if code == Errors.NONE else -1
     return {"throttle_time_ms": 0, "topics": topics}
 
 
@@ -90,6 +104,8 @@ def describe_log_dirs(broker, conn, header, body):
         res = {"error_code": 0, "log_dir": d, "topics": [{"name": n, "partitions": ps} for n, ps in topics.items()],
                "total_bytes": -1, "usable_bytes": -1}
         try:
+            if d in broker.logs.offline_dirs:
+                raise OSError(broker.logs.offline_dirs[d])
             res["total_bytes"], res["usable_bytes"] = _disk_bytes(d)
         except OSError:
             res["error_code"], res["topics"] = int(Errors.KAFKA_STORAGE_ERROR), []

@@ -118,6 +118,10 @@ log.cleaner.delete.retention.ms=1000
 log.cleaner.min.compaction.lag.ms=5
 log.cleaner.max.compaction.lag.ms=60000
 log.cleaner.min.cleanable.ratio=0.25
+compression.type=LZ4
+log.message.timestamp.difference.max.ms=7000
+log.message.timestamp.before.max.ms=5000
+log.message.timestamp.after.max.ms=6000
 """)
     assert config.topic_defaults() == {
         "segment.bytes": 1048576, "segment.ms": 60000, "retention.ms": 600000,
@@ -130,6 +134,8 @@ log.cleaner.min.cleanable.ratio=0.25
         "max.compaction.lag.ms": 60000, "min.cleanable.dirty.ratio": 0.25,
         "file.delete.delay.ms": 60000,
         "leader.replication.throttled.replicas": [], "follower.replication.throttled.replicas": [],
+        "compression.type": "lz4", "message.timestamp.difference.max.ms": 7000,
+        "message.timestamp.before.max.ms": 5000, "message.timestamp.after.max.ms": 6000,
     }
     assert not config.warnings
 
@@ -408,3 +414,75 @@ def test_every_key_labelled_implemented_has_a_reader():
     assert unread == []
     for key in ("replication.quota.window.num", "replication.quota.window.size.seconds"):
         assert BROKER_CONFIGS[key].implemented and "kbroker/replica/manager.py" in literals[key]
+
+
+# ---------------------------------------------------------------------------------------------- tolerance
+
+KAFKA_39_BROKER_DEFAULTS = (paths.DATA / "kafka39_broker_defaults.properties").read_text()
+_NO_EFFECT = re.compile(r"The configuration (\S+) = (.*) is accepted, no effect in kbroker: (\S.*)\Z")
+
+
+def test_every_kafka_39_broker_key_loads_and_each_without_effect_is_logged_once_with_why(caplog):
+    # Every key of Kafka 3.9's broker definitions (security and transactions aside) at its default.
+    keys = list(parse_properties(KAFKA_39_BROKER_DEFAULTS))
+    assert len(keys) > 200
+    with caplog.at_level(logging.WARNING, logger="kbroker.config"):
+        config = load(ZK + "broker.id=0\n" + KAFKA_39_BROKER_DEFAULTS)
+    logged = [_NO_EFFECT.match(r.getMessage()) for r in caplog.records]
+    assert all(logged), [r.getMessage() for r in caplog.records]
+    warned = [m.group(1) for m in logged]
+    assert len(warned) == len(set(warned))
+    assert set(warned) == {k for k in keys if not BROKER_CONFIGS[k].implemented}
+    assert config.warnings == [r.getMessage() for r in caplog.records]
+    # The effective ones are read at Kafka's defaults.
+    assert config.get("compression.type") == "producer"
+    assert config.get("log.message.timestamp.before.max.ms") == LONG_MAX
+
+
+def test_thread_counts_are_accepted_with_the_one_event_loop_reason():
+    config = load(ZK + "num.network.threads=8\nnum.io.threads=16\nnum.replica.fetchers=4\n")
+    assert len(config.warnings) == 3
+    for w in config.warnings:
+        assert "one event loop per broker" in _NO_EFFECT.match(w).group(3)
+
+
+def test_a_password_without_effect_is_logged_hidden():
+    [warning] = load(ZK + "delegation.token.secret.key=s3cret\n").warnings
+    assert "s3cret" not in warning and "[hidden]" in warning
+
+
+def test_every_key_without_effect_has_a_reason_and_no_reader():
+    # The table is honest: a key said to have no effect is not read by the broker's code.
+    literals = _string_literals_outside_the_tables()
+    from kbroker.config import _why
+    for key, spec in BROKER_CONFIGS.items():
+        if not spec.implemented:
+            assert _why(spec), key
+            readers = {f for f in literals.get(key, ()) if f != "kbroker/config.py"}
+            # the transaction keys name the internal topic's settings for DescribeConfigs (admin.py)
+            assert not readers or key.startswith("transaction."), (key, readers)
+
+
+@pytest.mark.parametrize("line, key", [
+    ("compression.type=brotli\n", "compression.type"),
+    ("log.message.timestamp.before.max.ms=-5\n", "log.message.timestamp.before.max.ms"),
+    ("group.share.max.groups=500\n", "group.share.max.groups"),
+    ("remote.log.manager.thread.pool.size=x\n", "remote.log.manager.thread.pool.size"),
+    ("num.netwrok.threads=3\n", "num.netwrok.threads"),
+])
+def test_invalid_values_and_unknown_keys_are_errors_naming_the_key(line, key):
+    err = error_for(ZK + line)
+    assert err.key == key and key in str(err)
+
+
+def test_the_deploy_template_loads_once_filled_in():
+    # config/deploy/server.properties (docs/deploy.md) with its placeholders filled in
+    text = (ROOT / "config" / "deploy" / "server.properties").read_text()
+    for hole, value in {"<id>": "1", "<host>": "kb1", "<port>": "9092", "<host address>": "10.0.0.11",
+                        "<disk1>": "/d1", "<disk2>": "/d2", "<zk1>": "z1", "<zk2>": "z2", "<zk3>": "z3"}.items():
+        text = text.replace(hole, value)
+    assert "<" not in text
+    config = load(text)
+    assert config.warnings == []
+    assert (config.broker_id, config.get("broker.rack"), config.log_dirs) == (1, "kb1", ["/d1/kbroker", "/d2/kbroker"])
+    assert str(config.advertised_listeners[0]) == "PLAINTEXT://10.0.0.11:9092"

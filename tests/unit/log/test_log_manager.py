@@ -181,3 +181,39 @@ def test_periodic_jobs(tmp_path, mgr):
     assert mgr.flush_dirty(log.last_flush_ms + 1000) == 1
     assert log.recovery_point == log.log_end_offset
     assert mgr.flush_dirty(log.last_flush_ms + 5000) == 0     # nothing new: no flush
+
+
+def test_a_failed_dir_goes_offline_a_full_one_does_not(tmp_path):
+    import shutil
+    d1, d2 = str(tmp_path / "d1"), str(tmp_path / "d2")
+    m = LogManager([d1, d2], {})
+    m.startup(1, CLUSTER)
+    told = []
+    m.on_dir_failure = lambda d, tps: told.append((d, tps))
+    a, b = m.get_or_create("t", 0), m.get_or_create("t", 1)
+    failed, healthy = m.dir_of(a), m.dir_of(b)
+    assert {failed, healthy} == {d1, d2}
+    assert m.check_dir(failed) is False and told == []           # a dir that takes a write is fine
+    # the dir is gone from under the broker: the probe fails (ENOENT), the dir goes offline
+    shutil.rmtree(failed)
+    assert m.check_dir(failed) is True
+    assert told == [(failed, [("t", 0)])] and a.offline and not b.offline
+    assert m.in_offline_dir(("t", 0)) and not m.in_offline_dir(("t", 1))
+    assert m.check_dir(failed) is True and len(told) == 1           # reported once
+    # new partitions go to the online dir; the periodic jobs and the cleaner leave the offline log alone
+    assert m.dir_of(m.get_or_create("u", 0)) == healthy
+    assert [d for d, _ in m.checkpoint_snapshot()] == [healthy]
+    assert a not in m.cleaner._logs() and b in m.cleaner._logs()
+    m.flush_dirty()
+    m.cleanup_expired()
+    m.shutdown()                     # no clean-shutdown marker in the failed dir, one in the other
+    assert not os.path.exists(os.path.join(failed, ".kafka_cleanshutdown"))
+    assert os.path.exists(os.path.join(healthy, ".kafka_cleanshutdown"))
+
+
+def test_a_full_disk_is_not_a_failed_dir():
+    import errno
+    from kbroker.log.manager import is_dir_failure
+    assert not is_dir_failure(OSError(errno.ENOSPC, "No space left on device"))
+    assert not is_dir_failure(OSError(errno.EDQUOT, "Disk quota exceeded"))
+    assert all(is_dir_failure(OSError(e, "x")) for e in (errno.EIO, errno.EROFS, errno.EACCES, errno.ENOENT))
