@@ -400,9 +400,8 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _known("num.network.threads", "int", 3, at_least(1)),
     _known("num.io.threads", "int", 8, at_least(1)),
     _known("queued.max.requests", "int", 500, at_least(1)),
-    _known("request.timeout.ms", "int", 30000,
-           why="a client setting in Kafka's broker list; kbroker's inter-broker requests use their own "
-               "timeouts (replica.socket.timeout.ms, the controller's)"),
+    _impl("request.timeout.ms", "int", 30000, at_least(0),
+          doc="how long a WriteTxnMarkers waits for its markers to be replicated"),
     _impl("compression.type", "string", "producer", one_of(*COMPRESSION_TYPES, case_sensitive=False),
           doc="producer keeps each batch as sent; another codec recompresses producer batches on the leader"),
     _known("compression.gzip.level", "int", -1),

@@ -195,8 +195,8 @@ class Broker:
         users = {k[5:]: v for k, v in jaas_options(cfg.listener_get(name, "plain.sasl.jaas.config")).items()
                  if k.startswith("user_")}
         if "PLAIN" in mechanisms and not users:
-            raise ConfigError(f"listener.name.{name.lower()}.plain.sasl.jaas.config must name the PLAIN users "
-                              f"(user_<name>=\"<password>\")", "sasl.jaas.config")
+            key = f"listener.name.{name.lower()}.plain.sasl.jaas.config"
+            raise ConfigError(f"{key} must name the PLAIN users (user_<name>=\"<password>\")", key)
         return SaslListener(mechanisms, users, self._scram_credential,
                             cfg.get("connection.failed.authentication.delay.ms"),
                             cfg.listener_get(name, "connections.max.reauth.ms") or 0)
