@@ -741,6 +741,72 @@ class GroupCoordinator:
                 result[tp] = code
         return result
 
+    # ---- TxnOffsetCommit -------------------------------------------------------------------------------
+    async def txn_commit_offsets(self, group_id: str, producer_id: int, producer_epoch: int, generation: int,
+                                 member_id: str, instance_id, topics) -> dict:
+        """``topics`` {(topic, partition): (offset, leader_epoch, metadata)} -> {(topic, partition): code}.
+        The offsets are written in a transactional batch of the producer and stay pending in the group
+        until the transaction's marker on the offsets partition commits or aborts them. KIP-447: a
+        generation >= 0 and a member id are checked like an OffsetCommit's."""
+        err, p = self._partition_of(group_id)
+        if not err and not group_id:
+            err = int(E.INVALID_GROUP_ID)
+        if err:
+            return {tp: err for tp in topics}
+        g = self.groups.get(group_id)
+        if g is None:
+            g = self._get_or_create(group_id, p)
+        if g.state == DEAD:
+            return {tp: int(E.COORDINATOR_NOT_AVAILABLE) for tp in topics}
+        if not (generation < 0 and g.state == EMPTY):
+            if instance_id is not None and g.static_members.get(instance_id, member_id) != member_id:
+                return {tp: int(E.FENCED_INSTANCE_ID) for tp in topics}
+            if member_id and member_id not in g.members:
+                return {tp: int(E.UNKNOWN_MEMBER_ID) for tp in topics}
+            if generation >= 0 and generation != g.generation:
+                return {tp: int(E.ILLEGAL_GENERATION) for tp in topics}
+        now = self.now_ms()
+        max_meta = self._cfg("offset.metadata.max.bytes")
+        md = self.broker.metadata
+        result, recs, entries = {}, [], {}
+        for (topic, part), (offset, epoch, metadata) in topics.items():
+            t = md.topics.get(topic)
+            if t is None or part not in t.partitions:
+                result[(topic, part)] = int(E.UNKNOWN_TOPIC_OR_PARTITION)
+                continue
+            if metadata is not None and len(metadata.encode()) > max_meta:
+                result[(topic, part)] = int(E.OFFSET_METADATA_TOO_LARGE)
+                continue
+            e = OffsetEntry(offset, epoch, metadata or "", now, -1)
+            entries[(topic, part)] = e
+            recs.append((consumer_offsets.offset_key(group_id, topic, part),
+                         consumer_offsets.offset_value(consumer_offsets.OffsetValue(offset, epoch, e.metadata, now, -1))))
+        if recs:
+            code, _ = await self.store.append(p, recs, for_commit=True, producer=(producer_id, producer_epoch))
+            if not code and self.groups.get(group_id) is g:
+                g.pending_txn_offsets.setdefault(producer_id, {}).update(entries)
+            for tp in entries:
+                result[tp] = code
+        return result
+
+    def on_transaction_completed(self, producer_id: int, offsets_partitions, committed: bool) -> None:
+        """The marker of ``producer_id``'s transaction is written to these ``__consumer_offsets``
+        partitions: its pending TxnOffsetCommit offsets become committed, or are dropped."""
+        for p in offsets_partitions:
+            ps = self.partitions.get(p)
+            if ps is None:
+                continue
+            for gid in ps.groups:
+                g = self.groups.get(gid)
+                pending = g.pending_txn_offsets.pop(producer_id, None) if g is not None else None
+                if pending and committed:
+                    g.offsets.update(pending)
+
+    def has_pending_txn_offsets(self, group_id: str, tp) -> bool:
+        """An offset of ``tp`` waits for a transaction (OffsetFetch require_stable: UNSTABLE_OFFSET_COMMIT)."""
+        g = self.groups.get(group_id)
+        return g is not None and any(tp in offs for offs in g.pending_txn_offsets.values())
+
     # ---- OffsetFetch ---------------------------------------------------------------------------------
     def fetch_offsets(self, group_id: str, wanted) -> tuple[int, dict]:
         """``wanted`` [(topic, partition)] or None for all -> (error, {(topic, partition): entry or None})."""

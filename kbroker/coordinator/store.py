@@ -1,4 +1,5 @@
-"""Appends to and reads from the partitions of ``__consumer_offsets``.
+"""Appends to and reads from the partitions of a coordinator's internal topic (``__consumer_offsets``
+for the group coordinator, ``__transaction_state`` for the transaction coordinator).
 
 ``append`` is the ONE place where the coordinator writes: with the broker's ReplicaManager (when
 replication is wired in) it appends with acks=-1 and waits until the batch is replicated (or
@@ -52,29 +53,35 @@ def map_error(code: int, for_commit: bool) -> int:
         return int(Errors.UNKNOWN_SERVER_ERROR)
 
 
-def build_batch(records, now_ms: int) -> bytearray:
-    """One RecordBatch v2 holding ``records`` [(key, value-or-None)], writable for stamping."""
+def build_batch(records, now_ms: int, producer: tuple[int, int] | None = None) -> bytearray:
+    """One RecordBatch v2 holding ``records`` [(key, value-or-None)], writable for stamping.
+    ``producer`` (id, epoch) makes it a transactional batch (a TxnOffsetCommit's offsets); its base
+    sequence is 0 as Kafka's coordinator writes it (sequences of coordinator appends are not checked)."""
     size = 128 + sum(len(k) + (len(v) if v is not None else 0) + 32 for k, v in records)
     b = BatchBuilder(0, size)
     for k, v in records:
         b.append(now_ms, k, v)
-    return bytearray(b.build())
+    if producer is None:
+        return bytearray(b.build())
+    return bytearray(b.build(producer[0], producer[1], 0, -1, True))
 
 
 class OffsetsStore:
-    def __init__(self, broker):
+    def __init__(self, broker, topic: str = OFFSETS_TOPIC, timeout_key: str = "offsets.commit.timeout.ms"):
         self.broker = broker
+        self.topic = topic
+        self.timeout_key = timeout_key
 
     def _timeout_ms(self) -> int:
-        return self.broker.config.get("offsets.commit.timeout.ms")
+        return self.broker.config.get(self.timeout_key)
 
-    async def append(self, partition: int, records, for_commit: bool) -> tuple[int, int]:
-        """Append ``records`` [(key bytes, value bytes or None)] to ``__consumer_offsets-partition``
-        and wait until they are durable. Returns (error code as the group APIs report it, base
-        offset or -1)."""
+    async def append(self, partition: int, records, for_commit: bool,
+                     producer: tuple[int, int] | None = None) -> tuple[int, int]:
+        """Append ``records`` [(key bytes, value bytes or None)] to ``topic-partition`` and wait until
+        they are durable. Returns (error code as the coordinator APIs report it, base offset or -1)."""
         broker = self.broker
-        tp = (OFFSETS_TOPIC, partition)
-        buf = build_batch(records, broker.now_ms())
+        tp = (self.topic, partition)
+        buf = build_batch(records, broker.now_ms(), producer)
         rm = getattr(broker, "replica_manager", None)
         if rm is not None:
             try:
@@ -88,7 +95,7 @@ class OffsetsStore:
             return map_error(int(r.error_code), for_commit), r.base_offset
         # No ReplicaManager: the local leader log is the whole ISR on one broker.
         md = broker.metadata
-        tinfo = md.topics.get(OFFSETS_TOPIC)
+        tinfo = md.topics.get(self.topic)
         pinfo = tinfo.partitions.get(partition) if tinfo is not None else None
         if pinfo is None:
             return map_error(Errors.UNKNOWN_TOPIC_OR_PARTITION, for_commit), -1
@@ -107,7 +114,7 @@ class OffsetsStore:
     def read_all(self, partition: int, chunk_bytes: int):
         """Yield (offset, key, value) of every record in the partition's local log, oldest first,
         reading ``chunk_bytes`` (``offsets.load.buffer.size``) at a time."""
-        lg = self.broker.logs.get((OFFSETS_TOPIC, partition))
+        lg = self.broker.logs.get((self.topic, partition))
         if lg is None:
             return
         offset = lg.log_start_offset

@@ -34,6 +34,7 @@ from .apis import fetch as fetch_api  # noqa: E402
 from .apis import produce as produce_api  # noqa: E402
 from .apis.producer_ids import ProducerIdAllocator  # noqa: E402
 from ..coordinator.group_coordinator import GroupCoordinator  # noqa: E402
+from ..coordinator.transaction.coordinator import TransactionCoordinator  # noqa: E402
 
 
 class Broker:
@@ -59,6 +60,7 @@ class Broker:
         self._metadata_lock = asyncio.Lock()
         self.group_coordinator = GroupCoordinator(self)
         self.producer_ids = ProducerIdAllocator(self)
+        self.txn_coordinator = TransactionCoordinator(self)
         self.handlers: dict = apis.dispatch(self)    # api key -> handler(conn, header, body)
 
     # ---- lifecycle --------------------------------------------------------------------------------
@@ -133,6 +135,7 @@ class Broker:
         if cfg.get("kbroker.zookeeper.session.fencing.enable"):
             self._tasks.append(self.loop.create_task(self._session_fence()))
         self.group_coordinator.start()   # loads the __consumer_offsets partitions we lead, runs offset expiry
+        self.txn_coordinator.start()     # loads the __transaction_state partitions we lead, finishes Prepare*
 
     def _pool_bytes(self) -> int:
         # Kafka's default -1 means unbounded; we always bound it (four maximum-size requests).
@@ -179,6 +182,7 @@ class Broker:
         for t in self._tasks:
             t.cancel()
         self.group_coordinator.stop()    # waiting JoinGroup/SyncGroup requests get NOT_COORDINATOR
+        self.txn_coordinator.stop()      # marker sending stops; the next coordinator finishes Prepare*
         if self.metrics_server is not None:
             await self.metrics_server.stop()
         if self.server is not None:

@@ -17,7 +17,7 @@ from typing import Callable, NamedTuple
 from ...protocol import api
 from ...protocol.api import ApiKey
 from . import (admin, cluster_info, configs, controlled_shutdown, coordinator, core, fetch, groups, log_admin,
-               produce, producer_ids, reassignments, replica_control)
+               produce, producer_ids, reassignments, replica_control, transactions)
 
 
 class Api(NamedTuple):
@@ -73,6 +73,13 @@ TABLE: tuple[Api, ...] = (
     Api(K.DELETE_RECORDS, 0, 2, log_admin.delete_records),
     Api(K.INIT_PRODUCER_ID, 0, 4, producer_ids.init_producer_id),
     Api(K.OFFSET_FOR_LEADER_EPOCH, 2, 3, fetch.handle_offset_for_leader_epoch),
+    # Transactions (coordinator side); AddPartitionsToTxn v4 is the leaders' KIP-890 verification.
+    Api(K.ADD_PARTITIONS_TO_TXN, 0, 4, transactions.add_partitions_to_txn),
+    Api(K.ADD_OFFSETS_TO_TXN, 0, 3, transactions.add_offsets_to_txn),
+    Api(K.END_TXN, 0, 3, transactions.end_txn),
+    Api(K.TXN_OFFSET_COMMIT, 0, 3, transactions.txn_offset_commit),
+    Api(K.DESCRIBE_TRANSACTIONS, 0, 0, transactions.describe_transactions),
+    Api(K.LIST_TRANSACTIONS, 0, 1, transactions.list_transactions),
     Api(K.DESCRIBE_CONFIGS, 0, 4, configs.describe_configs),
     Api(K.ALTER_CONFIGS, 0, 2, configs.alter_configs),
     Api(K.DESCRIBE_LOG_DIRS, 0, 4, log_admin.describe_log_dirs),
