@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from ..protocol.errors import Errors
 from . import records as consumer_offsets
+from .ownership import leader_epoch, led_partitions, periodic
 from .group import (COMPLETING_REBALANCE, DEAD, EMPTY, PREPARING_REBALANCE, STABLE, Group, Member,
                     OffsetEntry)
 from .store import OFFSETS_TOPIC, OffsetsStore
@@ -73,9 +74,9 @@ class GroupCoordinator:
         if self.loop is not None:
             return
         self.loop = asyncio.get_running_loop()
-        self._tasks.append(self.loop.create_task(self._periodic(1.0, self.reconcile)))
+        self._tasks.append(self.loop.create_task(periodic(1.0, self.reconcile, "group coordinator")))
         interval = self._cfg("offsets.retention.check.interval.ms") / 1000
-        self._tasks.append(self.loop.create_task(self._periodic(interval, self.expire_offsets)))
+        self._tasks.append(self.loop.create_task(periodic(interval, self.expire_offsets, "group coordinator")))
 
     def stop(self) -> None:
         for t in self._tasks:
@@ -88,41 +89,12 @@ class GroupCoordinator:
         if self.loop is None:
             self.start()
 
-    async def _periodic(self, interval_s, fn):
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                r = fn()
-                if asyncio.iscoroutine(r):
-                    await r
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("group coordinator periodic task failed")
-
     # ---- partition ownership -----------------------------------------------------------------------
     def _led_partitions(self) -> dict[int, int]:
-        """{offsets partition: leader epoch} for the partitions this broker leads: the ReplicaManager's
-        view when there is one (it learns leadership first), else the metadata cache's."""
-        rm = getattr(self.broker, "replica_manager", None)
-        if rm is not None:
-            return {tp[1]: part.leader_epoch for tp, part in list(rm.partitions.items())
-                    if tp[0] == OFFSETS_TOPIC and part.is_leader}
-        t = self.broker.metadata.topics.get(OFFSETS_TOPIC)
-        if t is None:
-            return {}
-        me = self.broker.broker_id
-        return {p: info.leader_epoch for p, info in t.partitions.items() if info.leader == me}
+        return led_partitions(self.broker, OFFSETS_TOPIC)
 
     def _leader_epoch(self, p: int):
-        """This broker's leader epoch of offsets partition ``p``, or None if it does not lead it."""
-        rm = getattr(self.broker, "replica_manager", None)
-        if rm is not None:
-            part = rm.partitions.get((OFFSETS_TOPIC, p))
-            return part.leader_epoch if part is not None and part.is_leader else None
-        t = self.broker.metadata.topics.get(OFFSETS_TOPIC)
-        info = t.partitions.get(p) if t is not None else None
-        return info.leader_epoch if info is not None and info.leader == self.broker.broker_id else None
+        return leader_epoch(self.broker, OFFSETS_TOPIC, p)
 
     def reconcile(self) -> None:
         led = self._led_partitions()
@@ -715,6 +687,17 @@ class GroupCoordinator:
             return {tp: int(E.REBALANCE_IN_PROGRESS) for tp in topics}
         else:
             self._schedule_heartbeat(g, g.members[member_id])
+        result, recs, entries = self._offset_records(group_id, topics, retention_ms, timestamps)
+        if recs:
+            code, _ = await self.store.append(p, recs, for_commit=True)
+            if not code and self.groups.get(group_id) is g:
+                g.offsets.update(entries)
+            for tp in entries:
+                result[tp] = code
+        return result
+
+    def _offset_records(self, group_id: str, topics, retention_ms: int, timestamps) -> tuple[dict, list, dict]:
+        """(codes of the refused partitions, records to write, {(topic, partition): OffsetEntry}) for a commit."""
         now = self.now_ms()
         max_meta = self._cfg("offset.metadata.max.bytes")
         md = self.broker.metadata
@@ -733,13 +716,7 @@ class GroupCoordinator:
             entries[(topic, part)] = e
             recs.append((consumer_offsets.offset_key(group_id, topic, part),
                          consumer_offsets.offset_value(consumer_offsets.OffsetValue(offset, epoch, e.metadata, ts, expire))))
-        if recs:
-            code, _ = await self.store.append(p, recs, for_commit=True)
-            if not code and self.groups.get(group_id) is g:
-                g.offsets.update(entries)
-            for tp in entries:
-                result[tp] = code
-        return result
+        return result, recs, entries
 
     # ---- TxnOffsetCommit -------------------------------------------------------------------------------
     async def txn_commit_offsets(self, group_id: str, producer_id: int, producer_epoch: int, generation: int,
@@ -765,22 +742,7 @@ class GroupCoordinator:
                 return {tp: int(E.UNKNOWN_MEMBER_ID) for tp in topics}
             if generation >= 0 and generation != g.generation:
                 return {tp: int(E.ILLEGAL_GENERATION) for tp in topics}
-        now = self.now_ms()
-        max_meta = self._cfg("offset.metadata.max.bytes")
-        md = self.broker.metadata
-        result, recs, entries = {}, [], {}
-        for (topic, part), (offset, epoch, metadata) in topics.items():
-            t = md.topics.get(topic)
-            if t is None or part not in t.partitions:
-                result[(topic, part)] = int(E.UNKNOWN_TOPIC_OR_PARTITION)
-                continue
-            if metadata is not None and len(metadata.encode()) > max_meta:
-                result[(topic, part)] = int(E.OFFSET_METADATA_TOO_LARGE)
-                continue
-            e = OffsetEntry(offset, epoch, metadata or "", now, -1)
-            entries[(topic, part)] = e
-            recs.append((consumer_offsets.offset_key(group_id, topic, part),
-                         consumer_offsets.offset_value(consumer_offsets.OffsetValue(offset, epoch, e.metadata, now, -1))))
+        result, recs, entries = self._offset_records(group_id, topics, -1, None)
         if recs:
             code, _ = await self.store.append(p, recs, for_commit=True, producer=(producer_id, producer_epoch))
             if not code and self.groups.get(group_id) is g:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from ...protocol.errors import Errors
 from ...topics import GROUP_METADATA_TOPIC, TRANSACTION_STATE_TOPIC
 from ..group_coordinator import partition_for
+from ..ownership import led_partitions, periodic
 from ..store import OffsetsStore
 from . import records as txnlog
 from .markers import MarkerSender
@@ -78,11 +79,12 @@ class TransactionCoordinator:
         if self.loop is not None:
             return
         self.loop = asyncio.get_running_loop()
-        self._tasks.append(self.loop.create_task(self._periodic(1.0, self.reconcile)))
-        self._tasks.append(self.loop.create_task(self._periodic(
-            self._cfg("transaction.abort.timed.out.transaction.cleanup.interval.ms") / 1000, self.abort_timed_out)))
-        self._tasks.append(self.loop.create_task(self._periodic(
-            self._cfg("transaction.remove.expired.transaction.cleanup.interval.ms") / 1000, self.expire_ids)))
+        what = "transaction coordinator"
+        self._tasks.append(self.loop.create_task(periodic(1.0, self.reconcile, what)))
+        self._tasks.append(self.loop.create_task(periodic(
+            self._cfg("transaction.abort.timed.out.transaction.cleanup.interval.ms") / 1000, self.abort_timed_out, what)))
+        self._tasks.append(self.loop.create_task(periodic(
+            self._cfg("transaction.remove.expired.transaction.cleanup.interval.ms") / 1000, self.expire_ids, what)))
 
     def stop(self) -> None:
         for t in self._tasks:
@@ -96,18 +98,6 @@ class TransactionCoordinator:
         if self.loop is None:
             self.start()
 
-    async def _periodic(self, interval_s, fn):
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                r = fn()
-                if asyncio.iscoroutine(r):
-                    await r
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("transaction coordinator periodic task failed")
-
     # ---- state partitions --------------------------------------------------------------------------
     def partition_count(self) -> int:
         t = self.broker.metadata.topics.get(TRANSACTION_STATE_TOPIC)
@@ -119,14 +109,7 @@ class TransactionCoordinator:
         return partition_for(transactional_id, self.partition_count())
 
     def _led_partitions(self) -> dict[int, int]:
-        rm = getattr(self.broker, "replica_manager", None)
-        if rm is not None:
-            return {tp[1]: part.leader_epoch for tp, part in list(rm.partitions.items())
-                    if tp[0] == TRANSACTION_STATE_TOPIC and part.is_leader}
-        t = self.broker.metadata.topics.get(TRANSACTION_STATE_TOPIC)
-        if t is None:
-            return {}
-        return {p: i.leader_epoch for p, i in t.partitions.items() if i.leader == self.broker.broker_id}
+        return led_partitions(self.broker, TRANSACTION_STATE_TOPIC)
 
     def reconcile(self) -> None:
         led = self._led_partitions()
