@@ -263,6 +263,7 @@ def _finish_swap(lg, old_segments, i, base, paths, now):
         new.recover(base)
     lg.segments[i:i + len(old_segments)] = [new]
     lg._bases[i:i + len(old_segments)] = [base]
+    lg.txn_index.retain(lg._bases)      # the merged segments' aborted transactions go to its file
     # Close what earlier swaps left whose delay has passed: a busy cleaner would otherwise pile
     # up open descriptors until the next retention check.
     lg.remove_deleted_files(now)

@@ -63,6 +63,7 @@ from .epoch_cache import UNDEFINED_EPOCH, LeaderEpochCache
 from .errors import (CORRUPT_MESSAGE, INVALID_RECORD, KAFKA_STORAGE_ERROR, LogAppendError,
                      OffsetOutOfRange)
 from .producer_state import ProducerStateManager
+from . import txn_index as _txn
 from .segment import INT64_MAX, LogSegment
 
 _log = logging.getLogger(__name__)
@@ -209,6 +210,7 @@ class Log(_native.LogState):
         self._bases: list = []             # their base offsets, for bisect
         self._pending_delete: list = []    # (due_ms, segment): renamed, fds still open
         self.producer_state = ProducerStateManager(dir_path)
+        self.txn_index = _txn.TxnIndex(dir_path)         # aborted transactions (``.txnindex`` files)
         self.epoch_cache = LeaderEpochCache(dir_path)
         self.log_start_offset = log_start_offset
         self.recovery_point = recovery_point
@@ -347,6 +349,7 @@ class Log(_native.LogState):
                 s.flush()
             self.recovery_point = leo
         self.recovery_point = min(self.recovery_point, leo)
+        self.txn_index.load()
         self._rebuild_producer_state(clean and not self.recovered_segments)
         if self.hw_follows_leo:
             self._high_watermark = leo
@@ -366,14 +369,18 @@ class Log(_native.LogState):
         leo = self.log_end_offset
         ps.delete_snapshots(above=leo)
         if clean and ps.load_snapshot(leo):
+            self.txn_index.retain(self._bases)
             return
-        # Newest usable snapshot at or below the log end, then replay headers after it.
+        # Newest usable snapshot at or below the log end, then replay headers after it; the aborted
+        # transactions whose markers are replayed are rebuilt with it.
         start = self.log_start_offset
         ps.clear()
         for off in reversed(ps.snapshot_offsets()):
             if off >= self.log_start_offset and ps.load_snapshot(off):
                 start = off
                 break
+        self.txn_index.truncate_from(start, self._bases)
+        self.txn_index.retain(self._bases)
         i = max(bisect.bisect_right(self._bases, start) - 1, 0)
         for seg in self.segments[i:]:
             pos = 0
@@ -384,7 +391,69 @@ class Log(_native.LogState):
                 pos = r[0]
             for h in seg.headers(pos):
                 if h.base_offset >= start:
-                    ps.replay(h)
+                    if h.attributes & _txn.ATTR_CONTROL:
+                        head = os.pread(seg.read_fd, min(h.size, 256), h.position)
+                        self._replay_marker(h, head, seg.base_offset, h.max_timestamp)
+                    else:
+                        ps.replay(h)
+
+    def _replay_marker(self, info, batch, segment_base: int, timestamp: int, write: bool = True) -> None:
+        """Producer state and the aborted-transaction index after the control batch ``info``
+        (``batch``: its bytes from the start) is in the log: a COMMIT/ABORT ends the producer's
+        transaction, an ABORT is indexed."""
+        if info.producer_id < 0:
+            return
+        kind, coordinator_epoch = _txn.control_type(batch)
+        if kind not in (_txn.ABORT, _txn.COMMIT):
+            return
+        self._completed(self.producer_state.complete_txn(
+            info.producer_id, info.producer_epoch, coordinator_epoch, info.base_offset, kind == _txn.COMMIT,
+            timestamp), segment_base, write)
+
+    def _completed(self, done, segment_base: int, write: bool = True) -> None:
+        if done.aborted:
+            # The LSO once this transaction is complete (Kafka's ProducerStateManager.lastStableOffset).
+            first = self.producer_state.first_unstable_offset()
+            lso = first if first is not None else done.last_offset + 1
+            self.txn_index.append(_txn.AbortedTxn(done.producer_id, done.first_offset, done.last_offset, lso),
+                                  segment_base, write)
+
+    # -- transactions -----------------------------------------------------------------------
+
+    @property
+    def last_stable_offset(self) -> int:
+        """min(high watermark, first offset of the earliest ongoing transaction): what a
+        read_committed consumer may read up to."""
+        first = self.producer_state.first_unstable_offset()
+        hw = self._high_watermark
+        return hw if first is None or first > hw else first
+
+    def aborted_transactions(self, start: int, end: int) -> list:
+        """The aborted transactions that may hold data in [start, end) (read_committed fetches)."""
+        return self.txn_index.overlapping(start, end) if self.txn_index.entries else []
+
+    def append_control(self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int,
+                       leader_epoch: int, now: int | None = None) -> AppendResult:
+        """Append a COMMIT or ABORT marker as leader (WriteTxnMarkers): checks the producer's epoch
+        and the coordinator epoch (LogAppendError 47 / 52), writes the control batch, ends the
+        producer's transaction and indexes an abort. -> the marker's offsets."""
+        self._settle_writes()
+        if self.offline:
+            raise LogAppendError(KAFKA_STORAGE_ERROR, f"log {self.name} is offline")
+        self.producer_state.check_marker(producer_id, producer_epoch, coordinator_epoch)
+        now = now_ms() if now is None else now
+        base = self.log_end_offset
+        buf = _txn.control_batch(producer_id, producer_epoch, commit, coordinator_epoch, base, leader_epoch, now)
+        self._append(buf, len(buf), base, base, now, now)
+        if leader_epoch > self.epoch_cache.latest_epoch:
+            self.epoch_cache.assign(leader_epoch, base)
+        self._completed(self.producer_state.complete_txn(producer_id, producer_epoch, coordinator_epoch, base,
+                                                          commit, now),
+                        self.segments[-1].base_offset)
+        self.unflushed_messages += 1
+        if self.unflushed_messages >= self.config.flush_messages:
+            self.flush(now)
+        return AppendResult(base, base, now if self.config.log_append_time else -1, self.log_start_offset)
 
     # -- append -----------------------------------------------------------------------------
 
@@ -450,7 +519,8 @@ class Log(_native.LogState):
                 if written < 0:
                     self._roll_and_append_stamped(buf, now)
                 self.producer_state.update(pid, info.producer_epoch, info.base_sequence,
-                                           info.last_offset_delta, base, info.max_timestamp)
+                                           info.last_offset_delta, base, info.max_timestamp,
+                                           bool(info.attributes & _txn.ATTR_TRANSACTIONAL))
         self.dirty = True
         if self.hw_follows_leo:
             self._high_watermark = last + 1
@@ -573,7 +643,8 @@ class Log(_native.LogState):
         pid = info.producer_id
         if pid >= 0:
             self.producer_state.update(pid, info.producer_epoch, info.base_sequence,
-                                       info.last_offset_delta, base, info.max_timestamp)
+                                       info.last_offset_delta, base, info.max_timestamp,
+                                       bool(info.attributes & _txn.ATTR_TRANSACTIONAL))
         if leader_epoch > self.epoch_cache.latest_epoch:
             self.epoch_cache.assign(leader_epoch, base)
         self.unflushed_messages += info.record_count
@@ -701,9 +772,16 @@ class Log(_native.LogState):
             epoch = info.partition_leader_epoch
             if epoch > cache.latest_epoch:
                 cache.assign(epoch, info.base_offset)
-            if info.producer_id >= 0 and not info.is_control:
-                ps.update(info.producer_id, info.producer_epoch, info.base_sequence,
-                          info.last_offset_delta, info.base_offset, info.max_timestamp)
+            if info.producer_id >= 0:
+                if info.attributes & _txn.ATTR_CONTROL:
+                    # the marker's bytes (in this segment or a later one if it rolled)
+                    self._replay_marker(info, view[info.position:info.position + info.size],
+                                        self._bases[bisect.bisect_right(self._bases, info.base_offset) - 1],
+                                        info.max_timestamp)
+                else:
+                    ps.update(info.producer_id, info.producer_epoch, info.base_sequence,
+                              info.last_offset_delta, info.base_offset, info.max_timestamp,
+                              bool(info.attributes & _txn.ATTR_TRANSACTIONAL))
             records += info.record_count
         self.unflushed_messages += records
         if self.unflushed_messages >= cfg.flush_messages:
@@ -824,6 +902,7 @@ class Log(_native.LogState):
         self.epoch_cache.clear()
         self.producer_state.clear()
         self.producer_state.delete_snapshots(above=-1)
+        self.txn_index.clear()
         self.recovery_point = offset
         self._high_watermark = offset
         self.unflushed_messages = 0
@@ -933,6 +1012,7 @@ class Log(_native.LogState):
             self._pending_delete.append((now + self.config.file_delete_delay_ms, s))
         self.epoch_cache.truncate_from_start(self.log_start_offset)
         self.producer_state.delete_snapshots(below=self.segments[0].base_offset)
+        self.txn_index.retain(self._bases)
 
     def delete_records(self, offset: int, now: int | None = None) -> int:
         """Move the log start offset up to ``offset`` (DeleteRecords); whole segments below it

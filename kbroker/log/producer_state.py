@@ -13,6 +13,13 @@ Rules on a leader append (``check``), in Kafka's order:
 - an unknown producer id (never seen, or its batches were removed by retention) may start at any
   sequence, as in Kafka since KIP-360.
 
+Transactions: a transactional batch from a producer with no ongoing transaction here starts one at
+the batch's first offset (``current_txn_first_offset``); a COMMIT or ABORT marker (``complete_txn``)
+ends it. A marker with an epoch below the producer's is refused (INVALID_PRODUCER_EPOCH), one with
+a coordinator epoch below the last marker's too (TRANSACTION_COORDINATOR_FENCED). The first offset
+of the earliest ongoing transaction bounds the partition's last stable offset
+(``first_unstable_offset``).
+
 Snapshot file ``%020d.snapshot`` (the name is the log end offset it describes), Kafka's
 version-1 layout, big-endian:
     version i16 (1) | crc u32 (CRC-32C of everything after it) | count i32 |
@@ -21,6 +28,9 @@ version-1 layout, big-endian:
 Kafka writes one entry per producer (its last batch). We write one entry per retained batch,
 oldest first, so a restarted broker still recognises the last 5 batches; Kafka reading the same
 file keeps the last entry per producer id, i.e. the newest batch, so the file stays compatible.
+A producer with no retained batch (its epoch bumped by a marker) is one entry with last_sequence
+and last_offset -1, as Kafka writes it. coordinator_epoch and txn_first_offset (-1: no ongoing
+transaction) are the producer's, repeated in each of its entries.
 
 Threads: the event-loop thread only.
 
@@ -31,11 +41,13 @@ rebuilt by replaying batch headers from the newest usable snapshot (or the log s
 import os
 import struct
 from collections import deque
+from typing import NamedTuple
 
 from kbroker._native.crc import crc32c
 
 from .checkpoint import fsync_dir
-from .errors import INVALID_PRODUCER_EPOCH, OUT_OF_ORDER_SEQUENCE_NUMBER, LogAppendError
+from .errors import (INVALID_PRODUCER_EPOCH, OUT_OF_ORDER_SEQUENCE_NUMBER, TRANSACTION_COORDINATOR_FENCED,
+                     LogAppendError)
 
 INT32_MAX = (1 << 31) - 1
 BATCHES_TO_RETAIN = 5
@@ -70,18 +82,32 @@ class BatchMetadata:
 
 
 class ProducerEntry:
-    __slots__ = ("producer_id", "epoch", "batches")
+    __slots__ = ("producer_id", "epoch", "batches", "coordinator_epoch", "current_txn_first_offset",
+                 "last_timestamp")
 
     def __init__(self, producer_id: int, epoch: int):
         self.producer_id = producer_id
         self.epoch = epoch
         self.batches = deque(maxlen=BATCHES_TO_RETAIN)
+        self.coordinator_epoch = -1
+        self.current_txn_first_offset = -1      # -1: no ongoing transaction
+        self.last_timestamp = -1                # of its last batch or marker
+
+
+class CompletedTxn(NamedTuple):
+    producer_id: int
+    first_offset: int
+    last_offset: int              # the marker's offset
+    aborted: bool
 
 
 class ProducerStateManager:
     def __init__(self, dir_path: str):
         self.dir = dir_path
         self.producers: dict[int, ProducerEntry] = {}
+        self.ongoing: dict[int, int] = {}      # producer id -> first offset of its ongoing transaction
+        # producer id -> the guard of a verification in flight (begin_verification)
+        self.verifying: dict[int, object] = {}
 
     # -- leader append --------------------------------------------------------------------
 
@@ -114,7 +140,7 @@ class ProducerStateManager:
         return None
 
     def update(self, producer_id: int, epoch: int, first_seq: int, last_offset_delta: int,
-               first_offset: int, timestamp: int) -> None:
+               first_offset: int, timestamp: int, transactional: bool = False) -> None:
         """Record an appended (or replayed) batch."""
         entry = self.producers.get(producer_id)
         if entry is None:
@@ -126,16 +152,80 @@ class ProducerStateManager:
             entry.batches.clear()
         entry.batches.append(BatchMetadata(first_seq, last_sequence(first_seq, last_offset_delta),
                                            first_offset, first_offset + last_offset_delta, timestamp))
+        entry.last_timestamp = timestamp
+        if transactional and entry.current_txn_first_offset < 0:
+            entry.current_txn_first_offset = first_offset
+            self.ongoing[producer_id] = first_offset
+            self.verifying.pop(producer_id, None)
+
+    # -- KIP-890 verification ---------------------------------------------------------------------
+    # Before the first transactional batch of a transaction is appended here, the leader may ask the
+    # transaction coordinator whether this partition is in the producer's transaction. A guard taken
+    # before asking is dropped by any marker for the producer, so an answer that a marker overtook
+    # (the transaction ended meanwhile) cannot start a transaction here.
+
+    def needs_verification(self, producer_id: int) -> bool:
+        """True when a transactional batch of this producer would start a transaction here."""
+        entry = self.producers.get(producer_id)
+        return entry is None or entry.current_txn_first_offset < 0
+
+    def begin_verification(self, producer_id: int) -> object:
+        guard = self.verifying[producer_id] = object()
+        return guard
+
+    def verified(self, producer_id: int, guard: object) -> bool:
+        """Whether ``guard`` still stands (no marker for the producer since begin_verification)."""
+        return self.verifying.get(producer_id) is guard
+
+    def check_marker(self, producer_id: int, epoch: int, coordinator_epoch: int) -> None:
+        """Refuse a COMMIT/ABORT marker as Kafka does (LogAppendError 47 / 52), before it is written."""
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            return
+        if epoch < entry.epoch:
+            raise LogAppendError(
+                INVALID_PRODUCER_EPOCH,
+                f"producer {producer_id}: marker epoch {epoch} is older than the current epoch {entry.epoch}")
+        if coordinator_epoch < entry.coordinator_epoch:
+            raise LogAppendError(
+                TRANSACTION_COORDINATOR_FENCED,
+                f"producer {producer_id}: coordinator epoch {coordinator_epoch} is older than "
+                f"{entry.coordinator_epoch}")
+
+    def complete_txn(self, producer_id: int, epoch: int, coordinator_epoch: int, offset: int,
+                     commit: bool, timestamp: int) -> CompletedTxn:
+        """A marker written (or replayed) at ``offset``: end the producer's ongoing transaction. A
+        marker with no transaction ongoing still completes one that starts at the marker itself."""
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            entry = self.producers[producer_id] = ProducerEntry(producer_id, epoch)
+        elif epoch > entry.epoch:
+            entry.epoch = epoch
+            entry.batches.clear()
+        first = entry.current_txn_first_offset
+        entry.current_txn_first_offset = -1
+        entry.coordinator_epoch = max(entry.coordinator_epoch, coordinator_epoch)
+        entry.last_timestamp = timestamp
+        self.ongoing.pop(producer_id, None)
+        self.verifying.pop(producer_id, None)
+        return CompletedTxn(producer_id, first if first >= 0 else offset, offset, not commit)
+
+    def first_unstable_offset(self) -> int | None:
+        """The first offset of the earliest ongoing transaction, None when there is none."""
+        return min(self.ongoing.values()) if self.ongoing else None
 
     def replay(self, header) -> None:
-        """Rebuild from a scanned batch header (native BatchInfo from LogSegment.headers/recover)."""
+        """Rebuild from a scanned data batch header (native BatchInfo from LogSegment.headers/recover);
+        control batches are replayed by the log (``complete_txn``), which reads their record."""
         if header.producer_id >= 0 and not header.attributes & 0x20:   # control batches carry no sequence
             self.update(header.producer_id, header.producer_epoch, header.base_sequence,
                         header.last_offset_delta, header.base_offset,
-                        header.max_timestamp)
+                        header.max_timestamp, bool(header.attributes & 0x10))
 
     def clear(self) -> None:
         self.producers.clear()
+        self.ongoing.clear()
+        self.verifying.clear()
 
     # -- snapshots ------------------------------------------------------------------------
 
@@ -150,11 +240,15 @@ class ProducerStateManager:
         return sorted(out)
 
     def write_snapshot(self, offset: int) -> None:
-        body = bytearray(_COUNT.pack(sum(len(e.batches) for e in self.producers.values())))
+        body = bytearray(_COUNT.pack(sum(len(e.batches) or 1 for e in self.producers.values())))
         for e in self.producers.values():
             for b in e.batches:
                 body += _ENTRY.pack(e.producer_id, e.epoch, b.last_seq, b.last_offset,
-                                    b.last_offset - b.first_offset, b.timestamp, -1, -1)
+                                    b.last_offset - b.first_offset, b.timestamp, e.coordinator_epoch,
+                                    e.current_txn_first_offset)
+            if not e.batches:
+                body += _ENTRY.pack(e.producer_id, e.epoch, -1, -1, 0, e.last_timestamp, e.coordinator_epoch,
+                                    e.current_txn_first_offset)
         data = _HEAD.pack(SNAPSHOT_VERSION, crc32c(body)) + body
         path = self.snapshot_path(offset)
         tmp = path + ".tmp"
@@ -181,10 +275,22 @@ class ProducerStateManager:
         (count,) = _COUNT.unpack_from(body)
         if count < 0 or len(body) != _COUNT.size + count * _ENTRY.size:
             return False
-        self.producers.clear()
-        for pid, epoch, last_seq, last_off, delta, ts, _ce, _txn in _ENTRY.iter_unpack(body[_COUNT.size:]):
-            first_seq = (last_seq - delta) % (INT32_MAX + 1)
-            self.update(pid, epoch, first_seq, delta, last_off - delta, ts)
+        self.clear()
+        for pid, epoch, last_seq, last_off, delta, ts, coord_epoch, txn_first in _ENTRY.iter_unpack(
+                body[_COUNT.size:]):
+            if last_off >= 0:
+                first_seq = (last_seq - delta) % (INT32_MAX + 1)
+                self.update(pid, epoch, first_seq, delta, last_off - delta, ts)
+            entry = self.producers.get(pid)
+            if entry is None:
+                entry = self.producers[pid] = ProducerEntry(pid, epoch)
+                entry.last_timestamp = ts
+            entry.coordinator_epoch = coord_epoch
+            entry.current_txn_first_offset = txn_first
+            if txn_first >= 0:
+                self.ongoing[pid] = txn_first
+            else:
+                self.ongoing.pop(pid, None)
         return True
 
     def delete_snapshots(self, above: int | None = None, below: int | None = None) -> None:

@@ -764,6 +764,62 @@ api(22, "InitProducerId", "0-5", "2+",
         F("producer_epoch", "int16"),
     ])
 
+# --- 27 WriteTxnMarkers --------------------------------------------------------------------------
+# Transaction coordinator -> partition leaders: one COMMIT/ABORT control batch per listed partition.
+api(27, "WriteTxnMarkers", "0-1", "1+",
+    request=[
+        F("markers", [
+            F("producer_id", "int64"),
+            F("producer_epoch", "int16"),
+            F("transaction_result", "bool"),
+            F("topics", [
+                F("name", "string"),
+                F("partition_indexes", "[]int32"),
+            ]),
+            F("coordinator_epoch", "int32"),
+        ]),
+    ],
+    response=[
+        F("markers", [
+            F("producer_id", "int64"),
+            F("topics", [
+                F("name", "string"),
+                F("partitions", [
+                    F("partition_index", "int32"),
+                    F("error_code", "int16"),
+                ]),
+            ]),
+        ]),
+    ])
+
+# --- 61 DescribeProducers -------------------------------------------------------------------------
+api(61, "DescribeProducers", "0", "0+",
+    request=[
+        F("topics", [
+            F("name", "string"),
+            F("partition_indexes", "[]int32"),
+        ]),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("topics", [
+            F("name", "string"),
+            F("partitions", [
+                F("partition_index", "int32"),
+                F("error_code", "int16"),
+                F("error_message", "string", nullable="0+", default=NULL),
+                F("active_producers", [
+                    F("producer_id", "int64"),
+                    F("producer_epoch", "int32"),
+                    F("last_sequence", "int32", default=-1),
+                    F("last_timestamp", "int64", default=-1),
+                    F("coordinator_epoch", "int32"),
+                    F("current_txn_start_offset", "int64", default=-1),
+                ]),
+            ]),
+        ]),
+    ])
+
 # --- 23 OffsetForLeaderEpoch ----------------------------------------------------------------------
 # replica_id -2 = a consumer (KIP-320 validation), -1 = debugging consumer, >= 0 = a follower.
 api(23, "OffsetForLeaderEpoch", "0-4", "4+",
@@ -849,34 +905,6 @@ api(26, "EndTxn", "0-3", "3+",
     response=[
         F("throttle_time_ms", "int32"),
         F("error_code", "int16"),
-    ])
-
-# --- 27 WriteTxnMarkers --------------------------------------------------------------------------
-# Transaction coordinator -> partition leaders: one COMMIT/ABORT control batch per listed partition.
-api(27, "WriteTxnMarkers", "0-1", "1+",
-    request=[
-        F("markers", [
-            F("producer_id", "int64"),
-            F("producer_epoch", "int16"),
-            F("transaction_result", "bool"),
-            F("topics", [
-                F("name", "string"),
-                F("partition_indexes", "[]int32"),
-            ]),
-            F("coordinator_epoch", "int32"),
-        ]),
-    ],
-    response=[
-        F("markers", [
-            F("producer_id", "int64"),
-            F("topics", [
-                F("name", "string"),
-                F("partitions", [
-                    F("partition_index", "int32"),
-                    F("error_code", "int16"),
-                ]),
-            ]),
-        ]),
     ])
 
 # --- 28 TxnOffsetCommit ---------------------------------------------------------------------------

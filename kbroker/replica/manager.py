@@ -126,6 +126,10 @@ class ReplicaManager:
         self.partitions: dict[tuple[str, int], Partition] = {}
         self.fetchers: dict[int, ReplicaFetcher] = {}
         self.controller_epoch = -1          # highest controller epoch seen (replica_control)
+        # KIP-890 part 1: None, or the transaction coordinator's async check that a partition is in a
+        # producer's transaction, called before a transactional batch starts a transaction on a
+        # partition led here (server/apis/produce.py _verify_first has the contract).
+        self.txn_verifier = None
         self.isr_shrinks = 0
         self.isr_expands = 0
         self._tasks: set = set()
@@ -381,6 +385,46 @@ class ReplicaManager:
         if deferred:
             for tp, p, records in deferred:
                 self._defer(threads, tp, p, records, acks, internal, d, source)
+        return d.future
+
+    def append_markers(self, markers, timeout_ms: int):
+        """WriteTxnMarkers: append each COMMIT/ABORT marker as leader and wait, as acks=all, until the
+        high watermark covers it. ``markers``: [(tp, producer_id, producer_epoch, commit,
+        coordinator_epoch)], one partition once. -> {tp: PartitionResult}, or an awaitable of it."""
+        results = {}
+        pending = []
+        for tp, pid, epoch, commit, coordinator_epoch in markers:
+            p = self.partitions.get(tp)
+            if p is None:
+                results[tp] = PartitionResult(Errors.UNKNOWN_TOPIC_OR_PARTITION)
+                continue
+            if not p.is_leader or p.stale:
+                results[tp] = PartitionResult(Errors.NOT_LEADER_OR_FOLLOWER)
+                continue
+            lg = p.log
+            try:
+                r = lg.append_control(pid, epoch, commit, coordinator_epoch, p.leader_epoch)
+            except LogAppendError as e:
+                if e.error_code == Errors.KAFKA_STORAGE_ERROR:
+                    self._storage_failed(tp, lg, e)
+                results[tp] = PartitionResult(e.error_code, error_message=e.message)
+                continue
+            if len(p.replicas) > 1:
+                self.broker.notifier.appended(p.follower_key)
+            if p.maybe_increment_hw():
+                self._complete(p)
+            if r.last_offset >= lg.high_watermark:
+                results[tp] = PartitionResult(UNDECIDED, r.base_offset, r.log_append_time_ms, r.log_start_offset)
+                pending.append((p, r.last_offset + 1))
+            else:
+                results[tp] = PartitionResult(0, r.base_offset, r.log_append_time_ms, r.log_start_offset)
+                self.broker.notifier.appended(tp)       # the LSO moved for read_committed polls
+        if not pending:
+            return results
+        d = DelayedProduce(results, len(pending), self.loop or asyncio.get_running_loop(), timeout_ms,
+                           self._timed_out)
+        for p, required in pending:
+            p.waiters.append((required, d))
         return d.future
 
     def _defer(self, threads, tp, p, records, acks, internal, d, source) -> None:

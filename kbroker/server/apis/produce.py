@@ -38,7 +38,7 @@ def handle_native(broker, conn, req):
     as [bytes], NO_RESPONSE, CLOSE, or an awaitable of one of them (acks=all). The same policy as
     ``produce`` (``execute``); only parsing and encoding differ, and tests/test_native_differential.py
     holds both to the same bytes."""
-    out = execute(broker, req.api_version, req.acks, req.timeout_ms, req.topics, conn)
+    out = execute(broker, req.api_version, req.acks, req.timeout_ms, req.topics, conn, req.transactional_id)
     if out is NO_RESPONSE or out is CLOSE:
         return out
     if not isinstance(out, list):
@@ -94,7 +94,8 @@ def fast_write_failed(broker, conn, leader, error, version, correlation_id, acks
 
 def produce(broker, header, body, conn=None):
     topics = [(t["name"], [(p["index"], p["records"]) for p in t["partition_data"]]) for t in body["topic_data"]]
-    out = execute(broker, header.api_version, body["acks"], body["timeout_ms"], topics, conn)
+    out = execute(broker, header.api_version, body["acks"], body["timeout_ms"], topics, conn,
+                  body.get("transactional_id"))
     if out is NO_RESPONSE or out is CLOSE:
         return out
     if not isinstance(out, list):
@@ -123,13 +124,20 @@ def _as_dict(out):
     return {"responses": responses, "throttle_time_ms": 0}
 
 
-def execute(broker, version, acks, timeout_ms, topics, conn=None):
+def execute(broker, version, acks, timeout_ms, topics, conn=None, transactional_id=None, refused=None):
     """Policy of one Produce request, whichever path parsed it. ``topics``: [(name, [(index, records
     or None), ...]), ...]. -> NO_RESPONSE or CLOSE (acks=0), the answer [(name, [[index, error_code,
     base_offset, log_append_time_ms, log_start_offset, error_message], ...]), ...] in request order, or
     an awaitable of that answer (acks=all waiting for the high watermark, or appends queued off the
-    loop). ``conn``: the request's connection, whose batches to a partition keep their order."""
-    if len(topics) == 1 and version >= api.PRODUCE_MIN_SERVED and acks in _ACKS:
+    loop). ``conn``: the request's connection, whose batches to a partition keep their order.
+    ``transactional_id``: the request's; with ``ReplicaManager.txn_verifier`` set, the batches that would
+    start a transaction on a partition are verified first (``_verify_first``). ``refused``: {tp: error
+    code} of partitions answered with that error and not appended (a failed verification)."""
+    if transactional_id is not None and refused is None and broker.replica_manager.txn_verifier is not None:
+        plan = _to_verify(broker, topics)
+        if plan:
+            return _verify_first(broker, version, acks, timeout_ms, topics, conn, transactional_id, plan)
+    if refused is None and len(topics) == 1 and version >= api.PRODUCE_MIN_SERVED and acks in _ACKS:
         # The common request: one partition of one topic, which this broker hosts. The same policy
         # as the loop below with none of its error branches taken, minus its bookkeeping.
         name, pdata = topics[0]
@@ -182,6 +190,8 @@ def execute(broker, version, acks, timeout_ms, topics, conn=None):
                            else Errors.UNKNOWN_TOPIC_OR_PARTITION)
                 elif records is None or len(records) == 0:
                     err = Errors.CORRUPT_MESSAGE
+            if err is None and refused and tp in refused:
+                err = refused[tp]
             if err is None:
                 if tp in entries:
                     err = Errors.INVALID_RECORD      # the same partition twice in one request
@@ -203,6 +213,56 @@ def execute(broker, version, acks, timeout_ms, topics, conn=None):
     if acks == 0:
         return CLOSE if failed else NO_RESPONSE
     return out
+
+
+_ATTR_TRANSACTIONAL = 0x10
+
+
+def _to_verify(broker, topics) -> dict:
+    """{(producer_id, epoch): [(tp, log)]} of the transactional batches that would start a transaction
+    on a partition led here (KIP-890 part 1)."""
+    plan = {}
+    partitions = broker.replica_manager.partitions
+    for name, pdata in topics:
+        for index, records in pdata:
+            # header: attributes at byte 21, producer id at 43, producer epoch at 51 (RecordBatch v2)
+            if records is None or len(records) < 61 or not records[22] & _ATTR_TRANSACTIONAL:
+                continue
+            p = partitions.get((name, index))
+            if p is None or not p.is_leader:
+                continue
+            pid = int.from_bytes(records[43:51], "big", signed=True)
+            epoch = int.from_bytes(records[51:53], "big", signed=True)
+            if pid >= 0 and p.log.producer_state.needs_verification(pid):
+                plan.setdefault((pid, epoch), []).append(((name, index), p.log))
+    return plan
+
+
+async def _verify_first(broker, version, acks, timeout_ms, topics, conn, transactional_id, plan):
+    """Ask the transaction coordinator (``ReplicaManager.txn_verifier``: an async callable
+    (transactional_id, producer_id, producer_epoch, [tp]) -> {tp: error code}, set by the coordinator's
+    side) whether each partition is in the producer's transaction; refuse those it denies, and those a
+    marker reached meanwhile (INVALID_TXN_STATE), append the others."""
+    verifier = broker.replica_manager.txn_verifier
+    refused = {}
+    for (pid, epoch), parts in plan.items():
+        guards = [(tp, lg, lg.producer_state.begin_verification(pid)) for tp, lg in parts]
+        try:
+            codes = await verifier(transactional_id, pid, epoch, [tp for tp, _lg, _g in guards])
+        except Exception:       # noqa: BLE001 - the coordinator could not be asked: retriable for the client
+            log.warning("verifying %s in the transaction of %r failed", [tp for tp, _l, _g in guards],
+                        transactional_id, exc_info=True)
+            codes = {tp: Errors.COORDINATOR_NOT_AVAILABLE for tp, _l, _g in guards}
+        for tp, lg, guard in guards:
+            code = codes.get(tp, Errors.INVALID_TXN_STATE)
+            if code == 0 and not lg.producer_state.verified(pid, guard):
+                code = Errors.INVALID_TXN_STATE
+            if code:
+                refused[tp] = code
+    out = execute(broker, version, acks, timeout_ms, topics, conn, transactional_id, refused)
+    if out is NO_RESPONSE or out is CLOSE or isinstance(out, list):
+        return out
+    return await out
 
 
 def _fill(broker, results, slots) -> bool:
