@@ -395,7 +395,7 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _impl("transaction.max.timeout.ms", "int", 900000, at_least(1)),
     _impl("transaction.abort.timed.out.transaction.cleanup.interval.ms", "int", 10000, at_least(1)),
     _impl("transaction.remove.expired.transaction.cleanup.interval.ms", "int", 3600000, at_least(1)),
-    _known("transaction.partition.verification.enable", "boolean", True),
+    _impl("transaction.partition.verification.enable", "boolean", True),
     _known("producer.id.expiration.ms", "int", 86400000, at_least(1)),
     _known("producer.id.expiration.check.interval.ms", "int", 600000, at_least(1)),
     _known("max.incremental.fetch.session.cache.slots", "int", 1000, at_least(0)),

@@ -114,7 +114,7 @@ class GroupCoordinator:
         groups: dict[str, Group] = {}
         n = 0
         try:
-            for _offset, key, value in self.store.read_all(ps.index, self._cfg("offsets.load.buffer.size")):
+            for _offset, key, value, pending_pid in self.store.read_all(ps.index, self._cfg("offsets.load.buffer.size")):
                 n += 1
                 if n % 2000 == 0:
                     await asyncio.sleep(0)
@@ -127,7 +127,12 @@ class GroupCoordinator:
                     if k[0] == "offset":
                         _, gid, topic, part = k
                         g = groups.get(gid) or groups.setdefault(gid, Group(gid))
-                        if value is None:
+                        if pending_pid >= 0:
+                            if value is not None:
+                                v = consumer_offsets.decode_offset_value(value)
+                                g.pending_txn_offsets.setdefault(pending_pid, {})[(topic, part)] = OffsetEntry(
+                                    v.offset, v.leader_epoch, v.metadata, v.commit_timestamp, v.expire_timestamp)
+                        elif value is None:
                             g.offsets.pop((topic, part), None)
                         else:
                             v = consumer_offsets.decode_offset_value(value)
@@ -154,7 +159,7 @@ class GroupCoordinator:
         if self.partitions.get(ps.index) is not ps:
             return
         for gid, g in groups.items():
-            if not g.members and not g.offsets and g.protocol_type is None:
+            if not g.members and not g.offsets and not g.pending_txn_offsets and g.protocol_type is None:
                 continue
             self.groups[gid] = g
             ps.groups.add(gid)
@@ -744,7 +749,8 @@ class GroupCoordinator:
                 return {tp: int(E.ILLEGAL_GENERATION) for tp in topics}
         result, recs, entries = self._offset_records(group_id, topics, -1, None)
         if recs:
-            code, _ = await self.store.append(p, recs, for_commit=True, producer=(producer_id, producer_epoch))
+            seq = self.store.next_sequence(p, producer_id, producer_epoch)
+            code, _ = await self.store.append(p, recs, for_commit=True, producer=(producer_id, producer_epoch, seq))
             if not code and self.groups.get(group_id) is g:
                 g.pending_txn_offsets.setdefault(producer_id, {}).update(entries)
             for tp in entries:

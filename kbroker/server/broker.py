@@ -89,6 +89,8 @@ class Broker:
         self.logs.startup(self.broker_id, self.cluster_id,
                           {name: self._typed(c) for name, c in configs.items()})
         self.replica_manager = ReplicaManager(self)
+        if cfg.get("transaction.partition.verification.enable"):
+            self.replica_manager.txn_verifier = self.txn_coordinator.verify_for_leader
         self.replica_manager.start()
 
         listener = cfg.listeners[0]

@@ -20,13 +20,14 @@ import logging
 import re
 from dataclasses import dataclass, field
 
+from ...protocol.api import ApiKey
 from ...protocol.errors import Errors
 from ...topics import GROUP_METADATA_TOPIC, TRANSACTION_STATE_TOPIC
 from ..group_coordinator import partition_for
 from ..ownership import led_partitions, periodic
 from ..store import OffsetsStore
 from . import records as txnlog
-from .markers import MarkerSender
+from .peers import PeerRequests
 from .metadata import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, IllegalTransition, TxnMetadata
 from .records import (COMPLETE_ABORT, COMPLETE_COMMIT, DEAD, EMPTY, ONGOING, PREPARE_ABORT, PREPARE_COMMIT,
                       PREPARE_EPOCH_FENCE, STATE_NAMES)
@@ -48,6 +49,13 @@ _RETRY_MARKER = {int(E.NOT_LEADER_OR_FOLLOWER), int(E.UNKNOWN_TOPIC_OR_PARTITION
 _FENCED_MARKER = {int(E.INVALID_PRODUCER_EPOCH), int(E.TRANSACTION_COORDINATOR_FENCED)}
 
 
+# How a verification's coordinator errors reach the producer (Kafka's AddPartitionsToTxnManager).
+_FOR_PRODUCER = {int(E.COORDINATOR_NOT_AVAILABLE): int(E.NOT_ENOUGH_REPLICAS),
+                 int(E.NOT_COORDINATOR): int(E.NOT_ENOUGH_REPLICAS),
+                 int(E.COORDINATOR_LOAD_IN_PROGRESS): int(E.NOT_ENOUGH_REPLICAS),
+                 int(E.PRODUCER_FENCED): int(E.INVALID_PRODUCER_EPOCH)}
+
+
 @dataclass
 class _StatePartition:
     index: int
@@ -61,7 +69,7 @@ class TransactionCoordinator:
     def __init__(self, broker):
         self.broker = broker
         self.store = OffsetsStore(broker, TRANSACTION_STATE_TOPIC, "request.timeout.ms")
-        self.markers = MarkerSender(broker)
+        self.peers = PeerRequests(broker)
         self.txns: dict[str, TxnMetadata] = {}
         self.partitions: dict[int, _StatePartition] = {}
         self._completing: dict[str, asyncio.Task] = {}
@@ -92,7 +100,7 @@ class TransactionCoordinator:
         self._tasks.clear()
         for p in list(self.partitions):
             self._unload(p)
-        self.markers.close()
+        self.peers.close()
 
     def _ensure_started(self) -> None:
         if self.loop is None:
@@ -129,7 +137,7 @@ class TransactionCoordinator:
         found: dict[str, TxnMetadata] = {}
         n = 0
         try:
-            for _offset, key, value in self.store.read_all(ps.index, self._cfg("transaction.state.log.load.buffer.size")):
+            for _offset, key, value, _pending in self.store.read_all(ps.index, self._cfg("transaction.state.log.load.buffer.size")):
                 n += 1
                 if n % 2000 == 0:
                     await asyncio.sleep(0)
@@ -346,6 +354,36 @@ class TransactionCoordinator:
             return {tp: err for tp in tps}
         return {tp: 0 if (m.state == ONGOING and tp in m.partitions) else int(E.INVALID_TXN_STATE) for tp in tps}
 
+    async def verify_for_leader(self, tid: str, pid: int, epoch: int, tps) -> dict:
+        """ReplicaManager.txn_verifier (KIP-890 part 1): a partition leader asks the coordinator of ``tid``
+        (this broker's own, or another's over AddPartitionsToTxn v4 verify_only) whether each partition is
+        in the producer's ongoing transaction. Errors as Kafka maps them for the producer: a coordinator
+        that cannot answer is NOT_ENOUGH_REPLICAS (retriable for every client version), a fenced producer
+        INVALID_PRODUCER_EPOCH."""
+        tps = list(tps)
+        t = self.broker.metadata.topics.get(TRANSACTION_STATE_TOPIC)
+        info = t.partitions.get(partition_for(tid, len(t.partitions))) if t is not None and t.partitions else None
+        if info is None or info.leader is None or info.leader < 0:
+            codes = {tp: int(E.COORDINATOR_NOT_AVAILABLE) for tp in tps}
+        elif info.leader == self.broker.broker_id:
+            codes = self.verify_partitions(tid, pid, epoch, tps)
+        else:
+            topics: dict[str, list[int]] = {}
+            for tp in tps:
+                topics.setdefault(tp[0], []).append(tp[1])
+            resp = await self.peers.request(info.leader, ApiKey.ADD_PARTITIONS_TO_TXN, {"transactions": [
+                {"transactional_id": tid, "producer_id": pid, "producer_epoch": epoch, "verify_only": True,
+                 "topics": [{"name": n, "partitions": ps_} for n, ps_ in topics.items()]}]})
+            codes = {tp: int(E.COORDINATOR_NOT_AVAILABLE) for tp in tps}
+            if resp is not None and not resp.get("error_code"):
+                for r in resp["results_by_transaction"]:
+                    for tr in r["topic_results"]:
+                        for pr in tr["results_by_partition"]:
+                            codes[(tr["name"], pr["partition_index"])] = pr["partition_error_code"]
+            elif resp is not None:
+                codes = {tp: resp["error_code"] for tp in tps}
+        return {tp: _FOR_PRODUCER.get(c, c) for tp, c in codes.items()}
+
     def offsets_partition(self, group_id: str) -> tuple[str, int]:
         t = self.broker.metadata.topics.get(GROUP_METADATA_TOPIC)
         n = len(t.partitions) if t is not None and t.partitions else self._cfg("offsets.topic.num.partitions")
@@ -467,7 +505,7 @@ class TransactionCoordinator:
                 marker = {"producer_id": pid, "producer_epoch": epoch, "transaction_result": commit,
                           "coordinator_epoch": ps.epoch,
                           "topics": [{"name": t, "partition_indexes": ps_} for t, ps_ in topics.items()]}
-                sends.append(self.markers.send(leader, [marker]))
+                sends.append(self.peers.send_markers(leader, [marker]))
             for answer in await asyncio.gather(*sends):
                 if answer is None:
                     continue

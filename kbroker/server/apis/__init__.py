@@ -17,7 +17,7 @@ from typing import Callable, NamedTuple
 from ...protocol import api
 from ...protocol.api import ApiKey
 from . import (admin, cluster_info, configs, controlled_shutdown, coordinator, core, fetch, groups, log_admin,
-               produce, producer_ids, reassignments, replica_control, transactions, txn_markers)
+               produce, producer_ids, reassignments, replica_control, transactions)
 
 
 class Api(NamedTuple):
@@ -80,7 +80,7 @@ TABLE: tuple[Api, ...] = (
     Api(K.TXN_OFFSET_COMMIT, 0, 3, transactions.txn_offset_commit),
     Api(K.DESCRIBE_TRANSACTIONS, 0, 0, transactions.describe_transactions),
     Api(K.LIST_TRANSACTIONS, 0, 1, transactions.list_transactions),
-    Api(K.WRITE_TXN_MARKERS, 0, 1, txn_markers.write_txn_markers),
+    Api(K.WRITE_TXN_MARKERS, 0, 1, transactions.write_txn_markers),
     Api(K.DESCRIBE_CONFIGS, 0, 4, configs.describe_configs),
     Api(K.ALTER_CONFIGS, 0, 2, configs.alter_configs),
     Api(K.DESCRIBE_LOG_DIRS, 0, 4, log_admin.describe_log_dirs),

@@ -8,6 +8,8 @@ served.
 """
 from __future__ import annotations
 
+from ...protocol.errors import Errors
+
 
 def _host(conn) -> str:
     peer = getattr(conn, "peer", None)
@@ -78,15 +80,17 @@ def offset_fetch(broker, conn, header, body):
     if version >= 8:
         groups = []
         for g in body["groups"]:
-            err, topics = _fetch_group(broker, g["group_id"], g["topics"], version)
+            err, topics = _fetch_group(broker, g["group_id"], g["topics"], version, body.get("require_stable"))
             groups.append({"group_id": g["group_id"], "topics": topics, "error_code": err})
         return {"throttle_time_ms": 0, "groups": groups}
-    err, topics = _fetch_group(broker, body["group_id"], body["topics"], version)
+    err, topics = _fetch_group(broker, body["group_id"], body["topics"], version, body.get("require_stable"))
     return {"throttle_time_ms": 0, "error_code": err, "topics": topics}
 
 
-def _fetch_group(broker, group_id, req_topics, version) -> tuple[int, list]:
-    """-> (group error, response topics); before v2 the group error goes on every requested partition."""
+def _fetch_group(broker, group_id, req_topics, version, require_stable=False) -> tuple[int, list]:
+    """-> (group error, response topics); before v2 the group error goes on every requested partition.
+    ``require_stable`` (v7+, read_committed consumers): a partition whose offset waits for a transaction's
+    marker answers UNSTABLE_OFFSET_COMMIT (retriable) instead of the offset before the transaction."""
     wanted = None if req_topics is None else [(t["name"], p) for t in req_topics for p in t["partition_indexes"]]
     err, found = broker.group_coordinator.fetch_offsets(group_id, wanted)
     topics: dict = {}
@@ -94,7 +98,11 @@ def _fetch_group(broker, group_id, req_topics, version) -> tuple[int, list]:
         for tp in wanted or []:
             topics.setdefault(tp[0], []).append(_fetched(tp[1], None, err))
     elif not err:
+        gc = broker.group_coordinator
         for tp, e in (found.items() if wanted is None else ((tp, found.get(tp)) for tp in wanted)):
+            if require_stable and gc.has_pending_txn_offsets(group_id, tp):
+                topics.setdefault(tp[0], []).append(_fetched(tp[1], None, int(Errors.UNSTABLE_OFFSET_COMMIT)))
+                continue
             topics.setdefault(tp[0], []).append(_fetched(tp[1], e, 0))
     return err, [{"name": n, "partitions": ps} for n, ps in topics.items()]
 

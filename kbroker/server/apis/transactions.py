@@ -1,12 +1,18 @@
 """Transaction APIs: thin handlers over ``kbroker.coordinator.transaction`` (the coordinator) and the
 group coordinator (TxnOffsetCommit). InitProducerId with a transactional id is in ``producer_ids.py``.
 
+WriteTxnMarkers is the partition leader's (``txn_markers.py``); wrapped here, as Kafka's API layer does,
+so that a marker written to a ``__consumer_offsets`` partition commits or drops the group offsets the
+transaction's TxnOffsetCommit left pending.
+
 PRODUCER_FENCED (KIP-588) is answered as INVALID_PRODUCER_EPOCH to the versions that predate it
 (AddPartitionsToTxn, AddOffsetsToTxn, EndTxn below v2), as Kafka does.
 """
 from __future__ import annotations
 
 from ...protocol.errors import Errors
+from ...topics import GROUP_METADATA_TOPIC
+from . import txn_markers
 
 E = Errors
 
@@ -96,3 +102,26 @@ async def list_transactions(broker, conn, header, body):
     return {"throttle_time_ms": 0, "error_code": err, "unknown_state_filters": unknown,
             "transaction_states": [{"transactional_id": tid, "producer_id": pid, "transaction_state": state}
                                    for tid, pid, state in found]}
+
+
+def write_txn_markers(broker, conn, header, body):
+    resp = txn_markers.write_txn_markers(broker, conn, header, body)
+    if isinstance(resp, dict):
+        _complete_group_offsets(broker, body, resp)
+        return resp
+
+    async def later():
+        r = await resp
+        _complete_group_offsets(broker, body, r)
+        return r
+    return later()
+
+
+def _complete_group_offsets(broker, body, resp) -> None:
+    # The answer lists the request's markers in order.
+    for req, res in zip(body["markers"], resp["markers"]):
+        written = [p["partition_index"] for t in res["topics"] if t["name"] == GROUP_METADATA_TOPIC
+                   for p in t["partitions"] if p["error_code"] == 0]
+        if written:
+            broker.group_coordinator.on_transaction_completed(req["producer_id"], written,
+                                                              bool(req["transaction_result"]))

@@ -1,9 +1,11 @@
-"""WriteTxnMarkers from the transaction coordinator to partition leaders.
+"""Requests from this broker's transaction side to other brokers: WriteTxnMarkers from the coordinator
+to partition leaders, and AddPartitionsToTxn v4 (verify only, KIP-890) from a partition leader to the
+coordinator.
 
 One pipelined kbroker.client BrokerConnection per destination broker, opened on first use and
-dropped on any failure (the next send reconnects). The controller's channels stay the controller's:
-this sender shares only the client connection class with them. Which partitions still need a marker,
-and when to retry, is the coordinator's business; this module only sends and reports.
+dropped on any failure (the next request reconnects). The controller's channels stay the controller's:
+this shares only the client connection class with them. What to retry, and when, is the caller's
+business; this module only sends and reports.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from ...protocol.api import ApiKey
 log = logging.getLogger(__name__)
 
 
-class MarkerSender:
+class PeerRequests:
     def __init__(self, broker):
         self.broker = broker
         self._conns: dict[int, BrokerConnection] = {}
@@ -32,20 +34,27 @@ class MarkerSender:
             if node is None:
                 raise KafkaError(8, f"broker {node_id} is not live")   # BROKER_NOT_AVAILABLE
             conn = await BrokerConnection.open(node.host, node.port, node_id=node_id,
-                                               client_id=f"txn-coordinator-{self.broker.broker_id}",
+                                               client_id=f"txn-broker-{self.broker.broker_id}",
                                                request_timeout_ms=self.broker.config.get("request.timeout.ms"))
             self._conns[node_id] = conn
             return conn
 
-    async def send(self, node_id: int, markers: list[dict]) -> dict[tuple[int, str, int], int] | None:
-        """Send ``markers`` (WriteTxnMarkers request entries) to broker ``node_id``; -> {(producer id,
-        topic, partition): error code}, or None when the request did not get an answer."""
+    async def request(self, node_id: int, api_key: int, body: dict) -> dict | None:
+        """One request to broker ``node_id`` at the highest common version; None without an answer."""
         try:
             conn = await self._conn(node_id)
-            _, resp = await conn.send(ApiKey.WRITE_TXN_MARKERS, {"markers": markers})
+            _, resp = await conn.send(api_key, body)
+            return resp
         except (KafkaError, OSError) as e:
-            log.info("WriteTxnMarkers to broker %d failed: %s", node_id, e)
+            log.info("%s to broker %d failed: %s", ApiKey(api_key).name, node_id, e)
             self._drop(node_id)
+            return None
+
+    async def send_markers(self, node_id: int, markers: list[dict]) -> dict[tuple[int, str, int], int] | None:
+        """Send ``markers`` (WriteTxnMarkers request entries) to broker ``node_id``; -> {(producer id,
+        topic, partition): error code}, or None when the request did not get an answer."""
+        resp = await self.request(node_id, ApiKey.WRITE_TXN_MARKERS, {"markers": markers})
+        if resp is None:
             return None
         out = {}
         for m in resp["markers"]:
