@@ -25,6 +25,7 @@ SUBCOMMANDS = (
     "kbroker.cli.get_offsets",
     "kbroker.cli.broker_api_versions",
     "kbroker.cli.perf_test",
+    "kbroker.cli.transactions",
 )
 
 

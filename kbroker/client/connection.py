@@ -67,6 +67,7 @@ CLIENT_VERSIONS: dict[int, tuple[int, int]] = {
     46: (0, 0),     # ListPartitionReassignments
     47: (0, 0),     # OffsetDelete
     60: (0, 1),     # DescribeCluster
+    61: (0, 0),     # DescribeProducers
     65: (0, 0),     # DescribeTransactions
     66: (0, 1),     # ListTransactions
 }
