@@ -371,9 +371,10 @@ class TransactionCoordinator:
             topics: dict[str, list[int]] = {}
             for tp in tps:
                 topics.setdefault(tp[0], []).append(tp[1])
+            # v4 is the broker-to-broker version (batched, verify_only); clients stop at v3.
             resp = await self.peers.request(info.leader, ApiKey.ADD_PARTITIONS_TO_TXN, {"transactions": [
                 {"transactional_id": tid, "producer_id": pid, "producer_epoch": epoch, "verify_only": True,
-                 "topics": [{"name": n, "partitions": ps_} for n, ps_ in topics.items()]}]})
+                 "topics": [{"name": n, "partitions": ps_} for n, ps_ in topics.items()]}]}, version=4)
             codes = {tp: int(E.COORDINATOR_NOT_AVAILABLE) for tp in tps}
             if resp is not None and not resp.get("error_code"):
                 for r in resp["results_by_transaction"]:

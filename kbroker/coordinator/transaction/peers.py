@@ -39,11 +39,12 @@ class PeerRequests:
             self._conns[node_id] = conn
             return conn
 
-    async def request(self, node_id: int, api_key: int, body: dict) -> dict | None:
-        """One request to broker ``node_id`` at the highest common version; None without an answer."""
+    async def request(self, node_id: int, api_key: int, body: dict, version: int | None = None) -> dict | None:
+        """One request to broker ``node_id`` (at ``version``, else the highest common one); None without
+        an answer."""
         try:
             conn = await self._conn(node_id)
-            _, resp = await conn.send(api_key, body)
+            _, resp = await conn.send(api_key, body, version=version)
             return resp
         except (KafkaError, OSError) as e:
             log.info("%s to broker %d failed: %s", ApiKey(api_key).name, node_id, e)
