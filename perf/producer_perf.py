@@ -359,6 +359,8 @@ class _Pipeline:
         self.records_in_batches = 0
         self.wire_bytes = 0
         self.errors: dict[str, int] = {}
+        # Transactions: set once the current transaction's partitions are added; sends wait for it.
+        self.gate: asyncio.Event | None = None
 
     def close_batch(self, ob: _Open) -> None:
         seq = -1
@@ -389,6 +391,8 @@ class _Pipeline:
 
     async def _send(self, node, partition, data, sends, first_bytes, nbytes) -> None:
         try:
+            if self.gate is not None:
+                await self.gate.wait()
             await self.p.produce_batch(self.topic, partition, data)
         except (KafkaError, OSError) as e:
             now = _now_ms()
@@ -462,13 +466,15 @@ async def run(cfg: RunConfig, out=None, err=None) -> Stats:
                    else max(map(len, cfg.payloads)) if cfg.payloads else len(str(cfg.num_records)))
         if BATCH_HEADER + RECORD_OVERHEAD_MAX + biggest > s.max_request_size:
             raise PerfError(f"a record of {biggest} bytes does not fit max.request.size={s.max_request_size}")
-        stats = Stats(cfg.num_records, cfg.reporting_interval_ms, out)
-        pipe = _Pipeline(producer, cluster, cfg.topic, s, stats, err)
         txn = None
         if s.transactional_id is not None:
+            # Before the clock starts, as Java's initTransactions() comes before its first send.
             txn = TxnSession(producer, cluster, s.transactional_id, cfg.topic, partitions, s)
             await txn.init()
-            await txn.begin()
+        stats = Stats(cfg.num_records, cfg.reporting_interval_ms, out)
+        pipe = _Pipeline(producer, cluster, cfg.topic, s, stats, err)
+        if txn is not None:
+            txn.begin(pipe)
         await _produce(cfg, pipe, partitions, txn)
         await pipe.drain()
         if txn is not None:
@@ -486,7 +492,8 @@ class TxnSession:
     """The transactions of ``--transactional-id`` / ``--transaction-duration-ms``, as Kafka's tool runs them:
     InitProducerId at the transaction coordinator, then begin / send / commit every duration. Each
     transaction adds every partition of the topic up front (one AddPartitionsToTxn), so the sends need
-    no per-batch bookkeeping; the producer's batches carry the transactional flag and id."""
+    no per-batch bookkeeping; the producer's batches carry the transactional flag and id. Records keep
+    filling batches while a transaction's partitions are being added; their sends wait for it."""
 
     def __init__(self, producer: Producer, cluster: Cluster, tid: str, topic: str, partitions: list[int],
                  s: ProducerSettings):
@@ -496,6 +503,7 @@ class TxnSession:
         self.backoff = max(s.retry_backoff_ms / 1000, 0.01)
         self.commits = 0
         self.commit_ms: list[float] = []
+        self._adding: asyncio.Task | None = None
 
     async def _coordinator_call(self, api_key: int, body: dict, code_of) -> dict:
         deadline = time.monotonic() + self.deadline_s
@@ -511,7 +519,9 @@ class TxnSession:
                 code = r["error_code"]
             if code not in _TXN_RETRY or time.monotonic() > deadline:
                 raise_for_error(code, None, f"{API_NAMES[api_key]}({self.tid})")
-            await asyncio.sleep(self.backoff)
+            # The previous transaction's markers are still being written: Java's producer retries
+            # AddPartitionsToTxn after 20 ms rather than retry.backoff.ms.
+            await asyncio.sleep(min(self.backoff, 0.02) if code == Errors.CONCURRENT_TRANSACTIONS else self.backoff)
 
     async def init(self) -> None:
         r = await self._coordinator_call(INIT_PRODUCER_ID, {"transactional_id": self.tid,
@@ -520,15 +530,23 @@ class TxnSession:
         self.p.producer_id, self.p.producer_epoch = r["producer_id"], r["producer_epoch"]
         self.p.transactional_id = self.tid
 
-    async def begin(self) -> None:
+    def begin(self, pipe: "_Pipeline") -> None:
+        """Start the next transaction: records keep filling batches while its partitions are added
+        (the previous commit's markers may still be on their way); the batches' sends wait for it."""
+        pipe.gate = asyncio.Event()
+        self._adding = asyncio.get_running_loop().create_task(self._add_partitions(pipe.gate))
+
+    async def _add_partitions(self, gate: asyncio.Event) -> None:
         body = {"v3_and_below_transactional_id": self.tid, "v3_and_below_producer_id": self.p.producer_id,
                 "v3_and_below_producer_epoch": self.p.producer_epoch,
                 "v3_and_below_topics": [{"name": self.topic, "partitions": self.partitions}]}
         await self._coordinator_call(ADD_PARTITIONS_TO_TXN, body, lambda r: max(
             (x["partition_error_code"] for t in r["results_by_topic_v3_and_below"] for x in t["results_by_partition"]),
             key=lambda c: c != 0))
+        gate.set()
 
     async def commit(self) -> None:
+        await self._adding       # its failure ends the run here
         t0 = time.monotonic()
         await self._coordinator_call(END_TXN, {"transactional_id": self.tid, "producer_id": self.p.producer_id,
                                                "producer_epoch": self.p.producer_epoch, "committed": True},
@@ -586,7 +604,7 @@ async def _produce(cfg: RunConfig, pipe: _Pipeline, partitions: list[int], txn: 
                 rotate(t)
             await pipe.drain()
             await txn.commit()
-            await txn.begin()
+            txn.begin(pipe)
             t = mono()
             txn_end = t + txn_every
         if not append(None, None, value):
