@@ -185,3 +185,74 @@ def test_state_is_loaded_after_a_restart(cluster):
         assert (d["transaction_state"], d["producer_id"], d["producer_epoch"]) == \
             ("Ongoing", r["producer_id"], r["producer_epoch"])
         assert d["topics"] == [{"topic": "t1", "partitions": [0, 1]}]
+
+
+def _txn_commit(conn, tid, group, pid, epoch, offsets, generation=-1, member="", version=3):
+    body = {"transactional_id": tid, "group_id": group, "producer_id": pid, "producer_epoch": epoch,
+            "generation_id": generation, "member_id": member, "group_instance_id": None,
+            "topics": [{"name": t, "partitions": [{"partition_index": p, "committed_offset": o,
+                                                   "committed_leader_epoch": -1, "committed_metadata": ""}]}
+                       for (t, p), o in offsets.items()]}
+    r = conn.request(28, version, body)
+    return {(t["name"], p["partition_index"]): p["error_code"] for t in r["topics"] for p in t["partitions"]}
+
+
+def _fetch(conn, group, tp, stable=True):
+    r = conn.request(9, 7, {"group_id": group, "topics": [{"name": tp[0], "partition_indexes": [tp[1]]}],
+                            "require_stable": stable})
+    p = r["topics"][0]["partitions"][0]
+    return p["error_code"], p["committed_offset"]
+
+
+def test_txn_offset_commit_is_pending_until_the_marker(cluster):
+    tp = ("t1", 0)
+    with RawConn(cluster.bootstrap) as c:
+        for group, commit in (("g-txn-commit", True), ("g-txn-abort", False)):
+            tid = f"tx-{group}"
+            r = ready(c, tid)
+            pid, epoch = r["producer_id"], r["producer_epoch"]
+            assert c.request(25, 3, {"transactional_id": tid, "producer_id": pid, "producer_epoch": epoch,
+                                     "group_id": group})["error_code"] == 0
+            wait_until(lambda: c.request(10, 3, {"key": group, "key_type": 0})["error_code"] == 0, 30, "group")
+            wait_until(lambda: _txn_commit(c, tid, group, pid, epoch, {tp: 42}) == {tp: 0}, 30, "txn commit")
+            # KIP-447: a member id the group does not know is refused.
+            assert _txn_commit(c, tid, group, pid, epoch, {tp: 43}, generation=1, member="nobody") == \
+                {tp: E.UNKNOWN_MEMBER_ID}
+            assert _fetch(c, group, tp) == (E.UNSTABLE_OFFSET_COMMIT, -1)
+            assert _fetch(c, group, tp, stable=False) == (0, -1)      # the committed offset: none yet
+            assert end(c, tid, pid, epoch, commit) == 0
+            wait_until(lambda: _fetch(c, group, tp)[0] == 0, 30, "marker on __consumer_offsets")
+            assert _fetch(c, group, tp) == (0, 42 if commit else -1)
+
+
+def test_transactional_offsets_are_reloaded_held_until_their_marker(cluster):
+    tp = ("t1", 1)
+    with RawConn(cluster.bootstrap) as c:
+        ids = {}
+        for group in ("g-reload-done", "g-reload-open", "g-reload-aborted"):
+            tid = f"tx-{group}"
+            r = ready(c, tid)
+            ids[group] = (tid, r["producer_id"], r["producer_epoch"])
+            assert c.request(25, 3, {"transactional_id": tid, "producer_id": r["producer_id"],
+                                     "producer_epoch": r["producer_epoch"], "group_id": group})["error_code"] == 0
+            wait_until(lambda: c.request(10, 3, {"key": group, "key_type": 0})["error_code"] == 0, 30, "group")
+            wait_until(lambda: _txn_commit(c, tid, group, r["producer_id"], r["producer_epoch"], {tp: 7}) == {tp: 0},
+                       30, "txn commit")
+        for group, commit in (("g-reload-done", True), ("g-reload-aborted", False)):
+            assert end(c, *ids[group], commit) == 0
+            wait_until(lambda: _fetch(c, group, tp)[0] == 0, 30, "marker")
+    cluster.stop_broker(0)
+    cluster.start_broker(0)
+    with RawConn(cluster.bootstrap) as c:
+        def settled(group):
+            code, off = _fetch(c, group, tp)
+            return None if code in (E.COORDINATOR_LOAD_IN_PROGRESS, E.NOT_COORDINATOR) else (code, off)
+        for group in ids:
+            wait_until(lambda: settled(group) is not None, 60, "offsets loaded")
+        assert settled("g-reload-done") == (0, 7)
+        assert settled("g-reload-aborted") == (0, -1)
+        assert settled("g-reload-open") == (E.UNSTABLE_OFFSET_COMMIT, -1)
+        tid, pid, epoch = ids["g-reload-open"]
+        wait_until(lambda: end(c, tid, pid, epoch, True) not in (E.COORDINATOR_LOAD_IN_PROGRESS, E.NOT_COORDINATOR),
+                   60, "coordinator loaded")
+        wait_until(lambda: settled("g-reload-open") == (0, 7), 30, "committed after the reload")
