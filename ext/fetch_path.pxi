@@ -5,7 +5,9 @@
 # number of topics and partitions, each partition's leader slot (FastLeader, the one the Produce path
 # uses: armed and disarmed by the ReplicaManager on leadership changes) armed, current_leader_epoch -1
 # or the slot's, log start <= fetch_offset <= log end, a read (fetch_offset < high watermark) in the
-# active segment with batch boundaries the segment's recent-batch list or read block answer, and an
+# active segment with batch boundaries the segment's recent-batch list or read block answer (a
+# read_committed consumer's up to the log's last stable offset, with the aborted transactions of the range
+# read: per partition, never per record), and an
 # answer fetch.handle_native would give at once (bytes >= min_bytes, or max_wait_ms <= 0) whose records
 # (whole batches, as Log.read cuts them under fetch._read's shrinking budget) are below the sendfile
 # threshold in total and copied from the segments' read blocks (read as LogSegment.read_bytes reads
@@ -142,13 +144,14 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
     cdef int32_t version, correlation_id, replica_id, max_wait_ms, min_bytes, max_bytes, index
     cdef int32_t leader_epoch = -1, part_max, session_epoch = -1, n_topics, n_parts, t, j
     cdef int8_t isolation
-    cdef int64_t fetch_offset, hw, log_start, start = 0, end, n, budget, limit, total = 0, topic_total
+    cdef int64_t fetch_offset, hw, lso, log_start, start = 0, end, n, budget, limit, total = 0, topic_total
     cdef int64_t sendfile_min, rd_max
     cdef bint first = True, follower
     cdef object rid = None, fs, tcfg
     cdef list recs = None                   # a follower's partitions: (FastLeader, FollowerState, fetch
                                             # offset, current leader epoch, log end, the row's position)
-    cdef object client_id = None, rack = "", name, tparts, seg, cap, metrics, name0 = None
+    cdef object client_id = None, rack = "", name, tparts, seg, cap, metrics, name0 = None, aborted = None
+    cdef bint committed
     cdef LogState lg
     cdef ReadBlock block
     cdef list more = None                   # BytesOut: the first topic with data (name0, total0), the others
@@ -177,6 +180,7 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
     isolation = <int8_t>f[pos + 16]
     pos += 17
     follower = replica_id >= 0
+    committed = not follower and isolation == 1
     if version >= 7:
         if <int32_t>load_be32(<const char *>f + pos) != 0:       # a fetch session
             return 0
@@ -307,8 +311,12 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
             seg = fl.seg
             limit = part_max if part_max < budget else budget
             n = 0
-            # Log.read's bound: the HW for consumers, the log end for followers
-            rd_max = st.next_offset if follower else hw
+            # Log.read's bound: the HW for consumers (the last stable offset for read_committed ones), the
+            # log end for followers
+            lso = hw
+            if committed:
+                lso = (<object>lg).last_stable_offset
+            rd_max = st.next_offset if follower else lso
             if fetch_offset >= rd_max:  # Log.read: nothing to read yet (an empty row); past the log end
                 if fetch_offset > st.next_offset:       # out of range
                     return 0
@@ -334,7 +342,10 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
                     n = 0
             if recs is not None:        # its HW is written once the position is recorded (below)
                 recs.append((fl, fs, fetch_offset, leader_epoch, st.next_offset, w.pos))
-            _fetch_row(w, version, index, 0, hw, hw, log_start)
+            if committed:
+                # fetch._read: the aborted transactions that may hold data in what is served
+                aborted = (<object>lg).aborted_transactions(fetch_offset, lso) if n else []
+            _fetch_row(w, version, index, 0, hw, lso, log_start, aborted)
             w.i32(<int32_t>n)
             if n:
                 w.reserve(n)

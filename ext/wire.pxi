@@ -405,12 +405,20 @@ cdef int _fetch_head(_Writer w, int version, int32_t correlation_id, int16_t err
 
 
 cdef int _fetch_row(_Writer w, int version, int32_t index, int16_t error_code, int64_t high_watermark,
-                    int64_t last_stable_offset, int64_t log_start_offset) except -1:
+                    int64_t last_stable_offset, int64_t log_start_offset, object aborted) except -1:
     # one partition's row of a Fetch v4-11 response up to its records (the layout both Fetch encoders
-    # write); room is reserved for the records' length too
-    w.reserve(4 + 2 + 8 + 8 + 8 + 4 + 4 + 4)
+    # write); room is reserved for the records' length too. ``aborted``: None (null: read_uncommitted,
+    # followers) or the aborted transactions of a read_committed row, (producer_id, first_offset, ...) each
+    cdef Py_ssize_t n = 0 if aborted is None else len(<list>aborted)
+    w.reserve(4 + 2 + 8 + 8 + 8 + 4 + 16 * n + 4 + 4)
     _row_head(w, version, index, error_code, high_watermark, last_stable_offset, log_start_offset)
-    w.i32(-1)                                        # aborted_transactions: null
+    if aborted is None:
+        w.i32(-1)                                    # aborted_transactions: null
+    else:
+        w.i32(<int32_t>n)
+        for e in <list>aborted:
+            w.i64(e[0])
+            w.i64(e[1])
     if version >= 11:
         w.i32(-1)                                    # preferred_read_replica
     return 0
@@ -421,13 +429,14 @@ def encode_fetch_response(int version, int32_t correlation_id, int16_t error_cod
     """The whole Fetch v4-11 response (size prefix included) -> (chunks, bytes copied inline).
 
     ``topics``: [(name, [[partition_index, error_code, high_watermark, last_stable_offset,
-    log_start_offset, records], ...]), ...]; ``records`` is bytes or a FileRegions. A partition's
+    log_start_offset, records(, aborted_transactions)], ...]), ...]; ``records`` is bytes or a FileRegions;
+    ``aborted_transactions`` (read_committed rows only) [(producer_id, first_offset, ...)]. A partition's
     regions smaller than ``inline_max`` bytes in total are read into the response (one chunk, written
     with the other responses of the read) while the response's copied bytes stay within
     ``inline_max`` too (a many-partition answer of small ranges is not copied whole: copying was
     measured cheaper than sendfile only up to that size); the others stay FileRegions chunks for
     sendfile, splitting the response into [bytes, FileRegions, bytes, ...] as the generic encoder does. throttle_time_ms 0,
-    session_id 0, aborted_transactions null (no transactions), preferred_read_replica -1 (v11)."""
+    session_id 0, aborted_transactions null unless given, preferred_read_replica -1 (v11)."""
     if not FETCH_MIN <= version <= FETCH_MAX:
         raise ValueError(f"Fetch v{version} is not encoded natively")
     cdef _Writer w = _out
@@ -443,7 +452,7 @@ def encode_fetch_response(int version, int32_t correlation_id, int16_t error_cod
         w.i32(<int32_t>len(parts))
         for res in parts:
             _fetch_row(w, version, <int32_t>res[0], <int16_t>res[1], <int64_t>res[2], <int64_t>res[3],
-                       <int64_t>res[4])
+                       <int64_t>res[4], res[6] if len(res) > 6 else None)
             records = res[5]
             if isinstance(records, FileRegions):
                 rsize = records.size

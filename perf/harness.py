@@ -237,10 +237,11 @@ def produce_frames(addr: tuple[str, int], frame_sets: list[list[bytearray]], max
 
 
 def fetch_all(addr: tuple[str, int], topic: str, plans: list[dict[int, int]], partition_max_bytes: int,
-              version: int = 11, timeout: float = 120.0) -> dict:
+              version: int = 11, timeout: float = 120.0, isolation_level: int = 0) -> dict:
     """One connection per plan ({partition: end_offset}); each fetches its partitions from offset 0 to
     the end offset with one request outstanding, finding the next offset from the batch headers.
-    Returns timing, record bytes received, and the raw response frames (for the replay baseline)."""
+    Returns timing, record bytes received, and the raw response frames (for the replay baseline).
+    ``isolation_level`` 1: read_committed (the end offsets must then be at most the LSO)."""
     from kbroker._native.batch import iter_batches
     from kbroker.protocol.api import decode_response, encode_request
 
@@ -265,7 +266,7 @@ def fetch_all(addr: tuple[str, int], topic: str, plans: list[dict[int, int]], pa
                          for p, end in plan.items() if offsets[p] < end]
                 req = encode_request(1, version, corr, "kbroker-perf", {
                     "replica_id": -1, "max_wait_ms": 500, "min_bytes": 1, "max_bytes": 64 << 20,
-                    "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+                    "isolation_level": isolation_level, "session_id": 0, "session_epoch": -1,
                     "topics": [{"topic": topic, "partitions": parts}], "forgotten_topics_data": [],
                     "rack_id": ""})
                 sock.sendall(req)

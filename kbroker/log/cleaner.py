@@ -9,6 +9,13 @@ batch of every producer id stays, emptied of records if need be, so idempotent p
 survives restarts. Control batches are copied as they are. Compressed batches are decompressed
 under the capped decompression and recompressed with their own codec.
 
+Transactions (as Kafka): nothing at or past the last stable offset is cleaned. Batches of aborted
+transactions (the aborted-transaction index says which) are not mapped and are dropped (a producer's last
+batch stays, emptied). A COMMIT/ABORT marker whose transaction has no data left in the log is kept for
+delete.retention.ms: the first cleaning that finds it so stamps its delete horizon (as a tombstone's), a
+later one drops it. Markers of transactions with data left are copied as they are. Other control batches
+are copied as they are.
+
 One pass over a log (``clean_log``):
 1. snapshot (on the log's owner thread): the closed segments, each with a dup'ed read
    descriptor, the high watermark, the first dirty offset (cleaner-offset-checkpoint), the
@@ -50,6 +57,7 @@ from kbroker._native.batch import LAYOUT
 from kbroker._native import segment as _segment
 from kbroker.record.compression import decompress, compress
 
+from . import txn_index as _txn
 from .checkpoint import fsync_dir
 from .index import OffsetIndex, TimeIndex
 from .segment import MAX_RELATIVE_OFFSET, file_name
@@ -62,6 +70,7 @@ ATTR_CODEC_MASK = LAYOUT["ATTR_CODEC_MASK"]
 ATTR_LOG_APPEND_TIME = LAYOUT["ATTR_LOG_APPEND_TIME"]
 ATTR_CONTROL = LAYOUT["ATTR_CONTROL"]
 ATTR_DELETE_HORIZON = LAYOUT["ATTR_DELETE_HORIZON"]
+ATTR_TRANSACTIONAL = LAYOUT["ATTR_TRANSACTIONAL"]
 SLOT_BYTES = 24            # one OffsetMap slot: 16-byte hash + 8-byte offset
 
 # Broker keys (server.properties names) and Kafka's defaults.
@@ -183,12 +192,19 @@ class _Snapshot:
         closed = lg.segments[:-1]
         self.log_start = lg.log_start_offset
         self.high_watermark = lg.high_watermark
+        self.last_stable = lg.last_stable_offset
+        # producer id -> whether its transaction being read kept data (the pass reads from the log start)
+        self.txn_data = {}
         min_lag = cfg.values.get("min.compaction.lag.ms", 0)
+        # producer id -> [(first, last)] of its aborted transactions, in order
+        self.aborted = {}
+        for e in lg.txn_index.entries:
+            self.aborted.setdefault(e.producer_id, []).append((e.first_offset, e.last_offset))
         try:
             for seg in closed:
-                # Kafka's firstUncleanableOffset: nothing at or past the high watermark, nothing
-                # younger than min.compaction.lag.ms, never the active segment.
-                if seg.next_offset > self.high_watermark:
+                # Kafka's firstUncleanableOffset: nothing at or past the last stable offset (<= the
+                # high watermark), nothing younger than min.compaction.lag.ms, never the active segment.
+                if seg.next_offset > self.last_stable:
                     break
                 if _too_young(seg, now, min_lag):
                     break
@@ -211,6 +227,15 @@ class _Snapshot:
             if s.fd >= 0:
                 os.close(s.fd)
                 s.fd = -1
+
+    def in_aborted(self, h) -> bool:
+        """Whether data batch ``h`` belongs to an aborted transaction."""
+        if not h.attributes & ATTR_TRANSACTIONAL:
+            return False
+        for first, last in self.aborted.get(h.producer_id, ()):
+            if first <= h.base_offset < last:
+                return True
+        return False
 
 
 def _too_young(seg, now: int, min_lag: int) -> bool:
@@ -565,8 +590,8 @@ class LogCleaner:
             for h, batch in self._batches(s, snap.first_dirty):
                 self._check_stop()
                 self._throttle(h.size)
-                if h.attributes & ATTR_CONTROL:
-                    m.mark(h.last_offset)
+                if h.attributes & ATTR_CONTROL or snap.in_aborted(h):
+                    m.mark(h.last_offset)       # markers and aborted data never shadow a key
                     continue
                 if m.room < h.record_count:
                     if m.size == 0:
@@ -706,7 +731,45 @@ class LogCleaner:
         when it is dropped."""
         attributes = h.attributes
         if attributes & ATTR_CONTROL:
+            return self._clean_marker(h, batch, snap, now, delete_retention, result)
+        pid = h.producer_id
+        if attributes & ATTR_TRANSACTIONAL and snap.in_aborted(h):
+            result.records_read += h.record_count
+            if snap.producer_last.get(pid) == h.last_offset:
+                # A producer's last batch stays (empty) so its sequence state survives.
+                return _native.finish_batch(batch[:HEADER_SIZE], b"", 0, attributes & ~ATTR_CODEC_MASK,
+                                            h.first_timestamp, h.max_timestamp)
+            return None
+        new = self._clean_data(h, batch, offset_map, snap, now, delete_retention, result)
+        if attributes & ATTR_TRANSACTIONAL and new is not None and (new is batch or _count(new)):
+            snap.txn_data[pid] = True
+        return new
+
+    def _clean_marker(self, h, batch, snap: _Snapshot, now: int, delete_retention: int, result: CleanResult):
+        """A control batch: a COMMIT/ABORT marker whose transaction kept no data in this pass is kept
+        until its delete horizon (stamped by the first such pass), then dropped."""
+        if h.producer_id < 0:
             return batch
+        had_data = snap.txn_data.pop(h.producer_id, False)
+        kind, coordinator_epoch = _txn.control_type(batch)
+        if had_data or kind not in (_txn.ABORT, _txn.COMMIT):
+            return batch
+        if h.attributes & ATTR_DELETE_HORIZON:
+            if now >= h.first_timestamp:
+                return None
+            result.min_horizon = (h.first_timestamp if result.min_horizon is None
+                                  else min(result.min_horizon, h.first_timestamp))
+            return batch
+        horizon = now + delete_retention
+        result.min_horizon = horizon if result.min_horizon is None else min(result.min_horizon, horizon)
+        # the record keeps its timestamp: its delta is rewritten against the new base (the horizon)
+        section = _txn.control_section(kind, coordinator_epoch, h.first_timestamp - horizon)
+        return _native.finish_batch(batch[:HEADER_SIZE], section, 1, h.attributes | ATTR_DELETE_HORIZON,
+                                    horizon, h.max_timestamp)
+
+    def _clean_data(self, h, batch, offset_map, snap: _Snapshot, now: int, delete_retention: int,
+                    result: CleanResult):
+        attributes = h.attributes
         count = h.record_count
         base_ts = h.first_timestamp
         has_horizon = bool(attributes & ATTR_DELETE_HORIZON)
@@ -742,6 +805,11 @@ class LogCleaner:
 
 
 _OFF_MAX_TS = LAYOUT["OFF_MAX_TIMESTAMP"]
+_OFF_RECORDS_COUNT = LAYOUT["OFF_RECORDS_COUNT"]
+
+
+def _count(batch) -> int:
+    return int.from_bytes(bytes(batch[_OFF_RECORDS_COUNT:_OFF_RECORDS_COUNT + 4]), "big", signed=True)
 
 
 def _max_ts(batch) -> int:

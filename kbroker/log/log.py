@@ -429,8 +429,15 @@ class Log(_native.LogState):
         return hw if first is None or first > hw else first
 
     def aborted_transactions(self, start: int, end: int) -> list:
-        """The aborted transactions that may hold data in [start, end) (read_committed fetches)."""
-        return self.txn_index.overlapping(start, end) if self.txn_index.entries else []
+        """The aborted transactions that may hold data in [start, end) of the segment holding ``start``
+        (a read_committed fetch from ``start``, ``end`` its LSO: a read serves one segment)."""
+        if not self.txn_index.entries:
+            return []
+        bases = self._bases
+        i = bisect.bisect_right(bases, start)
+        if i < len(bases) and bases[i] < end:
+            end = bases[i]
+        return self.txn_index.overlapping(start, end)
 
     def append_control(self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int,
                        leader_epoch: int, now: int | None = None) -> AppendResult:

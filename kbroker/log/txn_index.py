@@ -64,11 +64,18 @@ class TxnIndex:
 
     def overlapping(self, start: int, end: int) -> list:
         """Aborted transactions that may hold data in [start, end): last_offset >= start and
-        first_offset < end (what a fetch serving that range must report)."""
-        i = bisect.bisect_left(self._lasts, start)
-        if i == len(self.entries):
-            return []
-        return [e for e in self.entries[i:] if e.first_offset < end]
+        first_offset < end (what a fetch serving that range must report). The walk stops at the first
+        entry whose last stable offset reaches ``end``: every later transaction was still open or not
+        begun when that one completed, so it starts at or after that LSO."""
+        entries = self.entries
+        out = []
+        for k in range(bisect.bisect_left(self._lasts, start), len(entries)):
+            e = entries[k]
+            if e.first_offset < end:
+                out.append(e)
+            if e.last_stable_offset >= end:
+                break
+        return out
 
     # -- changes --------------------------------------------------------------------------
 
@@ -174,15 +181,20 @@ def control_batch(producer_id: int, producer_epoch: int, commit: bool, coordinat
     """A stamped control batch holding one COMMIT or ABORT marker, as a leader appends it."""
     if timestamp is None:
         timestamp = int(time.time() * 1000)
-    key = struct.pack(">hh", 0, COMMIT if commit else ABORT)
-    value = struct.pack(">hi", 0, coordinator_epoch)
-    body = (b"\x00" + _zigzag(0) + _zigzag(0) + _zigzag(len(key)) + key + _zigzag(len(value)) + value
-            + _zigzag(0))
-    record = _zigzag(len(body)) + body
+    record = control_section(COMMIT if commit else ABORT, coordinator_epoch)
     after_crc = struct.pack(">hiqqqhii", ATTR_TRANSACTIONAL | ATTR_CONTROL, 0, timestamp, timestamp,
                             producer_id, producer_epoch, -1, 1) + record
     head = struct.pack(">qiib", base_offset, 4 + 1 + 4 + len(after_crc), leader_epoch, 2)
     return head + struct.pack(">I", crc32c(after_crc)) + after_crc
+
+
+def control_section(kind: int, coordinator_epoch: int, timestamp_delta: int = 0) -> bytes:
+    """The records section of a control batch: its one control record (``kind`` ABORT or COMMIT)."""
+    key = struct.pack(">hh", 0, kind)
+    value = struct.pack(">hi", 0, coordinator_epoch)
+    body = (b"\x00" + _zigzag(timestamp_delta) + _zigzag(0) + _zigzag(len(key)) + key + _zigzag(len(value))
+            + value + _zigzag(0))
+    return _zigzag(len(body)) + body
 
 
 def _varint(buf, pos: int):

@@ -17,7 +17,7 @@ from typing import Callable, NamedTuple
 from ...protocol import api
 from ...protocol.api import ApiKey
 from . import (admin, cluster_info, configs, controlled_shutdown, coordinator, core, fetch, groups, log_admin,
-               produce, producer_ids, reassignments, replica_control, transactions)
+               produce, producer_ids, producers, reassignments, replica_control, transactions)
 
 
 class Api(NamedTuple):
@@ -92,6 +92,7 @@ TABLE: tuple[Api, ...] = (
     Api(K.LIST_PARTITION_REASSIGNMENTS, 0, 0, reassignments.list_partition_reassignments),
     Api(K.OFFSET_DELETE, 0, 0, groups.offset_delete),
     Api(K.DESCRIBE_CLUSTER, 0, 1, cluster_info.describe_cluster),
+    Api(K.DESCRIBE_PRODUCERS, 0, 0, producers.describe_producers),
 )
 del K
 

@@ -51,13 +51,14 @@ class _Args:
     (kbroker._native.request.FetchRequest): topics = [(name, [(partition, current_leader_epoch,
     fetch_offset, log_start_offset, partition_max_bytes), ...]), ...]."""
 
-    __slots__ = ("replica_id", "max_wait_ms", "min_bytes", "max_bytes", "session_id", "topics")
+    __slots__ = ("replica_id", "max_wait_ms", "min_bytes", "max_bytes", "isolation_level", "session_id", "topics")
 
     def __init__(self, body):
         self.replica_id = body.get("replica_id", -1)   # v15+ would carry it in replica_state; we serve <= 11
         self.max_wait_ms = body["max_wait_ms"]
         self.min_bytes = body["min_bytes"]
         self.max_bytes = body.get("max_bytes", 0x7FFFFFFF)
+        self.isolation_level = body.get("isolation_level", 0)
         self.session_id = body["session_id"]
         self.topics = [(t["topic"], [(p["partition"], p.get("current_leader_epoch", -1), p["fetch_offset"],
                                       p.get("log_start_offset", -1), p["partition_max_bytes"])
@@ -75,12 +76,15 @@ def fetch(broker, header, body):
 def _as_dict(out):
     code, rows = out
     return {"throttle_time_ms": 0, "error_code": code, "session_id": 0, "responses": [
-        {"topic": name, "partitions": [
-            {"partition_index": index, "error_code": err, "high_watermark": hw, "last_stable_offset": lso,
-             "log_start_offset": start, "aborted_transactions": None, "preferred_read_replica": -1,
-             "records": records}
-            for index, err, hw, lso, start, records in parts]}
-        for name, parts in rows]}
+        {"topic": name, "partitions": [_row_dict(res) for res in parts]} for name, parts in rows]}
+
+
+def _row_dict(res):
+    aborted = res[6] if len(res) > 6 else None          # read_committed rows carry a 7th field
+    return {"partition_index": res[0], "error_code": res[1], "high_watermark": res[2],
+            "last_stable_offset": res[3], "log_start_offset": res[4], "preferred_read_replica": -1,
+            "records": res[5], "aborted_transactions": None if aborted is None else
+            [{"producer_id": e[0], "first_offset": e[1]} for e in aborted]}
 
 
 def handle_native(broker, conn, req):
@@ -115,7 +119,9 @@ def _encode(conn, req, out):
 def execute(broker, req, answer=None, conn=None):
     """Policy of one Fetch request, whichever path parsed it. -> (error_code, rows) with rows =
     [(topic, [[partition_index, error_code, high_watermark, last_stable_offset, log_start_offset,
-    records], ...]), ...] (records: b"" or FileRegions), or a future of ``answer((error_code, rows))``
+    records(, aborted_transactions)], ...]), ...] (records: b"" or FileRegions; aborted_transactions,
+    read_committed only: the aborted transactions in the range read, log/txn_index.AbortedTxn each),
+    or a future of ``answer((error_code, rows))``
     (``answer(conn, req, (error_code, rows))`` when ``conn`` is given; of the pair itself without
     ``answer``) when the request long-polls: the long poll's answer is built (encoded, for the native
     path) in the poll's last callback, with no coroutine around it. (Passing ``conn`` rather than a
@@ -198,6 +204,7 @@ def _read(broker, req, record=False):
     total = 0
     errors = False
     rows = []
+    committed = not follower and req.isolation_level == 1
     bytes_out = broker.metrics.bytes_out     # BytesOutPerSec by topic, counted here: no call per partition
     rm = broker.replica_manager
     # Ranges below the sendfile threshold (while the answer's copied bytes stay under it too, as
@@ -227,19 +234,28 @@ def _read(broker, req, record=False):
                 continue        # throttled replica over the leader quota: no records this time (Kafka)
             limit = partition_max if partition_max < budget else budget
             try:
-                # Consumers never see past the high watermark (= LSO until transactions exist; None:
-                # Log.read's default); followers read up to the log end.
-                data = lg.read(fetch_offset, limit, lg.log_end_offset if follower else None, first)
+                # Consumers never see past the high watermark (None: Log.read's default), read_committed
+                # ones past the last stable offset; followers read up to the log end.
+                if committed:
+                    lso = lg.last_stable_offset
+                    data = lg.read(fetch_offset, limit, lso, first)
+                else:
+                    data = lg.read(fetch_offset, limit, lg.log_end_offset if follower else None, first)
             except OffsetOutOfRange:
                 _offsets(res, lg)
+                if committed:
+                    res[3] = lg.last_stable_offset
                 res[1] = int(Errors.OFFSET_OUT_OF_RANGE)
                 errors = True
                 continue
-            # The offsets the read saw (no property calls): no transactions, so LSO = HW
-            # (read_committed too).
+            # The offsets the read saw (no property calls)
             res[2] = res[3] = data.high_watermark
             res[4] = data.log_start_offset
             size = data.size
+            if committed:
+                res[3] = lso
+                # the aborted transactions that may hold data in what is served (below the LSO)
+                res.append(lg.aborted_transactions(fetch_offset, lso) if size else [])
             if size:
                 if follower:
                     rm.record_leader_bytes(part, size)
@@ -269,8 +285,8 @@ def _read(broker, req, record=False):
 
 
 def _offsets(res, lg):
-    """A partition row's high watermark, last stable offset (= HW: no transactions) and log start
-    offset, for an answer with no read."""
+    """A partition row's high watermark, last stable offset (= HW; a read_committed row sets its own)
+    and log start offset, for an answer with no read."""
     res[2] = res[3] = lg.high_watermark
     res[4] = lg.log_start_offset
 
@@ -305,7 +321,8 @@ def list_offsets(broker, header, body):
         for p in t["partitions"]:
             tp = (t["name"], p["partition_index"])
             (duplicates if tp in seen else seen).add(tp)
-    topics = [{"name": t["name"], "partitions": [_list_offset(broker, t["name"], p, duplicates)
+    isolation = body.get("isolation_level", 0)
+    topics = [{"name": t["name"], "partitions": [_list_offset(broker, t["name"], p, duplicates, isolation)
                                                  for p in t["partitions"]]}
               for t in body["topics"]]
     return {"throttle_time_ms": 0, "topics": topics}
@@ -329,7 +346,7 @@ async def _list_offsets_sliced(broker, body):
         name = t["name"]
         parts = []
         for p in t["partitions"]:
-            parts.append(_list_offset(broker, name, p, duplicates))
+            parts.append(_list_offset(broker, name, p, duplicates, body.get("isolation_level", 0)))
             done += 1
             if done % PARTITIONS_PER_TURN == 0:
                 await asyncio.sleep(0)
@@ -337,8 +354,9 @@ async def _list_offsets_sliced(broker, body):
     return EncodeOffLoop({"throttle_time_ms": 0, "topics": topics})
 
 
-def _list_offset(broker, name, p, duplicates):
-    """One partition of a ListOffsets answer."""
+def _list_offset(broker, name, p, duplicates, isolation=0):
+    """One partition of a ListOffsets answer (``isolation``: the request's isolation_level; latest is
+    the last stable offset for read_committed)."""
     index = p["partition_index"]
     res = {"partition_index": index, "error_code": 0, "timestamp": -1, "offset": -1, "leader_epoch": -1}
     if duplicates and (name, index) in duplicates:
@@ -354,7 +372,7 @@ def _list_offset(broker, name, p, duplicates):
         res["error_code"] = int(Errors.OFFSET_NOT_AVAILABLE)
         return res
     if ts == LATEST:
-        res["offset"] = lg.high_watermark        # = LSO for read_committed without transactions
+        res["offset"] = lg.last_stable_offset if isolation == 1 else lg.high_watermark
         res["leader_epoch"] = pinfo.leader_epoch
     elif ts == EARLIEST:
         res["offset"] = lg.log_start_offset
@@ -367,7 +385,7 @@ def _list_offset(broker, name, p, duplicates):
             # this partition, not an exception that closes the connection
             res["error_code"] = int(e.error_code)
             return res
-        if found is not None and found[0] < lg.high_watermark:
+        if found is not None and found[0] < (lg.last_stable_offset if isolation == 1 else lg.high_watermark):
             res["offset"], res["timestamp"] = found[0], found[1]
             res["leader_epoch"] = pinfo.leader_epoch
     return res

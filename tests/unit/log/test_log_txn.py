@@ -225,3 +225,92 @@ def test_verification_guard(tmp_path):
     log.append_control(7, 0, True, 0, 0, now=T0)
     assert ps.needs_verification(7)
     log.close()
+
+
+# ---- compaction -----------------------------------------------------------------------------------
+
+NOW = 10_000_000
+DAY = 86_400_000
+
+
+def keyed(records, pid=-1, seq=-1, transactional=False):
+    from kbroker.record import BatchBuilder
+    b = BatchBuilder(0, batch_size=1 << 20)
+    for i, (k, v) in enumerate(records):
+        b.append(NOW + i, k, v)
+    return bytearray(b.build(producer_id=pid, producer_epoch=0 if pid >= 0 else -1, base_sequence=seq,
+                             is_transactional=transactional))
+
+
+def file_batches(lg):
+    from kbroker.record import decode_records, iter_batches
+    out = []
+    for seg in lg.segments:
+        data = open(seg.log_path, "rb").read()
+        for b in iter_batches(data, 0, True):
+            if b.is_control:
+                out.append((b.base_offset, "marker", b.producer_id))
+            else:
+                out += [(o, k, v) for o, _ts, k, v, _h in
+                        decode_records(memoryview(data)[b.position:b.position + b.size], check_crc=True)]
+    return out
+
+
+def test_cleaner_drops_aborted_data_then_markers_after_delete_retention(tmp_path):
+    from kbroker.log.cleaner import LogCleaner
+    lg = Log(str(tmp_path / "t-0"), "t", 0, LogConfig({"cleanup.policy": "compact", "file.delete.delay.ms": 0}),
+             now=NOW)
+    lg.append_as_leader(keyed([(b"k1", b"p1"), (b"k2", b"p2")]), 0, NOW)            # 0-1
+    lg.append_as_leader(keyed([(b"k1", b"a1")], 7, 0, True), 0, NOW)                 # 2: aborted below
+    lg.append_as_leader(keyed([(b"k2", b"b2")], 8, 0, True), 0, NOW)                 # 3: committed
+    lg.append_control(7, 0, False, 0, 0, now=NOW)                                    # 4 ABORT
+    lg.append_control(8, 0, True, 0, 0, now=NOW)                                     # 5 COMMIT
+    lg.append_as_leader(keyed([(b"k3", b"a3")], 7, 1, True), 0, NOW)                 # 6
+    lg.append_control(7, 0, True, 0, 0, now=NOW)                                     # 7 COMMIT
+    lg.append_as_leader(keyed([(b"k4", b"x")]), 0, NOW)                              # 8 (ongoing below)
+    lg.append_as_leader(keyed([(b"k5", b"c5")], 9, 0, True), 0, NOW)                 # 9: ongoing
+    lg.roll(NOW)
+    lg.append_as_leader(keyed([(b"k6", b"y")]), 0, NOW)                              # 10: active segment
+    assert lg.last_stable_offset == 9
+    cleaner = LogCleaner()
+    t0 = NOW + 5 * DAY
+    assert cleaner.clean_log(lg, t0) is None            # the segment reaches past the LSO: not cleanable
+    lg.append_control(9, 0, False, 0, 0, now=NOW)        # 11: ABORT of the ongoing one
+    lg.roll(NOW)
+    assert cleaner.clean_log(lg, t0) is not None
+    # a1 is dropped and does not shadow p1; p2 is shadowed by the committed b2; every marker stays (the
+    # aborted transactions' until delete.retention.ms); c5 (aborted) is gone.
+    want = [(0, b"k1", b"p1"), (3, b"k2", b"b2"), (4, "marker", 7), (5, "marker", 8), (6, b"k3", b"a3"),
+            (7, "marker", 7), (8, b"k4", b"x"), (10, b"k6", b"y"), (11, "marker", 9)]
+    assert file_batches(lg) == want
+    cleaner.clean_log(lg, t0 + DAY - 1)
+    assert file_batches(lg) == want
+    assert cleaner.clean_log(lg, t0 + DAY + 1) is not None
+    assert file_batches(lg) == [w for w in want if w[0] not in (4, 11)]
+    # the cleaned log reloads to the same producer state (the retained COMMIT markers end nothing new)
+    lg.close()
+    again = Log(str(tmp_path / "t-0"), "t", 0, LogConfig({"cleanup.policy": "compact"}), clean_shutdown=False,
+                now=NOW)
+    assert again.producer_state.ongoing == {} and again.last_stable_offset == again.log_end_offset
+    again.close()
+
+
+def test_aborted_transactions_are_bounded_by_the_segment_and_the_lso(tmp_path):
+    log = open_log(tmp_path)
+    log.append_as_leader(tx(7, 0), 0, T0)                   # 0-1: A, aborted at 4
+    log.append_as_leader(tx(8, 0), 0, T0)                   # 2-3: B, open across A's abort, aborted at 7
+    log.append_control(7, 0, False, 0, 0, now=T0)           # 4 (LSO then: 2, B's start)
+    log.append_as_leader(tx(9, 0), 0, T0)                   # 5-6: C, aborted at 8
+    log.append_control(8, 0, False, 0, 0, now=T0)           # 7
+    log.append_control(9, 0, False, 0, 0, now=T0)           # 8
+    log.roll(T0)
+    log.append_as_leader(tx(7, 2), 0, T0)                   # 9-10: A again, aborted at 11
+    log.append_control(7, 0, False, 0, 0, now=T0)           # 11
+    got = lambda s, e: [(a.producer_id, a.first_offset) for a in log.aborted_transactions(s, e)]
+    assert got(0, 12) == [(7, 0), (8, 2), (9, 5)]           # stops at the segment end (9)
+    assert got(3, 12) == [(7, 0), (8, 2), (9, 5)]
+    assert got(5, 12) == [(8, 2), (9, 5)]
+    assert got(0, 2) == [(7, 0)]                            # B's entry is still read (LSO 2 < its range)
+    assert got(9, 12) == [(7, 9)]
+    assert [e.last_stable_offset for e in log.txn_index.entries] == [2, 5, 9, 12]
+    log.close()
