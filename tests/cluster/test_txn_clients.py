@@ -1,9 +1,10 @@
-"""Transactions with real clients end to end (coordinator, markers, fencing): confluent-kafka and aiokafka
-transactional producers committing and aborting leave one COMMIT/ABORT marker per transaction and
-partition, and a read_uncommitted consumer sees every data record and no control record; a second
-producer with the same transactional.id fences the first, whose later writes are refused; a
-consume-transform-produce loop with send_offsets_to_transaction commits its output and its input
-offsets together."""
+"""Transactions with real clients end to end (coordinator, markers, fencing, read_committed): confluent-kafka
+and aiokafka transactional producers committing and aborting leave one COMMIT/ABORT marker per transaction
+and partition; a read_committed consumer sees exactly the committed records in order, a read_uncommitted
+one every data record, neither a control record; a second producer with the same transactional.id fences
+the first, whose later writes are refused and whose open transaction stays invisible; a
+consume-transform-produce loop with send_offsets_to_transaction (one transaction aborted and replayed)
+reflects every input record exactly once in the committed output, with its input offsets committed."""
 from __future__ import annotations
 
 import asyncio
@@ -68,12 +69,14 @@ def test_confluent_commit_and_abort_mixed(cluster):
     create_topic(cluster.bootstrap, topic, 2)
     p = producer(cluster.bootstrap, "ck-mixed")
     p.init_transactions(30)
+    committed = []
     for i in range(6):
         p.begin_transaction()
         for j in range(20):
             p.produce(topic, value=f"{i}-{j}".encode(), partition=j % 2)
         if i % 3 != 1:
             p.commit_transaction(30)
+            committed += [(j % 2, f"{i}-{j}".encode()) for j in range(20)]
         else:
             p.flush(30)      # the aborted records reach the log before the ABORT marker
             p.abort_transaction(30)
@@ -86,6 +89,9 @@ def test_confluent_commit_and_abort_mixed(cluster):
     assert set(markers(cluster, topic, 0)) == {d["producer_id"]}
     everything = read(cluster.bootstrap, topic, 2, committed=False)
     assert sorted(v for _q, v in everything) == sorted(f"{i}-{j}".encode() for i in range(6) for j in range(20))
+    seen = read(cluster.bootstrap, topic, 2, committed=True)
+    for q in (0, 1):
+        assert [v for x, v in seen if x == q] == [v for x, v in committed if x == q]     # in order
 
 
 def test_aiokafka_commit_and_abort_mixed(cluster):
@@ -113,6 +119,8 @@ def test_aiokafka_commit_and_abort_mixed(cluster):
     wait_until(lambda: txn_state(cluster, "aio-mixed")["transaction_state"] == "CompleteAbort", 30, "complete")
     assert len(markers(cluster, topic, 0)) == 4
     assert len(read(cluster.bootstrap, topic, 1, committed=False)) == 40
+    assert [v for _q, v in read(cluster.bootstrap, topic, 1, committed=True)] == \
+        [f"{i}-{j}".encode() for i in (0, 2) for j in range(10)]
 
 
 def test_zombie_is_fenced_and_its_later_writes_refused(cluster):
@@ -139,6 +147,7 @@ def test_zombie_is_fenced_and_its_later_writes_refused(cluster):
     wait_until(lambda: len(markers(cluster, topic, 0)) == 2, 30, "markers")
     values = [v for _p, v in read(cluster.bootstrap, topic, 1, committed=False)]
     assert values == [b"before-fence", b"fresh"]       # the zombie's write after the fence was refused
+    assert [v for _p, v in read(cluster.bootstrap, topic, 1, committed=True)] == [b"fresh"]
 
 
 
@@ -178,6 +187,7 @@ def test_consume_transform_produce_commits_output_and_offsets_together(cluster):
                     prod.produce(dst, value=b"out-" + m.value(), partition=m.partition())
                 prod.send_offsets_to_transaction(cons.position(cons.assignment()), cons.consumer_group_metadata(), 30)
                 if not aborted_once:
+                    prod.flush(30)      # the aborted output reaches the log before its ABORT marker
                     prod.abort_transaction(30)
                     aborted_once = True
                     # Rewind to the committed offsets, as an application does after an abort.
@@ -191,7 +201,7 @@ def test_consume_transform_produce_commits_output_and_offsets_together(cluster):
             cons.close()
         return done
 
-    assert run_loop("ctp-1", abort_first=False) == 60
+    assert run_loop("ctp-1", abort_first=True) == 60
     out = read(cluster.bootstrap, dst, 2, committed=True)
     assert sorted(int(v[4:]) for _p, v in out) == list(range(60))     # each input exactly once
     # The group's offsets moved with the committed transactions: a restarted loop has nothing left.

@@ -200,6 +200,8 @@ def _txn_commit(conn, tid, group, pid, epoch, offsets, generation=-1, member="",
 def _fetch(conn, group, tp, stable=True):
     r = conn.request(9, 7, {"group_id": group, "topics": [{"name": tp[0], "partition_indexes": [tp[1]]}],
                             "require_stable": stable})
+    if r["error_code"]:          # the group's (coordinator loading or elsewhere): no partitions
+        return r["error_code"], -1
     p = r["topics"][0]["partitions"][0]
     return p["error_code"], p["committed_offset"]
 

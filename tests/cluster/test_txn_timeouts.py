@@ -1,7 +1,9 @@
 """The transaction coordinator's clocks and races on a real broker: an ongoing transaction past its
 timeout is aborted with an epoch bump (the producer is fenced); an idle transactional id expires
-(``transactional.id.expiration.ms``); concurrent EndTxn calls are answered as Kafka does; and
-``kbroker transactions list`` / ``describe`` show the coordinator's state."""
+(``transactional.id.expiration.ms``); concurrent EndTxn calls are answered as Kafka does;
+``kbroker transactions list`` / ``describe`` show the coordinator's state; and a hanging transaction (a
+producer the coordinator never knew, on a broker without KIP-890 verification) is shown by
+``describe-producers``, found by ``find-hanging`` and ended by ``abort``."""
 from __future__ import annotations
 
 import asyncio
@@ -15,6 +17,7 @@ from kbroker.cli.main import build_parser
 from kbroker.protocol.errors import Errors as E
 from kbroker.testing import LocalCluster, wait_until
 from tests.cluster.test_txn_coordinator import add, describe, end, init, ready
+from tests.support.builders import batch
 from tests.support.checkers import RawConn, create_topic
 
 EXPIRATION_MS = 4000
@@ -119,3 +122,46 @@ def test_transactions_tool_list_and_describe(cluster):
     assert [x.strip() for x in row[:6]] == ["0", "tx-tool", str(r["producer_id"]), str(r["producer_epoch"]),
                                            "Ongoing", "30000"]
     assert row[8].strip() == "tt-0"
+
+
+@pytest.fixture(scope="module")
+def unverified(tmp_path_factory):
+    """A broker that takes transactional batches without asking the coordinator (KIP-890 off): a
+    producer the coordinator never heard of can leave a hanging transaction, as older brokers allowed."""
+    with LocalCluster(tmp_path_factory.mktemp("txnhanging"), brokers=1, num_partitions=1,
+                      overrides={"transaction.state.log.num.partitions": 3,
+                                 "transaction.partition.verification.enable": False}) as c:
+        create_topic(c.bootstrap, "hang", 1)
+        yield c
+
+
+def _lso(conn, topic) -> int:
+    r = conn.request(2, 2, {"replica_id": -1, "isolation_level": 1, "topics": [
+        {"name": topic, "partitions": [{"partition_index": 0, "timestamp": -1}]}]})
+    return r["topics"][0]["partitions"][0]["offset"]
+
+
+def test_hanging_transaction_found_and_aborted(unverified):
+    c = unverified
+    with RawConn(c.bootstrap) as conn:
+        wait_until(lambda: conn.request(10, 3, {"key": "x", "key_type": 1})["error_code"] == 0, 30, "coordinator")
+        body = {"transactional_id": "lost", "acks": -1, "timeout_ms": 5000, "topic_data": [{"name": "hang",
+                "partition_data": [{"index": 0, "records": batch(3, 10, pid=4242, epoch=0, seq=0, transactional=True)}]}]}
+        r = conn.request(0, 8, body)
+        assert r["responses"][0]["partition_responses"][0]["error_code"] == 0
+        assert conn.request(0, 8, {**body, "transactional_id": None, "topic_data": [{"name": "hang",
+                            "partition_data": [{"index": 0, "records": batch(2, 10)}]}]}
+                            )["responses"][0]["partition_responses"][0]["error_code"] == 0
+        assert _lso(conn, "hang") == 0             # the open transaction holds the LSO
+    prods = _tool(c, "describe-producers", "--topic", "hang", "--partition", "0").splitlines()
+    assert prods[0].split() == ["ProducerId", "ProducerEpoch", "LatestCoordinatorEpoch", "LastSequence",
+                                "LastTimestamp", "CurrentTransactionStartOffset"]
+    assert [x.split()[0] for x in prods[1:]] == ["4242"] and prods[1].split()[-1] == "0"
+    hanging = _tool(c, "find-hanging", "--topic", "hang", "--max-transaction-timeout", "0").splitlines()
+    assert hanging[0].split()[:6] == ["Topic", "Partition", "ProducerId", "ProducerEpoch", "CoordinatorEpoch",
+                                      "StartOffset"]
+    assert [x.split()[:3] for x in hanging[1:]] == [["hang", "0", "4242"]]
+    _tool(c, "abort", "--topic", "hang", "--partition", "0", "--start-offset", "0")
+    assert _tool(c, "find-hanging", "--topic", "hang", "--max-transaction-timeout", "0").splitlines()[1:] == []
+    with RawConn(c.bootstrap) as conn:
+        wait_until(lambda: _lso(conn, "hang") == 6, 30, "LSO past the marker")   # 3 aborted + 2 + marker
