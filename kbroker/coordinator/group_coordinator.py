@@ -114,7 +114,8 @@ class GroupCoordinator:
         groups: dict[str, Group] = {}
         n = 0
         try:
-            for _offset, key, value, pending_pid in self.store.read_all(ps.index, self._cfg("offsets.load.buffer.size")):
+            chunk = self._cfg("offsets.load.buffer.size")
+            for _offset, key, value, pending_pid in self.store.read_all(ps.index, chunk):
                 n += 1
                 if n % 2000 == 0:
                     await asyncio.sleep(0)

@@ -89,10 +89,10 @@ class TransactionCoordinator:
         self.loop = asyncio.get_running_loop()
         what = "transaction coordinator"
         self._tasks.append(self.loop.create_task(periodic(1.0, self.reconcile, what)))
-        self._tasks.append(self.loop.create_task(periodic(
-            self._cfg("transaction.abort.timed.out.transaction.cleanup.interval.ms") / 1000, self.abort_timed_out, what)))
-        self._tasks.append(self.loop.create_task(periodic(
-            self._cfg("transaction.remove.expired.transaction.cleanup.interval.ms") / 1000, self.expire_ids, what)))
+        abort_s = self._cfg("transaction.abort.timed.out.transaction.cleanup.interval.ms") / 1000
+        expire_s = self._cfg("transaction.remove.expired.transaction.cleanup.interval.ms") / 1000
+        self._tasks.append(self.loop.create_task(periodic(abort_s, self.abort_timed_out, what)))
+        self._tasks.append(self.loop.create_task(periodic(expire_s, self.expire_ids, what)))
 
     def stop(self) -> None:
         for t in self._tasks:
@@ -137,7 +137,8 @@ class TransactionCoordinator:
         found: dict[str, TxnMetadata] = {}
         n = 0
         try:
-            for _offset, key, value, _pending in self.store.read_all(ps.index, self._cfg("transaction.state.log.load.buffer.size")):
+            chunk = self._cfg("transaction.state.log.load.buffer.size")
+            for _offset, key, value, _pending in self.store.read_all(ps.index, chunk):
                 n += 1
                 if n % 2000 == 0:
                     await asyncio.sleep(0)
@@ -221,8 +222,8 @@ class TransactionCoordinator:
         """Write ``v`` for ``m`` and apply it once durable; the error as the transaction APIs report it."""
         m.pending = v.state
         try:
-            code, _ = await self.store.append(ps.index, [(txnlog.encode_key(m.transactional_id), txnlog.encode_value(v))],
-                                              for_commit=False)
+            record = (txnlog.encode_key(m.transactional_id), txnlog.encode_value(v))
+            code, _ = await self.store.append(ps.index, [record], for_commit=False)
         finally:
             if m.pending == v.state:
                 m.pending = None
