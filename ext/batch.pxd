@@ -36,7 +36,8 @@ cdef int walk_records(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end,
 
 # validate_and_stamp's checks on the n bytes at p (``buf`` their owner, for a compressed section):
 # 0, or BatchError raised with the same code and message. ``prevalidated`` skips the record walk
-# of a compressed section (validate_batch already ran).
+# of a compressed section (validate_batch already ran). A valid batch whose records were walked
+# here leaves with maxTimestamp set from them (and its CRC rewritten) when it differed.
 cdef int check_for_append(char *p, Py_ssize_t n, object buf, int64_t max_message_bytes,
                           bint compacted, bint prevalidated) except -1
 # Stamp baseOffset / partitionLeaderEpoch (and LogAppendTime + CRC when log_append_time_ms >= 0)

@@ -10,7 +10,8 @@ All varints are zigzag (protobuf sint32/sint64).
 
 baseOffset and partitionLeaderEpoch sit outside the CRC, so the broker stamps
 them in place without touching the checksum; only LogAppendTime (attributes
-bit 3 and maxTimestamp, both covered) forces a CRC recomputation.
+bit 3 and maxTimestamp, both covered) or a maxTimestamp that disagrees with the
+records (set from them, as Kafka's LogValidator does) forces a CRC recomputation.
 
 All byte work runs in `nogil` C-level helpers; Python objects are created
 per batch, except in decode_* which by definition returns per-record tuples.
@@ -20,7 +21,7 @@ from cpython.buffer cimport (PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release,
                              PyObject_GetBuffer)
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
-from libc.stdint cimport int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport INT64_MIN, int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
 
 from ccrc32c cimport crc32c_update
@@ -94,13 +95,15 @@ cdef inline Py_ssize_t skip_field(const unsigned char *p, Py_ssize_t pos, Py_ssi
 
 cdef int walk_records(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end,
                       int32_t count) noexcept nogil:
-    return walk_records_keyed(p, pos, end, count, False)
+    cdef int64_t max_delta = INT64_MIN
+    return walk_records_keyed(p, pos, end, count, False, &max_delta)
 
 
 # walk_records, plus (need_keys) -2 when a record has a null key: a compacted
-# topic cannot accept one (Kafka's LogValidator answers INVALID_RECORD).
+# topic cannot accept one (Kafka's LogValidator answers INVALID_RECORD); max_delta[0]
+# is raised to the largest timestampDelta walked.
 cdef int walk_records_keyed(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end,
-                            int32_t count, bint need_keys) noexcept nogil:
+                            int32_t count, bint need_keys, int64_t *max_delta) noexcept nogil:
     cdef int32_t i, h, length, offset_delta, nheaders, key_length
     cdef int64_t ts_delta
     cdef Py_ssize_t rec_end
@@ -116,6 +119,8 @@ cdef int walk_records_keyed(const unsigned char *p, Py_ssize_t pos, Py_ssize_t e
         pos = read_varlong(p, pos, rec_end, &ts_delta)
         if pos < 0:
             return -1
+        if ts_delta > max_delta[0]:
+            max_delta[0] = ts_delta
         pos = read_varint(p, pos, rec_end, &offset_delta)
         if pos < 0 or offset_delta != i:
             return -1
@@ -255,9 +260,9 @@ DEFAULT_MAX_DECOMPRESSED = 64 * 1024 * 1024
 
 
 cdef Verdict check_batch(char *buf, Py_ssize_t n, int64_t max_message_bytes,
-                         bint compacted) noexcept nogil:
+                         bint compacted, int64_t *max_delta) noexcept nogil:
     # Everything but the contents of a compressed records section (checked by
-    # the caller after decompressing it).
+    # the caller after decompressing it); max_delta as walk_records_keyed.
     cdef const unsigned char *p = <const unsigned char *>buf
     cdef int32_t batch_length, count, last_delta, base_sequence
     cdef int64_t size, producer_id
@@ -297,13 +302,13 @@ cdef Verdict check_batch(char *buf, Py_ssize_t n, int64_t max_message_bytes,
     if (attributes & ATTR_CODEC_MASK) > 4:
         return BAD_CODEC
     if (attributes & ATTR_CODEC_MASK) == 0:
-        return check_records(p + HEADER_SIZE, <Py_ssize_t>size - HEADER_SIZE, count, compacted)
+        return check_records(p + HEADER_SIZE, <Py_ssize_t>size - HEADER_SIZE, count, compacted, max_delta)
     return OK
 
 
 cdef Verdict check_records(const unsigned char *p, Py_ssize_t n, int32_t count,
-                           bint compacted) noexcept nogil:
-    cdef int r = walk_records_keyed(p, 0, n, count, compacted)
+                           bint compacted, int64_t *max_delta) noexcept nogil:
+    cdef int r = walk_records_keyed(p, 0, n, count, compacted, max_delta)
     if r == -2:
         return NULL_KEY
     return OK if r == 0 else BAD_RECORDS
@@ -320,6 +325,20 @@ cdef void stamp(char *buf, Py_ssize_t size, int64_t base_offset, int32_t leader_
         store_be64(buf + OFF_MAX_TIMESTAMP, <uint64_t>log_append_time_ms)
         crc = batch_crc(buf, size)
         store_be32(buf + OFF_CRC, crc)
+
+
+cdef inline void set_max_timestamp(char *buf, Py_ssize_t size, int64_t max_delta) noexcept nogil:
+    # A checked CreateTime batch's maxTimestamp is its records' largest timestamp (firstTimestamp
+    # + the largest timestampDelta), whatever the client wrote there (some write -1): the time
+    # index, ListOffsets by time and time-based retention read it. Rewritten with the CRC only
+    # when it differs. INT64_MIN: the records were not walked here (validate_batch did it).
+    cdef int64_t want
+    if max_delta == INT64_MIN:
+        return
+    want = batch_base_timestamp(buf) + max_delta
+    if batch_max_timestamp(buf) != want:
+        store_be64(buf + OFF_MAX_TIMESTAMP, <uint64_t>want)
+        store_be32(buf + OFF_CRC, batch_crc(buf, size))
 
 
 cdef object zstd_content_size(object view):
@@ -366,7 +385,7 @@ cdef seed_scratch(int codec, object body, Py_ssize_t max_decompressed):
 
 
 cdef Verdict check_compressed(object body, int codec, int32_t count, bint compacted,
-                              Py_ssize_t max_decompressed) except? BAD_RECORDS:
+                              Py_ssize_t max_decompressed, int64_t *max_delta) except? BAD_RECORDS:
     # Like Kafka's LogValidator: decompress the records section (bounded by max_decompressed,
     # every codec without the GIL) and check its records against the header. Corrupt data or
     # output past the cap is CORRUPT_MESSAGE; records that contradict the header are INVALID_RECORD.
@@ -382,8 +401,9 @@ cdef Verdict check_compressed(object body, int codec, int32_t count, bint compac
         from kbroker.record import compression as _c
         _codec, _compression = _n, _c
     if codec != 2:
-        outcome = _codec.check_section(body, codec, count, compacted, max_decompressed)
+        outcome, delta = _codec.check_section_ts(body, codec, count, compacted, max_decompressed)
         if outcome == _codec.OK:
+            max_delta[0] = delta
             return OK
         if outcome == _codec.BAD_RECORDS:
             return BAD_RECORDS
@@ -408,7 +428,7 @@ cdef Verdict check_compressed(object body, int codec, int32_t count, bint compac
     PyObject_GetBuffer(section, &raw, PyBUF_SIMPLE)
     try:
         with nogil:
-            verdict = check_records(<const unsigned char *>raw.buf, raw.len, count, compacted)
+            verdict = check_records(<const unsigned char *>raw.buf, raw.len, count, compacted, max_delta)
     finally:
         PyBuffer_Release(&raw)
         del section
@@ -417,34 +437,51 @@ cdef Verdict check_compressed(object body, int codec, int32_t count, bint compac
 
 
 cdef Verdict check_all(char *p, Py_ssize_t n, object buf, int64_t max_message_bytes,
-                       bint compacted, bint records, Py_ssize_t max_decompressed) except? BAD_RECORDS:
-    # check_batch, then (records) the compressed records section. Reads only.
+                       bint compacted, bint records, Py_ssize_t max_decompressed,
+                       bint fix) except? BAD_RECORDS:
+    # check_batch, then (records) the compressed records section. Reads only, unless ``fix``:
+    # then a valid batch whose records were walked gets its maxTimestamp set from them.
     cdef Verdict verdict
     cdef int codec
+    cdef int64_t max_delta = INT64_MIN
     if n >= NOGIL_BYTES:
         with nogil:
-            verdict = check_batch(p, n, max_message_bytes, compacted)
+            verdict = check_batch(p, n, max_message_bytes, compacted, &max_delta)
     else:
-        verdict = check_batch(p, n, max_message_bytes, compacted)
+        verdict = check_batch(p, n, max_message_bytes, compacted, &max_delta)
     codec = batch_attributes(p) & ATTR_CODEC_MASK if verdict == OK else 0
     if records and codec != 0:
         verdict = check_compressed(memoryview(buf)[HEADER_SIZE:n], codec, batch_records_count(p),
-                                   compacted, max_decompressed)
+                                   compacted, max_decompressed, &max_delta)
+    if fix and verdict == OK:
+        if n >= NOGIL_BYTES:
+            with nogil:
+                set_max_timestamp(p, n, max_delta)
+        else:
+            set_max_timestamp(p, n, max_delta)
     return verdict
 
 
 def validate_batch(buf, int64_t max_message_bytes, bint compacted=False,
                    Py_ssize_t max_decompressed=DEFAULT_MAX_DECOMPRESSED):
     """Every check validate_and_stamp makes, record level included (a compressed section is
-    decompressed, at most ``max_decompressed`` bytes, and walked), without stamping: ``buf``
-    is only read. A pure function of the bytes, safe on any thread; the byte work runs
-    without the GIL. Returns None; raises BatchError with the same codes as validate_and_stamp."""
+    decompressed, at most ``max_decompressed`` bytes, and walked), without stamping. The one
+    write: when ``buf`` is writable, a valid batch's maxTimestamp is set from its records (and
+    the CRC rewritten) if it differs, as validate_and_stamp would, so that a later
+    ``prevalidated`` append, which does not walk the records again, stores it right. Safe on
+    any thread (nothing but ``buf`` is touched); the byte work runs without the GIL. Returns
+    None; raises BatchError with the same codes as validate_and_stamp."""
     cdef Py_buffer view
     cdef Verdict verdict
-    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    cdef bint writable = True
+    try:
+        PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE)
+    except BufferError:
+        writable = False
+        PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
     try:
         verdict = check_all(<char *>view.buf, view.len, buf, max_message_bytes, compacted, True,
-                            max_decompressed)
+                            max_decompressed, writable)
         if verdict != OK:
             code, message = _VERDICTS[verdict]
             raise BatchError(code, message)
@@ -457,7 +494,7 @@ cdef int check_for_append(char *p, Py_ssize_t n, object buf, int64_t max_message
     # validate_and_stamp's checks, for native appenders (segment.append_leader): raises
     # BatchError with the same codes and messages.
     cdef Verdict verdict = check_all(p, n, buf, max_message_bytes, compacted, not prevalidated,
-                                     DEFAULT_MAX_DECOMPRESSED)
+                                     DEFAULT_MAX_DECOMPRESSED, True)
     if verdict != OK:
         code, message = _VERDICTS[verdict]
         raise BatchError(code, message)
@@ -470,7 +507,8 @@ def validate_and_stamp(buf, int64_t base_offset, int32_t leader_epoch,
                        bint prevalidated=False):
     """Validate the one producer batch filling the writable buffer ``buf`` and
     stamp baseOffset / partitionLeaderEpoch in place (plus LogAppendTime:
-    attributes bit 3, maxTimestamp and the CRC when log_append_time_ms >= 0).
+    attributes bit 3, maxTimestamp and the CRC when log_append_time_ms >= 0; else
+    maxTimestamp from the records, and the CRC, when the header disagrees with them).
     A compressed records section is decompressed (at most ``max_decompressed``
     bytes) and its records checked like an uncompressed one, unless
     ``prevalidated`` (validate_batch already did that, e.g. on an executor
@@ -486,7 +524,7 @@ def validate_and_stamp(buf, int64_t base_offset, int32_t leader_epoch,
         p = <char *>view.buf
         n = view.len
         verdict = check_all(p, n, buf, max_message_bytes, compacted, not prevalidated,
-                            max_decompressed)
+                            max_decompressed, True)
         if verdict != OK:
             code, message = _VERDICTS[verdict]
             raise BatchError(code, message)

@@ -19,6 +19,7 @@ cdef class Workspace:
 
 
 # Decode the records section src[0:n] (codec 1 gzip, 3 lz4, 4 zstd) through ws's window and walk
-# its records: a SECTION_* outcome (0 = valid). ws must be prepared for the codec.
+# its records: a SECTION_* outcome (0 = valid). ws must be prepared for the codec. max_delta[0] is
+# raised to the largest timestampDelta walked.
 cdef int run(Workspace ws, int codec, const unsigned char *src, Py_ssize_t n, int32_t count,
-             bint need_keys, int64_t cap) noexcept nogil
+             bint need_keys, int64_t cap, int64_t *max_delta) noexcept nogil

@@ -22,7 +22,7 @@ decoding).
 """
 cimport cython
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
-from libc.stdint cimport int32_t, int64_t, uint32_t
+from libc.stdint cimport INT64_MIN, int32_t, int64_t, uint32_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memmove, memset
 
@@ -389,9 +389,9 @@ cdef inline int skip_field(Stream *s, int64_t *rem, bint nullable) noexcept nogi
     return skip(s, n)
 
 
-cdef int walk_stream(Stream *s, int32_t count, bint need_keys) noexcept nogil:
+cdef int walk_stream(Stream *s, int32_t count, bint need_keys, int64_t *max_delta) noexcept nogil:
     # walk_records_keyed (batch.pyx) over the decoded stream: 0, -1 bad records, -2 null key on a
-    # compacted topic, DECODER_FAILED.
+    # compacted topic, DECODER_FAILED. max_delta: the largest timestampDelta seen.
     cdef int32_t i, h, length, offset_delta, nheaders, key_length
     cdef int64_t ts_delta, rem
     cdef Py_ssize_t avail, q
@@ -417,6 +417,8 @@ cdef int walk_stream(Stream *s, int32_t count, bint need_keys) noexcept nogil:
         q = read_varlong(s.p, 0, min(avail, rem), &ts_delta)
         if q < 0:
             return -1
+        if ts_delta > max_delta[0]:
+            max_delta[0] = ts_delta
         s.p += q
         rem -= q
         r = take_varint(s, &rem, &offset_delta)
@@ -486,7 +488,7 @@ cdef class Workspace:
 
 
 cdef int run(Workspace ws, int codec, const unsigned char *src, Py_ssize_t n, int32_t count,
-             bint need_keys, int64_t cap) noexcept nogil:
+             bint need_keys, int64_t cap, int64_t *max_delta) noexcept nogil:
     cdef Decoder d
     cdef Stream s
     cdef int r
@@ -510,7 +512,7 @@ cdef int run(Workspace ws, int codec, const unsigned char *src, Py_ssize_t n, in
     s.end = s.data
     s.eof = False
     s.d = &d
-    r = walk_stream(&s, count, need_keys)
+    r = walk_stream(&s, count, need_keys, max_delta)
     if r == 0:
         r = SECTION_OK
     elif r == DECODER_FAILED:
@@ -548,11 +550,19 @@ def check_section(body, int codec, int32_t count, bint compacted, int64_t max_de
     records against the header's ``count`` (and, ``compacted``, require keys), never producing more
     than ``max_decompressed`` bytes. Returns OK, BAD_RECORDS, NULL_KEY, CORRUPT, OVER_CAP or
     UNSUPPORTED (use the general path). The work runs without the GIL."""
+    return check_section_ts(body, codec, count, compacted, max_decompressed)[0]
+
+
+def check_section_ts(body, int codec, int32_t count, bint compacted, int64_t max_decompressed):
+    """check_section, and the largest timestampDelta of the records walked: (outcome, delta).
+    The delta is meaningful when the outcome is OK (the leader sets the batch's maxTimestamp
+    from it)."""
     cdef Py_buffer view
     cdef Workspace ws
     cdef int r
+    cdef int64_t max_delta = INT64_MIN
     if not _streaming or (codec != 1 and codec != 3 and codec != 4):
-        return SECTION_UNSUPPORTED
+        return SECTION_UNSUPPORTED, max_delta
     ws = _pool.pop() if _pool else Workspace()
     try:
         ws.prepare(codec)
@@ -560,11 +570,11 @@ def check_section(body, int codec, int32_t count, bint compacted, int64_t max_de
         try:
             with nogil:
                 r = run(ws, codec, <const unsigned char *>view.buf, view.len, count, compacted,
-                        max_decompressed)
+                        max_decompressed, &max_delta)
         finally:
             PyBuffer_Release(&view)
         ws.trim()
     finally:
         if len(_pool) < POOL_KEEP:
             _pool.append(ws)
-    return r
+    return r, max_delta

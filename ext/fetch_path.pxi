@@ -260,6 +260,10 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
         tparts = ff.leaders.get(name)
         if tparts is None:
             return 0
+        # authorization hook: a topic not yet allowed Read (a follower: no ClusterAction yet) on this
+        # connection takes the reference path
+        if conn._acl_read is not None and not (conn._acl_cluster if follower else name in <set>conn._acl_read):
+            return 0
         if follower:
             # leader.replication.throttled.replicas set for the topic: the leader quota's counting
             # (ReplicaManager.record_leader_bytes) is Python's

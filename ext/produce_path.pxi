@@ -194,6 +194,9 @@ cdef int _produce_parts(FastProduce fp, ConnState conn, object view, const unsig
         parts = None if name is _REFUSED else fp.leaders.get(name)
         if parts is None:
             return 0
+        # authorization hook: a topic not yet allowed Write on this connection takes the reference path
+        if conn._acl_write is not None and name not in <set>conn._acl_write:
+            return 0
         ps.name[t] = _held(name)
         ps.n_topics = t + 1
         ps.t_at[t] = name_at

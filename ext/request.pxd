@@ -184,3 +184,7 @@ cdef class ConnState:
     cdef public long long _sendfile_min
     cdef public double last_active, _read_at    # the last read's loop time and clock reading
     cdef public int _sock_fd                # the socket's descriptor (direct sends; -1: none)
+    # authorization (kbroker/server/apis/authz.py): the topics this connection may Write / Read and whether
+    # it holds ClusterAction, as decided so far; None without an authorizer (the native path checks nothing)
+    cdef public object _acl_write, _acl_read
+    cdef public bint _acl_cluster

@@ -234,6 +234,26 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _impl("listeners", "string", "PLAINTEXT://:9092", doc="an empty host binds every interface"),
     _impl("advertised.listeners", "string", None, doc="falls back to listeners"),
     _impl("listener.security.protocol.map", "string", _DEFAULT_PROTOCOL_MAP),
+    _impl("inter.broker.listener.name", "string", None, doc="the listener brokers use among themselves"),
+    _impl("security.inter.broker.protocol", "string", "PLAINTEXT", one_of(*SECURITY_PROTOCOLS)),
+    # --- security: listeners' TLS (kbroker/security/tls.py); per listener as listener.name.<l>.ssl.* ---
+    _known("ssl.protocol", "string", "TLSv1.3"),
+    _impl("ssl.enabled.protocols", "list", ["TLSv1.2", "TLSv1.3"]),
+    _impl("ssl.cipher.suites", "list", []),
+    _impl("ssl.client.auth", "string", "none", one_of("required", "requested", "none")),
+    _impl("ssl.endpoint.identification.algorithm", "string", "https"),
+    _impl("ssl.keystore.type", "string", "JKS"),
+    _impl("ssl.keystore.location", "string", None),
+    _impl("ssl.keystore.password", "password", None),
+    _impl("ssl.key.password", "password", None),
+    _impl("ssl.truststore.type", "string", "JKS"),
+    _impl("ssl.truststore.location", "string", None),
+    _impl("ssl.truststore.password", "password", None),
+    _impl("sasl.enabled.mechanisms", "list", ["GSSAPI"], doc="kbroker serves PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"),
+    _impl("sasl.mechanism.inter.broker.protocol", "string", "GSSAPI"),
+    _impl("connection.failed.authentication.delay.ms", "int", 100, at_least(0)),
+    _impl("connections.max.reauth.ms", "long", 0, at_least(0), doc="SASL session lifetime (KIP-368); 0 = unlimited"),
+    _impl("ssl.principal.mapping.rules", "string", "DEFAULT", doc="mTLS principals: RULE:pattern/replacement/[LU], DEFAULT"),
     _impl("log.dirs", "string", None, doc="comma-separated; overrides log.dir"),
     _impl("log.dir", "string", "/tmp/kafka-logs"),
     _impl("num.partitions", "int", 1, at_least(1)),
@@ -342,14 +362,11 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _known("fetch.purgatory.purge.interval.requests", "int", 1000),
     _known("producer.purgatory.purge.interval.requests", "int", 1000),
     _known("delete.records.purgatory.purge.interval.requests", "int", 1),
-    _known("inter.broker.listener.name", "string", None),
     _known("inter.broker.protocol.version", "string", "3.9-IV0"),
-    _known("security.inter.broker.protocol", "string", "PLAINTEXT", one_of(*SECURITY_PROTOCOLS)),
     _known("control.plane.listener.name", "string", None),
     _known("socket.listen.backlog.size", "int", 50, at_least(1)),
     _known("max.connections.per.ip.overrides", "string", ""),
     _known("max.connection.creation.rate", "int", INT_MAX, at_least(0)),
-    _known("connection.failed.authentication.delay.ms", "int", 100, at_least(0)),
     _impl("log.cleanup.policy", "list", ["delete"], list_of(*CLEANUP_POLICIES)),
     _impl("log.cleaner.enable", "boolean", True),
     _impl("log.cleaner.threads", "int", 1, at_least(0)),
@@ -408,13 +425,19 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _known("kafka.metrics.reporters", "list", []),
     _known("kafka.metrics.polling.interval.secs", "int", 10, at_least(1)),
     _known("auto.include.jmx.reporter", "boolean", True),
-    _known("authorizer.class.name", "string", ""),
-    _known("super.users", "string", None),
+    # authorization (kbroker/security/authorizer.py): the AclAuthorizer, or none (empty)
+    _impl("authorizer.class.name", "string", "",
+          one_of("", "kafka.security.authorizer.AclAuthorizer", "kafka.security.auth.SimpleAclAuthorizer")),
+    _impl("super.users", "string", None),
+    _impl("allow.everyone.if.no.acl.found", "boolean", False),
+    _impl("zookeeper.set.acl", "boolean", False),
+    # Kafka secures ZooKeeper through SASL (a JAAS Client section); Debian's ZooKeeper started by our
+    # scripts has no SASL set up, so brokers authenticate with ZooKeeper's digest scheme instead.
+    _impl("kbroker.zookeeper.digest.credentials", "password", None),
     _known("principal.builder.class", "class", None),
     _known("create.topic.policy.class.name", "class", None),
     _known("alter.config.policy.class.name", "class", None),
     _known("unstable.api.versions.enable", "boolean", False),
-    _known("zookeeper.set.acl", "boolean", False),
     _known("zookeeper.max.in.flight.requests", "int", 10, at_least(1)),
     _known("zookeeper.sync.time.ms", "int", 2000),
     _known("zookeeper.clientCnxnSocket", "string", None),
@@ -425,20 +448,6 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _known("controller.quorum.voters", "list", []),
     _known("controller.listener.names", "string", None),
     _known("metadata.log.dir", "string", None),
-    _known("ssl.protocol", "string", "TLSv1.3"),
-    _known("ssl.enabled.protocols", "list", ["TLSv1.2", "TLSv1.3"]),
-    _known("ssl.cipher.suites", "list", []),
-    _known("ssl.client.auth", "string", "none", one_of("required", "requested", "none")),
-    _known("ssl.endpoint.identification.algorithm", "string", "https"),
-    _known("ssl.keystore.type", "string", "JKS"),
-    _known("ssl.keystore.location", "string", None),
-    _known("ssl.keystore.password", "password", None),
-    _known("ssl.key.password", "password", None),
-    _known("ssl.truststore.type", "string", "JKS"),
-    _known("ssl.truststore.location", "string", None),
-    _known("ssl.truststore.password", "password", None),
-    _known("sasl.enabled.mechanisms", "list", ["GSSAPI"]),
-    _known("sasl.mechanism.inter.broker.protocol", "string", "GSSAPI"),
     _known("sasl.kerberos.service.name", "string", None),
     _known("sasl.jaas.config", "password", None),
 )
@@ -587,9 +596,6 @@ def _parse_listeners(key: str, text: str, protocol_map: Mapping[str, str]) -> li
         if proto is None:
             raise _invalid(key, text, f"No security protocol defined for listener {name} "
                                       f"(see listener.security.protocol.map)")
-        if proto != "PLAINTEXT":
-            raise _invalid(key, text, f"Listener {name} uses {proto}: security protocols are not "
-                                      f"implemented yet, only PLAINTEXT listeners are supported")
         if any(e.listener_name == name for e in endpoints):
             raise _invalid(key, text, f"Each listener must have a different name, {name} is repeated")
         endpoints.append(Endpoint(name, proto, host, port))
@@ -672,8 +678,12 @@ class BrokerConfig:
         self.originals: dict[str, str] = dict(props)   # what the user set, as text
         self.warnings: list[str] = []
         self._values: dict[str, Any] = {k: spec.default for k, spec in BROKER_CONFIGS.items()}
+        self._listener_values: dict[tuple[str, str], Any] = {}   # (LISTENER, key) -> typed override
         for key, text in self.originals.items():
             spec = BROKER_CONFIGS.get(key)
+            if spec is None and key.startswith(LISTENER_PREFIX):
+                self._listener_override(key, text)
+                continue
             if spec is None:
                 raise ConfigError(_unknown_key_message(key), key)
             self._values[key] = spec.parse(text)
@@ -738,6 +748,37 @@ class BrokerConfig:
     def is_set(self, key: str) -> bool:
         """True when the user set the key (DescribeConfigs: STATIC_BROKER_CONFIG vs DEFAULT_CONFIG)."""
         return key in self.originals
+
+    # -- per-listener values (listener.name.<listener>.<key>) -------------------------------------
+    def _listener_override(self, key: str, text: str) -> None:
+        listener, _, base = key[len(LISTENER_PREFIX):].partition(".")
+        spec = BROKER_CONFIGS.get(base)
+        if spec is None:
+            # SASL keys per mechanism, as Kafka: listener.name.<l>.<mechanism>.sasl.jaas.config
+            mech, _, rest = base.partition(".")
+            spec = BROKER_CONFIGS.get(rest) if mech and rest.startswith("sasl.") else None
+        if not listener or spec is None:
+            raise ConfigError(_unknown_key_message(key), key)
+        self._listener_values[(listener.upper(), base)] = ConfigKey(key, spec.type, None, spec.validator).parse(text)
+
+    def listener_get(self, listener: str, key: str) -> Any:
+        """``key`` for one listener: ``listener.name.<listener>.<key>`` when set (Kafka's per-listener
+        override, the listener name in lower case), else the broker-wide value. ``key`` may also be
+        ``<mechanism>.sasl.jaas.config``, which has no broker-wide value."""
+        found = self._listener_values.get((listener.upper(), key), _MISSING)
+        if found is not _MISSING:
+            return found
+        return self._values.get(key)
+
+    def listener_overrides(self, listener: str) -> dict[str, Any]:
+        """Every ``listener.name.<listener>.*`` key set, by its base key."""
+        name = listener.upper()
+        return {k: v for (l, k), v in self._listener_values.items() if l == name}
+
+    @property
+    def inter_broker_listener(self) -> Endpoint:
+        """The advertised endpoint brokers use to reach this one (replication, controller channel)."""
+        return self._inter_broker
 
     # -- derived values --------------------------------------------------------------------------
     @property
@@ -882,6 +923,28 @@ class BrokerConfig:
                 Endpoint(e.listener_name, e.security_protocol, fqdn, e.port) if e.host in ("", "0.0.0.0") else e
                 for e in self._listeners
             ]
+        self._inter_broker = _inter_broker_listener(self.originals, v, self._advertised)
+
+
+LISTENER_PREFIX = "listener.name."
+_MISSING = object()
+
+
+def _inter_broker_listener(originals, v, advertised: list[Endpoint]) -> Endpoint:
+    """Kafka's rule: inter.broker.listener.name, else the listener named as
+    security.inter.broker.protocol; never both; it must be an advertised listener."""
+    name = v["inter.broker.listener.name"]
+    if name is not None and "security.inter.broker.protocol" in originals:
+        raise ConfigError("Only one of inter.broker.listener.name and security.inter.broker.protocol "
+                          "should be set.", "inter.broker.listener.name")
+    key = "inter.broker.listener.name" if name is not None else "security.inter.broker.protocol"
+    name = (name if name is not None else v["security.inter.broker.protocol"]).strip().upper()
+    found = next((e for e in advertised if e.listener_name == name), None)
+    if found is None:
+        raise _invalid(key, name, f"{key} must be a listener name defined in advertised.listeners. "
+                                  f"The valid options based on currently configured listeners are "
+                                  f"{','.join(e.listener_name for e in advertised)}")
+    return found
 
 
 def _unknown_key_message(key: str) -> str:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from kbroker.client import Cluster, Consumer, KafkaError
 from kbroker.client.connection import KafkaConnectionError, raise_for_error
+from kbroker.client.security import is_security_key, security_from
 from kbroker.config import parse_properties
 from kbroker.record import decode_records, iter_batches
 
@@ -43,7 +44,7 @@ SUPPORTED = {"bootstrap.servers", "client.id", "max.poll.records", "fetch.max.wa
              "check.crcs", "auto.offset.reset"}
 IGNORED = {"group.id", "enable.auto.commit", "auto.commit.interval.ms", "key.deserializer", "value.deserializer",
            "receive.buffer.bytes", "send.buffer.bytes", "session.timeout.ms", "heartbeat.interval.ms",
-           "max.poll.interval.ms", "partition.assignment.strategy", "fetch.max.bytes", "security.protocol",
+           "max.poll.interval.ms", "partition.assignment.strategy", "fetch.max.bytes",
            "metadata.max.age.ms", "reconnect.backoff.ms", "client.rack", "group.instance.id"}
 
 
@@ -77,6 +78,7 @@ class Options:
     request_timeout_ms: int = 30000
     retry_backoff_ms: int = 100
     check_crcs: bool = False
+    security: object = None         # kbroker.client.security.ClientSecurity (security.protocol, ssl.*, sasl.*)
 
 
 def options_from(args) -> Options:
@@ -89,7 +91,7 @@ def options_from(args) -> Options:
                 props = parse_properties(f.read())
         except OSError as e:
             raise PerfError(f"cannot read --consumer.config {args.consumer_config}: {e.strerror}") from None
-    unknown = sorted(k for k in props if k not in SUPPORTED and k not in IGNORED)
+    unknown = sorted(k for k in props if k not in SUPPORTED and k not in IGNORED and not is_security_key(k))
     if unknown:
         raise PerfError("unsupported consumer properties: " + ", ".join(unknown))
     bootstrap = args.bootstrap_server or args.broker_list
@@ -118,7 +120,7 @@ def options_from(args) -> Options:
         from_latest=args.from_latest, detailed=args.show_detailed_stats,
         reporting_interval_ms=args.reporting_interval, timeout_ms=args.timeout, date_format=args.date_format,
         hide_header=args.hide_header, print_metrics=args.print_metrics, group=args.group,
-        client_id=props.get("client.id", "perf-consumer-client"),
+        client_id=props.get("client.id", "perf-consumer-client"), security=security_from(props, PerfError),
         max_poll_records=max(1, num("max.poll.records", 500)),
         fetch_max_wait_ms=num("fetch.max.wait.ms", 500), fetch_min_bytes=num("fetch.min.bytes", 1),
         isolation_level=iso, request_timeout_ms=num("request.timeout.ms", 30000),
@@ -172,7 +174,7 @@ async def run(o: Options, out=None, err=None) -> Result:
         out.write((DETAILED_HEADER if o.detailed else HEADER) + "\n")
         out.flush()
     cluster = Cluster(o.bootstrap, client_id=o.client_id, request_timeout_ms=o.request_timeout_ms,
-                      retry_backoff_ms=o.retry_backoff_ms)
+                      retry_backoff_ms=o.retry_backoff_ms, security=o.security)
     consumer = Consumer(cluster=cluster, isolation_level=o.isolation_level,
                         request_timeout_ms=o.request_timeout_ms, retry_backoff_ms=o.retry_backoff_ms,
                         check_crcs=o.check_crcs)

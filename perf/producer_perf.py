@@ -39,6 +39,7 @@ from kbroker._native.batch import BatchBuilder
 from kbroker.client import Cluster, KafkaError, Producer
 from kbroker.client.connection import raise_for_error
 from kbroker.client.producer import BATCH_HEADER, COMPRESSION, RECORD_OVERHEAD_MAX
+from kbroker.client.security import is_security_key, security_from
 from kbroker.config import parse_properties
 from kbroker.protocol.api import ApiKey
 from kbroker.protocol.errors import Errors
@@ -229,7 +230,7 @@ JAVA_DEFAULTS = {
 # the client does not have); anything else unknown is refused so a typo never passes silently.
 IGNORED = {"key.serializer", "value.serializer", "partitioner.class", "send.buffer.bytes",
            "receive.buffer.bytes", "max.block.ms", "metadata.max.age.ms", "reconnect.backoff.ms",
-           "reconnect.backoff.max.ms", "connections.max.idle.ms", "security.protocol",
+           "reconnect.backoff.max.ms", "connections.max.idle.ms",
            "compression.gzip.level", "compression.lz4.level", "compression.zstd.level",
            "partitioner.adaptive.partitioning.enable", "partitioner.availability.timeout.ms",
            "partitioner.ignore.keys", "metrics.recording.level", "retry.backoff.max.ms",
@@ -254,6 +255,7 @@ class ProducerSettings:
     client_id: str
     ignored: list[str] = field(default_factory=list)
     transactional_id: str | None = None
+    security: object = None         # kbroker.client.security.ClientSecurity (security.protocol, ssl.*, sasl.*)
 
 
 def read_props(producer_props: list[str] | None, config_file: str | None) -> dict[str, str]:
@@ -281,7 +283,7 @@ def settings_from(props: dict[str, str]) -> ProducerSettings:
     merged = dict(JAVA_DEFAULTS)
     merged.update(props)
     unknown = sorted(k for k in props if k not in JAVA_DEFAULTS and k not in IGNORED
-                     and k not in ("bootstrap.servers", "transactional.id"))
+                     and k not in ("bootstrap.servers", "transactional.id") and not is_security_key(k))
     if unknown:
         raise PerfError("unsupported producer properties: " + ", ".join(unknown))
     if not merged.get("bootstrap.servers"):
@@ -325,7 +327,8 @@ def settings_from(props: dict[str, str]) -> ProducerSettings:
         max_in_flight=max_in_flight, retries=retries, retry_backoff_ms=num("retry.backoff.ms"),
         request_timeout_ms=num("request.timeout.ms", 1), delivery_timeout_ms=num("delivery.timeout.ms", 1),
         max_request_size=num("max.request.size", 1), buffer_memory=num("buffer.memory", 1),
-        client_id=merged["client.id"], ignored=sorted(k for k in props if k in IGNORED), transactional_id=tid)
+        client_id=merged["client.id"], ignored=sorted(k for k in props if k in IGNORED), transactional_id=tid,
+        security=security_from(props, PerfError))
 
 
 # ---- the run --------------------------------------------------------------------------------------
@@ -444,7 +447,7 @@ async def run(cfg: RunConfig, out=None, err=None) -> Stats:
     err = err if err is not None else sys.stderr
     s = cfg.settings
     cluster = Cluster(s.bootstrap, client_id=s.client_id, request_timeout_ms=s.request_timeout_ms,
-                      retry_backoff_ms=s.retry_backoff_ms, allow_auto_topic_creation=True)
+                      retry_backoff_ms=s.retry_backoff_ms, allow_auto_topic_creation=True, security=s.security)
     producer = Producer(cluster=cluster, acks=s.acks, linger_ms=s.linger_ms, batch_size=s.batch_size,
                         compression_type=s.compression, enable_idempotence=s.idempotent, retries=s.retries,
                         retry_backoff_ms=s.retry_backoff_ms,

@@ -2,7 +2,7 @@
 of one kbroker broker serving request_bench's producer (linger.ms=0, batch.num.messages=1, acks=1, 100 B).
 
     python -m kbroker.perf.profile_request pyspy     [--requests 200000] [--seconds 6] [--out DIR]
-    python -m kbroker.perf.profile_request callgrind [--requests 3000] [--rf3 [--acks all]] [--partitions N]
+    python -m kbroker.perf.profile_request callgrind [--requests 3000] [--rf3 [--acks all]] [--partitions N] [--acls N]
         [--broker-env K=V,..] [--out DIR]
     python -m kbroker.perf.profile_request capacity  [--batches 1024] [--rounds 3] [--variant NAME:k=v,..:ENV=v,..]
         [--persist write-shm --persist splice-shm --persist write-disk ...] [--storage shm|disk] [--no-profile]
@@ -107,11 +107,64 @@ def _go(proc) -> None:
     proc.stdin.flush()
 
 
-def _cluster(root: Path, wrapper: list[str] | None, brokers: int = 1, env: dict | None = None) -> LocalCluster:
+def _cluster(root: Path, wrapper: list[str] | None, brokers: int = 1, env: dict | None = None,
+             acls: int = 0) -> LocalCluster:
     overrides = {"auto.create.topics.enable": "false", "zookeeper.session.timeout.ms": 30000}
+    if acls:
+        # the cluster has no ACL (allow.everyone: the brokers' own requests pass); topics have ``acls``
+        overrides.update({"authorizer.class.name": "kafka.security.authorizer.AclAuthorizer",
+                          "allow.everyone.if.no.acl.found": "true"})
     if wrapper:
         return _WrappedCluster(root, wrapper, brokers=brokers, num_partitions=1, overrides=overrides, env=env)
     return LocalCluster(root, brokers=brokers, num_partitions=1, overrides=overrides, env=env)
+
+
+def _seed_acls(c: LocalCluster, topic: str, n: int) -> None:
+    """``n`` ACL entries, as a busy cluster has them: 40% on other literal topics, 50% on prefixed
+    patterns (10 each), the rest on ``topic`` for other principals and hosts, one of them letting
+    User:ANONYMOUS write it; then wait until the broker applied them all (DescribeAcls)."""
+    from kazoo.client import KazooClient
+
+    from kbroker.security.acl import AclEntry, Operation, PatternType, Permission, ResourcePattern, ResourceType
+    from kbroker.security.authorizer import AclAuthorizer
+    from kbroker.zk.acls import AclZk
+    import asyncio
+    T = ResourceType.TOPIC
+    plan: dict = {}
+    literal, prefixed = n * 4 // 10, n // 2 // 10
+    for i in range(literal):
+        plan[ResourcePattern(T, f"other-{i}", PatternType.LITERAL)] = {
+            AclEntry(f"User:u{i}", "*", Operation.READ, Permission.ALLOW)}
+    for i in range(prefixed):
+        plan[ResourcePattern(T, f"pre{i}-", PatternType.PREFIXED)] = {
+            AclEntry(f"User:p{j}", "*", Operation.WRITE, Permission.ALLOW) for j in range(10)}
+    rest = n - literal - prefixed * 10
+    plan[ResourcePattern(T, topic, PatternType.LITERAL)] = {
+        AclEntry(f"User:t{j}", f"10.0.0.{j % 250}", Operation.WRITE, Permission.ALLOW) for j in range(rest - 1)} | {
+        AclEntry("User:ANONYMOUS", "*", Operation.WRITE, Permission.ALLOW)}
+    zk = KazooClient(hosts=c.zk_connect)
+    zk.start(30)
+    loop = asyncio.new_event_loop()
+    try:
+        auth = AclAuthorizer()
+        auth.store, auth.loop = AclZk(zk), loop
+        auth.store.ensure_paths()
+        for r, entries in plan.items():
+            auth.update(r, lambda cur, entries=entries: cur | entries)
+    finally:
+        zk.stop()
+        zk.close()
+        loop.close()
+    from kbroker.client.admin import Admin
+
+    async def count():
+        async with Admin(c.bootstrap, client_id="kbroker-perf-acls") as admin:
+            conn = await admin.cluster.any_connection()
+            _, resp = await conn.send(29, {"resource_type_filter": 1, "resource_name_filter": None,
+                                           "pattern_type_filter": 1, "principal_filter": None, "host_filter": None,
+                                           "operation": 1, "permission_type": 1})
+            return sum(len(r["acls"]) for r in resp["resources"])
+    wait_until(lambda: asyncio.run(count()) >= n, 600, "the broker applied the ACLs", interval=1.0)
 
 
 def _topic(c: LocalCluster, partitions: int = 1) -> str:
@@ -420,7 +473,7 @@ def pyspy(out: Path, requests: int, seconds: float, workload: str = "produce") -
 
 def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = False, depth: int = 1,
               partitions: int = 1, raw: bool = False, data_parts: int = 0, idempotent: bool = False,
-              acks: str = "1", env: dict | None = None) -> str:
+              acks: str = "1", env: dict | None = None, acls: int = 0) -> str:
     vg, ctl, ann = shutil.which("valgrind"), shutil.which("callgrind_control"), shutil.which("callgrind_annotate")
     if not (vg and ctl and ann):
         raise SystemExit("valgrind (with callgrind_control, callgrind_annotate) is not installed")
@@ -430,17 +483,20 @@ def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = F
             + (f"-depth{depth}" if depth != 1 else "")
             + (f"-{partitions}p" if workload == "produce" and (partitions != 1 or raw) else "")
             + ("-idempotent" if workload == "produce" and idempotent else "")
-            + (f"-p{partitions}d{data_parts}" if workload == "fetch" and partitions > 1 else ""))
+            + (f"-p{partitions}d{data_parts}" if workload == "fetch" and partitions > 1 else "")
+            + (f"-acls{acls}" if acls else ""))
     for old in out.glob(f"{name}.out*"):
         old.unlink()
     cg_out = out / f"{name}.out"
     wrapper = [vg, "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={cg_out}"]
     try:
-        c = _cluster(root, wrapper, 3 if rf3 else 1, env)
+        c = _cluster(root, wrapper, 3 if rf3 else 1, env, acls)
         try:
             c.start()
             pid = c.brokers[0].pid
             topic = _topic(c, partitions)
+            if acls:
+                _seed_acls(c, topic, acls)
             if workload == "produce" and (partitions > 1 or raw or idempotent):
                 # warm-up, not instrumented (idempotent: the new producer id's first batch among them)
                 _raw_produce(c.bootstrap, topic, partitions, 500, 600, 0 if idempotent else -1)
@@ -488,6 +544,7 @@ def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = F
             + (" (idempotent: producer id 1, each batch the next sequence)" if idempotent else "")
             + (" as the leader of an RF=3 partition (followers running, not profiled)" if rf3 else "")
             + (f" ({depth} in flight, not 1)" if depth != 1 else "")
+            + (f" with the AclAuthorizer holding {acls:,} ACL entries" if acls else "")
             + "; instrumentation on for those "
             f"requests only, all threads, user space only (no kernel): {total:,} instructions = "
             f"{total / n:,.0f} per request\n\n")
@@ -970,6 +1027,8 @@ def main(argv=None) -> int:
                                                  "(default 200000 for pyspy, 3000 for callgrind)")
     ap.add_argument("--seconds", type=float, default=6.0, help="py-spy sampling time")
     ap.add_argument("--rf3", action="store_true", help="callgrind: the profiled broker leads an RF=3 partition")
+    ap.add_argument("--acls", type=int, default=0, help="callgrind: the broker runs the AclAuthorizer holding this "
+                    "many ACL entries (kafka.security.authorizer.AclAuthorizer), the producer allowed to write")
     ap.add_argument("--acks", default="1", help="callgrind, produce workload: the producer's acks (1, or all: "
                     "one request in flight, the replicated steady state; with --rf3)")
     ap.add_argument("--broker-env", default="", metavar="K=V,K=V",
@@ -1018,7 +1077,7 @@ def main(argv=None) -> int:
     else:
         env = dict(kv.split("=", 1) for kv in a.broker_env.split(",") if kv) if a.broker_env else None
         text = callgrind(out, a.requests or 3_000, a.workload, a.rf3, a.depth, a.partitions, a.raw,
-                         a.data_partitions, a.idempotent, a.acks, env)
+                         a.data_partitions, a.idempotent, a.acks, env, a.acls)
     print(text)
     H.progress(f"{a.tool} done in {time.monotonic() - t0:.0f} s; output in {out}")
     return 0

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything kbroker needs on a fresh Debian 12 machine (idempotent):
 #   Debian packages: zookeeper (the coordination service), kcat (a librdkafka CLI used by tests/demo),
-#   strace and iproute2 (tests and benchmarks), and the native build's headers
+#   Go and Sarama (the Go client the tests build), strace and iproute2 (tests and benchmarks), and the
+#   native build's headers
 #   a virtualenv in .venv with the pinned Python dependencies, then the native (Cython) build.
 # A failed native build fails this script: there is no slow fallback.
 set -euo pipefail
@@ -17,6 +18,8 @@ command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
 [ -f /usr/include/zstd.h ] || need_apt+=(libzstd-dev)  # validation of compressed batches)
 command -v strace >/dev/null 2>&1 || need_apt+=(strace)  # tests observe the broker's sendfile and fsync calls
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)    # replication_bench --netns and its tests
+command -v go >/dev/null 2>&1 || need_apt+=(golang-go)   # tests/cluster/test_sarama.py builds its client
+[ -d /usr/share/gocode/src/github.com/Shopify/sarama ] || need_apt+=(golang-github-shopify-sarama-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   echo "== installing Debian packages: ${need_apt[*]}"

@@ -18,7 +18,7 @@ fi
 # Exit code 5 is "no tests collected": a selection may hold no serial (or only serial) tests.
 ok() { [ "$1" = 0 ] || [ "$1" = 5 ]; }
 set +e
-"${pytest[@]}" -n "$workers" --dist loadfile --serial-tests=skip "$@"
+"${pytest[@]}" -n "$workers" --dist loadgroup --no-loadscope-reorder --serial-tests=skip "$@"
 parallel=$?
 "${pytest[@]}" -p no:xdist --serial-tests=only "$@"
 serial=$?

@@ -30,9 +30,11 @@ class DataLossError(RuntimeError):
 
 def _cluster(cfg: ClientConfig):
     from kbroker.client import Cluster
+    from kbroker.client.security import security_from
     # Metadata requests never auto-create topics (allow_auto_topic_creation=False).
     return Cluster(cfg.bootstrap, client_id=cfg.client_id, request_timeout_ms=cfg.request_timeout_ms,
-                   retry_backoff_ms=cfg.retry_backoff_ms, allow_auto_topic_creation=False)
+                   retry_backoff_ms=cfg.retry_backoff_ms, allow_auto_topic_creation=False,
+                   security=security_from(cfg.security))
 
 
 def _consumer(cfg: ClientConfig, cluster):

@@ -69,6 +69,17 @@ class ClientConfig:
     check_crcs: bool = False
     retries: int = 10
     producer: dict = field(default_factory=dict)
+    # security.protocol, ssl.*, sasl.* (the kafka.* options without the prefix), turned into a TLS
+    # context and SASL credentials where the connections are made (an SSLContext does not pickle)
+    security: dict = field(default_factory=dict)
+
+
+# the kafka.* options the source reads, and the ones only the sink reads; security options pass
+# through (kbroker.client.security); any other kafka.* option is refused rather than ignored
+READ_KEYS = {"kafka.bootstrap.servers", "kafka.client.id", "kafka.request.timeout.ms", "kafka.retry.backoff.ms",
+             "kafka.max.partition.fetch.bytes", "kafka.fetch.max.wait.ms", "kafka.isolation.level", "kafka.check.crcs"}
+WRITE_KEYS = {"kafka.compression.type", "kafka.acks", "kafka.batch.size", "kafka.linger.ms",
+              "kafka.enable.idempotence", "kafka.max.in.flight.requests.per.connection", "kafka.delivery.timeout.ms"}
 
 
 def normalize(options) -> dict:
@@ -82,6 +93,15 @@ def client_config(opts: dict, write: bool = False) -> ClientConfig:
     for k, why in (REFUSED_WRITE if write else REFUSED_READ).items():
         if k in opts:
             raise OptionError(f"option '{k}' is not supported: {why}")
+    from kbroker.client.security import is_security_key, security_from
+    known = READ_KEYS | (WRITE_KEYS if write else set())
+    security = {k[6:]: v for k, v in opts.items() if k.startswith("kafka.") and is_security_key(k[6:])}
+    for k in sorted(opts):
+        if k.startswith("kafka.") and k not in known and k[6:] not in security:
+            raise OptionError(f"option '{k}' is not supported by the kbroker source and sink (it would be "
+                              f"ignored); the kafka.* options they take: {', '.join(sorted(known))}, "
+                              f"kafka.security.protocol, kafka.ssl.*, kafka.sasl.*")
+    security_from(security, OptionError)      # a bad protocol or missing credentials fail at planning
     cfg = ClientConfig(
         bootstrap=bootstrap,
         client_id=opts.get("kafka.client.id", "kbroker-spark"),
@@ -92,6 +112,7 @@ def client_config(opts: dict, write: bool = False) -> ClientConfig:
         isolation_level=opts.get("kafka.isolation.level", "read_uncommitted"),
         check_crcs=_bool(opts, "kafka.check.crcs", False),
         retries=_int(opts, "fetchoffset.numretries", 10, 0),
+        security=security,
     )
     if cfg.isolation_level not in ("read_uncommitted", "read_committed"):
         raise OptionError("option 'kafka.isolation.level' must be read_uncommitted or read_committed")

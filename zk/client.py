@@ -31,6 +31,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError, RolledBackError
 from kazoo.retry import KazooRetry
 
+from . import acls as zk_acls
 from . import layout as L
 from .lease import NegotiatedTimeoutLogger, SessionLease
 
@@ -92,8 +93,12 @@ class BrokerZk:
     """
 
     def __init__(self, connect_string: str, broker_id: int, session_timeout_ms: int = 18000,
-                 loop: asyncio.AbstractEventLoop | None = None, *, connect_timeout_s: float = 15.0):
+                 loop: asyncio.AbstractEventLoop | None = None, *, connect_timeout_s: float = 15.0,
+                 digest: str | None = None):
         self.connect_string = connect_string
+        # zookeeper.set.acl: "user:password" of ZooKeeper's digest scheme; every znode this client
+        # creates may then be changed only by that identity (zk/acls.py secure_acls)
+        self._auth = zk_acls.digest_auth(digest) if digest else None
         self.broker_id = int(broker_id)
         self.session_timeout_ms = int(session_timeout_ms)
         self.loop = loop
@@ -111,7 +116,7 @@ class BrokerZk:
         self._lock = threading.RLock()        # guards the controller fields and registration
         self._elect_lock = threading.Lock()   # one election at a time (caller and worker)
         self._session_lost = False
-        self._registration: tuple[str, int, str | None] | None = None
+        self._registration: tuple | None = None     # (host, port, rack, endpoints, protocol map)
         self._wants_controller = False
         self._controller_watch_started = False
         self._is_controller = False
@@ -131,6 +136,7 @@ class BrokerZk:
         # Retry connecting forever: a broker waits out a ZooKeeper restart.
         self.lease = SessionLease(self.session_timeout_ms)
         self._zk = KazooClient(hosts=self.connect_string, timeout=self.session_timeout_ms / 1000.0,
+                               auth_data=self._auth, default_acl=zk_acls.secure_acls() if self._auth else None,
                                connection_retry=KazooRetry(max_tries=-1, max_delay=2.0),
                                command_retry=KazooRetry(max_tries=5, max_delay=2.0),
                                logger=NegotiatedTimeoutLogger(logging.getLogger("kazoo.client"), self.lease))
@@ -144,6 +150,13 @@ class BrokerZk:
                                 f"within {self.connect_timeout_s}s: {exc!r}") from exc
         for path in L.PERSISTENT_PATHS:
             self._zk.retry(self._zk.ensure_path, path)
+        if self._auth:
+            if not chroot:
+                log.warning("zookeeper.set.acl without a chroot in zookeeper.connect: ZooKeeper's own / stays "
+                            "open, so anyone may delete /controller (an ephemeral; a new election follows)")
+            for path in zk_acls.SENSITIVE_PATHS:
+                self._zk.retry(self._zk.ensure_path, path)
+                self._zk.retry(self._zk.set_acls, path, zk_acls.secure_acls(sensitive=True))
         self.cluster_id = self.get_or_create_cluster_id()
         self._worker = threading.Thread(target=self._work, name=f"kbroker-zk-{self.broker_id}", daemon=True)
         self._worker.start()
@@ -208,7 +221,8 @@ class BrokerZk:
         return self._zk is not None and self._zk.state == KazooState.CONNECTED
 
     def _ensure_chroot(self, hosts: str, chroot: str) -> None:
-        zk = KazooClient(hosts=hosts, timeout=self.session_timeout_ms / 1000.0)
+        zk = KazooClient(hosts=hosts, timeout=self.session_timeout_ms / 1000.0, auth_data=self._auth,
+                         default_acl=zk_acls.secure_acls() if self._auth else None)
         try:
             zk.start(timeout=self.connect_timeout_s)
             zk.ensure_path(chroot)
@@ -237,7 +251,9 @@ class BrokerZk:
     # --- broker registration -----------------------------------------------
 
     def register_broker(self, host: str, port: int, rack: str | None = None,
-                        wait_timeout_s: float | None = None) -> int:
+                        wait_timeout_s: float | None = None, *,
+                        endpoints: list[tuple[str, str, int]] | None = None,
+                        security_protocol_map: dict[str, str] | None = None) -> int:
         """Create the ephemeral ``/brokers/ids/<id>``; return the broker epoch (its czxid).
 
         A node left by an older session of this broker id (a restart within the
@@ -246,16 +262,16 @@ class BrokerZk:
         Gives up after ``wait_timeout_s`` (default 2 x session timeout).
         """
         with self._lock:
-            self._registration = (host, int(port), rack)
+            self._registration = (host, int(port), rack, endpoints, security_protocol_map)
         epoch = self._register(wait_timeout_s)
         self.broker_epoch = epoch
         return epoch
 
     def _register(self, wait_timeout_s: float | None = None) -> int:
         zk = self.kazoo
-        host, port, rack = self._registration
+        host, port, rack, endpoints, protocols = self._registration
         path = L.broker_path(self.broker_id)
-        data = L.encode_broker(host, port, rack)
+        data = L.encode_broker(host, port, rack, endpoints=endpoints, security_protocol_map=protocols)
         if wait_timeout_s is None:
             wait_timeout_s = 2 * self.session_timeout_ms / 1000.0
         deadline = time.monotonic() + wait_timeout_s

@@ -14,7 +14,7 @@ we have no schema of, as UNSUPPORTED.)
 """
 from __future__ import annotations
 
-from kbroker.cli.tool import run_tool
+from kbroker.cli.tool import run_tool, add_command_config, command_security
 from kbroker.client.connection import KafkaError
 from kbroker.client.cluster import Cluster
 from kbroker.protocol.messages import API_NAMES, REQUESTS
@@ -24,7 +24,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("broker-api-versions", help="API versions of every broker (kafka-broker-api-versions.sh)",
                               description="This tool helps to retrieve broker version information.")
     p.add_argument("--bootstrap-server", required=True, help="REQUIRED: The server to connect to.")
-    p.add_argument("--command-config", help="(accepted for compatibility; no client properties are needed)")
+    add_command_config(p)
     p.set_defaults(func=main)
 
 
@@ -50,7 +50,8 @@ def api_versions_text(advertised: dict[int, tuple[int, int]]) -> str:
 
 
 async def run(args, out) -> int:
-    cluster = Cluster(args.bootstrap_server, client_id="kbroker-broker-api-versions")
+    cluster = Cluster(args.bootstrap_server, client_id="kbroker-broker-api-versions",
+                      security=command_security(args))
     try:
         await cluster.fetch_metadata([])
         for bid in sorted(cluster.brokers):

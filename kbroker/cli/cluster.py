@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kbroker.cli import cluster_security
 from kbroker.config import BrokerConfig, ConfigError
 from kbroker.ports import LOOPBACK, free_ports, port_in_use
 from kbroker.procutil import live_argv
@@ -73,6 +74,7 @@ class Layout:
     num_partitions: int = 1
     # (client, peer, election) port per node of a ZooKeeper ensemble; empty = one standalone server
     zk_ensemble: list[tuple[int, int, int]] = field(default_factory=list)
+    security: str = "plaintext"     # the brokers' listener: plaintext, ssl, sasl_plaintext, sasl_ssl
 
     @classmethod
     def load(cls, root: Path) -> Layout | None:
@@ -86,7 +88,8 @@ class Layout:
         return cls(root, int(data["zookeeper"]["port"]),
                    [BrokerSlot(int(b["id"]), int(b["port"])) for b in data["brokers"]],
                    int(data.get("num_partitions", 1)),
-                   [tuple(int(x) for x in n) for n in data["zookeeper"].get("ensemble", [])])
+                   [tuple(int(x) for x in n) for n in data["zookeeper"].get("ensemble", [])],
+                   data.get("security", "plaintext"))
 
     def save(self) -> None:
         zk = {"port": self.zk_port}
@@ -94,7 +97,7 @@ class Layout:
             zk["ensemble"] = [list(n) for n in self.zk_ensemble]
         data = {"version": 1, "zookeeper": zk,
                 "brokers": [{"id": b.id, "port": b.port} for b in self.brokers],
-                "num_partitions": self.num_partitions}
+                "num_partitions": self.num_partitions, "security": self.security}
         tmp = self.root / (LAYOUT_FILE + ".tmp")
         tmp.write_text(json.dumps(data, indent=2) + "\n")
         os.replace(tmp, self.root / LAYOUT_FILE)  # atomic: a crash never leaves half a layout
@@ -132,12 +135,10 @@ class Layout:
 
 def broker_properties(layout: Layout, slot: BrokerSlot) -> str:
     n = len(layout.brokers)
-    endpoint = f"PLAINTEXT://{LOOPBACK}:{slot.port}"
     return "\n".join([
         "# Written by `kbroker cluster up`. Later `cluster up` runs keep this file, so edits stick.",
         f"broker.id={slot.id}",
-        f"listeners={endpoint}",
-        f"advertised.listeners={endpoint}",
+        *cluster_security.broker_lines(layout.root, layout.security, slot.port),
         f"log.dirs={layout.broker_dir(slot.id) / 'data'}",
         f"zookeeper.connect={layout.zk_connect}",
         f"zookeeper.session.timeout.ms={LOCAL_SESSION_TIMEOUT_MS}",
@@ -318,9 +319,11 @@ def wait_cluster_metadata(layout: Layout, timeout: float) -> None:
     """Until every broker's Metadata names all the layout's brokers and a controller."""
     want = {slot.id for slot in layout.brokers}
     deadline = time.monotonic() + timeout
+    security = cluster_security.client_security(layout.root, layout.security)
     for slot in layout.brokers:
         while True:
-            got = metadata_probe(slot.port)
+            got = (metadata_probe(slot.port) if security is None
+                   else cluster_security.probe_metadata(slot.port, security))
             if got is not None and want <= got[0] and got[1] >= 0:
                 break
             if time.monotonic() >= deadline:
@@ -348,6 +351,7 @@ def wait_ready(zk, layout: Layout, s: Started, timeout: float) -> None:
     changed = threading.Event()
     registered = False
     last_probe = "not probed yet"
+    security = cluster_security.client_security(layout.root, layout.security)
     while True:
         if not _alive(s, layout):
             code = s.popen.returncode if s.popen is not None else "unknown"
@@ -359,7 +363,8 @@ def wait_ready(zk, layout: Layout, s: Started, timeout: float) -> None:
             stat = zk.exists(path, watch=lambda event: changed.set())
             registered = stat is not None and stat.czxid != s.stale_czxid
         if registered:
-            last_probe = api_versions_probe(s.slot.port) or ""
+            last_probe = (api_versions_probe(s.slot.port) if security is None
+                          else cluster_security.probe_api_versions(s.slot.port, security)) or ""
             if not last_probe:
                 return
         remaining = deadline - time.monotonic()
@@ -434,9 +439,17 @@ def _kazoo(connect: str, timeout: float = 10.0):
 
 def cluster_up(root: Path, brokers: int | None, zk_port: int | None, base_port: int | None,
                partitions: int | None, timeout: float = READY_TIMEOUT_S, out=sys.stdout,
-               zookeepers: int | None = None) -> Layout:
+               zookeepers: int | None = None, security: str | None = None) -> Layout:
     root = root.resolve()
     layout = Layout.load(root)
+    if layout is not None and security is not None and security != layout.security:
+        raise ClusterError(f"{root / LAYOUT_FILE} holds a {layout.security} cluster, not {security}; "
+                           "use another --dir")
+    if layout is None and security not in (None, "plaintext"):
+        if zookeepers is not None and zookeepers > 1:
+            raise ClusterError("--security with --zookeepers is not supported")
+        root.mkdir(parents=True, exist_ok=True)
+        cluster_security.prepare(root, security)
     if layout is None and zookeepers is not None and zookeepers > 1:
         return _cluster_up_ensemble(root, brokers, zk_port, base_port, partitions, timeout, out, zookeepers)
     if layout is not None and layout.zk_ensemble:
@@ -459,7 +472,7 @@ def cluster_up(root: Path, brokers: int | None, zk_port: int | None, base_port: 
             if ports[-1] > 65535:
                 raise ClusterError(f"broker ports {ports[0]}..{ports[-1]} exceed 65535")
             layout = Layout(root, zk.port, [BrokerSlot(i, p) for i, p in enumerate(ports)],
-                            1 if partitions is None else partitions)
+                            1 if partitions is None else partitions, security=security or "plaintext")
             layout.save()
         except BaseException:
             zk.stop()  # nothing records it yet: do not leave it orphaned
@@ -518,6 +531,7 @@ def _start_brokers(layout: Layout, zk_connect: str, timeout: float, out) -> Layo
 
     client = _kazoo(zk_connect)
     try:
+        cluster_security.register_admin(client, layout.root, layout.security)
         started: list[Started] = []
         for slot in layout.brokers:
             pid = running_broker_pid(layout, slot.id)
@@ -543,6 +557,9 @@ def _start_brokers(layout: Layout, zk_connect: str, timeout: float, out) -> Layo
     finally:
         client.stop()
         client.close()
+    if layout.security != "plaintext":
+        print(f"{layout.security.upper()} listeners; admin client properties (--command-config): "
+              f"{layout.root / cluster_security.CLIENT_PROPERTIES}", file=out, flush=True)
     print(f"bootstrap.servers={layout.bootstrap_servers}", file=out, flush=True)
     return layout
 
@@ -661,6 +678,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--zookeepers", type=int,
                     help="ZooKeeper nodes: 1 = standalone (default), 3 or 5 = an ensemble (client ports from "
                          "--zk-port on, peer/election ports 2888+/3888+; --zk-port 0 = free ports)")
+    up.add_argument("--security", choices=cluster_security.MODES,
+                    help="the brokers' listener (default plaintext); ssl, sasl_plaintext and sasl_ssl make a CA, "
+                         "certificates and an admin super user, written to DIR/client.properties")
     up.add_argument("--timeout", type=float, default=READY_TIMEOUT_S,
                     help=f"seconds each broker may take to become ready (default {READY_TIMEOUT_S:.0f})")
     up.set_defaults(func=_run_up)
@@ -684,7 +704,7 @@ def _fail(e: Exception) -> int:
 def _run_up(args: argparse.Namespace) -> int:
     try:
         cluster_up(args.dir, args.brokers, args.zk_port, args.port, args.partitions, args.timeout,
-                   zookeepers=args.zookeepers)
+                   zookeepers=args.zookeepers, security=args.security)
     except ClusterError as e:
         return _fail(e)
     return 0

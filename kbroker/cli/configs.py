@@ -4,6 +4,8 @@
     kbroker configs --bootstrap-server H:P --entity-type brokers --entity-default --alter \\
         --add-config follower.replication.throttled.rate=1000000 [--delete-config k1,k2]
     kbroker configs --bootstrap-server H:P --entity-type topics --entity-name t --alter --add-config 'k=[a,b]'
+    kbroker configs --bootstrap-server H:P --entity-type users --entity-name alice --alter \
+        --add-config 'SCRAM-SHA-512=[iterations=8192,password=alice-secret]'   (kbroker.cli.configs_users)
 
 Describe prints Kafka's ConfigCommand layout: ``Dynamic configs for broker 1 are:`` (``All configs`` with
 --all, ``Default configs for brokers in the cluster are:`` for --entity-default) and one line per key,
@@ -18,6 +20,7 @@ import argparse
 import asyncio
 import sys
 
+from kbroker.cli.tool import add_command_config, command_security
 from kbroker.client.admin import Admin, ConfigResource
 from kbroker.client.connection import KafkaError
 
@@ -33,7 +36,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("configs", help="describe and alter topic and broker configs (kafka-configs.sh)",
                               description="Change configs for topics and brokers, or describe them.")
     p.add_argument("--bootstrap-server", required=True, help="The broker to connect to.")
-    p.add_argument("--entity-type", required=True, choices=("topics", "brokers"), help="Type of entity.")
+    add_command_config(p)
+    p.add_argument("--entity-type", required=True, choices=("topics", "brokers", "users"), help="Type of entity.")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--entity-name", help="Name of the entity (topic name / broker id).")
     which.add_argument("--entity-default", action="store_true",
@@ -134,8 +138,12 @@ async def alter(admin: Admin, res: ConfigResource, add: dict[str, str], delete: 
 
 
 async def run(args, out) -> int:
+    if args.entity_type == "users":
+        from kbroker.cli.configs_users import run_users
+        async with Admin(args.bootstrap_server, client_id="kbroker-configs", security=command_security(args)) as admin:
+            return await run_users(admin, args, out)
     res = _resource(args)
-    async with Admin(args.bootstrap_server, client_id="kbroker-configs") as admin:
+    async with Admin(args.bootstrap_server, client_id="kbroker-configs", security=command_security(args)) as admin:
         if args.describe:
             return await describe(admin, res, args.all, out)
         add = parse_add_config(args.add_config) if args.add_config else {}

@@ -16,6 +16,7 @@ import asyncio
 import sys
 import time
 
+from kbroker.cli.tool import add_command_config, command_security
 from kbroker.client import Consumer, KafkaError, Producer
 
 # A group member's commit and LeaveGroup on exit get this long before the process exits anyway
@@ -45,6 +46,7 @@ def _true(v) -> bool:
 def register(subparsers) -> None:
     p = subparsers.add_parser("console-producer", help="send stdin lines to a topic (kafka-console-producer.sh)")
     p.add_argument("--bootstrap-server", required=True)
+    add_command_config(p)
     p.add_argument("--topic", required=True)
     p.add_argument("--property", action="append", default=[], metavar="key=value",
                    help="parse.key, key.separator, ignore.error")
@@ -58,6 +60,7 @@ def register(subparsers) -> None:
 
     c = subparsers.add_parser("console-consumer", help="print records of a topic (kafka-console-consumer.sh)")
     c.add_argument("--bootstrap-server", required=True)
+    add_command_config(c)
     c.add_argument("--topic", required=True)
     c.add_argument("--from-beginning", action="store_true")
     c.add_argument("--partition", type=int)
@@ -96,7 +99,7 @@ async def _produce(args, stdin) -> int:
     acks = args.request_required_acks or pprops.get("acks", "-1")
     idempotent = _true(pprops.get("enable.idempotence", "true")) and str(acks) in ("-1", "all")
     producer = Producer(
-        args.bootstrap_server, client_id="console-producer", acks=acks,
+        args.bootstrap_server, client_id="console-producer", acks=acks, security=command_security(args),
         linger_ms=float(pprops.get("linger.ms", 1000)), batch_size=int(pprops.get("batch.size", 16384)),
         compression_type=args.compression_codec or pprops.get("compression.type", "none"),
         enable_idempotence=idempotent,
@@ -213,6 +216,7 @@ async def _consume_group(args, out, seen, fmt) -> int:
                 "org.apache.kafka.clients.consumer.RoundRobinAssignor": "roundrobin"}.get(strategy, strategy)
     consumer = GroupConsumer(
         args.bootstrap_server, args.group, [args.topic], client_id=cp.get("client.id", "console-consumer"),
+        security=command_security(args),
         session_timeout_ms=int(cp.get("session.timeout.ms", 45000)),
         rebalance_timeout_ms=int(cp.get("max.poll.interval.ms", 300000)),
         heartbeat_interval_ms=int(cp.get("heartbeat.interval.ms", 3000)), assignor=strategy,
@@ -259,7 +263,7 @@ async def _consume(args, out, seen) -> int:
     if isinstance(start, str) and start.lstrip("-").isdigit():
         start = int(start)
     async with Consumer(args.bootstrap_server, client_id="console-consumer",
-                        isolation_level=args.isolation_level) as consumer:
+                        isolation_level=args.isolation_level, security=command_security(args)) as consumer:
         parts = [args.partition] if args.partition is not None else await consumer.partitions(args.topic)
         positions = {}
         for p in parts:

@@ -11,6 +11,7 @@ import asyncio
 import datetime as dt
 import sys
 
+from kbroker.cli.tool import add_command_config, command_security
 from kbroker.cli.delete_offsets import delete_offsets
 from kbroker.client.cluster import Cluster
 from kbroker.client.connection import KafkaError
@@ -27,6 +28,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("consumer-groups", help="list, describe, reset or delete consumer groups "
                                                       "(kafka-consumer-groups.sh)")
     p.add_argument("--bootstrap-server", required=True, help="REQUIRED: The server(s) to connect to.")
+    add_command_config(p)
     action = p.add_mutually_exclusive_group(required=True)
     action.add_argument("--list", action="store_true", help="List all consumer groups.")
     action.add_argument("--describe", action="store_true", help="Describe consumer group and list offset lag.")
@@ -69,7 +71,8 @@ def run(args) -> int:
 
 
 async def _run(args) -> int:
-    cluster = Cluster(args.bootstrap_server, client_id="kbroker-consumer-groups")
+    cluster = Cluster(args.bootstrap_server, client_id="kbroker-consumer-groups",
+                      security=command_security(args))
     gc = GroupClient(cluster=cluster)
     consumer = Consumer(cluster=cluster)
     try:

@@ -13,7 +13,7 @@ import json
 from kbroker.cli.topics import describe_error
 from kbroker.client.admin import Admin
 from kbroker.client.connection import KafkaError
-from kbroker.cli.tool import ToolError, run_tool
+from kbroker.cli.tool import ToolError, run_tool, add_command_config, command_security
 
 
 def register(subparsers) -> None:
@@ -21,10 +21,10 @@ def register(subparsers) -> None:
                               description="This tool helps to delete records of the given partitions down to "
                                           "the specified offset.")
     p.add_argument("--bootstrap-server", required=True, help="REQUIRED: The server to connect to.")
+    add_command_config(p)
     p.add_argument("--offset-json-file", required=True,
                    help='REQUIRED: The JSON file with offset per partition. The format to use is: '
                         '{"partitions": [{"topic": "foo", "partition": 1, "offset": 1}], "version": 1}')
-    p.add_argument("--command-config", help="(accepted for compatibility; no client properties are needed)")
     p.set_defaults(func=main)
 
 
@@ -59,7 +59,7 @@ def parse_offset_json(text: str) -> dict[tuple[str, int], int]:
 async def run(args, out) -> int:
     with open(args.offset_json_file) as f:
         offsets = parse_offset_json(f.read())
-    async with Admin(args.bootstrap_server, client_id="kbroker-delete-records") as admin:
+    async with Admin(args.bootstrap_server, client_id="kbroker-delete-records", security=command_security(args)) as admin:
         print("Executing records delete operation", file=out)
         results = await admin.delete_records(offsets)
     print("Records delete operation completed:", file=out)

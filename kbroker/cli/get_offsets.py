@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import sys
 
-from kbroker.cli.tool import ToolError, run_tool
+from kbroker.cli.tool import ToolError, run_tool, add_command_config, command_security
 from kbroker.client.connection import KafkaError
 from kbroker.client.consumer import Consumer
 
@@ -24,6 +24,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("get-offsets", help="offsets of partitions at a time (kafka-get-offsets.sh)",
                               description="An interactive shell for getting topic-partition offsets.")
     p.add_argument("--bootstrap-server", required=True, help="REQUIRED. The server(s) to connect to.")
+    add_command_config(p)
     p.add_argument("--topic", help="The topic to get the offsets for. It also accepts a regular expression. "
                                    "If not present, all authorized topics are queried.")
     p.add_argument("--partitions", help="Comma separated list of partition ids to be queried. If not "
@@ -32,7 +33,6 @@ def register(subparsers) -> None:
                                                "earliest, -3 or max-timestamp, or a timestamp in ms")
     p.add_argument("--exclude-internal-topics", action="store_true",
                    help="By default, internal topics are included. If specified, internal topics are excluded.")
-    p.add_argument("--command-config", help="(accepted for compatibility; no client properties are needed)")
     p.set_defaults(func=main)
 
 
@@ -54,7 +54,8 @@ async def run(args, out) -> int:
     except ValueError:
         raise ToolError(f"Invalid partition list: {args.partitions}") from None
     pattern = re.compile(args.topic) if args.topic else None
-    async with Consumer(args.bootstrap_server, client_id="kbroker-get-offsets") as consumer:
+    async with Consumer(args.bootstrap_server, client_id="kbroker-get-offsets",
+                        security=command_security(args)) as consumer:
         await consumer.cluster.fetch_metadata(None, allow_auto_topic_creation=False)
         topics = consumer.cluster.topics
         parts = sorted((name, p) for name, tm in topics.items()

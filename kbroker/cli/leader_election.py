@@ -12,6 +12,7 @@ import asyncio
 import json
 import sys
 
+from kbroker.cli.tool import add_command_config, command_security
 from kbroker.client.admin import Admin
 from kbroker.client.connection import KafkaError
 from kbroker.protocol.errors import Errors
@@ -24,6 +25,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("leader-election", help="elect preferred or unclean leaders (kafka-leader-election.sh)",
                               description="This tool attempts to elect a new leader for a set of topic partitions.")
     p.add_argument("--bootstrap-server", required=True, help="A hostname and port for the broker to connect to.")
+    add_command_config(p)
     p.add_argument("--election-type", required=True, type=str.upper, choices=sorted(TYPES),
                    help="Type of election to attempt: PREFERRED or UNCLEAN.")
     which = p.add_mutually_exclusive_group(required=True)
@@ -51,7 +53,7 @@ def _requested(args):
 
 async def run(args, out) -> int:
     etype = TYPES[args.election_type]
-    async with Admin(args.bootstrap_server, client_id="kbroker-leader-election") as admin:
+    async with Admin(args.bootstrap_server, client_id="kbroker-leader-election", security=command_security(args)) as admin:
         pairs = _requested(args)
         if pairs is None and args.topic:
             desc = await admin.describe_topics([args.topic])

@@ -14,20 +14,20 @@ import json
 
 from kbroker.cli.topics import describe_error
 from kbroker.client.admin import Admin
-from kbroker.cli.tool import run_tool
+from kbroker.cli.tool import run_tool, add_command_config, command_security
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("log-dirs", help="describe the brokers' log directories (kafka-log-dirs.sh)",
                               description="This tool helps to query log directory usage on the specified brokers.")
     p.add_argument("--bootstrap-server", required=True, help="REQUIRED: the server(s) to use for bootstrapping")
+    add_command_config(p)
     p.add_argument("--describe", action="store_true", required=True, help="Describe the specified log directories "
                    "on the specified brokers.")
     p.add_argument("--topic-list", default="", help="The list of topics to be queried in the form "
                    '"topic1,topic2,topic3". All topics will be queried if no topic list is specified')
     p.add_argument("--broker-list", default="", help="The list of brokers to be queried in the form "
                    '"0,1,2". All brokers in the cluster will be queried if no broker list is specified')
-    p.add_argument("--command-config", help="(accepted for compatibility; no client properties are needed)")
     p.set_defaults(func=main)
 
 
@@ -91,7 +91,7 @@ def _id_list(text: str) -> list[int]:
 
 async def run(args, out) -> int:
     topics = {t for t in args.topic_list.split(",") if t}
-    async with Admin(args.bootstrap_server, client_id="kbroker-log-dirs") as admin:
+    async with Admin(args.bootstrap_server, client_id="kbroker-log-dirs", security=command_security(args)) as admin:
         cluster = sorted((await admin.describe_cluster()).brokers)
         asked = _id_list(args.broker_list)
         missing = [b for b in asked if b not in cluster]

@@ -18,6 +18,7 @@ SUBCOMMANDS = (
     "kbroker.cli.leader_election",
     "kbroker.cli.reassign_partitions",
     "kbroker.cli.configs",
+    "kbroker.cli.acls",
     "kbroker.cli.console",
     "kbroker.cli.consumer_groups",
     "kbroker.cli.delete_records",
@@ -41,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from kbroker.cli.tool import ToolError, command_security
+    try:
+        command_security(args)      # a bad --command-config is reported before the tool starts
+    except ToolError as e:
+        print(f"Error: {e}", file=sys.stderr)
+        return 1
     try:
         return args.func(args)
     except KeyboardInterrupt:

@@ -29,7 +29,7 @@ import argparse
 import json
 import sys
 
-from kbroker.cli.tool import ToolError, run_tool
+from kbroker.cli.tool import ToolError, run_tool, add_command_config, command_security
 from kbroker.client.admin import DELETE, Admin, ConfigResource
 from kbroker.controller.assignment import AssignmentError, assign_replicas
 from kbroker.replica.throttle import (FOLLOWER_RATE, FOLLOWER_REPLICAS, LEADER_RATE, LEADER_REPLICAS,
@@ -43,6 +43,7 @@ def register(subparsers) -> None:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--zookeeper", help="ZooKeeper connect string (host:port[/chroot]).")
     where.add_argument("--bootstrap-server", help="The server(s) to use for bootstrapping (--list, --cancel).")
+    add_command_config(p)
     action = p.add_mutually_exclusive_group(required=True)
     action.add_argument("--list", action="store_true",
                         help="List all active partition reassignments (with --bootstrap-server).")
@@ -239,7 +240,8 @@ async def _clear_throttles_api(admin: Admin, topics) -> None:
 
 
 async def run_api(args, out) -> int:
-    async with Admin(args.bootstrap_server, client_id="kbroker-reassign-partitions") as admin:
+    async with Admin(args.bootstrap_server, client_id="kbroker-reassign-partitions",
+                     security=command_security(args)) as admin:
         if args.list:
             print(format_reassignments(await admin.list_partition_reassignments()), file=out)
             return 0

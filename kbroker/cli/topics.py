@@ -12,6 +12,7 @@ import asyncio
 import re
 import sys
 
+from kbroker.cli.tool import add_command_config, command_security
 from kbroker.client.admin import Admin, ConfigResource, NewTopic, uuid_str
 from kbroker.client.connection import KafkaError
 from kbroker.protocol.errors import Errors
@@ -73,6 +74,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("topics", help="create, delete, describe, alter or list topics (kafka-topics.sh)",
                               description="This tool helps to create, delete, describe, or change a topic.")
     p.add_argument("--bootstrap-server", required=True, help="REQUIRED: The Kafka server to connect to.")
+    add_command_config(p)
     action = p.add_mutually_exclusive_group(required=True)
     for name, text in (("create", "Create a new topic."), ("list", "List all available topics."),
                        ("describe", "List details for the given topics."), ("delete", "Delete a topic."),
@@ -130,7 +132,7 @@ def _matching(all_topics: list[str], pattern: str | None, exclude_internal: bool
 
 
 async def run(args, out) -> int:
-    async with Admin(args.bootstrap_server, client_id="kbroker-topics") as admin:
+    async with Admin(args.bootstrap_server, client_id="kbroker-topics", security=command_security(args)) as admin:
         if args.create:
             return await _create(admin, args, out)
         names = await admin.list_topics(include_internal=True)
@@ -143,6 +145,7 @@ async def run(args, out) -> int:
             raise CommandError(f"Topic '{args.topic}' does not exist as expected")
         if args.describe:
             await _describe(admin, topics, out, args.under_replicated_partitions, args.unavailable_partitions)
+            await _warn_fenced(admin)
         elif args.delete:
             if topics:
                 await admin.delete_topics(topics)
@@ -175,6 +178,18 @@ async def _create(admin: Admin, args, out) -> int:
         raise
     print(f"Created topic {args.topic}.", file=out)
     return 0
+
+
+async def _warn_fenced(admin: Admin) -> None:
+    """Name a bootstrap broker that fenced itself: its partitions show ``Leader: none`` above because it
+    stepped down when its ZooKeeper session may have expired, not because no replica is alive."""
+    try:
+        fenced = await admin.self_fenced_brokers()
+    except KafkaError:
+        return          # the description above stands on its own
+    for bid in sorted(fenced):
+        print(f"WARNING: broker {bid} has fenced itself: it lost ZooKeeper for longer than its session "
+              f"timeout and leads no partition until the controller's LeaderAndIsr says so.", file=sys.stderr)
 
 
 async def _describe(admin: Admin, topics: list[str], out, under_replicated: bool = False,

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from kbroker.protocol.errors import Errors
 
 from .cluster import Cluster, ClusterClient, PartitionMeta
-from .connection import KafkaError
+from .connection import KafkaError, raise_for_error
+
+SCRAM_MECHANISMS = {1: "SCRAM-SHA-256", 2: "SCRAM-SHA-512"}    # Kafka's ScramMechanism ids
 
 CREATE_TOPICS, DELETE_TOPICS, DESCRIBE_CONFIGS, ALTER_CONFIGS = 19, 20, 32, 33
 CREATE_PARTITIONS, INCREMENTAL_ALTER_CONFIGS = 37, 44
@@ -87,6 +89,7 @@ class ClusterDescription:
     cluster_id: str
     controller_id: int
     brokers: dict[int, tuple[str, int, str | None]]    # id -> (host, port, rack)
+    fenced: set[int] = field(default_factory=set)     # brokers that report themselves fenced (v2)
 
 
 @dataclass(slots=True)
@@ -103,8 +106,8 @@ class TopicDescription:
 
 class Admin(ClusterClient):
     def __init__(self, bootstrap_servers=None, *, cluster: Cluster | None = None, client_id: str = "kbroker-admin",
-                 request_timeout_ms: int = 30000, retry_backoff_ms: int = 100):
-        super().__init__(bootstrap_servers, cluster, client_id, request_timeout_ms, retry_backoff_ms)
+                 request_timeout_ms: int = 30000, retry_backoff_ms: int = 100, security=None):
+        super().__init__(bootstrap_servers, cluster, client_id, request_timeout_ms, retry_backoff_ms, security)
         self.request_timeout_ms = request_timeout_ms
         self.retry_backoff = retry_backoff_ms / 1000
 
@@ -199,6 +202,39 @@ class Admin(ClusterClient):
             out[name] = TopicDescription(name, tm.topic_id, tm.is_internal,
                                          [tm.partitions[p] for p in sorted(tm.partitions)])
         return out
+
+    # ---- SCRAM credentials ---------------------------------------------------------------------
+
+    async def describe_user_scram_credentials(self, users: list[str] | None = None) -> dict[str, dict[str, int]]:
+        """{user: {mechanism: iterations}}; every user with credentials when ``users`` is None.
+        KafkaError for a named user without credentials."""
+        conn = await self.cluster.any_connection()
+        _, resp = await conn.send(50, {"users": None if users is None else [{"name": u} for u in users]}, 0)
+        raise_for_error(resp["error_code"], resp["error_message"], "describe SCRAM credentials")
+        out = {}
+        for r in resp["results"]:
+            raise_for_error(r["error_code"], r["error_message"], f"SCRAM credentials of {r['user']}")
+            out[r["user"]] = {SCRAM_MECHANISMS[i["mechanism"]]: i["iterations"] for i in r["credential_infos"]}
+        return out
+
+    async def alter_user_scram_credentials(self, upsertions: list[tuple[str, str, str, int]] = (),
+                                           deletions: list[tuple[str, str]] = ()) -> None:
+        """``upsertions``: (user, mechanism, password, iterations); the salted password is computed here,
+        as Kafka's admin client does, so the password never travels. ``deletions``: (user, mechanism)."""
+        import os
+        from ..security.sasl.scram import MECHANISMS, salted_password
+        ids = {m: i for i, m in SCRAM_MECHANISMS.items()}
+        ups = []
+        for user, mechanism, password, iterations in upsertions:
+            salt = os.urandom(32)
+            ups.append({"name": user, "mechanism": ids.get(mechanism, 0), "iterations": iterations, "salt": salt,
+                        "salted_password": salted_password(MECHANISMS[mechanism], password, salt, iterations)
+                        if mechanism in MECHANISMS else b""})
+        dels = [{"name": u, "mechanism": ids.get(m, 0)} for u, m in deletions]
+        conn = await self.cluster.any_connection()
+        _, resp = await conn.send(51, {"deletions": dels, "upsertions": ups}, 0)
+        for r in resp["results"]:
+            raise_for_error(r["error_code"], r["error_message"], f"alter SCRAM credentials of {r['user']}")
 
     # ---- configs -------------------------------------------------------------------------------
 
@@ -310,14 +346,27 @@ class Admin(ClusterClient):
 
     # ---- cluster and log dirs ------------------------------------------------------------------
 
-    async def describe_cluster(self) -> ClusterDescription:
-        conn = await self.cluster.any_connection()
+    async def describe_cluster(self, conn=None) -> ClusterDescription:
+        """The cluster as one broker (``conn``, default any) sees it, fenced brokers included (v2)."""
+        conn = conn or await self.cluster.any_connection()
         _, resp = await conn.send(DESCRIBE_CLUSTER, {"include_cluster_authorized_operations": False,
-                                                     "endpoint_type": 1})
+                                                     "endpoint_type": 1, "include_fenced_brokers": True})
         if resp["error_code"]:
             raise KafkaError(resp["error_code"], resp["error_message"], "describe cluster")
+        brokers = resp["brokers"]
         return ClusterDescription(resp["cluster_id"], resp["controller_id"],
-                                  {b["broker_id"]: (b["host"], b["port"], b["rack"]) for b in resp["brokers"]})
+                                  {b["broker_id"]: (b["host"], b["port"], b["rack"])
+                                   for b in brokers if not b.get("is_fenced")},
+                                  {b["broker_id"] for b in brokers if b.get("is_fenced")})
+
+    async def self_fenced_brokers(self) -> set[int]:
+        """The brokers among the bootstrap servers that say they fenced themselves: only such a broker
+        knows it (the others list it as live until ZooKeeper expires its session)."""
+        out = set()
+        for conn in await self.cluster.bootstrap_connections():
+            if conn.version_for(DESCRIBE_CLUSTER) >= 2:
+                out |= (await self.describe_cluster(conn)).fenced
+        return out
 
     async def describe_log_dirs(self, broker_ids: list[int]) -> dict[int, dict[str, LogDirDescription]]:
         """Every log dir of each broker with all its partitions (DescribeLogDirs to each broker)."""

@@ -74,8 +74,9 @@ def parse_bootstrap(servers) -> list[tuple[str, int]]:
 class Cluster:
     def __init__(self, bootstrap_servers, *, client_id: str = "kbroker", request_timeout_ms: int = 30000,
                  retry_backoff_ms: int = 100, metadata_max_age_ms: int = 300000,
-                 allow_auto_topic_creation: bool = False, client_versions=None):
+                 allow_auto_topic_creation: bool = False, client_versions=None, security=None):
         self.bootstrap = parse_bootstrap(bootstrap_servers)
+        self.security = security      # client.security.ClientSecurity (TLS, SASL); None: PLAINTEXT
         self.client_id = client_id
         self.request_timeout_ms = request_timeout_ms
         self.retry_backoff = retry_backoff_ms / 1000
@@ -131,7 +132,8 @@ class Cluster:
             try:
                 conn = await BrokerConnection.open(
                     host, port, node_id=key if isinstance(key, int) else -1, client_id=self.client_id,
-                    request_timeout_ms=self.request_timeout_ms, client_versions=self.client_versions)
+                    request_timeout_ms=self.request_timeout_ms, client_versions=self.client_versions,
+                    security=self.security)
             except KafkaError as e:
                 self._attempts[key] = (count + 1, e)
                 raise   # (a cancelled opener records nothing: the next caller in line tries again)
@@ -153,6 +155,16 @@ class Cluster:
             except KafkaConnectionError as e:
                 errors.append(str(e))
         raise KafkaConnectionError("no broker reachable: " + "; ".join(errors))
+
+    async def bootstrap_connections(self) -> list[BrokerConnection]:
+        """A connection to each bootstrap server that answers (the brokers the user named)."""
+        out = []
+        for host, port in self.bootstrap:
+            try:
+                out.append(await self._connect(("bootstrap", host, port), host, port))
+            except KafkaConnectionError:
+                continue
+        return out
 
     async def controller_connection(self) -> BrokerConnection:
         if self.controller_id < 0 or self.controller_id not in self.brokers:
@@ -314,10 +326,10 @@ class ClusterClient:
     built from ``bootstrap_servers``; ``start()``/``close()`` and ``async with`` for both."""
 
     def __init__(self, bootstrap_servers, cluster: "Cluster | None", client_id: str, request_timeout_ms: int,
-                 retry_backoff_ms: int):
+                 retry_backoff_ms: int, security=None):
         self._own_cluster = cluster is None
-        self.cluster = cluster or Cluster(bootstrap_servers, client_id=client_id,
-                                          request_timeout_ms=request_timeout_ms, retry_backoff_ms=retry_backoff_ms)
+        self.cluster = cluster or Cluster(bootstrap_servers, client_id=client_id, request_timeout_ms=request_timeout_ms,
+                                          retry_backoff_ms=retry_backoff_ms, security=security)
 
     async def start(self):
         await self.cluster.any_connection()

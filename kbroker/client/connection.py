@@ -57,6 +57,9 @@ CLIENT_VERSIONS: dict[int, tuple[int, int]] = {
     26: (0, 3),     # EndTxn
     27: (0, 1),     # WriteTxnMarkers (the transaction coordinator's)
     28: (0, 3),     # TxnOffsetCommit
+    29: (1, 3),     # DescribeAcls (v1+: pattern types)
+    30: (1, 3),     # CreateAcls
+    31: (1, 3),     # DeleteAcls
     32: (0, 4),     # DescribeConfigs
     33: (0, 2),     # AlterConfigs
     35: (0, 4),     # DescribeLogDirs
@@ -66,7 +69,7 @@ CLIENT_VERSIONS: dict[int, tuple[int, int]] = {
     45: (0, 0),     # AlterPartitionReassignments
     46: (0, 0),     # ListPartitionReassignments
     47: (0, 0),     # OffsetDelete
-    60: (0, 1),     # DescribeCluster
+    60: (0, 2),     # DescribeCluster (v2: fenced brokers)
     61: (0, 0),     # DescribeProducers
     65: (0, 0),     # DescribeTransactions
     66: (0, 1),     # ListTransactions
@@ -150,8 +153,9 @@ class BrokerConnection:
     """An open, negotiated connection. Create with :meth:`open`."""
 
     def __init__(self, host: str, port: int, *, node_id: int = -1, client_id: str = "kbroker",
-                 request_timeout_ms: int = 30000, client_versions=None):
+                 request_timeout_ms: int = 30000, client_versions=None, security=None):
         self.host, self.port, self.node_id = host, port, node_id
+        self.security = security          # client.security.ClientSecurity; None: PLAINTEXT
         self.client_id = client_id
         self.request_timeout = request_timeout_ms / 1000
         self.client_versions = dict(CLIENT_VERSIONS if client_versions is None else client_versions)
@@ -170,17 +174,23 @@ class BrokerConnection:
     async def open(cls, host: str, port: int, *, negotiate: bool = True, **kw) -> "BrokerConnection":
         conn = cls(host, port, **kw)
         loop = asyncio.get_running_loop()
+        sec = conn.security
+        tls = {} if sec is None or not sec.tls else {"ssl": sec.ssl_context, "server_hostname": host}
         try:
             conn._transport, conn._protocol = await asyncio.wait_for(
-                loop.create_connection(lambda: _ResponseProtocol(conn), host, port), conn.request_timeout)
-        except (OSError, asyncio.TimeoutError) as e:
+                loop.create_connection(lambda: _ResponseProtocol(conn), host, port, **tls), conn.request_timeout)
+        except (OSError, asyncio.TimeoutError) as e:   # ssl.SSLError (a failed handshake) is an OSError
             raise KafkaConnectionError(f"cannot connect to {host}:{port}: {e or 'timed out'}") from None
-        if negotiate:
-            try:
+        try:
+            if negotiate:
                 await conn.negotiate()
-            except BaseException:
-                conn.close()
-                raise
+            if sec is not None and sec.sasl:
+                # ApiVersions may precede SASL; anything else is refused until it completed
+                from .sasl import authenticate
+                await authenticate(conn, sec)
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     @property

@@ -57,10 +57,10 @@ def _offset_spec(spec) -> int:
 class Consumer(ClusterClient):
     def __init__(self, bootstrap_servers=None, *, cluster: Cluster | None = None, client_id: str = "kbroker-consumer",
                  isolation_level="read_uncommitted", request_timeout_ms: int = 30000,
-                 retry_backoff_ms: int = 100, check_crcs: bool = False, retries: int = 10):
+                 retry_backoff_ms: int = 100, check_crcs: bool = False, retries: int = 10, security=None):
         if isolation_level not in ISOLATION:
             raise ValueError(f"isolation_level must be read_uncommitted or read_committed, not {isolation_level!r}")
-        super().__init__(bootstrap_servers, cluster, client_id, request_timeout_ms, retry_backoff_ms)
+        super().__init__(bootstrap_servers, cluster, client_id, request_timeout_ms, retry_backoff_ms, security)
         self.isolation = ISOLATION[isolation_level]
         self.retry_backoff = retry_backoff_ms / 1000
         self.request_timeout_ms = request_timeout_ms

@@ -161,8 +161,8 @@ class GroupClient(ClusterClient):
     """Coordinator lookup and the group requests an operator tool or a consumer sends."""
 
     def __init__(self, bootstrap_servers=None, *, cluster: Cluster | None = None, client_id: str = "kbroker-groups",
-                 request_timeout_ms: int = 30000, retry_backoff_ms: int = 100, retries: int = 50):
-        super().__init__(bootstrap_servers, cluster, client_id, request_timeout_ms, retry_backoff_ms)
+                 request_timeout_ms: int = 30000, retry_backoff_ms: int = 100, retries: int = 50, security=None):
+        super().__init__(bootstrap_servers, cluster, client_id, request_timeout_ms, retry_backoff_ms, security)
         self.retry_backoff = retry_backoff_ms / 1000
         self.retries = retries
         self._coordinators: dict[str, int] = {}
@@ -291,13 +291,14 @@ class GroupConsumer:
                  rebalance_timeout_ms: int = 300000, heartbeat_interval_ms: int = 3000, assignor: str = "range",
                  auto_offset_reset: str = "latest", enable_auto_commit: bool = True,
                  auto_commit_interval_ms: int = 5000, group_instance_id: str | None = None,
-                 isolation_level: str = "read_uncommitted", retry_backoff_ms: int = 100):
+                 isolation_level: str = "read_uncommitted", retry_backoff_ms: int = 100, security=None):
         if assignor not in ASSIGNORS:
             raise ValueError(f"partition.assignment.strategy must be one of {sorted(ASSIGNORS)}, not {assignor!r}")
         if auto_offset_reset not in ("earliest", "latest"):
             raise ValueError(f"auto.offset.reset must be earliest or latest, not {auto_offset_reset!r}")
         self._own_cluster = cluster is None
-        self.cluster = cluster or Cluster(bootstrap_servers, client_id=client_id, retry_backoff_ms=retry_backoff_ms)
+        self.cluster = cluster or Cluster(bootstrap_servers, client_id=client_id, retry_backoff_ms=retry_backoff_ms,
+                                          security=security)
         self.groups = GroupClient(cluster=self.cluster, retry_backoff_ms=retry_backoff_ms)
         self.consumer = Consumer(cluster=self.cluster, isolation_level=isolation_level, client_id=client_id)
         self.group_id = group_id

@@ -88,7 +88,8 @@ class Producer:
                  enable_idempotence: bool = False, retries: int = 2147483647, retry_backoff_ms: int = 100,
                  max_in_flight_requests_per_connection: int = 5, request_timeout_ms: int = 30000,
                  delivery_timeout_ms: int = 120000, max_request_size: int = 1048576,
-                 buffer_memory: int = 32 * 1024 * 1024, partitioner=None, allow_auto_create_topics: bool = True):
+                 buffer_memory: int = 32 * 1024 * 1024, partitioner=None, allow_auto_create_topics: bool = True,
+                 security=None):
         acks = {"all": -1, "-1": -1, "0": 0, "1": 1}.get(str(acks), acks)
         if acks not in (-1, 0, 1):
             raise ValueError(f"acks must be -1/all, 0 or 1, not {acks!r}")
@@ -103,7 +104,7 @@ class Producer:
         self.cluster = cluster or Cluster(bootstrap_servers, client_id=client_id,
                                           request_timeout_ms=request_timeout_ms,
                                           retry_backoff_ms=retry_backoff_ms,
-                                          allow_auto_topic_creation=allow_auto_create_topics)
+                                          allow_auto_topic_creation=allow_auto_create_topics, security=security)
         self.acks = acks
         self.linger = linger_ms / 1000
         self.batch_size = batch_size

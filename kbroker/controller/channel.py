@@ -20,8 +20,9 @@ MAX_BACKOFF_S = 1.0
 
 
 class BrokerChannel:
-    def __init__(self, target: LiveBroker, controller_id: int, request_timeout_ms: int = 30000):
+    def __init__(self, target: LiveBroker, controller_id: int, request_timeout_ms: int = 30000, security=None):
         self.target = target
+        self.security = security      # the inter-broker listener's TLS/SASL (client.security.ClientSecurity)
         self.controller_id = controller_id
         self.request_timeout_ms = request_timeout_ms
         self._queue: deque = deque()
@@ -61,7 +62,7 @@ class BrokerChannel:
                 if self._conn is None or self._conn.closed:
                     self._conn = await BrokerConnection.open(
                         t.host, t.port, node_id=t.broker_id, client_id=f"controller-{self.controller_id}",
-                        request_timeout_ms=self.request_timeout_ms)
+                        request_timeout_ms=self.request_timeout_ms, security=self.security)
                 if api_key not in self._conn.broker_versions:
                     log.debug("broker %d does not serve %s; skipped", t.broker_id, API_NAMES[api_key])
                     resp = None

@@ -10,10 +10,12 @@ from ..zk import layout as L
 @dataclass(slots=True)
 class LiveBroker:
     broker_id: int
-    host: str
+    host: str           # its inter-broker listener's endpoint (the controller channel's address)
     port: int
     rack: str | None
     epoch: int          # czxid of its registration
+    endpoints: list = field(default_factory=list)              # [(listener, host, port)], as registered
+    protocols: dict = field(default_factory=dict)              # listener -> security protocol
 
 
 @dataclass(slots=True)

@@ -61,8 +61,11 @@ def _bool(v) -> bool:
 class Controller:
     """Started by the broker when it wins /controller (``start(epoch)``), stopped when it loses it."""
 
-    def __init__(self, zk, broker_id: int, config_get, metrics=None):
+    def __init__(self, zk, broker_id: int, config_get, metrics=None, inter_broker_listener: str = "PLAINTEXT",
+                 security=None):
         self.zk = zk
+        self.inter_broker_listener = inter_broker_listener   # which endpoint of each broker the channel uses
+        self.security = security                             # and how it connects there (TLS/SASL)
         self.broker_id = broker_id
         self.config_get = config_get          # broker config lookup by Kafka key
         self.metrics = metrics
@@ -235,15 +238,16 @@ class Controller:
         return True
 
     def _add_broker(self, reg: L.BrokerRegistration, czxid: int) -> None:
-        host, port = reg.host, reg.port
-        if host is None or port < 0:     # no PLAINTEXT host/port field: take the first endpoint
-            _, host, port = reg.endpoints[0]
-        b = LiveBroker(reg.broker_id, host, port, reg.rack, czxid)
+        # As Kafka's controller: the endpoint of our own inter-broker listener name (the first one when
+        # the broker has no such listener; its channel then fails and retries, as Kafka's would).
+        _, host, port = next((e for e in reg.endpoints if e[0] == self.inter_broker_listener), reg.endpoints[0])
+        b = LiveBroker(reg.broker_id, host, port, reg.rack, czxid, list(reg.endpoints),
+                       dict(reg.security_protocol_map))
         self.ctx.brokers[b.broker_id] = b
         old = self.channels.pop(b.broker_id, None)
         if old is not None:
             old.stop()
-        self.channels[b.broker_id] = BrokerChannel(b, self.broker_id)
+        self.channels[b.broker_id] = BrokerChannel(b, self.broker_id, security=self.security)
 
     # ---- sending ----------------------------------------------------------------------------------
     def _send_leader_and_isr(self, parts, only: int | None = None, is_new=frozenset(),

@@ -11,6 +11,7 @@ LEADER_AND_ISR, STOP_REPLICA, UPDATE_METADATA, CONTROLLED_SHUTDOWN = 4, 5, 6, 7
 VERSIONS = {LEADER_AND_ISR: 5, STOP_REPLICA: 3, UPDATE_METADATA: 7, CONTROLLED_SHUTDOWN: 3}
 LEADER_DURING_DELETE = -2
 PLAINTEXT = 0   # SecurityProtocol id
+SECURITY_PROTOCOL_IDS = {"PLAINTEXT": 0, "SSL": 1, "SASL_PLAINTEXT": 2, "SASL_SSL": 3}
 
 
 def topic_id_raw(topic_id: str | None) -> bytes:
@@ -67,11 +68,17 @@ def update_metadata(ctx: ControllerContext, controller_id: int, broker_epoch: in
         entry["partition_states"].append({
             "partition_index": p, "controller_epoch": ctx.epoch, "leader": LEADER_DURING_DELETE,
             "leader_epoch": 0, "isr": [], "zk_version": 0, "replicas": list(replicas), "offline_replicas": []})
-    brokers = [{"id": b.broker_id, "endpoints": [{"port": b.port, "host": b.host, "listener": "PLAINTEXT",
-                                                   "security_protocol": PLAINTEXT}], "rack": b.rack}
-               for _, b in sorted(ctx.brokers.items())]
+    brokers = [{"id": b.broker_id, "endpoints": _endpoints(b), "rack": b.rack} for _, b in sorted(ctx.brokers.items())]
     return {"controller_id": controller_id, "controller_epoch": ctx.epoch, "broker_epoch": broker_epoch,
             "topic_states": list(topics.values()), "live_brokers": brokers}
+
+
+def _endpoints(b) -> list[dict]:
+    if not b.endpoints:
+        return [{"port": b.port, "host": b.host, "listener": "PLAINTEXT", "security_protocol": PLAINTEXT}]
+    return [{"port": port, "host": host, "listener": name,
+             "security_protocol": SECURITY_PROTOCOL_IDS[b.protocols.get(name, name)]}
+            for name, host, port in b.endpoints]
 
 
 def stop_replica(ctx: ControllerContext, controller_id: int, broker_epoch: int, parts, delete: bool) -> dict:

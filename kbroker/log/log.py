@@ -1,7 +1,12 @@
 """One partition's log: an ordered list of segments in ``<log.dir>/<topic>-<partition>/``.
 
-Files: ``%020d.log/.index/.timeindex`` per segment (segment.py, index.py), ``%020d.snapshot``
+Files: ``%020d.log/.index/.timeindex`` per segment (segment.py, index.py), ``%020d.txnindex``
+the aborted transactions whose markers are in that segment (txn_index.py), ``%020d.snapshot``
 producer-state snapshots (producer_state.py), ``leader-epoch-checkpoint`` (epoch_cache.py).
+
+Transactions: producer state tracks each producer's ongoing transaction; ``last_stable_offset`` is
+min(HW, first offset of the earliest ongoing one); ``append_control`` writes a COMMIT/ABORT marker as
+leader (followers and recovery replay the markers they find, ``_replay_marker``); aborts are indexed.
 The log-dir checkpoints (recovery point, high watermark, log start) are written by LogManager
 from this object's attributes.
 
@@ -42,8 +47,9 @@ tagged the same way.
 
 Crash: see ``_load``. Without the clean-shutdown marker every segment from the one holding the
 recovery point onwards is CRC-scanned, the first invalid batch and everything after it are
-removed, indexes rebuilt, the epoch cache re-derived and clamped, producer state replayed, the
-high watermark clamped to the new log end. With the marker only index sanity checks and a
+removed, indexes rebuilt, the epoch cache re-derived and clamped, producer state replayed (the
+aborted-transaction index past the snapshot it starts from rebuilt with it), the high watermark
+clamped to the new log end. With the marker only index sanity checks and a
 header read after the last index entry run.
 """
 import bisect

@@ -20,17 +20,26 @@ Crash: an append is a single write, so a crash leaves a whole batch, a torn batc
 file size was updated before the data) garbage at the tail. ``recover()`` scans with CRC32C,
 truncates at the first bad batch and rebuilds both indexes; a clean load (``load()``) only
 reads the headers after the last index entry. A failed write is truncated away at once.
+Batches stored with maxTimestamp -1 (before the leader set it from the records) send a load to
+``recover()``, which sets it in the file (``_restamp``) before indexing.
 """
+import logging
 import os
+import struct
 import time
 
 from kbroker import switches
 from kbroker._native import segment as _native
+from kbroker._native.batch import LAYOUT
+from kbroker._native.crc import crc32c
 
 from .errors import KAFKA_STORAGE_ERROR, LogAppendError
 from .index import OffsetIndex, TimeIndex
 
+_log = logging.getLogger(__name__)
+
 INT64_MAX = (1 << 63) - 1
+_OFF_CRC, _CRC_START, _OFF_MAX_TIMESTAMP = LAYOUT["OFF_CRC"], LAYOUT["CRC_START"], LAYOUT["OFF_MAX_TIMESTAMP"]
 MAX_RELATIVE_OFFSET = (1 << 31) - 1   # Kafka reads the u32 as a signed int
 _HEADER = 61                          # RecordBatch v2 header bytes (ext/layout.pxd HEADER_SIZE)
 # Recent batches a segment remembers for tail reads (between this many and twice as many); 0 = none
@@ -50,6 +59,11 @@ read_blocks = _native.ReadBlocks(READ_BLOCKS, READ_BLOCK)   # the process's (the
 # Process-wide counters tests use to prove what a startup did (e.g. no CRC scan after a
 # clean shutdown).
 STATS = {"recovery_scans": 0, "recovery_bytes_scanned": 0, "bytes_truncated": 0}
+
+
+def _unstamped(b) -> bool:
+    """A CreateTime batch stored with maxTimestamp -1 though its first record has a timestamp."""
+    return b.max_timestamp == -1 and b.first_timestamp >= 0 and not b.timestamp_type
 
 
 def file_name(base_offset: int, suffix: str) -> str:
@@ -210,6 +224,8 @@ class LogSegment:
             return False
         if self.index.entries and not self.time_index.entries:
             return False
+        if any(_unstamped(b) for b in batches):
+            return False            # written before the leader set maxTimestamp: recover restamps it
         st = self._st
         ts, ts_off = self.time_index.last_entry()
         if batches:
@@ -241,6 +257,9 @@ class LogSegment:
         STATS["recovery_bytes_scanned"] += self.size
         valid_end, batches, reason = _native.scan_batches(
             self.read_fd, 0, self.size, self.base_offset, min_offset, True)
+        if self._restamp(batches):
+            valid_end, batches, reason = _native.scan_batches(
+                self.read_fd, 0, self.size, self.base_offset, min_offset, True)
         self.index.reset()
         self.time_index.reset()
         self._forget_tail()
@@ -267,6 +286,39 @@ class LogSegment:
             st.sync_index()
         self._load_first_batch_ms()
         return batches, truncated
+
+    def _restamp(self, batches) -> int:
+        """Set the maxTimestamp of CreateTime batches stored with -1 (brokers before the leader
+        set it from the records kept what clients such as Sarama send) to their records' largest
+        timestamp, CRC rewritten, in the file: the time index, ListOffsets by time and time
+        retention read it. Returns how many batches changed."""
+        from ..record import decode_records
+
+        fixed = 0
+        fd = -1
+        try:
+            for b in batches:
+                if not _unstamped(b):
+                    continue
+                raw = bytearray(os.pread(self.read_fd, b.size, b.position))
+                want = max((r[1] for r in decode_records(raw)), default=-1)
+                if want < 0:
+                    continue
+                struct.pack_into(">q", raw, _OFF_MAX_TIMESTAMP, want)
+                struct.pack_into(">I", raw, _OFF_CRC, crc32c(memoryview(raw)[_CRC_START:]))
+                if fd < 0:
+                    fd = os.open(self.log_path, os.O_WRONLY)
+                os.pwrite(fd, raw[_OFF_CRC:_OFF_MAX_TIMESTAMP + 8], b.position + _OFF_CRC)
+                fixed += 1
+            if fd >= 0:
+                os.fsync(fd)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        if fixed:
+            _log.info("%s: set the max timestamp of %d batch(es) stored with -1 from their records",
+                      self.log_path, fixed)
+        return fixed
 
     def headers(self, start_position: int = 0):
         """Header-only walk (no CRC) of the batches from ``start_position``; used to rebuild

@@ -95,6 +95,11 @@ FRAME_STEP = 64 * 1024      # pool memory a large frame may hold beyond the byte
 _MIN_TAIL = 4096            # below this much free tail space, rotate the chunk rather than read in dribbles
 _SIZE = struct.Struct(">i")
 
+# Kafka's sasl.server.max.receive.size: the largest frame a connection may send before it authenticated
+SASL_MAX_RECEIVE_BYTES = 524288
+SASL_AUTHENTICATE = 36
+_BEFORE_AUTHENTICATION = frozenset((api.API_VERSIONS, 17, SASL_AUTHENTICATE))   # ApiVersions, SaslHandshake
+
 NO_RESPONSE = object()      # acks=0 produce: nothing is sent back
 CLOSE = object()            # handler asks to close the connection (e.g. acks=0 produce with an error)
 
@@ -170,8 +175,25 @@ _Slot = Slot
 
 class Connection(ConnState, asyncio.BufferedProtocol):
     # ConnState (ext/request.pyx): the fields every read touches, as C fields (on_read)
-    def __init__(self, server):
+    def __init__(self, server, listener):
         self.server = server
+        self.listener = listener
+        # Who the client is, for the authorizer: "User:ANONYMOUS" until authenticated (and for good on
+        # PLAINTEXT, or SSL without a client certificate); the listener it came in on; its address.
+        self.listener_name = listener.name
+        self.principal = "User:ANONYMOUS"
+        self.client_host = ""
+        # Under TLS the bytes on the socket are records of the loop's TLS transport: nothing may read or
+        # send on the socket itself (no direct send, no sendfile, no native recv); answers go through
+        # transport.write, file ranges copied (_write_copied).
+        self.tls = listener.ssl_context is not None
+        # SASL listeners: nothing but ApiVersions, SaslHandshake and SaslAuthenticate until the client
+        # authenticated (set up in _await_authentication)
+        self.authenticated = listener.sasl is None
+        self.sasl_server = None   # the mechanism's server side once SaslHandshake chose it
+        self.sasl_raw = False     # after a v0 SaslHandshake: the tokens come as bare size-prefixed frames
+        self._auth_failed = False
+        self._session_timer = None    # the end of a SASL session (connections.max.reauth.ms)
         self.pool = server.pool
         self.max_frame = server.max_request_bytes
         self.loop = server.loop
@@ -201,7 +223,7 @@ class Connection(ConnState, asyncio.BufferedProtocol):
         self._write_fd = -1       # fd we registered for writability (-1: none; a dup of ours on uvloop)
         self._selector = server.selector_loop
         # on_read may send on the socket itself (asyncio's transport, whose internals it checks first)
-        self._direct_write = server.selector_loop and server.asyncio_internals
+        self._direct_write = server.selector_loop and server.asyncio_internals and not self.tls
         self._send_rest = None    # (slot, SendCursor) of an answer waiting for the socket (_on_writable)
         self._sock_fd = -1        # the socket's descriptor (direct sends)
         self._in_read = False     # dispatching the frames of one read: defer writes to its end
@@ -213,6 +235,14 @@ class Connection(ConnState, asyncio.BufferedProtocol):
         self._request_counts = server.metrics.requests
         self._sendfile_min = server.sendfile_min_bytes
         self._native_read = server.native_read
+        # What the client may do: the authorizer's decisions so far (kbroker/server/apis/authz.py); the
+        # native sets are None when the server has no authorizer.
+        self.acl_decisions = {}
+        self._acl_write = set() if server.authorizing else None
+        self._acl_read = set() if server.authorizing else None
+        self._acl_cluster = False
+        if not self.authenticated:
+            self._await_authentication()
         if not server.native_read:
             # the reference path (KBROKER_NATIVE_READ=0)
             self.get_buffer = self._get_buffer_py
@@ -222,10 +252,14 @@ class Connection(ConnState, asyncio.BufferedProtocol):
     def connection_made(self, transport):
         self.transport = transport
         self.peer = transport.get_extra_info("peername")
+        self.client_host = self.peer[0] if self.peer else ""
         sock = transport.get_extra_info("socket")
         if sock is not None:
             self.server.tune_socket(sock)
-            self._sock_fd = sock.fileno()
+            if not self.tls:
+                self._sock_fd = sock.fileno()
+        if self.tls and not self._tls_principal(transport):
+            return
         if (self._native_read and self._sock_fd >= 0 and self.server.asyncio_internals
                 and hasattr(transport, "_read_ready_cb")):
             # asyncio's selector transport: its readable callback's recv into our buffer made native too
@@ -242,6 +276,9 @@ class Connection(ConnState, asyncio.BufferedProtocol):
         # stale selector key would break the next connection that gets the same fd number.
         self._unregister_writer()
         self._send_rest = None
+        if self._session_timer is not None:
+            self._session_timer.cancel()
+            self._session_timer = None
         self.server.connection_closed(self)
         self.server.memory_paused.discard(self)
         if self._waiting_mem:
@@ -471,11 +508,18 @@ class Connection(ConnState, asyncio.BufferedProtocol):
 
     def _dispatch_generic(self, frame, release):
         server = self.server
+        if self.sasl_raw:
+            self._raw_sasl_token(frame, release)
+            return
         try:
             header, pos = api.parse_request_header(frame)
         except ProtocolError as e:
             release()
             self._refuse("%s", e)
+            return
+        if not self.authenticated and (self._auth_failed or header.api_key not in _BEFORE_AUTHENTICATION):
+            release()
+            self._refuse("%s before SASL authentication completed", api.API_NAMES.get(header.api_key, header.api_key))
             return
         slot = _Slot(header, self.last_active, self._read_at)
         self._pending.append(slot)
@@ -648,6 +692,11 @@ class Connection(ConnState, asyncio.BufferedProtocol):
             if answered:
                 observe_slots(answered, _now())
                 answered = []
+            if self.tls:
+                if not self._write_copied(chunks):
+                    return
+                slot.observe(_now())
+                continue
             if self._direct_ok():
                 # Most sendfile responses fit in the socket buffer: send them now, from this callback;
                 # what is left (socket full) goes out from writability callbacks, registered once for
@@ -781,6 +830,121 @@ class Connection(ConnState, asyncio.BufferedProtocol):
                 metrics.fetch_sendfile_bytes += sent
                 if sent != length:
                     raise ConnectionError(f"short sendfile ({sent} < {length})")
+
+    # ---- SASL -----------------------------------------------------------------------------------------
+    def _await_authentication(self):
+        # The native Produce/Fetch path is off until authenticated (every frame reaches _dispatch_generic,
+        # which refuses them), and frames are bounded by sasl.server.max.receive.size meanwhile.
+        self._native_produce = self._native_fetch = None
+        self.max_frame = min(self.max_frame, SASL_MAX_RECEIVE_BYTES)
+
+    def authenticated_as(self, user: str) -> bool:
+        """The SASL exchange succeeded: the principal is the user; every API (and the native path) opens.
+        With connections.max.reauth.ms (KIP-368) the session ends that long after, unless the client
+        authenticates again before (as the same user: False for another one, which fails the exchange)."""
+        principal = "User:" + user
+        if self._session_timer is not None:          # a re-authentication
+            if principal != self.principal:
+                return False
+            self._session_timer.cancel()
+            self._session_timer = None
+        if principal != self.principal:
+            self.forget_decisions()     # decided for the principal it had before
+        self.principal = principal
+        self.authenticated = True
+        self.sasl_server = None
+        self.sasl_raw = False
+        self._native_produce = self.server.native_produce
+        self._native_fetch = self.server.native_fetch
+        self.max_frame = self.server.max_request_bytes
+        lifetime_s = self.listener.sasl.reauth_ms / 1000
+        if lifetime_s > 0:
+            self._session_timer = self.loop.call_later(lifetime_s, self._session_expired)
+        return True
+
+    def forget_decisions(self) -> None:
+        """Drop the authorizer's decisions kept for this connection (its principal or the ACLs changed)."""
+        self.acl_decisions.clear()
+        if self._acl_write is not None:
+            self._acl_write.clear()
+            self._acl_read.clear()
+        self._acl_cluster = False
+
+    def _session_expired(self):
+        """KIP-368: the session ran out without a re-authentication: from now on only SaslHandshake and
+        SaslAuthenticate may come (anything else closes the connection), as before the first login."""
+        self.authenticated = False
+        self._await_authentication()
+
+    def authentication_failed(self, delay_s: float):
+        """The answer (SASL_AUTHENTICATION_FAILED, UNSUPPORTED_SASL_MECHANISM) still goes out; nothing more
+        is read, and the connection closes after connection.failed.authentication.delay.ms, as Kafka
+        slows password guessing."""
+        self._auth_failed = True
+        self.sasl_server = None
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+        self.loop.call_later(delay_s, self.close)
+
+    def _raw_sasl_token(self, frame, release):
+        """A SASL token after a v0 SaslHandshake: the frame is the token, the answer a bare
+        size-prefixed token; a failure closes the connection (this framing has no error field)."""
+        token = bytes(frame)
+        release()
+        slot = _Slot(api.RequestHeader(SASL_AUTHENTICATE, 0, 0, None), self.last_active, self._read_at)
+        self._pending.append(slot)
+        self.loop.create_task(self._raw_sasl_step(slot, token))
+
+    async def _raw_sasl_step(self, slot, token):
+        server_side = self.sasl_server
+        try:
+            answer = await server_side.step(token)
+        except Exception as e:     # AuthenticationFailed and anything malformed alike
+            hostile_log(logging.INFO, "SASL authentication of %s failed: %s", self.peer, e)
+            self._finish(slot, CLOSE)
+            return
+        if server_side.complete and not self.authenticated_as(server_side.user):
+            self._finish(slot, CLOSE)
+            return
+        self._finish(slot, [_SIZE.pack(len(answer)) + answer])
+
+    def _tls_principal(self, transport) -> bool:
+        """mTLS: the client certificate's subject, through ssl.principal.mapping.rules, is the principal
+        (none sent: ANONYMOUS). False when no rule maps it (the connection is closed, as Kafka fails
+        the authentication)."""
+        from ..security.tls import peer_dn
+        dn = peer_dn(transport.get_extra_info("ssl_object"))
+        if dn is None:
+            return True
+        mapper = self.listener.principal_mapper
+        try:
+            self.principal = "User:" + (mapper.name(dn) if mapper is not None else dn)
+        except ValueError as e:
+            hostile_log(logging.WARNING, "closing %s: %s", self.peer, e)
+            self.close()
+            return False
+        return True
+
+    def _write_copied(self, chunks) -> bool:
+        """An answer with file ranges on a TLS connection: the ranges are read (pread) and written
+        through the TLS transport, in order. False when the file shrank under it (closing)."""
+        metrics = self.server.metrics
+        out = []
+        for c in chunks:
+            if not isinstance(c, FileRegions):
+                out.append(c)
+                continue
+            for fd, pos, length in c.regions:
+                data = os.pread(fd if isinstance(fd, int) else fd.fileno(), length, pos)
+                metrics.fetch_copy_bytes += len(data)
+                if len(data) != length:
+                    hostile_log(logging.WARNING, "closing %s: segment shrank under a fetch (%d < %d)", self.peer,
+                                len(data), length)
+                    self.close()
+                    return False
+                out.append(data)
+        self.transport.writelines(out)
+        return True
 
     def close(self):
         if not self.closed:

@@ -97,16 +97,42 @@ class NetworkMetrics:
         self.requests[k] = self.requests.get(k, 0) + 1
 
 
+class Listener:
+    """One named listener (Kafka's ``listeners`` entry): where it binds and what its connections speak.
+    ``port`` is the bound port once the server started (0 before, when any free port was asked for)."""
+
+    def __init__(self, name: str, security_protocol: str, host: str, port: int, ssl_context=None,
+                 principal_mapper=None, sasl=None):
+        self.name = name                      # upper-case, e.g. PLAINTEXT, INTERNAL
+        self.security_protocol = security_protocol
+        self.host = host
+        self.port = port
+        self.ssl_context = ssl_context        # SSL and SASL_SSL listeners (kbroker.security.tls)
+        self.principal_mapper = principal_mapper   # mTLS principals (ssl.principal.mapping.rules)
+        self.sasl = sasl                      # SASL listeners: security.sasl.server.SaslListener
+        self.socks: list[socket.socket] = []
+        self.server = None                    # asyncio's Server (selector loop)
+
+    def __repr__(self):
+        return f"{self.name}://{self.host or '*'}:{self.port}"
+
+
 class KafkaServer:
     def __init__(self, host: str, port: int, handlers: dict, *, max_request_bytes: int,
                  pool_bytes: int, idle_ms: int, sendfile_min_bytes: int = SENDFILE_MIN_BYTES,
                  send_buffer_bytes: int = -1, receive_buffer_bytes: int = -1,
                  max_connections: int = 2**31 - 1, max_connections_per_ip: int = 2**31 - 1,
-                 frame_timeout_ms: int = 30000, native_handlers: dict | None = None):
+                 frame_timeout_ms: int = 30000, native_handlers: dict | None = None,
+                 listeners: list[Listener] | None = None, authorizing: bool = False):
+        """``listeners``: every listener to bind (the connection limits and the pool are shared by all);
+        without it, one PLAINTEXT listener on ``host``:``port``. ``authorizing``: an authorizer decides,
+        so connections keep its decisions."""
         if pool_bytes < max_request_bytes:
             raise ValueError("queued.max.request.bytes must be at least socket.request.max.bytes")
-        self.host = host
-        self.port = port
+        self.listeners = listeners or [Listener("PLAINTEXT", "PLAINTEXT", host, port)]
+        self.host = self.listeners[0].host
+        self.port = self.listeners[0].port      # the first listener's (set once bound)
+        self.authorizing = authorizing
         self.handlers = handlers
         # Produce v3-8 through the native request path (kbroker._native.request) when the broker
         # passes its handler; native_requests off keeps every request on the schema codec (the
@@ -133,7 +159,7 @@ class KafkaServer:
         self.fd_limit = soft - self.fd_reserve if soft != resource.RLIM_INFINITY else 2**31
         self._fd_paused = False
         self._accept_failing = False     # in an EMFILE episode (reported once)
-        self._listen = []
+        self._listen: list[tuple[socket.socket, Listener]] = []
         self.idle_ms = idle_ms
         # the sendfile_min_bytes switch overrides the threshold for measurements (perf.request_bench
         # sendfile-threshold runs one broker that always copies beside one that always uses sendfile).
@@ -154,7 +180,6 @@ class KafkaServer:
         self.native_read = False     # readable events in one native call (set in start: KBROKER_NATIVE_READ)
         # asyncio's private transport internals may be used (checked once: ASYNCIO_INTERNALS_VERSION)
         self.asyncio_internals = switches.current.asyncio_internals
-        self._server = None
         self._serving = False
         self._handshakes = 0         # accepted sockets whose connection_made has not run yet (uvloop)
         self._sweeper = None
@@ -183,37 +208,53 @@ class KafkaServer:
             log.info("asyncio transport internals checked on Python %d.%d only, this is %d.%d: readable "
                      "events through asyncio's own callback, answers through transport.write",
                      *ASYNCIO_INTERNALS_VERSION, *sys.version_info[:2])
-        if not self.selector_loop:
-            self._listen = self._bind()
-            self.port = self._listen[0].getsockname()[1]
-            self._serving = True
-            for sock in self._listen:
-                loop.add_reader(sock.fileno(), self._accept_ready, sock)
-            self._sweeper = loop.create_task(self._sweep())
-            self._hangup_watch = loop.create_task(self._watch_hangups())
-            log.info("listening on %s:%d (%s)", self.host or "*", self.port, type(loop).__module__)
-            return
-        self._server = await self.loop.create_server(
-            # backlog also bounds how many accepts asyncio tries per readiness event
-            self._new_connection, self.host or None, self.port, reuse_address=True, backlog=128)
-        self.port = self._server.sockets[0].getsockname()[1]
-        # Our own accept loop instead of asyncio's: that one accepts up to the backlog (128) per wake-up
-        # before any limit can be checked, and logs every EMFILE; ours checks max.connections and the
-        # descriptor reserve after each accept and reports descriptor exhaustion once per episode.
-        self._listen = [getattr(sk, "_sock", sk) for sk in self._server.sockets]
-        for sock in self._listen:
-            self.loop._remove_reader(sock.fileno())
-            self.loop._add_reader(sock.fileno(), self._accept_ready, sock)
-        self._sweeper = self.loop.create_task(self._sweep())
-        self._hangup_watch = self.loop.create_task(self._watch_hangups())
-        log.info("listening on %s:%d", self.host or "*", self.port)
+        try:
+            for listener in self.listeners:
+                await self._open(listener)
+        except BaseException:
+            self._close_listeners()
+            raise
+        self.port = self.listeners[0].port
+        self._serving = True
+        add = loop._add_reader if self.selector_loop else loop.add_reader
+        for sock, listener in self._listen:
+            add(sock.fileno(), self._accept_ready, sock, listener)
+        self._sweeper = loop.create_task(self._sweep())
+        self._hangup_watch = loop.create_task(self._watch_hangups())
+        for listener in self.listeners:
+            log.info("listening on %s (%s, %s)", listener, listener.security_protocol, type(loop).__module__)
 
-    def _bind(self) -> list[socket.socket]:
+    async def _open(self, listener: Listener) -> None:
+        if not self.selector_loop:
+            listener.socks = self._bind(listener.host, listener.port)
+        else:
+            listener.server = await self.loop.create_server(
+                # backlog also bounds how many accepts asyncio tries per readiness event
+                lambda: Connection(self, listener), listener.host or None, listener.port, reuse_address=True,
+                backlog=128)
+            # Our own accept loop instead of asyncio's: that one accepts up to the backlog (128) per wake-up
+            # before any limit can be checked, and logs every EMFILE; ours checks max.connections and the
+            # descriptor reserve after each accept and reports descriptor exhaustion once per episode.
+            listener.socks = [getattr(sk, "_sock", sk) for sk in listener.server.sockets]
+            for sock in listener.socks:
+                self.loop._remove_reader(sock.fileno())
+        listener.port = listener.socks[0].getsockname()[1]
+        self._listen.extend((sock, listener) for sock in listener.socks)
+
+    def _close_listeners(self) -> None:
+        for listener in self.listeners:
+            if listener.server is not None:
+                listener.server.close()
+            else:
+                for sock in listener.socks:
+                    sock.close()
+
+    @staticmethod
+    def _bind(host: str, port: int) -> list[socket.socket]:
         """Listening sockets as create_server makes them: one per address of the host (all interfaces
         when it is empty), SO_REUSEADDR, IPv6 sockets v6-only, backlog 128, non-blocking. With port 0
         the first socket's port is reused for the others."""
-        port = self.port
-        infos = socket.getaddrinfo(self.host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         socks, seen = [], set()
         try:
             for family, type_, proto, _name, addr in infos:
@@ -236,11 +277,17 @@ class KafkaServer:
             raise
         return socks
 
-    async def _adopt(self, conn: socket.socket, addr) -> None:
-        """uvloop: the accepted socket becomes a transport; connection_made (which counts it) has run
-        when this returns."""
+    async def _adopt(self, conn: socket.socket, addr, listener: Listener) -> None:
+        """uvloop, and TLS on either loop: the accepted socket becomes a transport (through the loop's own
+        TLS transport after the handshake, which must end within the frame deadline); connection_made
+        (which counts it) has run when this returns."""
         try:
-            await self.loop.connect_accepted_socket(self._new_connection, conn)
+            if listener.ssl_context is None:
+                await self.loop.connect_accepted_socket(lambda: Connection(self, listener), conn)
+            else:
+                await self.loop.connect_accepted_socket(
+                    lambda: Connection(self, listener), conn, ssl=listener.ssl_context,
+                    ssl_handshake_timeout=self.frame_timeout_ms / 1000 if self.frame_timeout_ms > 0 else None)
         except Exception as e:
             conn.close()
             hostile_log(logging.WARNING, "cannot set up the connection from %s: %s", addr, e)
@@ -248,9 +295,6 @@ class KafkaServer:
             self._handshakes -= 1
             if not self._accepting and not self._fd_paused:
                 self._resume_accepting()
-
-    def _new_connection(self):
-        return Connection(self)
 
     # ---- connection accounting and accept control ------------------------------------------------
     def connection_opened(self, conn) -> None:
@@ -291,13 +335,13 @@ class KafkaServer:
 
     ACCEPT_BURST = 16    # accepts per wake-up of the listening socket (then other work gets a turn)
 
-    def _accept_ready(self, sock) -> None:
+    def _accept_ready(self, sock, listener: Listener) -> None:
         selector = self.selector_loop
         for i in range(self.ACCEPT_BURST):
             # connection_made (which counts a connection) runs after this burst (after the adoption task
             # on uvloop): count the burst (the adoptions in flight) too
             if not self._accepting or \
-                    len(self.connections) + (i if selector else self._handshakes) >= self.max_connections:
+                    len(self.connections) + (i if selector else 0) + self._handshakes >= self.max_connections:
                 return
             try:
                 conn, addr = sock.accept()
@@ -313,12 +357,12 @@ class KafkaServer:
                 self._pause_accepting(retry_s=1.0)
                 return
             self._accept_failing = False
-            if selector:
-                self.loop._make_socket_transport(conn, self._new_connection(), extra={"peername": addr},
-                                                 server=self._server)
+            if selector and listener.ssl_context is None:
+                self.loop._make_socket_transport(conn, Connection(self, listener), extra={"peername": addr},
+                                                 server=listener.server)
             else:
                 self._handshakes += 1
-                self.loop.create_task(self._adopt(conn, addr))
+                self.loop.create_task(self._adopt(conn, addr, listener))
             if conn.fileno() >= self.fd_limit:
                 # this one is served; nothing more is accepted until descriptors are free again
                 log.warning("descriptors nearly exhausted (fd %d of %d): not accepting until some close",
@@ -329,11 +373,11 @@ class KafkaServer:
                 return
 
     def _pause_accepting(self, retry_s: float | None = None) -> None:
-        if self._accepting and (self._server is not None or self._serving):
+        if self._accepting and self._serving:
             self._accepting = False
             self.metrics.accept_pauses += 1
             remove = self.loop._remove_reader if self.selector_loop else self.loop.remove_reader
-            for sock in self._listen:
+            for sock, _listener in self._listen:
                 remove(sock.fileno())
         if retry_s is not None:
             self.loop.call_later(retry_s, self._resume_accepting)
@@ -351,19 +395,14 @@ class KafkaServer:
             self.loop.call_later(0.5, self._recheck_fds)
 
     def _resume_accepting(self) -> None:
-        if self._accepting:
-            return
-        if self.selector_loop:
-            if self._server is None or not self._server.is_serving():
-                return
-        elif not self._serving:
+        if self._accepting or not self._serving:
             return
         if len(self.connections) >= self.max_connections or self._fd_paused:
             return   # connection_closed resumes us
         self._accepting = True
         add = self.loop._add_reader if self.selector_loop else self.loop.add_reader
-        for sock in self._listen:
-            add(sock.fileno(), self._accept_ready, sock)
+        for sock, listener in self._listen:
+            add(sock.fileno(), self._accept_ready, sock, listener)
 
     async def _sweep(self):
         """connections.max.idle.ms: a connection with no request for that long is closed, and so is one
@@ -443,16 +482,16 @@ class KafkaServer:
                 task.cancel()
         if self._loop_lag is not None:
             self._loop_lag.stop()
-        if self._server:
-            self._server.close()
-        elif self._serving:
+        if self._serving:
             self._serving = False
-            for sock in self._listen:
-                if self._accepting:
-                    self.loop.remove_reader(sock.fileno())
-                sock.close()
+            if self._accepting:
+                remove = self.loop._remove_reader if self.selector_loop else self.loop.remove_reader
+                for sock, _listener in self._listen:
+                    remove(sock.fileno())
+            self._close_listeners()
         for conn in list(self.connections):
             conn.close()
         self.heavy_executor.shutdown(wait=False, cancel_futures=True)
-        if self._server:
-            await self._server.wait_closed()
+        for listener in self.listeners:
+            if listener.server is not None:
+                await listener.server.wait_closed()

@@ -1196,11 +1196,137 @@ api(47, "OffsetDelete", "0", "none",
         ]),
     ])
 
+# --- 29 DescribeAcls ------------------------------------------------------------------------------
+api(29, "DescribeAcls", "0-3", "2+",
+    request=[
+        F("resource_type_filter", "int8"),
+        F("resource_name_filter", "string", nullable="0+"),
+        F("pattern_type_filter", "int8", "1+", default=3),
+        F("principal_filter", "string", nullable="0+"),
+        F("host_filter", "string", nullable="0+"),
+        F("operation", "int8"),
+        F("permission_type", "int8"),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("error_code", "int16"),
+        F("error_message", "string", nullable="0+"),
+        F("resources", [
+            F("resource_type", "int8"),
+            F("resource_name", "string"),
+            F("pattern_type", "int8", "1+", default=3),
+            F("acls", [
+                F("principal", "string"),
+                F("host", "string"),
+                F("operation", "int8"),
+                F("permission_type", "int8"),
+            ]),
+        ]),
+    ])
+
+# --- 30 CreateAcls --------------------------------------------------------------------------------
+api(30, "CreateAcls", "0-3", "2+",
+    request=[
+        F("creations", [
+            F("resource_type", "int8"),
+            F("resource_name", "string"),
+            F("resource_pattern_type", "int8", "1+", default=3),
+            F("principal", "string"),
+            F("host", "string"),
+            F("operation", "int8"),
+            F("permission_type", "int8"),
+        ]),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("results", [
+            F("error_code", "int16"),
+            F("error_message", "string", nullable="0+"),
+        ]),
+    ])
+
+# --- 31 DeleteAcls --------------------------------------------------------------------------------
+api(31, "DeleteAcls", "0-3", "2+",
+    request=[
+        F("filters", [
+            F("resource_type_filter", "int8"),
+            F("resource_name_filter", "string", nullable="0+"),
+            F("pattern_type_filter", "int8", "1+", default=3),
+            F("principal_filter", "string", nullable="0+"),
+            F("host_filter", "string", nullable="0+"),
+            F("operation", "int8"),
+            F("permission_type", "int8"),
+        ]),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("filter_results", [
+            F("error_code", "int16"),
+            F("error_message", "string", nullable="0+"),
+            F("matching_acls", [
+                F("error_code", "int16"),
+                F("error_message", "string", nullable="0+"),
+                F("resource_type", "int8"),
+                F("resource_name", "string"),
+                F("pattern_type", "int8", "1+", default=3),
+                F("principal", "string"),
+                F("host", "string"),
+                F("operation", "int8"),
+                F("permission_type", "int8"),
+            ]),
+        ]),
+    ])
+
 # --- 60 DescribeCluster ---------------------------------------------------------------------------
-api(60, "DescribeCluster", "0-1", "0+",
+api(50, "DescribeUserScramCredentials", "0", "0+",
+    request=[
+        F("users", [
+            F("name", "string"),
+        ], nullable="0+"),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("error_code", "int16"),
+        F("error_message", "string", nullable="0+"),
+        F("results", [
+            F("user", "string"),
+            F("error_code", "int16"),
+            F("error_message", "string", nullable="0+"),
+            F("credential_infos", [
+                F("mechanism", "int8"),
+                F("iterations", "int32"),
+            ]),
+        ]),
+    ])
+
+api(51, "AlterUserScramCredentials", "0", "0+",
+    request=[
+        F("deletions", [
+            F("name", "string"),
+            F("mechanism", "int8"),
+        ]),
+        F("upsertions", [
+            F("name", "string"),
+            F("mechanism", "int8"),
+            F("iterations", "int32"),
+            F("salt", "bytes"),
+            F("salted_password", "bytes"),
+        ]),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("results", [
+            F("user", "string"),
+            F("error_code", "int16"),
+            F("error_message", "string", nullable="0+"),
+        ]),
+    ])
+
+api(60, "DescribeCluster", "0-2", "0+",
     request=[
         F("include_cluster_authorized_operations", "bool"),
         F("endpoint_type", "int8", "1+", default=1),
+        F("include_fenced_brokers", "bool", "2+"),
     ],
     response=[
         F("throttle_time_ms", "int32"),
@@ -1214,6 +1340,7 @@ api(60, "DescribeCluster", "0-1", "0+",
             F("host", "string"),
             F("port", "int32"),
             F("rack", "string", nullable="0+", default=NULL),
+            F("is_fenced", "bool", "2+"),
         ]),
         F("cluster_authorized_operations", "int32", default=_OPS_NOT_REQUESTED),
     ])

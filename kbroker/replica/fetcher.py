@@ -116,7 +116,7 @@ class ReplicaFetcher:
                         raise ConnectionError(f"broker {self.source_id} has no known endpoint")
                     self._conn = await BrokerConnection.open(
                         addr[0], addr[1], node_id=self.source_id, client_id=f"broker-{rm.broker_id}-fetcher",
-                        request_timeout_ms=rm.socket_timeout_ms)
+                        request_timeout_ms=rm.socket_timeout_ms, security=rm.broker.inter_broker_security)
                 if any(s.truncating for s in self.partitions.values()):
                     await self._truncate()
                 fetched = await self._fetch()

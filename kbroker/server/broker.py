@@ -14,22 +14,29 @@ import logging
 import signal
 import time
 
-from ..config import BrokerConfig, parse_topic_config
+from ..config import BrokerConfig, ConfigError, parse_topic_config
 from ..log.manager import LogManager
 from ..metrics import BrokerMetrics, MetricsServer
-from ..network.server import KafkaServer
+from ..network.server import KafkaServer, Listener
+from ..security import tls
+from ..security.sasl.scram import ScramCredential
+from ..security.sasl.server import SUPPORTED as SASL_SUPPORTED, SaslListener
+from ..client.security import ClientSecurity, jaas_options
+from ..zk.credentials import get_user_config
 from ..protocol import api
 from ..request_metrics import LOOP_IDLE
 from ..replica import ReplicaManager
 from ..controller.controller import Controller
 from ..zk.client import BrokerZk
 from ..zk.layout import CONFIG_CHANGES
+from ..security.authorizer import AclAuthorizer
 from .metadata import BrokerInfo, MetadataCache, TopicInfo
 
 log = logging.getLogger(__name__)
 
 # The API table: advertised versions (api.SUPPORTED) and handlers, declared once.
 from . import apis  # noqa: E402
+from .apis import authz as authz_api  # noqa: E402
 from .apis import fetch as fetch_api  # noqa: E402
 from .apis import produce as produce_api  # noqa: E402
 from .apis.producer_ids import ProducerIdAllocator  # noqa: E402
@@ -43,10 +50,18 @@ class Broker:
         self.broker_id = config.broker_id
         self.cluster_id: str | None = None
         self.metadata = MetadataCache()
+        # how this broker connects to the others' inter-broker listener (replica fetchers, controller
+        # channel, controlled shutdown): that listener's protocol and ssl.* values
+        inter = config.inter_broker_listener
+        mechanism = config.get("sasl.mechanism.inter.broker.protocol")
+        self.inter_broker_security = ClientSecurity.from_lookup(
+            functools.partial(config.listener_get, inter.listener_name), inter.security_protocol, mechanism,
+            config.listener_get(inter.listener_name, f"{mechanism.lower()}.sasl.jaas.config") or "")
         self.logs: LogManager | None = None
         self.replica_manager: ReplicaManager | None = None
         self.zk: BrokerZk | None = None
         self.controller: Controller | None = None   # active while this broker holds /controller
+        self.self_fenced = False    # stepped down: ZooKeeper may have expired our session (_session_fence)
         self._config_change_seq: int | None = None   # last /config/changes notification applied
         self.server: KafkaServer | None = None
         self.notifier = None
@@ -62,6 +77,8 @@ class Broker:
         self.producer_ids = ProducerIdAllocator(self)
         self.txn_coordinator = TransactionCoordinator(self)
         self.handlers: dict = apis.dispatch(self)    # api key -> handler(conn, header, body)
+        # authorizer.class.name: None = every request allowed (no per-request work anywhere)
+        self.authorizer: AclAuthorizer | None = AclAuthorizer.from_config(config.get)
 
     # ---- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -73,13 +90,22 @@ class Broker:
         cfg = self.config
         if self.broker_id < 0:
             raise RuntimeError("broker.id must be set (automatic broker id generation is not implemented)")
+        digest = cfg.get("kbroker.zookeeper.digest.credentials") if cfg.get("zookeeper.set.acl") else None
+        if cfg.get("zookeeper.set.acl") and not digest:
+            raise RuntimeError("zookeeper.set.acl=true needs kbroker.zookeeper.digest.credentials=user:password")
         self.zk = BrokerZk(cfg.zookeeper_connect, self.broker_id, cfg.zookeeper_session_timeout_ms,
-                           loop=self.loop, connect_timeout_s=cfg.zookeeper_connection_timeout_ms / 1000)
+                           loop=self.loop, connect_timeout_s=cfg.zookeeper_connection_timeout_ms / 1000,
+                           digest=digest)
         self.zk.on_reregistered = lambda epoch: log.info("re-registered in ZooKeeper, broker epoch %d", epoch)
         self.zk.on_session_lost = lambda: log.warning("ZooKeeper session expired; re-registering")
         self.zk.on_controller_change = self._on_controller_change
         await asyncio.to_thread(self.zk.start)
         self.cluster_id = self.zk.cluster_id
+        if self.authorizer is not None:
+            # ACLs before the listener opens: no request is decided on an empty cache
+            self.authorizer.on_change.append(self._acls_changed)
+            await asyncio.to_thread(self.authorizer.start, self.zk.kazoo, self.loop,
+                                    lambda fn, *args: self.loop.call_soon_threadsafe(fn, *args))
         log.info("cluster id %s", self.cluster_id)
         # Topic configs come from ZooKeeper before the logs load, so recovery and retention use them.
         configs = await asyncio.to_thread(self._read_topic_configs, None)
@@ -96,6 +122,7 @@ class Broker:
         listener = cfg.listeners[0]
         self.server = KafkaServer(
             listener.host, listener.port, self.handlers,
+            listeners=[self._listener(e) for e in cfg.listeners],
             max_request_bytes=cfg.get("socket.request.max.bytes"),
             pool_bytes=self._pool_bytes(),
             idle_ms=cfg.get("connections.max.idle.ms"),
@@ -104,6 +131,7 @@ class Broker:
             max_connections=cfg.get("max.connections"),
             max_connections_per_ip=cfg.get("max.connections.per.ip"),
             frame_timeout_ms=cfg.get("kbroker.socket.request.frame.timeout.ms"),
+            authorizing=self.authorizer is not None,
             # Produce v3-8 and Fetch v4-11 parsed and answered natively (same policy as the table's
             # handlers: kbroker/server/apis/produce.py, fetch.py).
             # The common one-partition Produce is served without a Python frame (ReplicaManager.fast_produce).
@@ -115,19 +143,26 @@ class Broker:
                                  functools.partial(fetch_api.handle_native, self))},
         )
         await self.server.start()
-        adv = cfg.advertised_listeners[0]
-        self.advertised_host = adv.host or "127.0.0.1"
-        self.advertised_port = adv.port or self.server.port
+        bound = {l.name: l.port for l in self.server.listeners}
+        # every advertised endpoint, a port 0 replaced by the port its listener bound
+        self.endpoints = [(e.listener_name, e.host or "127.0.0.1", e.port or bound[e.listener_name])
+                          for e in cfg.advertised_listeners]
+        inter = cfg.inter_broker_listener.listener_name
+        self.metadata.inter_broker_listener = inter
+        _, self.advertised_host, self.advertised_port = next(e for e in self.endpoints if e[0] == inter)
+        protocols = {e.listener_name: e.security_protocol for e in cfg.advertised_listeners}
 
         # Until the controller's first UpdateMetadata this broker knows only itself.
-        self.metadata.brokers = {self.broker_id: BrokerInfo(self.broker_id, self.advertised_host,
-                                                            self.advertised_port, cfg.get("broker.rack"))}
+        self.metadata.brokers = {self.broker_id: BrokerInfo(
+            self.broker_id, self.advertised_host, self.advertised_port, cfg.get("broker.rack"),
+            {name: (host, port) for name, host, port in self.endpoints})}
         # Registration, then the election (as Kafka): the controller finds us among the live brokers
         # and sends us the cluster's metadata over the listener that is already open.
-        epoch = await asyncio.to_thread(self.zk.register_broker, self.advertised_host, self.advertised_port,
-                                        cfg.get("broker.rack"))
-        log.info("registered broker %d at %s:%d (broker epoch %d)", self.broker_id, self.advertised_host,
-                 self.advertised_port, epoch)
+        epoch = await asyncio.to_thread(functools.partial(
+            self.zk.register_broker, self.advertised_host, self.advertised_port, cfg.get("broker.rack"),
+            endpoints=self.endpoints, security_protocol_map=protocols))
+        log.info("registered broker %d at %s (inter-broker listener %s, broker epoch %d)", self.broker_id,
+                 ", ".join(f"{n}://{h}:{p}" for n, h, p in self.endpoints), inter, epoch)
         await asyncio.to_thread(self.zk.elect_controller)
         self.zk.watch_children(CONFIG_CHANGES, self._on_config_changes)
         if cfg.metrics_port >= 0:
@@ -138,6 +173,50 @@ class Broker:
             self._tasks.append(self.loop.create_task(self._session_fence()))
         self.group_coordinator.start()   # loads the __consumer_offsets partitions we lead, runs offset expiry
         self.txn_coordinator.start()     # loads the __transaction_state partitions we lead, finishes Prepare*
+
+    def _listener(self, e) -> Listener:
+        """A listener with its TLS context (SSL, SASL_SSL) from its own ssl.* values."""
+        ctx = mapper = None
+        if e.security_protocol in ("SSL", "SASL_SSL"):
+            get = functools.partial(self.config.listener_get, e.listener_name)
+            ctx = tls.server_context(get)
+            mapper = tls.PrincipalMapper(get("ssl.principal.mapping.rules"))
+        sasl = None
+        if e.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
+            sasl = self._sasl_listener(e.listener_name)
+        return Listener(e.listener_name, e.security_protocol, e.host, e.port, ctx, mapper, sasl)
+
+    def _sasl_listener(self, name: str) -> SaslListener:
+        cfg = self.config
+        mechanisms = [m.strip().upper() for m in cfg.listener_get(name, "sasl.enabled.mechanisms") or [] if m.strip()]
+        bad = [m for m in mechanisms if m not in SASL_SUPPORTED]
+        if bad or not mechanisms:
+            raise ConfigError(f"Invalid value {','.join(mechanisms)} for configuration sasl.enabled.mechanisms "
+                              f"(listener {name}): kbroker serves {', '.join(SASL_SUPPORTED)}",
+                              "sasl.enabled.mechanisms")
+        users = {k[5:]: v for k, v in jaas_options(cfg.listener_get(name, "plain.sasl.jaas.config")).items()
+                 if k.startswith("user_")}
+        if "PLAIN" in mechanisms and not users:
+            raise ConfigError(f"listener.name.{name.lower()}.plain.sasl.jaas.config must name the PLAIN users "
+                              f"(user_<name>=\"<password>\")", "sasl.jaas.config")
+        return SaslListener(mechanisms, users, self._scram_credential,
+                            cfg.get("connection.failed.authentication.delay.ms"),
+                            cfg.listener_get(name, "connections.max.reauth.ms") or 0)
+
+    async def _scram_credential(self, mechanism: str, user: str):
+        """The user's stored SCRAM credential for ``mechanism`` (ZooKeeper /config/users/<user>), or None."""
+        try:
+            config = await asyncio.to_thread(get_user_config, self.zk.kazoo, user)
+        except ValueError:          # not a user name ZooKeeper can hold
+            return None
+        text = config.get(mechanism)
+        if text is None:
+            return None
+        try:
+            return ScramCredential.decode(text)
+        except (ValueError, KeyError):
+            log.warning("/config/users/%s holds a malformed %s credential", user, mechanism)
+            return None
 
     def _pool_bytes(self) -> int:
         # Kafka's default -1 means unbounded; we always bound it (four maximum-size requests).
@@ -189,6 +268,8 @@ class Broker:
             await self.metrics_server.stop()
         if self.server is not None:
             await self.server.stop()
+        if self.authorizer is not None:
+            self.authorizer.stop()
         if self.zk is not None:
             await asyncio.to_thread(self.zk.close)
         if self.logs is not None:
@@ -226,8 +307,10 @@ class Broker:
                     # Nor do we count as a live broker in our Metadata answers (ZooKeeper may not list us
                     # any more): clients drop this connection and ask the others, who know the new leaders.
                     me = self.metadata.brokers.pop(self.broker_id, None) or me
+                    self.self_fenced = True         # DescribeCluster v2 lists us as fenced
                 elif out_in is not None:
                     same, out_in = lease.session_id == out_in, None
+                    self.self_fenced = False
                     if me is not None:
                         self.metadata.brokers.setdefault(self.broker_id, me)
                         me = None
@@ -236,12 +319,19 @@ class Broker:
             except Exception:
                 log.exception("session fencing check failed")
 
+    def _acls_changed(self) -> None:
+        """Every connection drops the decisions it keeps (the next request asks again)."""
+        if self.server is not None:
+            authz_api.forget_all(self.server.connections)
+
     # ---- controller and metadata ------------------------------------------------------------------
     def _on_controller_change(self, controller_id, is_controller, epoch) -> None:
         """/controller changed (loop thread): run the controller while this broker holds it."""
         log.info("controller is now %s (epoch %d)", controller_id, epoch)
         if self.controller is None:
-            self.controller = Controller(self.zk, self.broker_id, self.config.get, self.metrics)
+            self.controller = Controller(self.zk, self.broker_id, self.config.get, self.metrics,
+                                         inter_broker_listener=self.config.inter_broker_listener.listener_name,
+                                         security=self.inter_broker_security)
         if is_controller:
             self.controller.start(epoch)
         else:

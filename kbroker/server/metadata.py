@@ -53,9 +53,17 @@ class TopicInfo:
 @dataclass(slots=True)
 class BrokerInfo:
     broker_id: int
-    host: str
+    host: str            # host and port of the inter-broker listener (replication, controller requests)
     port: int
     rack: str | None = None
+    endpoints: dict[str, tuple[str, int]] = field(default_factory=dict)   # listener name -> (host, port)
+
+    def address(self, listener: str | None) -> tuple[str, int] | None:
+        """The endpoint of ``listener`` (None when this broker has no such listener); the inter-broker
+        one when ``listener`` is None or the broker published no endpoint list."""
+        if listener is None or not self.endpoints:
+            return self.host, self.port
+        return self.endpoints.get(listener)
 
 
 class MetadataCache:
@@ -66,6 +74,7 @@ class MetadataCache:
         self.controller_epoch: int = -1     # highest controller epoch seen (older requests are stale)
         self.controller_epoch_holder: int = -1   # the broker ZooKeeper named for that epoch
         self.topic_ids: dict[bytes, str] = {}
+        self.inter_broker_listener = "PLAINTEXT"   # which of a broker's endpoints other brokers use
         self.updates = 0                    # UpdateMetadata requests applied
         self._waiters: list[asyncio.Future] = []
 
@@ -77,6 +86,17 @@ class MetadataCache:
         info = self.topics.pop(name, None)
         if info is not None:
             self.topic_ids.pop(info.topic_id, None)
+
+    def listener_brokers(self, listener: str | None) -> list[tuple[BrokerInfo, str, int]]:
+        """(broker, host, port) of every live broker with an endpoint on ``listener`` (the one a request
+        came in on), by id: as Kafka, a client is told only addresses of its own listener, and a broker
+        without that listener is left out."""
+        out = []
+        for b in sorted(self.brokers.values(), key=lambda b: b.broker_id):
+            addr = b.address(listener)
+            if addr is not None:
+                out.append((b, addr[0], addr[1]))
+        return out
 
     def partition(self, topic: str, partition: int) -> PartitionInfo | None:
         t = self.topics.get(topic)
@@ -90,8 +110,9 @@ class MetadataCache:
         partition, and the topic with its last partition."""
         brokers = {}
         for b in body["live_brokers"]:
-            ep = next((e for e in b["endpoints"] if e["listener"] == "PLAINTEXT"), None) or b["endpoints"][0]
-            brokers[b["id"]] = BrokerInfo(b["id"], ep["host"], ep["port"], b.get("rack"))
+            eps = {e["listener"]: (e["host"], e["port"]) for e in b["endpoints"]}
+            host, port = eps.get(self.inter_broker_listener) or next(iter(eps.values()))
+            brokers[b["id"]] = BrokerInfo(b["id"], host, port, b.get("rack"), eps)
         self.brokers = brokers
         self.controller_id = body["controller_id"]
         changed: dict[str, TopicInfo] = {}

@@ -486,7 +486,7 @@ def test_broker_api_versions_cli_output(cluster):
         assert "\tDeleteRecords(21): 0 to 2 [usable: 2]," in body
         assert "\tOffsetDelete(47): 0 [usable: 0]," in body
         assert "\tSaslHandshake(17): UNSUPPORTED," in body
-        assert body[-1] == "\tDescribeCluster(60): 0 to 1 [usable: 1]"
+        assert body[-1] == "\tDescribeCluster(60): 0 to 2 [usable: 2]"
 
 
 # ---- consumer-groups --delete-offsets ------------------------------------------------------------------

@@ -25,6 +25,7 @@ import asyncio
 import re
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -98,19 +99,22 @@ class TimedHistory(History):
         super().__init__()
         self.sent_at: dict = {}
         self.acked_at: dict = {}
+        self._times = threading.Lock()   # acks arrive on the producer's thread while the test reads them
 
     def send(self, value: bytes) -> None:
         self.sent_at[value] = time.monotonic()
         super().send(value)
 
     def ack(self, value: bytes, partition: int, offset: int) -> None:
-        self.acked_at[value] = time.monotonic()
+        with self._times:
+            self.acked_at[value] = time.monotonic()
         super().ack(value, partition, offset)
 
     def first_ack_of_sent_after(self, t: float) -> float | None:
         """When the first record sent after ``t`` was acknowledged (None: none yet)."""
-        sent_at = self.sent_at
-        times = [a for v, a in list(self.acked_at.items()) if sent_at[v] > t]
+        with self._times:
+            acked = list(self.acked_at.items())
+        times = [a for v, a in acked if self.sent_at[v] > t]
         return min(times) if times else None
 
 
@@ -121,9 +125,14 @@ def fenced_gauge(port: int) -> float:
     return float(m.group(1))
 
 
-def describe(port: int) -> str:
-    return subprocess.run([sys.executable, "-m", "kbroker", "topics", "--bootstrap-server", f"127.0.0.1:{port}",
-                           "--describe", "--topic", TOPIC], capture_output=True, text=True, timeout=60).stdout
+def describe(port: int) -> tuple[str, str]:
+    """``kbroker topics --describe`` asked of one broker -> (stdout, stderr)."""
+    r = subprocess.run([sys.executable, "-m", "kbroker", "topics", "--bootstrap-server", f"127.0.0.1:{port}",
+                        "--describe", "--topic", TOPIC], capture_output=True, text=True, timeout=60)
+    return r.stdout, r.stderr
+
+
+FENCED_WARNING = f"WARNING: broker {VICTIM} has fenced itself"
 
 
 # ---- the lease alone -------------------------------------------------------------------------------
@@ -236,6 +245,7 @@ def _zombie(c, zpx, links, metrics_port):
         # kazoo retries with a back-off: the long cut below must start from a connected session
         wait_until(lambda: zpx.accepted > reconnects, 30, "the victim to reconnect to ZooKeeper")
         short_gauge = fenced_gauge(metrics_port)
+        described_short = describe(c.brokers[VICTIM].port)
         wait_until(lambda: hist.first_ack_of_sent_after(t0 + SHORT_CUT_S), 30, "acks after the short cut")
         after_short = zk_state(c)
         short_changes = int(after_short[:2] != (VICTIM, epoch)) + int(c.registration_czxid(VICTIM) != czxid)
@@ -275,7 +285,9 @@ def _zombie(c, zpx, links, metrics_port):
     assert first is not None and first - cut_at <= SESSION_MS / 1000 + 2, f"first ack {late(first)}"
     assert fenced_at is not None and fenced_at - cut_at < SESSION_MS / 1000, f"stepped down {late(fenced_at)}"
     assert new[1] > epoch and new[0] in isr, (new, epoch, isr)
-    assert re.search(rf"Partition: 0\tLeader: none\t", described), described
+    assert re.search(rf"Partition: 0\tLeader: none\t", described[0]), described
+    assert FENCED_WARNING in described[1], described
+    assert FENCED_WARNING not in described_short[1] and f"Leader: {VICTIM}" in described_short[0], described_short
     assert report.acked_lost == 0, report.line()
     assert report.inconsistent_offsets == 0, report.line()
     assert report.duplicates == 0, report.line()

@@ -207,8 +207,10 @@ def host_port(bootstrap: str):
 class RawConn:
     """A plain socket speaking Kafka frames; for hostile input and exact request control."""
 
-    def __init__(self, bootstrap: str, timeout: float = 10.0):
-        self.sock = socket.create_connection(host_port(bootstrap), timeout=timeout)
+    def __init__(self, bootstrap: str, timeout: float = 10.0, source: str | None = None):
+        # ``source``: a loopback address to connect from (127.0.0.2...), a client host of its own
+        self.sock = socket.create_connection(host_port(bootstrap), timeout=timeout,
+                                             source_address=(source, 0) if source else None)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.correlation = 0
 

@@ -35,7 +35,8 @@ class PeerRequests:
                 raise KafkaError(8, f"broker {node_id} is not live")   # BROKER_NOT_AVAILABLE
             conn = await BrokerConnection.open(node.host, node.port, node_id=node_id,
                                                client_id=f"txn-broker-{self.broker.broker_id}",
-                                               request_timeout_ms=self.broker.config.get("request.timeout.ms"))
+                                               request_timeout_ms=self.broker.config.get("request.timeout.ms"),
+                                               security=getattr(self.broker, "inter_broker_security", None))
             self._conns[node_id] = conn
             return conn
 

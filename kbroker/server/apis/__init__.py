@@ -16,8 +16,9 @@ from typing import Callable, NamedTuple
 
 from ...protocol import api
 from ...protocol.api import ApiKey
-from . import (admin, cluster_info, configs, controlled_shutdown, coordinator, core, fetch, groups, log_admin,
-               produce, producer_ids, producers, reassignments, replica_control, transactions)
+from ...protocol.errors import Errors
+from . import (acls, admin, authz, cluster_info, configs, controlled_shutdown, coordinator, core, fetch, groups,
+               log_admin, produce, producer_ids, producers, reassignments, replica_control, sasl, transactions)
 
 
 class Api(NamedTuple):
@@ -27,20 +28,32 @@ class Api(NamedTuple):
     handle: Callable
 
 
-# Controller -> broker handlers take the request body only (the epoch checks need nothing else).
+# Controller -> broker handlers take the request body only (the epoch checks need nothing else); the
+# sender must hold ClusterAction on the cluster (brokers do; a client's forged request changes nothing).
+_REFUSED = {"error_code": int(Errors.CLUSTER_AUTHORIZATION_FAILED)}
+
+
 def _leader_and_isr(broker, conn, header, body):
+    if not authz.cluster(broker, conn, authz.CLUSTER_ACTION):
+        return dict(_REFUSED, topics=[])
     return replica_control.leader_and_isr(broker, body)
 
 
 def _stop_replica(broker, conn, header, body):
+    if not authz.cluster(broker, conn, authz.CLUSTER_ACTION):
+        return dict(_REFUSED, partition_errors=[])
     return replica_control.stop_replica(broker, body)
 
 
 def _update_metadata(broker, conn, header, body):
+    if not authz.cluster(broker, conn, authz.CLUSTER_ACTION):
+        return dict(_REFUSED)
     return replica_control.update_metadata(broker, body)
 
 
 def _controlled_shutdown(broker, conn, header, body):
+    if not authz.cluster(broker, conn, authz.CLUSTER_ACTION):
+        return dict(_REFUSED, remaining_partitions=[])
     return controlled_shutdown.controlled_shutdown(broker, body)
 
 
@@ -81,6 +94,9 @@ TABLE: tuple[Api, ...] = (
     Api(K.DESCRIBE_TRANSACTIONS, 0, 0, transactions.describe_transactions),
     Api(K.LIST_TRANSACTIONS, 0, 1, transactions.list_transactions),
     Api(K.WRITE_TXN_MARKERS, 0, 1, transactions.write_txn_markers),
+    Api(K.DESCRIBE_ACLS, 0, 3, acls.describe_acls),
+    Api(K.CREATE_ACLS, 0, 3, acls.create_acls),
+    Api(K.DELETE_ACLS, 0, 3, acls.delete_acls),
     Api(K.DESCRIBE_CONFIGS, 0, 4, configs.describe_configs),
     Api(K.ALTER_CONFIGS, 0, 2, configs.alter_configs),
     Api(K.DESCRIBE_LOG_DIRS, 0, 4, log_admin.describe_log_dirs),
@@ -91,8 +107,13 @@ TABLE: tuple[Api, ...] = (
     Api(K.ALTER_PARTITION_REASSIGNMENTS, 0, 0, reassignments.alter_partition_reassignments),
     Api(K.LIST_PARTITION_REASSIGNMENTS, 0, 0, reassignments.list_partition_reassignments),
     Api(K.OFFSET_DELETE, 0, 0, groups.offset_delete),
-    Api(K.DESCRIBE_CLUSTER, 0, 1, cluster_info.describe_cluster),
+    Api(K.DESCRIBE_CLUSTER, 0, 2, cluster_info.describe_cluster),
     Api(K.DESCRIBE_PRODUCERS, 0, 0, producers.describe_producers),
+    # SASL (listeners with SASL_PLAINTEXT / SASL_SSL; ILLEGAL_SASL_STATE elsewhere)
+    Api(K.SASL_HANDSHAKE, 0, 1, sasl.sasl_handshake),
+    Api(K.SASL_AUTHENTICATE, 0, 2, sasl.sasl_authenticate),
+    Api(K.DESCRIBE_USER_SCRAM_CREDENTIALS, 0, 0, sasl.describe_user_scram_credentials),
+    Api(K.ALTER_USER_SCRAM_CREDENTIALS, 0, 0, sasl.alter_user_scram_credentials),
 )
 del K
 

@@ -20,6 +20,7 @@ from ...controller.assignment import assign_replicas, check_manual_assignment
 from ...protocol.errors import Errors
 from ...zk.client import StaleVersionError, TopicExistsError, TopicNotFoundError
 from ..metadata import topic_name_error
+from . import authz
 from ...topics import GROUP_METADATA_TOPIC, INTERNAL_TOPICS, TRANSACTION_STATE_TOPIC
 
 log = logging.getLogger(__name__)
@@ -188,6 +189,8 @@ async def create_topics(broker, conn, header, body):
                                  f"entries for the following topics: {name}")
             if not _is_controller(broker):
                 raise AdminError(Errors.NOT_CONTROLLER, "This is not the correct controller for this cluster.")
+            if not authz.may_create_topic(broker, conn, name):
+                raise AdminError(Errors.TOPIC_AUTHORIZATION_FAILED, "Authorization failed.")
             to_create.append((name, *_plan_topic(broker, md, t, live)))
         except AdminError as e:
             res["error_code"], res["error_message"] = e.code, e.message
@@ -344,6 +347,8 @@ async def delete_topics(broker, conn, header, body):
             res["error_code"] = Errors.TOPIC_DELETION_DISABLED if version >= 3 else Errors.INVALID_REQUEST
         elif names.count(name) > 1:
             res["error_code"] = Errors.INVALID_REQUEST
+        elif not authz.allowed(broker, conn, authz.DELETE, authz.TOPIC, name):
+            res["error_code"] = Errors.TOPIC_AUTHORIZATION_FAILED
         elif name not in broker.metadata.topics:
             res["error_code"] = Errors.UNKNOWN_TOPIC_OR_PARTITION
         elif name in INTERNAL_TOPICS:
@@ -396,6 +401,8 @@ async def create_partitions(broker, conn, header, body):
         try:
             if names.count(name) > 1:
                 raise AdminError(Errors.INVALID_REQUEST, "Duplicate topic in request.")
+            if not authz.allowed(broker, conn, authz.ALTER, authz.TOPIC, name):
+                raise AdminError(Errors.TOPIC_AUTHORIZATION_FAILED, "The topic authorization is failed.")
             if not _is_controller(broker):
                 raise AdminError(Errors.NOT_CONTROLLER, "This is not the correct controller for this cluster.")
             plans.append((name, _plan_partitions(md, t, live)))
@@ -464,11 +471,25 @@ def _plan_partitions(md, t, live: dict[int, str | None]) -> dict[int, list[int]]
 
 # ---- ElectLeaders (43) -----------------------------------------------------------------------------
 
+def _elect_refused(header, parts):
+    """Alter on the cluster missing: CLUSTER_AUTHORIZATION_FAILED (v1+ at the top, v0 per partition)."""
+    code = Errors.CLUSTER_AUTHORIZATION_FAILED
+    if header.api_version >= 1:
+        return {"throttle_time_ms": 0, "error_code": code, "replica_election_results": []}
+    by_topic: dict[str, list] = {}
+    for t, p in parts or ():
+        by_topic.setdefault(t, []).append({"partition_id": p, "error_code": code, "error_message": None})
+    return {"throttle_time_ms": 0, "error_code": 0,
+            "replica_election_results": [{"topic": t, "partition_result": r} for t, r in by_topic.items()]}
+
+
 async def elect_leaders(broker, conn, header, body):
     """Preferred (type 0) or unclean (type 1) leader election, served by the controller."""
     unclean = body.get("election_type", 0) == 1
     requested = body.get("topic_partitions")
     parts = None if requested is None else [(t["topic"], p) for t in requested for p in t["partitions"]]
+    if not authz.cluster(broker, conn, authz.ALTER):
+        return _elect_refused(header, parts)
     results = None
     if _is_controller(broker):
         task = asyncio.ensure_future(broker.controller.elect_leaders(parts, unclean))

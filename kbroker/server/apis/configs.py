@@ -26,6 +26,7 @@ from ...zk.layout import DEFAULT_BROKER_ENTITY
 from ...zk.client import TopicNotFoundError
 from ..metadata import topic_name_error
 from .admin import AdminError, check_config_consistency
+from . import authz
 
 log = logging.getLogger(__name__)
 
@@ -54,21 +55,29 @@ RESOURCES_PER_TURN = 20
 
 def describe_configs(broker, conn, header, body):
     if len(body["resources"]) > RESOURCES_PER_TURN:
-        return _describe_configs_sliced(broker, header, body)
-    return {"throttle_time_ms": 0, "results": [_describe_resource(broker, header, body, r)
+        return _describe_configs_sliced(broker, conn, header, body)
+    return {"throttle_time_ms": 0, "results": [_describe_resource(broker, conn, header, body, r)
                                                for r in body["resources"]]}
 
 
-async def _describe_configs_sliced(broker, header, body):
+async def _describe_configs_sliced(broker, conn, header, body):
     results = []
     for i, r in enumerate(body["resources"]):
         if i and i % RESOURCES_PER_TURN == 0:
             await asyncio.sleep(0)
-        results.append(_describe_resource(broker, header, body, r))
+        results.append(_describe_resource(broker, conn, header, body, r))
     return EncodeOffLoop({"throttle_time_ms": 0, "results": results})
 
 
-def _describe_resource(broker, header, body, r):
+def _authorize(broker, conn, rtype, name, op) -> None:
+    """Kafka: a topic's configs need DescribeConfigs / AlterConfigs on the topic, a broker's on the cluster."""
+    if rtype == TOPIC and not authz.allowed(broker, conn, op, authz.TOPIC, name):
+        raise AdminError(Errors.TOPIC_AUTHORIZATION_FAILED, None)
+    if rtype in (BROKER, BROKER_LOGGER) and not authz.cluster(broker, conn, op):
+        raise AdminError(Errors.CLUSTER_AUTHORIZATION_FAILED, None)
+
+
+def _describe_resource(broker, conn, header, body, r):
     version = header.api_version
     synonyms = bool(body.get("include_synonyms", False))
     docs = bool(body.get("include_documentation", False))
@@ -76,6 +85,7 @@ def _describe_resource(broker, header, body, r):
     res = {"error_code": 0, "error_message": None, "resource_type": rtype, "resource_name": name,
            "configs": []}
     try:
+        _authorize(broker, conn, rtype, name, authz.DESCRIBE_CONFIGS)
         if rtype == TOPIC:
             entries = _topic_entries(broker, name)
         elif rtype == BROKER:
@@ -238,7 +248,7 @@ def _replace_plan(current: dict[str, str], entries: list[dict], kind: str) -> di
 
 
 async def alter_configs(broker, conn, header, body):
-    return await _alter(broker, body, _replace_plan)
+    return await _alter(broker, conn, body, _replace_plan)
 
 
 async def incremental_alter_configs(broker, conn, header, body):
@@ -277,10 +287,10 @@ async def incremental_alter_configs(broker, conn, header, body):
                     result = [v for v in base if v not in items]
                 new[key] = ",".join(result)
         return new
-    return await _alter(broker, body, plan)
+    return await _alter(broker, conn, body, plan)
 
 
-async def _alter(broker, body, plan):
+async def _alter(broker, conn, body, plan):
     validate_only = bool(body.get("validate_only", False))
     responses = []
     names = [(r["resource_type"], r["resource_name"]) for r in body["resources"]]
@@ -291,6 +301,7 @@ async def _alter(broker, body, plan):
         try:
             if names.count((rtype, name)) > 1:
                 raise AdminError(Errors.INVALID_REQUEST, f"Error due to duplicate resource {name} of type {rtype}")
+            _authorize(broker, conn, rtype, name, authz.ALTER_CONFIGS)
             if rtype == BROKER:
                 await _alter_broker(broker, name, r["configs"], plan, validate_only)
             elif rtype == TOPIC:

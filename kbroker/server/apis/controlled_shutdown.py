@@ -43,7 +43,8 @@ async def request_controlled_shutdown(broker) -> bool:
         else:
             try:
                 conn = await BrokerConnection.open(controller.host, controller.port,
-                                                   client_id=f"broker-{broker.broker_id}-shutdown")
+                                                   client_id=f"broker-{broker.broker_id}-shutdown",
+                                                   security=broker.inter_broker_security)
                 try:
                     _, resp = await conn.send(7, {"broker_id": broker.broker_id,
                                                   "broker_epoch": broker.zk.broker_epoch}, version=3)

@@ -14,16 +14,18 @@ from __future__ import annotations
 
 from ...coordinator.group_coordinator import java_string_hash, partition_for  # noqa: F401  (re-exported)
 from ...protocol.errors import Errors
+from . import authz
 from ...topics import GROUP_METADATA_TOPIC as OFFSETS_TOPIC
 from ...topics import TRANSACTION_STATE_TOPIC
 
 GROUP, TRANSACTION = 0, 1
 
 
-def _answer(code, node=None, message=None):
+def _answer(code, node=None, message=None, addr=None):
+    """``addr``: the node's (host, port) on the listener the request came in on."""
     return {"error_code": int(code), "error_message": message,
-            "node_id": node.broker_id if node else -1, "host": node.host if node else "",
-            "port": node.port if node else -1}
+            "node_id": node.broker_id if node else -1, "host": addr[0] if node else "",
+            "port": addr[1] if node else -1}
 
 
 async def find_coordinator(broker, conn, header, body):
@@ -31,12 +33,27 @@ async def find_coordinator(broker, conn, header, body):
     if header.api_version >= 4:
         coordinators = []
         for key in body["coordinator_keys"]:
-            coordinators.append({"key": key, **await _find(broker, key_type, key)})
+            coordinators.append({"key": key, **(_refused(broker, conn, key_type, key) or
+                                                await _find(broker, key_type, key, conn.listener_name))})
         return {"throttle_time_ms": 0, "coordinators": coordinators}
-    return {"throttle_time_ms": 0, **await _find(broker, key_type, body["key"])}
+    key = body["key"]
+    return {"throttle_time_ms": 0, **(_refused(broker, conn, key_type, key) or
+                                      await _find(broker, key_type, key, conn.listener_name))}
 
 
-async def _find(broker, key_type, key) -> dict:
+def _refused(broker, conn, key_type, key) -> dict | None:
+    """Describe on the group (GROUP_AUTHORIZATION_FAILED) or transactional id
+    (TRANSACTIONAL_ID_AUTHORIZATION_FAILED) missing: that answer; None when allowed."""
+    if key_type == GROUP:
+        if not authz.allowed(broker, conn, authz.DESCRIBE, authz.GROUP, key):
+            return _answer(Errors.GROUP_AUTHORIZATION_FAILED)
+    elif key_type == TRANSACTION:
+        if not authz.allowed(broker, conn, authz.DESCRIBE, authz.TRANSACTIONAL_ID, key):
+            return _answer(Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+    return None
+
+
+async def _find(broker, key_type, key, listener) -> dict:
     if key_type == GROUP:
         internal = OFFSETS_TOPIC
     elif key_type == TRANSACTION:
@@ -54,6 +71,8 @@ async def _find(broker, key_type, key) -> dict:
         return _answer(Errors.COORDINATOR_NOT_AVAILABLE, message=f"{internal} is not available yet")
     leader = topic.partitions[partition_for(key, len(topic.partitions))].leader
     node = md.brokers.get(leader)
-    if node is None:
-        return _answer(Errors.COORDINATOR_NOT_AVAILABLE, message="the coordinator's broker is not live")
-    return _answer(Errors.NONE, node)
+    addr = node.address(listener) if node is not None else None
+    if addr is None:
+        return _answer(Errors.COORDINATOR_NOT_AVAILABLE, message="the coordinator's broker is not live "
+                                                                 f"or has no {listener} listener")
+    return _answer(Errors.NONE, node, addr=addr)

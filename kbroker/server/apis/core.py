@@ -8,6 +8,7 @@ from ...network.connection import EncodeOffLoop
 from ...protocol import api
 from ...protocol.errors import Errors
 from ..metadata import topic_name_error
+from . import authz
 from ...topics import INTERNAL_TOPICS
 
 log = logging.getLogger(__name__)
@@ -39,33 +40,41 @@ def api_versions(broker, conn, header, body):
 
 def metadata(broker, conn, header, body):
     if broker.metadata.updates == 0:
-        return _after_first_update(broker, header, body)
-    return _answer(broker, header, body)
+        return _after_first_update(broker, conn, header, body)
+    return _answer(broker, conn, header, body)
 
 
-def _answer(broker, header, body):
+def _answer(broker, conn, header, body):
+    listener = conn.listener_name       # the brokers' addresses on the listener the request came in on
     requested = body["topics"]
     version = header.api_version
     md = broker.metadata
     if requested is None or (version == 0 and not requested):
-        names = sorted(md.topics)            # null (v1+) or empty (v0): all topics
-        return _metadata_response(broker, names)
+        # null (v1+) or empty (v0): all topics, those the client may not Describe left out (Kafka)
+        hidden = authz.refused(broker, conn, authz.DESCRIBE, authz.TOPIC, md.topics)
+        return _metadata_response(broker, sorted(n for n in md.topics if n not in hidden), listener)
     names = [t["name"] for t in requested]
-    missing = [n for n in names if n not in md.topics and topic_name_error(n) is None]
+    # A named topic the client may not Describe, or may not create when it is missing and would be
+    # auto-created, is answered TOPIC_AUTHORIZATION_FAILED (Kafka).
+    refused = authz.refused(broker, conn, authz.DESCRIBE, authz.TOPIC, names)
+    missing = [n for n in names if n not in md.topics and n not in refused and topic_name_error(n) is None]
     allow = body.get("allow_auto_topic_creation", True) and broker.config.get("auto.create.topics.enable")
     if missing and allow:
-        return _auto_create_then_answer(broker, names, missing)
-    return _metadata_response(broker, names)
+        refused |= {n for n in missing if not authz.may_create_topic(broker, conn, n)}
+        missing = [n for n in missing if n not in refused]
+    if missing and allow:
+        return _auto_create_then_answer(broker, names, missing, refused, listener)
+    return _metadata_response(broker, names, listener, refused=refused)
 
 
-async def _after_first_update(broker, header, body):
+async def _after_first_update(broker, conn, header, body):
     # Past the wait (no controller reachable) the client gets what this broker knows: itself.
     await broker.metadata.wait_for(lambda: broker.metadata.updates > 0, STARTUP_METADATA_WAIT_S)
-    r = _answer(broker, header, body)
+    r = _answer(broker, conn, header, body)
     return (await r) if asyncio.iscoroutine(r) else r
 
 
-async def _auto_create_then_answer(broker, names, missing):
+async def _auto_create_then_answer(broker, names, missing, refused, listener):
     from .admin import auto_create_topics
     task = asyncio.ensure_future(auto_create_topics(broker, missing))
     task.add_done_callback(_log_failed_creation)
@@ -77,27 +86,30 @@ async def _auto_create_then_answer(broker, names, missing):
         created = []
     # Kafka answers LEADER_NOT_AVAILABLE for topics it just created; the client retries. We created
     # them synchronously with a leader already in place, so we can answer with the real metadata.
-    return await _metadata_response_sliced(broker, names, pending=set(missing) - set(created))
+    return await _metadata_response_sliced(broker, names, listener, pending=set(missing) - set(created),
+                                           refused=refused)
 
 
-def _metadata_response(broker, names, pending=()):
+def _metadata_response(broker, names, listener, pending=(), refused=()):
     if len(names) > TOPICS_PER_TURN:
-        return _metadata_response_sliced(broker, names, pending)
-    return _response(broker, [_topic(broker, name, pending) for name in names])
+        return _metadata_response_sliced(broker, names, listener, pending, refused)
+    return _response(broker, [_topic(broker, name, pending, refused) for name in names], listener)
 
 
-async def _metadata_response_sliced(broker, names, pending=()):
+async def _metadata_response_sliced(broker, names, listener, pending=(), refused=()):
     topics = []
     for start in range(0, len(names), TOPICS_PER_TURN):
         if start:
             await asyncio.sleep(0)
-        topics.extend(_topic(broker, name, pending) for name in names[start:start + TOPICS_PER_TURN])
-    body = _response(broker, topics)
+        topics.extend(_topic(broker, name, pending, refused) for name in names[start:start + TOPICS_PER_TURN])
+    body = _response(broker, topics, listener)
     # Built in slices, a huge answer is encoded on the server's heavy thread too, not on the loop.
     return EncodeOffLoop(body) if len(names) > TOPICS_PER_TURN else body
 
 
-def _topic(broker, name, pending):
+def _topic(broker, name, pending, refused=()):
+    if name in refused:
+        return {"error_code": Errors.TOPIC_AUTHORIZATION_FAILED, "name": name, "partitions": []}
     md = broker.metadata
     info = md.topics.get(name)
     if info is None:
@@ -122,10 +134,10 @@ def _topic(broker, name, pending):
             "partitions": parts}
 
 
-def _response(broker, topics):
+def _response(broker, topics, listener=None):
     md = broker.metadata
-    brokers = [{"node_id": b.broker_id, "host": b.host, "port": b.port, "rack": b.rack}
-               for b in sorted(md.brokers.values(), key=lambda b: b.broker_id)]
+    brokers = [{"node_id": b.broker_id, "host": host, "port": port, "rack": b.rack}
+               for b, host, port in md.listener_brokers(listener)]
     return {
         "throttle_time_ms": 0,
         "brokers": brokers,

@@ -18,21 +18,36 @@ from ...protocol.types import FileRegions
 from ...record import BatchError
 from ...replica.longpoll import long_poll
 from ...replica.partition import follower_key
+from . import authz
 
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
+_DENIED = int(Errors.TOPIC_AUTHORIZATION_FAILED)
 
 
 # The API table's handlers (kbroker/server/apis/__init__.py).
 def handle(broker, conn, header, body):
-    return fetch(broker, header, body)
+    return fetch(broker, header, body, conn)
 
 
 def handle_list_offsets(broker, conn, header, body):
-    return list_offsets(broker, header, body)
+    return list_offsets(broker, header, body, conn)
 
 
 def handle_offset_for_leader_epoch(broker, conn, header, body):
-    return offset_for_leader_epoch(broker, header, body)
+    return offset_for_leader_epoch(broker, header, body, conn)
+
+
+_NONE = frozenset()
+
+
+def _refused(broker, conn, req):
+    """The topics of a Fetch this connection may not read: a consumer needs Read on each topic, a
+    follower ClusterAction (without it every partition is refused, as Kafka answers)."""
+    if broker.authorizer is None:
+        return _NONE
+    if req.replica_id >= 0:
+        return _NONE if authz.cluster(broker, conn, authz.CLUSTER_ACTION) else {n for n, _ in req.topics}
+    return authz.refused(broker, conn, authz.READ, authz.TOPIC, [n for n, _ in req.topics])
 
 
 def _leader_log(broker, topic, partition, current_leader_epoch=-1):
@@ -65,9 +80,9 @@ class _Args:
                                      for p in t["partitions"]]) for t in body["topics"]]
 
 
-def fetch(broker, header, body):
+def fetch(broker, header, body, conn=None):
     """The reference path: the generic codec's dict in, a response dict out."""
-    out = execute(broker, _Args(body), _as_dict)
+    out = execute(broker, _Args(body), _as_dict, refused_by=conn)
     if type(out) is tuple:
         return _as_dict(out)
     return out
@@ -98,11 +113,12 @@ def handle_native(broker, conn, req):
         # (record_follower_fetch's effect) with nothing to read: execute's long poll, nothing again.
         return _poll_recorded(broker, req, conn)
     if req.session_id == 0 and req.replica_id < 0:
-        rows, size, errors = _read(broker, req)
+        refused = _refused(broker, conn, req)
+        rows, size, errors = _read(broker, req, False, refused)
         if size >= req.min_bytes or req.max_wait_ms <= 0 or errors:
             return _encode(conn, req, (0, rows))
-        return _poll(broker, req, False, _encode, conn)
-    out = execute(broker, req, _encode, conn)
+        return _poll(broker, req, False, _encode, conn, refused)
+    out = execute(broker, req, _encode, conn, conn)
     if type(out) is tuple:
         return _encode(conn, req, out)
     return out
@@ -116,7 +132,7 @@ def _encode(conn, req, out):
     return chunks
 
 
-def execute(broker, req, answer=None, conn=None):
+def execute(broker, req, answer=None, conn=None, refused_by=None):
     """Policy of one Fetch request, whichever path parsed it. -> (error_code, rows) with rows =
     [(topic, [[partition_index, error_code, high_watermark, last_stable_offset, log_start_offset,
     records(, aborted_transactions)], ...]), ...] (records: b"" or FileRegions; aborted_transactions,
@@ -125,20 +141,22 @@ def execute(broker, req, answer=None, conn=None):
     (``answer(conn, req, (error_code, rows))`` when ``conn`` is given; of the pair itself without
     ``answer``) when the request long-polls: the long poll's answer is built (encoded, for the native
     path) in the poll's last callback, with no coroutine around it. (Passing ``conn`` rather than a
-    closure over it: no function object is made for the fetches that are answered at once.)"""
+    closure over it: no function object is made for the fetches that are answered at once.)
+    ``refused_by``: the connection whose ACLs decide (the reference path has no ``conn``)."""
     if req.session_id != 0:
         # We never hand out fetch sessions (KIP-227 lets a broker answer every fetch in full).
         return (int(Errors.FETCH_SESSION_ID_NOT_FOUND), [])
     follower = req.replica_id >= 0
+    refused = _refused(broker, refused_by, req)
     # A follower's fetch offset is its log end offset: the first read records it (HW and ISR
     # bookkeeping) for each partition it may read; the long poll's re-reads do not.
-    rows, size, errors = _read(broker, req, follower)
+    rows, size, errors = _read(broker, req, follower, refused)
     if size >= req.min_bytes or req.max_wait_ms <= 0 or errors:
         return (0, rows)
-    return _poll(broker, req, follower, answer, conn)
+    return _poll(broker, req, follower, answer, conn, refused)
 
 
-def _poll(broker, req, follower, answer, conn):
+def _poll(broker, req, follower, answer, conn, refused=_NONE):
     """``execute``'s long poll: less than min_bytes is available, no error, max_wait_ms > 0."""
     # Register for wake-ups now: the poll's first attempt runs only on a later loop turn, and an
     # append (or HW move) in between must not leave this fetch asleep for max_wait_ms.
@@ -157,7 +175,7 @@ def _poll(broker, req, follower, answer, conn):
         def done(res):
             return answer((0, res[0]))
     return long_poll(broker.notifier, tps, broker.notifier.waiter(tps), req.max_wait_ms / 1000,
-                     lambda: _read(broker, req), lambda res: res[1] >= min_bytes or res[2], done)
+                     lambda: _read(broker, req, False, refused), lambda res: res[1] >= min_bytes or res[2], done)
 
 
 def _poll_recorded(broker, req, conn):
@@ -186,10 +204,12 @@ def _poll_recorded(broker, req, conn):
 _RESPONSE_DATA_CEILING = 0x7FFFFFFF - (64 << 20)
 
 
-def _read(broker, req, record=False):
+def _read(broker, req, record=False, refused=_NONE):
     """Read every requested partition -> (rows, total bytes, any error). ``record``: first read of
     a follower's fetch, recorded (ReplicaManager.record_follower_fetch) before the partition is read,
-    so the answer carries the high watermark that fetch moved."""
+    so the answer carries the high watermark that fetch moved. ``refused``: topics answered
+    TOPIC_AUTHORIZATION_FAILED, neither read nor recorded (not an error that ends a long poll: the
+    other partitions are waited for, as Kafka)."""
     replica_id = req.replica_id
     follower = replica_id >= 0
     # As Kafka: the request's max_bytes, capped by fetch.max.bytes for consumers and by
@@ -212,6 +232,9 @@ def _read(broker, req, record=False):
     server = broker.server
     inline_left = server.sendfile_min_bytes if server is not None else 0
     for name, pdata in req.topics:
+        if refused and name in refused:
+            rows.append((name, [[p[0], _DENIED, -1, -1, -1, b""] for p in pdata]))
+            continue
         parts = []
         for index, leader_epoch, fetch_offset, _start, partition_max in pdata:
             # records never null: librdkafka rejects MessageSetSize -1
@@ -311,10 +334,11 @@ def _segment_of(lg, fd, offset):
 PARTITIONS_PER_TURN = 2000
 
 
-def list_offsets(broker, header, body):
+def list_offsets(broker, header, body, conn=None):
+    refused = authz.refused(broker, conn, authz.DESCRIBE, authz.TOPIC, [t["name"] for t in body["topics"]])
     n = sum(len(t["partitions"]) for t in body["topics"])
     if n > PARTITIONS_PER_TURN:
-        return _list_offsets_sliced(broker, body)
+        return _list_offsets_sliced(broker, body, refused)
     # A partition named twice is ambiguous: Kafka answers INVALID_REQUEST for each mention.
     seen, duplicates = set(), set()
     for t in body["topics"]:
@@ -322,13 +346,13 @@ def list_offsets(broker, header, body):
             tp = (t["name"], p["partition_index"])
             (duplicates if tp in seen else seen).add(tp)
     isolation = body.get("isolation_level", 0)
-    topics = [{"name": t["name"], "partitions": [_list_offset(broker, t["name"], p, duplicates, isolation)
+    topics = [{"name": t["name"], "partitions": [_list_offset(broker, t["name"], p, duplicates, isolation, refused)
                                                  for p in t["partitions"]]}
               for t in body["topics"]]
     return {"throttle_time_ms": 0, "topics": topics}
 
 
-async def _list_offsets_sliced(broker, body):
+async def _list_offsets_sliced(broker, body, refused):
     """The same answer, PARTITIONS_PER_TURN partitions per loop turn (the duplicate scan too)."""
     seen, duplicates = set(), set()
     done = 0
@@ -346,7 +370,7 @@ async def _list_offsets_sliced(broker, body):
         name = t["name"]
         parts = []
         for p in t["partitions"]:
-            parts.append(_list_offset(broker, name, p, duplicates, body.get("isolation_level", 0)))
+            parts.append(_list_offset(broker, name, p, duplicates, body.get("isolation_level", 0), refused))
             done += 1
             if done % PARTITIONS_PER_TURN == 0:
                 await asyncio.sleep(0)
@@ -354,11 +378,14 @@ async def _list_offsets_sliced(broker, body):
     return EncodeOffLoop({"throttle_time_ms": 0, "topics": topics})
 
 
-def _list_offset(broker, name, p, duplicates, isolation=0):
+def _list_offset(broker, name, p, duplicates, isolation=0, refused=_NONE):
     """One partition of a ListOffsets answer (``isolation``: the request's isolation_level; latest is
-    the last stable offset for read_committed)."""
+    the last stable offset for read_committed; ``refused``: topics the connection may not describe)."""
     index = p["partition_index"]
     res = {"partition_index": index, "error_code": 0, "timestamp": -1, "offset": -1, "leader_epoch": -1}
+    if refused and name in refused:
+        res["error_code"] = _DENIED
+        return res
     if duplicates and (name, index) in duplicates:
         res["error_code"] = int(Errors.INVALID_REQUEST)
         return res
@@ -391,7 +418,8 @@ def _list_offset(broker, name, p, duplicates, isolation=0):
     return res
 
 
-def offset_for_leader_epoch(broker, header, body):
+def offset_for_leader_epoch(broker, header, body, conn=None):
+    refused = authz.refused(broker, conn, authz.DESCRIBE, authz.TOPIC, [t["topic"] for t in body["topics"]])
     topics = []
     for t in body["topics"]:
         parts = []
@@ -399,6 +427,9 @@ def offset_for_leader_epoch(broker, header, body):
             index = p["partition"]
             res = {"error_code": 0, "partition": index, "leader_epoch": -1, "end_offset": -1}
             parts.append(res)
+            if refused and t["topic"] in refused:
+                res["error_code"] = _DENIED
+                continue
             lg, _pinfo, err = _leader_log(broker, t["topic"], index, p.get("current_leader_epoch", -1))
             if err:
                 res["error_code"] = int(err)

@@ -15,6 +15,7 @@ import os
 
 from ...log.errors import OffsetOutOfRange
 from ...protocol.errors import Errors
+from . import authz
 from ...topics import INTERNAL_TOPICS
 
 # DeleteRecords' offset -1: up to the high watermark.
@@ -46,9 +47,14 @@ def _delete_on_leader(broker, name: str, index: int, offset: int) -> tuple[int, 
 async def delete_records(broker, conn, header, body):
     topics = []
     moved = False
+    refused = authz.refused(broker, conn, authz.DELETE, authz.TOPIC, [t["name"] for t in body["topics"]])
     for t in body["topics"]:
         parts = []
         for p in t["partitions"]:
+            if t["name"] in refused:
+                parts.append({"partition_index": p["partition_index"], "low_watermark": -1,
+                              "error_code": int(Errors.TOPIC_AUTHORIZATION_FAILED)})
+                continue
             code, low = _delete_on_leader(broker, t["name"], p["partition_index"], p["offset"])
             moved = moved or code == Errors.NONE
             parts.append({"partition_index": p["partition_index"], "low_watermark": low, "error_code": int(code)})
@@ -65,6 +71,10 @@ def _disk_bytes(path: str) -> tuple[int, int]:
 
 
 def describe_log_dirs(broker, conn, header, body):
+    if not authz.cluster(broker, conn, authz.DESCRIBE):
+        # Kafka: no directories, and from v3 the error at the top
+        return {"throttle_time_ms": 0, "results": [],
+                "error_code": int(Errors.CLUSTER_AUTHORIZATION_FAILED) if header.api_version >= 3 else 0}
     asked = body["topics"]
     wanted = None if asked is None else {(t["topic"], p) for t in asked for p in t["partitions"]}
     by_dir: dict[str, dict[str, list]] = {d: {} for d in broker.logs.log_dirs}

@@ -21,6 +21,7 @@ from ...log.errors import LogAppendError
 from ...replica.delayed import DelayedProduce
 from ...replica.manager import UNDECIDED, PartitionResult
 from ..metadata import topic_name_error
+from . import authz
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,8 @@ def execute(broker, version, acks, timeout_ms, topics, conn=None, transactional_
         if len(pdata) == 1:
             index, records = pdata[0]
             tp = (name, index)
-            if records and tp in broker.replica_manager.partitions:
+            if records and tp in broker.replica_manager.partitions and \
+                    (broker.authorizer is None or authz.allowed(broker, conn, authz.WRITE, authz.TOPIC, name)):
                 results = broker.replica_manager.append_records({tp: records}, acks, timeout_ms, source=conn)
                 if type(results) is dict:
                     r = results[tp]
@@ -177,10 +179,11 @@ def execute(broker, version, acks, timeout_ms, topics, conn=None, transactional_
     for name, pdata in topics:
         tinfo = md.topics.get(name)
         parts = []
+        denied = code is None and not authz.allowed(broker, conn, authz.WRITE, authz.TOPIC, name)
         for index, records in pdata:
             res = [index, 0, -1, -1, -1, None]
             parts.append(res)
-            err = code
+            err = Errors.TOPIC_AUTHORIZATION_FAILED if denied else code
             tp = (name, index)
             if err is None:
                 # The replica manager first (as Kafka): LeaderAndIsr may be applied before the

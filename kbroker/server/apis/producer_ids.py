@@ -11,6 +11,7 @@ import asyncio
 import logging
 
 from ...protocol.errors import Errors
+from . import authz
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,15 @@ class ProducerIdAllocator:
 
 async def init_producer_id(broker, conn, header, body):
     tid = body.get("transactional_id")
+    # Kafka: Write on the transactional id; without one (KIP-679) IdempotentWrite on the cluster or Write
+    # on any topic
+    if tid is not None and not authz.allowed(broker, conn, authz.WRITE, authz.TRANSACTIONAL_ID, tid):
+        return {"throttle_time_ms": 0, "error_code": Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                "producer_id": -1, "producer_epoch": -1}
+    if tid is None and not (authz.cluster(broker, conn, authz.IDEMPOTENT_WRITE)
+                            or authz.allowed_any(broker, conn, authz.WRITE, authz.TOPIC)):
+        return {"throttle_time_ms": 0, "error_code": Errors.CLUSTER_AUTHORIZATION_FAILED, "producer_id": -1,
+                "producer_epoch": -1}
     if tid is not None:
         code, pid, epoch = await broker.txn_coordinator.init_producer_id(
             tid, body["transaction_timeout_ms"], body.get("producer_id", -1), body.get("producer_epoch", -1))

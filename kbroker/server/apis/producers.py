@@ -9,10 +9,12 @@ hosted here), NOT_LEADER_OR_FOLLOWER.
 from __future__ import annotations
 
 from ...protocol.errors import Errors
+from . import authz
 
 
 def describe_producers(broker, conn, header, body):
     partitions = broker.replica_manager.partitions
+    refused = authz.refused(broker, conn, authz.READ, authz.TOPIC, [t["name"] for t in body["topics"]])
     topics = []
     for t in body["topics"]:
         name = t["name"]
@@ -20,6 +22,9 @@ def describe_producers(broker, conn, header, body):
         for index in t["partition_indexes"]:
             res = {"partition_index": index, "error_code": 0, "error_message": None, "active_producers": []}
             parts.append(res)
+            if name in refused:
+                res["error_code"] = int(Errors.TOPIC_AUTHORIZATION_FAILED)
+                continue
             p = partitions.get((name, index))
             if p is None:
                 res["error_code"] = int(Errors.UNKNOWN_TOPIC_OR_PARTITION)

@@ -5,8 +5,14 @@ partitions whose assignment still has adding or removing replicas."""
 from __future__ import annotations
 
 from ...protocol.errors import Errors
+from . import authz
 
 NOT_CONTROLLER_MESSAGE = "This is not the correct controller for this cluster."
+
+
+def _refused(res: dict) -> dict:
+    res["error_code"], res["error_message"] = int(Errors.CLUSTER_AUTHORIZATION_FAILED), None
+    return res
 
 
 def _not_controller(res: dict) -> dict:
@@ -21,6 +27,8 @@ async def alter_partition_reassignments(broker, conn, header, body):
             r = p["replicas"]
             targets[(t["name"], p["partition_index"])] = None if r is None else list(r)
     res = {"throttle_time_ms": 0, "error_code": 0, "error_message": None, "responses": []}
+    if not authz.cluster(broker, conn, authz.ALTER):
+        return _refused(res)
     ctl = broker.controller
     results = None if ctl is None else await ctl.alter_reassignments(targets)
     if results is None:
@@ -37,6 +45,8 @@ async def list_partition_reassignments(broker, conn, header, body):
     asked = body["topics"]
     parts = None if asked is None else [(t["name"], p) for t in asked for p in t["partition_indexes"]]
     res = {"throttle_time_ms": 0, "error_code": 0, "error_message": None, "topics": []}
+    if not authz.cluster(broker, conn, authz.DESCRIBE):
+        return _refused(res)
     ctl = broker.controller
     found = None if ctl is None else await ctl.list_reassignments(parts)
     if found is None:

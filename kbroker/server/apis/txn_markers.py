@@ -12,8 +12,18 @@ from the wait. A partition named twice in one marker is answered once per naming
 """
 from __future__ import annotations
 
+from ...protocol.errors import Errors
+from . import authz
+
 
 def write_txn_markers(broker, conn, header, body):
+    if not authz.cluster(broker, conn, authz.CLUSTER_ACTION):
+        # only brokers (the coordinators) write markers; a client's forged request changes nothing
+        denied = int(Errors.CLUSTER_AUTHORIZATION_FAILED)
+        return {"markers": [{"producer_id": m["producer_id"], "topics": [
+            {"name": t["name"], "partitions": [{"partition_index": i, "error_code": denied}
+                                               for i in t["partition_indexes"]]} for t in m["topics"]]}
+            for m in body["markers"]]}
     rm = broker.replica_manager
     entries = []
     seen = set()

@@ -180,11 +180,41 @@ def test_listeners_hosts_and_advertising():
     assert config.listeners[0].host == "0.0.0.0"
     assert str(config.advertised_listeners[0]) == "PLAINTEXT://10.1.2.3:19092"
     config = load(ZK + "listeners=INTERNAL://[::1]:9092,EXTERNAL://:9094\n"
-                       "listener.security.protocol.map=INTERNAL:PLAINTEXT,EXTERNAL:PLAINTEXT")
+                       "listener.security.protocol.map=INTERNAL:PLAINTEXT,EXTERNAL:PLAINTEXT\n"
+                       "inter.broker.listener.name=internal")
+    assert config.inter_broker_listener.listener_name == "INTERNAL"
     assert [(e.listener_name, e.host, e.port) for e in config.listeners] == [
         ("INTERNAL", "::1", 9092), ("EXTERNAL", "", 9094)]
     assert str(config.advertised_listeners[0]) == "INTERNAL://[::1]:9092"
     assert config.advertised_listeners[1].host == socket.getfqdn()
+
+
+def test_inter_broker_listener_rules():
+    two = ZK + ("listeners=A://127.0.0.1:9092,B://127.0.0.2:9092\n"
+                "listener.security.protocol.map=A:PLAINTEXT,B:PLAINTEXT,PLAINTEXT:PLAINTEXT\n")
+    assert load(two + "inter.broker.listener.name=B").inter_broker_listener.port == 9092
+    # as Kafka: the listener named as security.inter.broker.protocol (PLAINTEXT) must exist
+    err = error_for(two)
+    assert err.key == "security.inter.broker.protocol" and "valid options" in str(err) and "A,B" in str(err)
+    err = error_for(two + "inter.broker.listener.name=C")
+    assert err.key == "inter.broker.listener.name"
+    err = error_for(two + "inter.broker.listener.name=A\nsecurity.inter.broker.protocol=PLAINTEXT")
+    assert "Only one of inter.broker.listener.name and security.inter.broker.protocol" in str(err)
+
+
+def test_per_listener_overrides():
+    config = load(ZK + "listeners=PLAINTEXT://:9092\nconnections.max.idle.ms=1000\n"
+                       "listener.name.plaintext.connections.max.idle.ms=2000\n"
+                       "listener.name.plaintext.plain.sasl.jaas.config=x required;")
+    assert config.listener_get("PLAINTEXT", "connections.max.idle.ms") == 2000
+    assert config.listener_get("OTHER", "connections.max.idle.ms") == 1000
+    assert config.listener_get("plaintext", "plain.sasl.jaas.config") == "x required;"
+    assert config.listener_overrides("PLAINTEXT") == {"connections.max.idle.ms": 2000,
+                                                      "plain.sasl.jaas.config": "x required;"}
+    err = error_for(ZK + "listener.name.plaintext.no.such.key=1")
+    assert err.key == "listener.name.plaintext.no.such.key"
+    err = error_for(ZK + "listener.name.plaintext.connections.max.idle.ms=soon")
+    assert "Not a number of type LONG" in str(err) or "Not a number of type INT" in str(err)
 
 
 def test_typed_accessors():
@@ -242,19 +272,10 @@ def test_errors_name_the_key(line, key, why):
     assert key in str(err) and why in str(err)
 
 
-@pytest.mark.parametrize("listeners, protocol_map", [
-    ("SSL://:9093", None),
-    ("SASL_PLAINTEXT://:9094", None),
-    ("SASL_SSL://:9095", None),
-    ("PLAINTEXT://:9092,EXTERNAL://:9096", "PLAINTEXT:PLAINTEXT,EXTERNAL:SSL"),
-])
-def test_non_plaintext_listeners_are_refused(listeners, protocol_map):
-    text = ZK + f"listeners={listeners}\n"
-    if protocol_map:
-        text += f"listener.security.protocol.map={protocol_map}\n"
-    err = error_for(text)
-    assert err.key == "listeners"
-    assert "security protocols are not implemented yet" in str(err)
+def test_secured_listeners_are_accepted():
+    config = load(ZK + "listeners=PLAINTEXT://:9092,EXTERNAL://:9096,SASL_SSL://:9095\n"
+                       "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,EXTERNAL:SSL,SASL_SSL:SASL_SSL\n")
+    assert [e.security_protocol for e in config.listeners] == ["PLAINTEXT", "SSL", "SASL_SSL"]
 
 
 def test_missing_zookeeper_connect_and_bad_override():

@@ -36,18 +36,23 @@ AK39 = {
     20: ("DeleteTopics", (0, 6), 4), 21: ("DeleteRecords", (0, 2), 2), 22: ("InitProducerId", (0, 5), 2),
     23: ("OffsetForLeaderEpoch", (0, 4), 4), 24: ("AddPartitionsToTxn", (0, 4), 3),
     25: ("AddOffsetsToTxn", (0, 3), 3), 26: ("EndTxn", (0, 3), 3), 27: ("WriteTxnMarkers", (0, 1), 1),
-    28: ("TxnOffsetCommit", (0, 3), 3), 32: ("DescribeConfigs", (0, 4), 4),
+    28: ("TxnOffsetCommit", (0, 3), 3), 29: ("DescribeAcls", (0, 3), 2), 30: ("CreateAcls", (0, 3), 2),
+    31: ("DeleteAcls", (0, 3), 2), 32: ("DescribeConfigs", (0, 4), 4),
     33: ("AlterConfigs", (0, 2), 2), 35: ("DescribeLogDirs", (0, 4), 2), 36: ("SaslAuthenticate", (0, 2), 2),
     37: ("CreatePartitions", (0, 3), 2), 42: ("DeleteGroups", (0, 2), 2), 43: ("ElectLeaders", (0, 2), 2),
     44: ("IncrementalAlterConfigs", (0, 1), 1), 45: ("AlterPartitionReassignments", (0, 0), 0),
     46: ("ListPartitionReassignments", (0, 0), 0), 47: ("OffsetDelete", (0, 0), None),
+    50: ("DescribeUserScramCredentials", (0, 0), 0), 51: ("AlterUserScramCredentials", (0, 0), 0),
     60: ("DescribeCluster", (0, 1), 0), 61: ("DescribeProducers", (0, 0), 0),
     65: ("DescribeTransactions", (0, 0), 0),
     66: ("ListTransactions", (0, 1), 0),
 }
 
 # Deliberate differences from the 3.9 valid range.
-RANGE_EXCEPTIONS = {7: (1, 3)}  # ControlledShutdown v0 has a request header without client_id
+RANGE_EXCEPTIONS = {
+    7: (1, 3),   # ControlledShutdown v0 has a request header without client_id
+    60: (0, 2),  # DescribeCluster v2 (Kafka 4.0, KIP-1073): a broker that fenced itself says so
+}
 
 # Deliberate differences from the JSON defaults: (message name, field path) -> our default.
 DEFAULT_EXCEPTIONS = {("ListOffsetsRequest", "replica_id"): -1}

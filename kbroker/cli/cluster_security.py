@@ -1,0 +1,141 @@
+"""The secured local cluster of ``kbroker cluster up --security ssl|sasl_plaintext|sasl_ssl``.
+
+Files in DIR, made once (a later ``up`` reuses them):
+
+    ca.pem               the cluster's CA certificate (its key is not kept: nothing more is signed)
+    broker.pem           the brokers' key and certificate (subjectAltName 127.0.0.1 and localhost, so
+                         clients verify the host name with their defaults) - TLS modes
+    admin.pem            the admin's client certificate and key (CN=admin) - ssl mode (mTLS)
+    client.properties    Kafka client properties for the admin (security.protocol, sasl.mechanism,
+                         sasl.jaas.config, ssl.truststore.type=PEM, ssl.truststore.location=DIR/ca.pem)
+
+The admin is a super user (``super.users=User:admin``): SCRAM-SHA-512 credentials in ZooKeeper
+(``/config/users/admin``) in the SASL modes, the certificate's CN through ssl.principal.mapping.rules
+in ssl mode. Brokers talk to each other over the same secured listener, as the admin (SASL) or with
+their certificate (ssl; User:broker is a super user too).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from pathlib import Path
+
+MODES = ("plaintext", "ssl", "sasl_plaintext", "sasl_ssl")
+ADMIN = "admin"
+MECHANISM = "SCRAM-SHA-512"
+CLIENT_PROPERTIES = "client.properties"
+AUTHORIZER = "kafka.security.authorizer.AclAuthorizer"
+
+
+def _jaas(user: str, password: str) -> str:
+    return f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{user}" password="{password}";'
+
+
+def prepare(root: Path, mode: str) -> None:
+    """The CA, certificates, admin password and client.properties of ``mode``; kept when present."""
+    if mode == "plaintext" or (root / CLIENT_PROPERTIES).exists():
+        return
+    from kbroker.security.certs import CA
+    props = [f"security.protocol={mode.upper()}"]
+    if "ssl" in mode:
+        ca = CA.create("kbroker local cluster CA")
+        (root / "ca.pem").write_bytes(ca.pem())
+        key, cert = ca.issue({"CN": "broker"}, ["127.0.0.1", "localhost"])
+        ca.write_pem_keystore(root / "broker.pem", key, cert)
+        props += ["ssl.truststore.type=PEM", f"ssl.truststore.location={root / 'ca.pem'}"]
+        if mode == "ssl":
+            akey, acert = ca.issue({"CN": ADMIN}, client=True)
+            ca.write_pem_keystore(root / "admin.pem", akey, acert)
+            props += ["ssl.keystore.type=PEM", f"ssl.keystore.location={root / 'admin.pem'}"]
+    if mode.startswith("sasl"):
+        props += [f"sasl.mechanism={MECHANISM}", f"sasl.jaas.config={_jaas(ADMIN, secrets.token_urlsafe(18))}"]
+    path = root / CLIENT_PROPERTIES
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)   # it holds the admin's password
+    with os.fdopen(fd, "w") as f:
+        f.write("# The local cluster's admin (a super user), for --command-config and Kafka clients.\n")
+        f.write("\n".join(props) + "\n")
+
+
+def client_properties(root: Path) -> dict[str, str]:
+    from kbroker.config import parse_properties
+    return parse_properties((root / CLIENT_PROPERTIES).read_text(encoding="utf-8"))
+
+
+def admin_password(root: Path) -> str:
+    from kbroker.client.security import jaas_options
+    return jaas_options(client_properties(root)["sasl.jaas.config"])["password"]
+
+
+def broker_lines(root: Path, mode: str, port: int) -> list[str]:
+    """The server.properties lines of a broker's listener in ``mode``."""
+    name = mode.upper()
+    endpoint = f"{name}://127.0.0.1:{port}"
+    lines = [f"listeners={endpoint}", f"advertised.listeners={endpoint}"]
+    if mode == "plaintext":
+        return lines
+    lines += [f"security.inter.broker.protocol={name}", f"authorizer.class.name={AUTHORIZER}"]
+    if "ssl" in mode:
+        lines += ["ssl.keystore.type=PEM", f"ssl.keystore.location={root / 'broker.pem'}",
+                  "ssl.truststore.type=PEM", f"ssl.truststore.location={root / 'ca.pem'}"]
+    if mode == "ssl":
+        lines += ["ssl.client.auth=required", "ssl.principal.mapping.rules=RULE:^CN=([^,]+).*$/$1/,DEFAULT",
+                  f"super.users=User:{ADMIN};User:broker"]
+    else:
+        prefix = f"listener.name.{mode}"
+        lines += [f"sasl.enabled.mechanisms={MECHANISM}", f"sasl.mechanism.inter.broker.protocol={MECHANISM}",
+                  f"{prefix}.{MECHANISM.lower()}.sasl.jaas.config={_jaas(ADMIN, admin_password(root))}",
+                  f"super.users=User:{ADMIN}"]
+    return lines
+
+
+def register_admin(kazoo, root: Path, mode: str) -> None:
+    """The admin's SCRAM-SHA-512 credential in /config/users/admin (SASL modes), before any broker
+    needs it for its inter-broker connections."""
+    if not mode.startswith("sasl"):
+        return
+    from kbroker.security.sasl.scram import ScramCredential
+    from kbroker.zk.credentials import alter_user_config, get_user_config
+    if MECHANISM not in get_user_config(kazoo, ADMIN):
+        alter_user_config(kazoo, ADMIN, {MECHANISM: ScramCredential.from_password(
+            MECHANISM, admin_password(root), 4096).encode()})
+
+
+def client_security(root: Path, mode: str):
+    if mode == "plaintext":
+        return None
+    from kbroker.client.security import ClientSecurity
+    return ClientSecurity.from_properties(client_properties(root))
+
+
+def probe_api_versions(port: int, security, timeout: float = 2.0) -> str | None:
+    """A secured listener's readiness: TLS handshake, SASL login, ApiVersions; None when it answered."""
+    from kbroker.client.connection import BrokerConnection, KafkaError
+
+    async def go():
+        conn = await BrokerConnection.open("127.0.0.1", port, client_id="kbroker-cluster-up",
+                                           request_timeout_ms=int(timeout * 1000), security=security)
+        conn.close()
+    try:
+        asyncio.run(go())
+    except (KafkaError, OSError, asyncio.TimeoutError) as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def probe_metadata(port: int, security, timeout: float = 2.0) -> tuple[set[int], int] | None:
+    """(broker ids, controller id) from a secured listener's Metadata answer, None when it has none."""
+    from kbroker.client.connection import BrokerConnection, KafkaError
+
+    async def go():
+        conn = await BrokerConnection.open("127.0.0.1", port, client_id="kbroker-cluster-up",
+                                           request_timeout_ms=int(timeout * 1000), security=security)
+        try:
+            _, body = await conn.send(3, {"topics": []}, version=1)
+        finally:
+            conn.close()
+        return {b["node_id"] for b in body["brokers"]}, body["controller_id"]
+    try:
+        return asyncio.run(go())
+    except (KafkaError, OSError, asyncio.TimeoutError):
+        return None
