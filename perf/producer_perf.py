@@ -362,7 +362,8 @@ class _Pipeline:
         self.records_in_batches = 0
         self.wire_bytes = 0
         self.errors: dict[str, int] = {}
-        # Transactions: set once the current transaction's partitions are added; sends wait for it.
+        # Transactions: set once the current transaction's partitions are added; closed batches stay
+        # queued until then.
         self.gate: asyncio.Event | None = None
 
     def close_batch(self, ob: _Open) -> None:
@@ -381,6 +382,8 @@ class _Pipeline:
         return self.in_flight.get(node, 0) < self.s.max_in_flight
 
     def pump(self) -> None:
+        if self.gate is not None and not self.gate.is_set():
+            return          # the transaction's partitions are being added: batches wait here, in order
         for partition, q in self.queued.items():
             while q:
                 node = self.cluster.leader_for(self.topic, partition)
@@ -394,8 +397,6 @@ class _Pipeline:
 
     async def _send(self, node, partition, data, sends, first_bytes, nbytes) -> None:
         try:
-            if self.gate is not None:
-                await self.gate.wait()
             await self.p.produce_batch(self.topic, partition, data)
         except (KafkaError, OSError) as e:
             now = _now_ms()
@@ -479,9 +480,10 @@ async def run(cfg: RunConfig, out=None, err=None) -> Stats:
         if txn is not None:
             txn.begin(pipe)
         await _produce(cfg, pipe, partitions, txn)
-        await pipe.drain()
         if txn is not None:
-            await txn.commit()
+            await txn.commit(pipe)
+        else:
+            await pipe.drain()
     finally:
         await producer.close()
     out.write(stats.total_line())
@@ -496,7 +498,7 @@ class TxnSession:
     InitProducerId at the transaction coordinator, then begin / send / commit every duration. Each
     transaction adds every partition of the topic up front (one AddPartitionsToTxn), so the sends need
     no per-batch bookkeeping; the producer's batches carry the transactional flag and id. Records keep
-    filling batches while a transaction's partitions are being added; their sends wait for it."""
+    filling batches while a transaction's partitions are being added; they are sent after it."""
 
     def __init__(self, producer: Producer, cluster: Cluster, tid: str, topic: str, partitions: list[int],
                  s: ProducerSettings):
@@ -535,21 +537,24 @@ class TxnSession:
 
     def begin(self, pipe: "_Pipeline") -> None:
         """Start the next transaction: records keep filling batches while its partitions are added
-        (the previous commit's markers may still be on their way); the batches' sends wait for it."""
+        (the previous commit's markers may still be on their way); the batches are sent after it."""
         pipe.gate = asyncio.Event()
-        self._adding = asyncio.get_running_loop().create_task(self._add_partitions(pipe.gate))
+        self._adding = asyncio.get_running_loop().create_task(self._add_partitions(pipe))
 
-    async def _add_partitions(self, gate: asyncio.Event) -> None:
+    async def _add_partitions(self, pipe: "_Pipeline") -> None:
         body = {"v3_and_below_transactional_id": self.tid, "v3_and_below_producer_id": self.p.producer_id,
                 "v3_and_below_producer_epoch": self.p.producer_epoch,
                 "v3_and_below_topics": [{"name": self.topic, "partitions": self.partitions}]}
         await self._coordinator_call(ADD_PARTITIONS_TO_TXN, body, lambda r: max(
             (x["partition_error_code"] for t in r["results_by_topic_v3_and_below"] for x in t["results_by_partition"]),
             key=lambda c: c != 0))
-        gate.set()
+        pipe.gate.set()
+        pipe.pump()
 
-    async def commit(self) -> None:
+    async def commit(self, pipe: "_Pipeline") -> None:
+        """Every batch of the transaction acknowledged (after its partitions were added), then EndTxn."""
         await self._adding       # its failure ends the run here
+        await pipe.drain()
         t0 = time.monotonic()
         await self._coordinator_call(END_TXN, {"transactional_id": self.tid, "producer_id": self.p.producer_id,
                                                "producer_epoch": self.p.producer_epoch, "committed": True},
@@ -605,8 +610,7 @@ async def _produce(cfg: RunConfig, pipe: _Pipeline, partitions: list[int], txn: 
             # Kafka's tool: commit once the duration has passed, then begin the next transaction.
             if sends:
                 rotate(t)
-            await pipe.drain()
-            await txn.commit()
+            await txn.commit(pipe)
             txn.begin(pipe)
             t = mono()
             txn_end = t + txn_every
