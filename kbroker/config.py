@@ -201,7 +201,7 @@ def _known(name: str, type_: str, default: Any, validator: Validator | None = No
 
 ONE_LOOP = "one event loop per broker serves every connection, request and replica fetch; there is no thread pool to size"
 SECURITY = "kbroker's security is TLS, SASL PLAIN / SCRAM and the AclAuthorizer; this option of it is not implemented"
-TRANSACTIONS = "transactions are not part of this build"
+TRANSACTIONS = "this transaction setting is not implemented in kbroker's transaction coordinator"
 KRAFT = "a KRaft setting; kbroker runs in ZooKeeper mode"
 TIERED = "tiered storage (KIP-405) is not implemented; all data stays in the local log dirs"
 NEW_GROUPS = "the consumer group protocol of KIP-848 is not implemented; groups use the classic protocol"
@@ -589,14 +589,14 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _impl("group.max.session.timeout.ms", "int", 1800000),
     _impl("group.max.size", "int", INT_MAX, at_least(1)),
     _known("group.coordinator.rebalance.protocols", "list", ["classic"]),
-    _known("transaction.state.log.num.partitions", "int", 50, at_least(1)),
-    _known("transaction.state.log.segment.bytes", "int", 100 * 1024 * 1024, at_least(1)),
-    _known("transaction.state.log.load.buffer.size", "int", 5 * 1024 * 1024, at_least(1)),
-    _known("transactional.id.expiration.ms", "int", 604800000, at_least(1)),
-    _known("transaction.max.timeout.ms", "int", 900000, at_least(1)),
-    _known("transaction.abort.timed.out.transaction.cleanup.interval.ms", "int", 10000, at_least(1)),
-    _known("transaction.remove.expired.transaction.cleanup.interval.ms", "int", 3600000, at_least(1)),
-    _known("transaction.partition.verification.enable", "boolean", True),
+    _impl("transaction.state.log.num.partitions", "int", 50, at_least(1)),
+    _impl("transaction.state.log.segment.bytes", "int", 100 * 1024 * 1024, at_least(1)),
+    _impl("transaction.state.log.load.buffer.size", "int", 5 * 1024 * 1024, at_least(1)),
+    _impl("transactional.id.expiration.ms", "int", 604800000, at_least(1)),
+    _impl("transaction.max.timeout.ms", "int", 900000, at_least(1)),
+    _impl("transaction.abort.timed.out.transaction.cleanup.interval.ms", "int", 10000, at_least(1)),
+    _impl("transaction.remove.expired.transaction.cleanup.interval.ms", "int", 3600000, at_least(1)),
+    _impl("transaction.partition.verification.enable", "boolean", True),
     _known("producer.id.expiration.ms", "int", 86400000, at_least(1),
            why="idempotent producers' state is kept until the log no longer holds their batches"),
     _known("producer.id.expiration.check.interval.ms", "int", 600000, at_least(1),

@@ -120,6 +120,8 @@ class LocalCluster:
             "zookeeper.session.timeout.ms": self.session_timeout_ms,
             "num.partitions": self.num_partitions,
             "offsets.topic.replication.factor": 1,
+            "transaction.state.log.replication.factor": 1,
+            "transaction.state.log.min.isr": 1,
         }
         props.update(self.overrides)
         props.update(b.extra)

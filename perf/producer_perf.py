@@ -37,9 +37,13 @@ from itertools import cycle, islice
 
 from kbroker._native.batch import BatchBuilder
 from kbroker.client import Cluster, KafkaError, Producer
+from kbroker.client.connection import raise_for_error
 from kbroker.client.producer import BATCH_HEADER, COMPRESSION, RECORD_OVERHEAD_MAX
 from kbroker.client.security import is_security_key, security_from
 from kbroker.config import parse_properties
+from kbroker.protocol.api import ApiKey
+from kbroker.protocol.errors import Errors
+from kbroker.protocol.messages import API_NAMES
 
 from .java_format import java_format, mib
 
@@ -250,6 +254,7 @@ class ProducerSettings:
     buffer_memory: int
     client_id: str
     ignored: list[str] = field(default_factory=list)
+    transactional_id: str | None = None
     security: object = None         # kbroker.client.security.ClientSecurity (security.protocol, ssl.*, sasl.*)
 
 
@@ -275,13 +280,10 @@ def read_props(producer_props: list[str] | None, config_file: str | None) -> dic
 
 def settings_from(props: dict[str, str]) -> ProducerSettings:
     """Kafka property names -> kbroker client settings, with the Java 3.9 producer's defaults."""
-    if "transactional.id" in props:
-        raise PerfError("transactions are not implemented by kbroker's client: "
-                        "remove transactional.id from the producer properties")
     merged = dict(JAVA_DEFAULTS)
     merged.update(props)
     unknown = sorted(k for k in props if k not in JAVA_DEFAULTS and k not in IGNORED
-                     and k != "bootstrap.servers" and not is_security_key(k))
+                     and k not in ("bootstrap.servers", "transactional.id") and not is_security_key(k))
     if unknown:
         raise PerfError("unsupported producer properties: " + ", ".join(unknown))
     if not merged.get("bootstrap.servers"):
@@ -311,6 +313,11 @@ def settings_from(props: dict[str, str]) -> ProducerSettings:
             raise PerfError("enable.idempotence=true needs acks=all, retries > 0 and "
                             "max.in.flight.requests.per.connection <= 5")
         idempotent = False      # Java 3.x: the implicit default yields to a conflicting setting
+    tid = props.get("transactional.id") or None
+    if tid is not None and not idempotent:
+        if "enable.idempotence" in props or conflict:
+            raise PerfError("transactional.id needs enable.idempotence (acks=all, retries > 0 and "
+                            "max.in.flight.requests.per.connection <= 5)")
     compression = merged["compression.type"].strip().lower()
     if compression not in COMPRESSION or compression is None:
         raise PerfError(f"unknown compression.type {merged['compression.type']!r}")
@@ -320,7 +327,7 @@ def settings_from(props: dict[str, str]) -> ProducerSettings:
         max_in_flight=max_in_flight, retries=retries, retry_backoff_ms=num("retry.backoff.ms"),
         request_timeout_ms=num("request.timeout.ms", 1), delivery_timeout_ms=num("delivery.timeout.ms", 1),
         max_request_size=num("max.request.size", 1), buffer_memory=num("buffer.memory", 1),
-        client_id=merged["client.id"], ignored=sorted(k for k in props if k in IGNORED),
+        client_id=merged["client.id"], ignored=sorted(k for k in props if k in IGNORED), transactional_id=tid,
         security=security_from(props, PerfError))
 
 
@@ -355,6 +362,9 @@ class _Pipeline:
         self.records_in_batches = 0
         self.wire_bytes = 0
         self.errors: dict[str, int] = {}
+        # Transactions: set once the current transaction's partitions are added; closed batches stay
+        # queued until then.
+        self.gate: asyncio.Event | None = None
 
     def close_batch(self, ob: _Open) -> None:
         seq = -1
@@ -362,7 +372,7 @@ class _Pipeline:
             seq = self.next_seq.get(ob.partition, 0)
             self.next_seq[ob.partition] = (seq + len(ob.sends)) % (1 << 31)
         data = ob.builder.build(producer_id=self.p.producer_id, producer_epoch=self.p.producer_epoch,
-                                base_sequence=seq)
+                                base_sequence=seq, is_transactional=self.p.transactional_id is not None)
         self.queued.setdefault(ob.partition, deque()).append((data, ob.sends, ob.first_bytes, ob.nbytes))
         self.buffered += len(data)
         self.pump()
@@ -372,6 +382,8 @@ class _Pipeline:
         return self.in_flight.get(node, 0) < self.s.max_in_flight
 
     def pump(self) -> None:
+        if self.gate is not None and not self.gate.is_set():
+            return          # the transaction's partitions are being added: batches wait here, in order
         for partition, q in self.queued.items():
             while q:
                 node = self.cluster.leader_for(self.topic, partition)
@@ -428,6 +440,7 @@ class RunConfig:
     monotonic: bool = False
     print_metrics: bool = False
     reporting_interval_ms: int = REPORTING_INTERVAL_MS
+    transaction_duration_ms: int = 0              # > 0: commit a transaction this often (needs a transactional id)
 
 
 async def run(cfg: RunConfig, out=None, err=None) -> Stats:
@@ -457,10 +470,20 @@ async def run(cfg: RunConfig, out=None, err=None) -> Stats:
                    else max(map(len, cfg.payloads)) if cfg.payloads else len(str(cfg.num_records)))
         if BATCH_HEADER + RECORD_OVERHEAD_MAX + biggest > s.max_request_size:
             raise PerfError(f"a record of {biggest} bytes does not fit max.request.size={s.max_request_size}")
+        txn = None
+        if s.transactional_id is not None:
+            # Before the clock starts, as Java's initTransactions() comes before its first send.
+            txn = TxnSession(producer, cluster, s.transactional_id, cfg.topic, partitions, s)
+            await txn.init()
         stats = Stats(cfg.num_records, cfg.reporting_interval_ms, out)
         pipe = _Pipeline(producer, cluster, cfg.topic, s, stats, err)
-        await _produce(cfg, pipe, partitions)
-        await pipe.drain()
+        if txn is not None:
+            txn.begin(pipe)
+        await _produce(cfg, pipe, partitions, txn)
+        if txn is not None:
+            await txn.commit(pipe)
+        else:
+            await pipe.drain()
     finally:
         await producer.close()
     out.write(stats.total_line())
@@ -470,7 +493,83 @@ async def run(cfg: RunConfig, out=None, err=None) -> Stats:
     return stats
 
 
-async def _produce(cfg: RunConfig, pipe: _Pipeline, partitions: list[int]) -> None:
+class TxnSession:
+    """The transactions of ``--transactional-id`` / ``--transaction-duration-ms``, as Kafka's tool runs them:
+    InitProducerId at the transaction coordinator, then begin / send / commit every duration. Each
+    transaction adds every partition of the topic up front (one AddPartitionsToTxn), so the sends need
+    no per-batch bookkeeping; the producer's batches carry the transactional flag and id. Records keep
+    filling batches while a transaction's partitions are being added; they are sent after it."""
+
+    def __init__(self, producer: Producer, cluster: Cluster, tid: str, topic: str, partitions: list[int],
+                 s: ProducerSettings):
+        self.p, self.cluster, self.tid, self.topic, self.partitions = producer, cluster, tid, topic, partitions
+        self.timeout_ms = 60000
+        self.deadline_s = s.delivery_timeout_ms / 1000
+        self.backoff = max(s.retry_backoff_ms / 1000, 0.01)
+        self.commits = 0
+        self.commit_ms: list[float] = []
+        self._adding: asyncio.Task | None = None
+
+    async def _coordinator_call(self, api_key: int, body: dict, code_of) -> dict:
+        deadline = time.monotonic() + self.deadline_s
+        while True:
+            _, r = await self.cluster.send_any(FIND_COORDINATOR, {"key": self.tid, "key_type": 1})
+            if r["error_code"] == 0:
+                conn = await self.cluster.connection(r["node_id"])
+                _, r = await conn.send(api_key, body)
+                code = code_of(r)
+                if code == 0:
+                    return r
+            else:
+                code = r["error_code"]
+            if code not in _TXN_RETRY or time.monotonic() > deadline:
+                raise_for_error(code, None, f"{API_NAMES[api_key]}({self.tid})")
+            # The previous transaction's markers are still being written: Java's producer retries
+            # AddPartitionsToTxn after 20 ms rather than retry.backoff.ms.
+            await asyncio.sleep(min(self.backoff, 0.02) if code == Errors.CONCURRENT_TRANSACTIONS else self.backoff)
+
+    async def init(self) -> None:
+        r = await self._coordinator_call(INIT_PRODUCER_ID, {"transactional_id": self.tid,
+                                                            "transaction_timeout_ms": self.timeout_ms},
+                                         lambda r: r["error_code"])
+        self.p.producer_id, self.p.producer_epoch = r["producer_id"], r["producer_epoch"]
+        self.p.transactional_id = self.tid
+
+    def begin(self, pipe: "_Pipeline") -> None:
+        """Start the next transaction: records keep filling batches while its partitions are added
+        (the previous commit's markers may still be on their way); the batches are sent after it."""
+        pipe.gate = asyncio.Event()
+        self._adding = asyncio.get_running_loop().create_task(self._add_partitions(pipe))
+
+    async def _add_partitions(self, pipe: "_Pipeline") -> None:
+        body = {"v3_and_below_transactional_id": self.tid, "v3_and_below_producer_id": self.p.producer_id,
+                "v3_and_below_producer_epoch": self.p.producer_epoch,
+                "v3_and_below_topics": [{"name": self.topic, "partitions": self.partitions}]}
+        await self._coordinator_call(ADD_PARTITIONS_TO_TXN, body, lambda r: max(
+            (x["partition_error_code"] for t in r["results_by_topic_v3_and_below"] for x in t["results_by_partition"]),
+            key=lambda c: c != 0))
+        pipe.gate.set()
+        pipe.pump()
+
+    async def commit(self, pipe: "_Pipeline") -> None:
+        """Every batch of the transaction acknowledged (after its partitions were added), then EndTxn."""
+        await self._adding       # its failure ends the run here
+        await pipe.drain()
+        t0 = time.monotonic()
+        await self._coordinator_call(END_TXN, {"transactional_id": self.tid, "producer_id": self.p.producer_id,
+                                               "producer_epoch": self.p.producer_epoch, "committed": True},
+                                     lambda r: r["error_code"])
+        self.commit_ms.append((time.monotonic() - t0) * 1000)
+        self.commits += 1
+
+
+FIND_COORDINATOR, INIT_PRODUCER_ID = ApiKey.FIND_COORDINATOR, ApiKey.INIT_PRODUCER_ID
+ADD_PARTITIONS_TO_TXN, END_TXN = ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.END_TXN
+_TXN_RETRY = {Errors.COORDINATOR_LOAD_IN_PROGRESS, Errors.COORDINATOR_NOT_AVAILABLE, Errors.NOT_COORDINATOR,
+              Errors.CONCURRENT_TRANSACTIONS}
+
+
+async def _produce(cfg: RunConfig, pipe: _Pipeline, partitions: list[int], txn: TxnSession | None = None) -> None:
     s = cfg.settings
     n = cfg.num_records
     codec, batch_size, linger = pipe.codec, s.batch_size, s.linger_ms / 1000
@@ -503,8 +602,18 @@ async def _produce(cfg: RunConfig, pipe: _Pipeline, partitions: list[int]) -> No
         ob = _Open(BatchBuilder(codec, batch_size), partitions[part_ix], now)
         append, sends = ob.builder.append, ob.sends
 
+    txn_every = cfg.transaction_duration_ms / 1000 if txn is not None else None
+    txn_end = mono() + txn_every if txn_every else None
     for i, value in enumerate(values):
         t = mono()
+        if txn_end is not None and t >= txn_end:
+            # Kafka's tool: commit once the duration has passed, then begin the next transaction.
+            if sends:
+                rotate(t)
+            await txn.commit(pipe)
+            txn.begin(pipe)
+            t = mono()
+            txn_end = t + txn_every
         if not append(None, None, value):
             rotate(t)
             append(None, None, value)

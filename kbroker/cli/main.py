@@ -27,6 +27,7 @@ SUBCOMMANDS = (
     "kbroker.cli.broker_api_versions",
     "kbroker.cli.dump_log",
     "kbroker.cli.perf_test",
+    "kbroker.cli.transactions",
 )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import uuid
 
 from kbroker.client import KafkaError
 
@@ -29,9 +30,11 @@ def register(subparsers) -> None:
     p.add_argument("--producer.config", metavar="CONFIG-FILE", dest="producer_config")
     p.add_argument("--print-metrics", action="store_true", dest="print_metrics")
     p.add_argument("--transactional-id", metavar="TRANSACTIONAL-ID", dest="transactional_id",
-                   help="refused: transactions are not implemented")
+                   help="the transactional id (over transactional.id in the producer properties); with "
+                        "--transaction-duration-ms alone: performance-producer- and a random uuid")
     p.add_argument("--transaction-duration-ms", type=int, metavar="TRANSACTION-DURATION",
-                   dest="transaction_duration_ms", help="refused: transactions are not implemented")
+                   dest="transaction_duration_ms",
+                   help="commit a transaction after this many ms (default 3000 when a transactional id is set)")
     p.set_defaults(func=producer_main)
 
     c = subparsers.add_parser(
@@ -60,21 +63,31 @@ def producer_main(args: argparse.Namespace) -> int:
     from kbroker.perf import producer_perf as pp
 
     try:
-        if args.transactional_id is not None or args.transaction_duration_ms is not None:
-            raise pp.PerfError("transactions are not implemented by kbroker's client: "
-                               "--transactional-id / --transaction-duration-ms are refused")
         if args.num_records <= 0:
             raise pp.PerfError("--num-records should be greater than zero")
         if args.record_size is not None and args.record_size <= 0:
             raise pp.PerfError("--record-size should be greater than zero")
-        settings = pp.settings_from(pp.read_props(args.producer_props, args.producer_config))
+        props = pp.read_props(args.producer_props, args.producer_config)
+        duration = args.transaction_duration_ms
+        if duration is not None and duration <= 0:
+            raise pp.PerfError("--transaction-duration-ms should be greater than zero")
+        # Kafka's rules: --transactional-id wins over the properties; a duration alone makes up an id;
+        # an id alone commits every 3000 ms.
+        if args.transactional_id is not None:
+            props["transactional.id"] = args.transactional_id
+        elif duration is not None and not props.get("transactional.id"):
+            props["transactional.id"] = f"performance-producer-{uuid.uuid4()}"
+        if props.get("transactional.id") and duration is None:
+            duration = 3000
+        settings = pp.settings_from(props)
         payloads = None
         if args.payload_file is not None:
             delim = "\n" if args.payload_delimiter == "\\n" else args.payload_delimiter
             payloads = pp.read_payload_file(args.payload_file, delim, sys.stdout)
         cfg = pp.RunConfig(topic=args.topic, num_records=args.num_records, throughput=args.throughput,
                            settings=settings, record_size=args.record_size, payloads=payloads,
-                           monotonic=args.payload_monotonic, print_metrics=args.print_metrics)
+                           monotonic=args.payload_monotonic, print_metrics=args.print_metrics,
+                           transaction_duration_ms=duration or 0)
         asyncio.run(pp.run(cfg))
         return 0
     except pp.PerfError as e:

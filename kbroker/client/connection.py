@@ -52,6 +52,11 @@ CLIENT_VERSIONS: dict[int, tuple[int, int]] = {
     20: (0, 5),     # DeleteTopics (6+ names topics by id)
     21: (0, 2),     # DeleteRecords
     22: (0, 4),     # InitProducerId
+    24: (0, 3),     # AddPartitionsToTxn (4+ is broker to broker)
+    25: (0, 3),     # AddOffsetsToTxn
+    26: (0, 3),     # EndTxn
+    27: (0, 1),     # WriteTxnMarkers (the transaction coordinator's)
+    28: (0, 3),     # TxnOffsetCommit
     29: (1, 3),     # DescribeAcls (v1+: pattern types)
     30: (1, 3),     # CreateAcls
     31: (1, 3),     # DeleteAcls
@@ -65,6 +70,9 @@ CLIENT_VERSIONS: dict[int, tuple[int, int]] = {
     46: (0, 0),     # ListPartitionReassignments
     47: (0, 0),     # OffsetDelete
     60: (0, 2),     # DescribeCluster (v2: fenced brokers)
+    61: (0, 0),     # DescribeProducers
+    65: (0, 0),     # DescribeTransactions
+    66: (0, 1),     # ListTransactions
 }
 
 

@@ -119,6 +119,8 @@ class Producer:
         self.buffer_memory = buffer_memory
         self.partitioner = partitioner or StickyPartitioner()
         self.producer_id, self.producer_epoch = -1, -1
+        # Named in every Produce request once a caller runs transactions with this producer's id.
+        self.transactional_id: str | None = None
         self._batches: dict[tuple[str, int], deque[_Batch]] = {}
         self._next_seq: dict[tuple[str, int], int] = {}
         self._muted: set[tuple[str, int]] = set()      # idempotent: partitions with a batch in flight
@@ -302,7 +304,7 @@ class Producer:
         topics: dict[str, list] = {}
         for topic, partition, data in items:
             topics.setdefault(topic, []).append({"index": partition, "records": data})
-        return {"transactional_id": None, "acks": self.acks, "timeout_ms": self.request_timeout_ms,
+        return {"transactional_id": self.transactional_id, "acks": self.acks, "timeout_ms": self.request_timeout_ms,
                 "topic_data": [{"name": t, "partition_data": ps} for t, ps in topics.items()]}
 
     async def _refresh(self, topics):

@@ -72,6 +72,8 @@ class Group:
     static_members: dict = field(default_factory=dict)   # group_instance_id -> member_id
     pending_members: dict = field(default_factory=dict)  # member ids handed out with MEMBER_ID_REQUIRED -> timer
     offsets: dict = field(default_factory=dict)          # (topic, partition) -> OffsetEntry
+    # TxnOffsetCommit offsets waiting for their transaction's marker: producer id -> {(topic, partition): entry}
+    pending_txn_offsets: dict = field(default_factory=dict)
     state_timestamp: int = -1
     rebalance_handle: asyncio.TimerHandle | None = None
     initial_delay: bool = False                          # group.initial.rebalance.delay.ms still running

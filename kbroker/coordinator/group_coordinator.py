@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from ..protocol.errors import Errors
 from . import records as consumer_offsets
+from .ownership import leader_epoch, led_partitions, periodic
 from .group import (COMPLETING_REBALANCE, DEAD, EMPTY, PREPARING_REBALANCE, STABLE, Group, Member,
                     OffsetEntry)
 from .store import OFFSETS_TOPIC, OffsetsStore
@@ -73,9 +74,9 @@ class GroupCoordinator:
         if self.loop is not None:
             return
         self.loop = asyncio.get_running_loop()
-        self._tasks.append(self.loop.create_task(self._periodic(1.0, self.reconcile)))
+        self._tasks.append(self.loop.create_task(periodic(1.0, self.reconcile, "group coordinator")))
         interval = self._cfg("offsets.retention.check.interval.ms") / 1000
-        self._tasks.append(self.loop.create_task(self._periodic(interval, self.expire_offsets)))
+        self._tasks.append(self.loop.create_task(periodic(interval, self.expire_offsets, "group coordinator")))
 
     def stop(self) -> None:
         for t in self._tasks:
@@ -88,41 +89,12 @@ class GroupCoordinator:
         if self.loop is None:
             self.start()
 
-    async def _periodic(self, interval_s, fn):
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                r = fn()
-                if asyncio.iscoroutine(r):
-                    await r
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("group coordinator periodic task failed")
-
     # ---- partition ownership -----------------------------------------------------------------------
     def _led_partitions(self) -> dict[int, int]:
-        """{offsets partition: leader epoch} for the partitions this broker leads: the ReplicaManager's
-        view when there is one (it learns leadership first), else the metadata cache's."""
-        rm = getattr(self.broker, "replica_manager", None)
-        if rm is not None:
-            return {tp[1]: part.leader_epoch for tp, part in list(rm.partitions.items())
-                    if tp[0] == OFFSETS_TOPIC and part.is_leader}
-        t = self.broker.metadata.topics.get(OFFSETS_TOPIC)
-        if t is None:
-            return {}
-        me = self.broker.broker_id
-        return {p: info.leader_epoch for p, info in t.partitions.items() if info.leader == me}
+        return led_partitions(self.broker, OFFSETS_TOPIC)
 
     def _leader_epoch(self, p: int):
-        """This broker's leader epoch of offsets partition ``p``, or None if it does not lead it."""
-        rm = getattr(self.broker, "replica_manager", None)
-        if rm is not None:
-            part = rm.partitions.get((OFFSETS_TOPIC, p))
-            return part.leader_epoch if part is not None and part.is_leader else None
-        t = self.broker.metadata.topics.get(OFFSETS_TOPIC)
-        info = t.partitions.get(p) if t is not None else None
-        return info.leader_epoch if info is not None and info.leader == self.broker.broker_id else None
+        return leader_epoch(self.broker, OFFSETS_TOPIC, p)
 
     def reconcile(self) -> None:
         led = self._led_partitions()
@@ -142,7 +114,8 @@ class GroupCoordinator:
         groups: dict[str, Group] = {}
         n = 0
         try:
-            for _offset, key, value in self.store.read_all(ps.index, self._cfg("offsets.load.buffer.size")):
+            chunk = self._cfg("offsets.load.buffer.size")
+            for _offset, key, value, pending_pid in self.store.read_all(ps.index, chunk):
                 n += 1
                 if n % 2000 == 0:
                     await asyncio.sleep(0)
@@ -155,7 +128,12 @@ class GroupCoordinator:
                     if k[0] == "offset":
                         _, gid, topic, part = k
                         g = groups.get(gid) or groups.setdefault(gid, Group(gid))
-                        if value is None:
+                        if pending_pid >= 0:
+                            if value is not None:
+                                v = consumer_offsets.decode_offset_value(value)
+                                g.pending_txn_offsets.setdefault(pending_pid, {})[(topic, part)] = OffsetEntry(
+                                    v.offset, v.leader_epoch, v.metadata, v.commit_timestamp, v.expire_timestamp)
+                        elif value is None:
                             g.offsets.pop((topic, part), None)
                         else:
                             v = consumer_offsets.decode_offset_value(value)
@@ -182,7 +160,7 @@ class GroupCoordinator:
         if self.partitions.get(ps.index) is not ps:
             return
         for gid, g in groups.items():
-            if not g.members and not g.offsets and g.protocol_type is None:
+            if not g.members and not g.offsets and not g.pending_txn_offsets and g.protocol_type is None:
                 continue
             self.groups[gid] = g
             ps.groups.add(gid)
@@ -715,6 +693,17 @@ class GroupCoordinator:
             return {tp: int(E.REBALANCE_IN_PROGRESS) for tp in topics}
         else:
             self._schedule_heartbeat(g, g.members[member_id])
+        result, recs, entries = self._offset_records(group_id, topics, retention_ms, timestamps)
+        if recs:
+            code, _ = await self.store.append(p, recs, for_commit=True)
+            if not code and self.groups.get(group_id) is g:
+                g.offsets.update(entries)
+            for tp in entries:
+                result[tp] = code
+        return result
+
+    def _offset_records(self, group_id: str, topics, retention_ms: int, timestamps) -> tuple[dict, list, dict]:
+        """(codes of the refused partitions, records to write, {(topic, partition): OffsetEntry}) for a commit."""
         now = self.now_ms()
         max_meta = self._cfg("offset.metadata.max.bytes")
         md = self.broker.metadata
@@ -733,13 +722,59 @@ class GroupCoordinator:
             entries[(topic, part)] = e
             recs.append((consumer_offsets.offset_key(group_id, topic, part),
                          consumer_offsets.offset_value(consumer_offsets.OffsetValue(offset, epoch, e.metadata, ts, expire))))
+        return result, recs, entries
+
+    # ---- TxnOffsetCommit -------------------------------------------------------------------------------
+    async def txn_commit_offsets(self, group_id: str, producer_id: int, producer_epoch: int, generation: int,
+                                 member_id: str, instance_id, topics) -> dict:
+        """``topics`` {(topic, partition): (offset, leader_epoch, metadata)} -> {(topic, partition): code}.
+        The offsets are written in a transactional batch of the producer and stay pending in the group
+        until the transaction's marker on the offsets partition commits or aborts them. KIP-447: a
+        generation >= 0 and a member id are checked like an OffsetCommit's."""
+        err, p = self._partition_of(group_id)
+        if not err and not group_id:
+            err = int(E.INVALID_GROUP_ID)
+        if err:
+            return {tp: err for tp in topics}
+        g = self.groups.get(group_id)
+        if g is None:
+            g = self._get_or_create(group_id, p)
+        if g.state == DEAD:
+            return {tp: int(E.COORDINATOR_NOT_AVAILABLE) for tp in topics}
+        if not (generation < 0 and g.state == EMPTY):
+            if instance_id is not None and g.static_members.get(instance_id, member_id) != member_id:
+                return {tp: int(E.FENCED_INSTANCE_ID) for tp in topics}
+            if member_id and member_id not in g.members:
+                return {tp: int(E.UNKNOWN_MEMBER_ID) for tp in topics}
+            if generation >= 0 and generation != g.generation:
+                return {tp: int(E.ILLEGAL_GENERATION) for tp in topics}
+        result, recs, entries = self._offset_records(group_id, topics, -1, None)
         if recs:
-            code, _ = await self.store.append(p, recs, for_commit=True)
+            seq = self.store.next_sequence(p, producer_id, producer_epoch)
+            code, _ = await self.store.append(p, recs, for_commit=True, producer=(producer_id, producer_epoch, seq))
             if not code and self.groups.get(group_id) is g:
-                g.offsets.update(entries)
+                g.pending_txn_offsets.setdefault(producer_id, {}).update(entries)
             for tp in entries:
                 result[tp] = code
         return result
+
+    def on_transaction_completed(self, producer_id: int, offsets_partitions, committed: bool) -> None:
+        """The marker of ``producer_id``'s transaction is written to these ``__consumer_offsets``
+        partitions: its pending TxnOffsetCommit offsets become committed, or are dropped."""
+        for p in offsets_partitions:
+            ps = self.partitions.get(p)
+            if ps is None:
+                continue
+            for gid in ps.groups:
+                g = self.groups.get(gid)
+                pending = g.pending_txn_offsets.pop(producer_id, None) if g is not None else None
+                if pending and committed:
+                    g.offsets.update(pending)
+
+    def has_pending_txn_offsets(self, group_id: str, tp) -> bool:
+        """An offset of ``tp`` waits for a transaction (OffsetFetch require_stable: UNSTABLE_OFFSET_COMMIT)."""
+        g = self.groups.get(group_id)
+        return g is not None and any(tp in offs for offs in g.pending_txn_offsets.values())
 
     # ---- OffsetFetch ---------------------------------------------------------------------------------
     def fetch_offsets(self, group_id: str, wanted) -> tuple[int, dict]:

@@ -1,4 +1,5 @@
-"""Appends to and reads from the partitions of ``__consumer_offsets``.
+"""Appends to and reads from the partitions of a coordinator's internal topic (``__consumer_offsets``
+for the group coordinator, ``__transaction_state`` for the transaction coordinator).
 
 ``append`` is the ONE place where the coordinator writes: with the broker's ReplicaManager (when
 replication is wired in) it appends with acks=-1 and waits until the batch is replicated (or
@@ -52,29 +53,35 @@ def map_error(code: int, for_commit: bool) -> int:
         return int(Errors.UNKNOWN_SERVER_ERROR)
 
 
-def build_batch(records, now_ms: int) -> bytearray:
-    """One RecordBatch v2 holding ``records`` [(key, value-or-None)], writable for stamping."""
+def build_batch(records, now_ms: int, producer: tuple[int, int, int] | None = None) -> bytearray:
+    """One RecordBatch v2 holding ``records`` [(key, value-or-None)], writable for stamping.
+    ``producer`` (id, epoch, base sequence) makes it a transactional batch (a TxnOffsetCommit's offsets)."""
     size = 128 + sum(len(k) + (len(v) if v is not None else 0) + 32 for k, v in records)
     b = BatchBuilder(0, size)
     for k, v in records:
         b.append(now_ms, k, v)
-    return bytearray(b.build())
+    if producer is None:
+        return bytearray(b.build())
+    return bytearray(b.build(producer[0], producer[1], producer[2], -1, True))
 
 
 class OffsetsStore:
-    def __init__(self, broker):
+    def __init__(self, broker, topic: str = OFFSETS_TOPIC, timeout_key: str = "offsets.commit.timeout.ms"):
         self.broker = broker
+        self.topic = topic
+        self.timeout_key = timeout_key
 
     def _timeout_ms(self) -> int:
-        return self.broker.config.get("offsets.commit.timeout.ms")
+        return self.broker.config.get(self.timeout_key)
 
-    async def append(self, partition: int, records, for_commit: bool) -> tuple[int, int]:
-        """Append ``records`` [(key bytes, value bytes or None)] to ``__consumer_offsets-partition``
-        and wait until they are durable. Returns (error code as the group APIs report it, base
-        offset or -1)."""
+    async def append(self, partition: int, records, for_commit: bool,
+                     producer: tuple[int, int, int] | None = None) -> tuple[int, int]:
+        """Append ``records`` [(key bytes, value bytes or None)] to ``topic-partition`` and wait until
+        they are durable. Returns (error code as the coordinator APIs report it, base offset or -1).
+        ``producer``: (id, epoch, base sequence) of a transactional batch."""
         broker = self.broker
-        tp = (OFFSETS_TOPIC, partition)
-        buf = build_batch(records, broker.now_ms())
+        tp = (self.topic, partition)
+        buf = build_batch(records, broker.now_ms(), producer)
         rm = getattr(broker, "replica_manager", None)
         if rm is not None:
             try:
@@ -88,7 +95,7 @@ class OffsetsStore:
             return map_error(int(r.error_code), for_commit), r.base_offset
         # No ReplicaManager: the local leader log is the whole ISR on one broker.
         md = broker.metadata
-        tinfo = md.topics.get(OFFSETS_TOPIC)
+        tinfo = md.topics.get(self.topic)
         pinfo = tinfo.partitions.get(partition) if tinfo is not None else None
         if pinfo is None:
             return map_error(Errors.UNKNOWN_TOPIC_OR_PARTITION, for_commit), -1
@@ -104,12 +111,25 @@ class OffsetsStore:
         broker.notifier.appended(tp)
         return 0, r.base_offset
 
+    def next_sequence(self, partition: int, producer_id: int, epoch: int) -> int:
+        """The base sequence the partition's producer state accepts next from this producer and epoch.
+        The log checks every producer batch's sequence (Kafka skips the check for coordinator appends),
+        so a TxnOffsetCommit's batch continues the producer's sequence on its offsets partition."""
+        lg = self.broker.logs.get((self.topic, partition))
+        entry = lg.producer_state.producers.get(producer_id) if lg is not None else None
+        if entry is None or entry.epoch != epoch or not entry.batches:
+            return 0
+        return (entry.batches[-1].last_seq + 1) & 0x7FFFFFFF
+
     def read_all(self, partition: int, chunk_bytes: int):
-        """Yield (offset, key, value) of every record in the partition's local log, oldest first,
-        reading ``chunk_bytes`` (``offsets.load.buffer.size``) at a time."""
-        lg = self.broker.logs.get((OFFSETS_TOPIC, partition))
+        """Yield (offset, key, value, pending producer id) of every record in the partition's local log,
+        oldest first, reading ``chunk_bytes`` (the load buffer size) at a time. Records of a transaction
+        (TxnOffsetCommit) wait for their producer's marker: a COMMIT yields them at the marker, an ABORT
+        drops them; those still open at the end come last with their producer id (-1 for all others)."""
+        lg = self.broker.logs.get((self.topic, partition))
         if lg is None:
             return
+        open_txns: dict[int, list] = {}
         offset = lg.log_start_offset
         end = lg.log_end_offset
         while offset < end:
@@ -127,9 +147,25 @@ class OffsetsStore:
                     continue
                 advanced = True
                 offset = info.next_offset
+                recs = decode_records(view[info.position:info.position + info.size])
                 if info.is_control:
+                    held = open_txns.pop(info.producer_id, [])
+                    if recs and _is_commit(recs[0][2]):
+                        yield from held
                     continue
-                for rec in decode_records(view[info.position:info.position + info.size]):
-                    yield rec[0], rec[2], rec[3]
+                if info.is_transactional:
+                    open_txns.setdefault(info.producer_id, []).extend(
+                        (rec[0], rec[2], rec[3], -1) for rec in recs)
+                    continue
+                for rec in recs:
+                    yield rec[0], rec[2], rec[3], -1
             if not advanced:
                 break
+        for pid, held in open_txns.items():
+            for off, k, v, _ in held:
+                yield off, k, v, pid
+
+
+def _is_commit(control_key) -> bool:
+    """A control record's key: int16 version, int16 type (0 ABORT, 1 COMMIT)."""
+    return control_key is not None and len(control_key) >= 4 and control_key[2:4] == b"\x00\x01"

@@ -847,6 +847,97 @@ api(23, "OffsetForLeaderEpoch", "0-4", "4+",
         ]),
     ])
 
+# --- 24 AddPartitionsToTxn ------------------------------------------------------------------------
+# v4+ (KIP-890) batches transactions and is broker-only (verify_only: is the partition in the txn?).
+_ADD_TXN_TOPIC = [F("name", "string"), F("partitions", "[]int32")]
+_ADD_TXN_TOPIC_RESULT = [
+    F("name", "string"),
+    F("results_by_partition", [
+        F("partition_index", "int32"),
+        F("partition_error_code", "int16"),
+    ]),
+]
+api(24, "AddPartitionsToTxn", "0-4", "3+",
+    request=[
+        F("transactions", [
+            F("transactional_id", "string"),
+            F("producer_id", "int64"),
+            F("producer_epoch", "int16"),
+            F("verify_only", "bool", default=False),
+            F("topics", _ADD_TXN_TOPIC),
+        ], "4+"),
+        F("v3_and_below_transactional_id", "string", "0-3"),
+        F("v3_and_below_producer_id", "int64", "0-3"),
+        F("v3_and_below_producer_epoch", "int16", "0-3"),
+        F("v3_and_below_topics", _ADD_TXN_TOPIC, "0-3"),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("error_code", "int16", "4+"),
+        F("results_by_transaction", [
+            F("transactional_id", "string"),
+            F("topic_results", _ADD_TXN_TOPIC_RESULT),
+        ], "4+"),
+        F("results_by_topic_v3_and_below", _ADD_TXN_TOPIC_RESULT, "0-3"),
+    ])
+
+# --- 25 AddOffsetsToTxn ---------------------------------------------------------------------------
+api(25, "AddOffsetsToTxn", "0-3", "3+",
+    request=[
+        F("transactional_id", "string"),
+        F("producer_id", "int64"),
+        F("producer_epoch", "int16"),
+        F("group_id", "string"),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("error_code", "int16"),
+    ])
+
+# --- 26 EndTxn ------------------------------------------------------------------------------------
+api(26, "EndTxn", "0-3", "3+",
+    request=[
+        F("transactional_id", "string"),
+        F("producer_id", "int64"),
+        F("producer_epoch", "int16"),
+        F("committed", "bool"),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("error_code", "int16"),
+    ])
+
+# --- 28 TxnOffsetCommit ---------------------------------------------------------------------------
+api(28, "TxnOffsetCommit", "0-3", "3+",
+    request=[
+        F("transactional_id", "string"),
+        F("group_id", "string"),
+        F("producer_id", "int64"),
+        F("producer_epoch", "int16"),
+        F("generation_id", "int32", "3+", default=-1),
+        F("member_id", "string", "3+", default=""),
+        F("group_instance_id", "string", "3+", nullable="3+", default=NULL),
+        F("topics", [
+            F("name", "string"),
+            F("partitions", [
+                F("partition_index", "int32"),
+                F("committed_offset", "int64"),
+                F("committed_leader_epoch", "int32", "2+", default=-1),
+                F("committed_metadata", "string", nullable="0+"),
+            ]),
+        ]),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("topics", [
+            F("name", "string"),
+            F("partitions", [
+                F("partition_index", "int32"),
+                F("error_code", "int16"),
+            ]),
+        ]),
+    ])
+
 # --- 32 DescribeConfigs ---------------------------------------------------------------------------
 api(32, "DescribeConfigs", "0-4", "4+",
     request=[
@@ -1252,4 +1343,44 @@ api(60, "DescribeCluster", "0-2", "0+",
             F("is_fenced", "bool", "2+"),
         ]),
         F("cluster_authorized_operations", "int32", default=_OPS_NOT_REQUESTED),
+    ])
+
+# --- 65 DescribeTransactions ----------------------------------------------------------------------
+api(65, "DescribeTransactions", "0", "0+",
+    request=[
+        F("transactional_ids", "[]string"),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("transaction_states", [
+            F("error_code", "int16"),
+            F("transactional_id", "string"),
+            F("transaction_state", "string"),
+            F("transaction_timeout_ms", "int32"),
+            F("transaction_start_time_ms", "int64"),
+            F("producer_id", "int64"),
+            F("producer_epoch", "int16"),
+            F("topics", [
+                F("topic", "string"),
+                F("partitions", "[]int32"),
+            ]),
+        ]),
+    ])
+
+# --- 66 ListTransactions --------------------------------------------------------------------------
+api(66, "ListTransactions", "0-1", "0+",
+    request=[
+        F("state_filters", "[]string"),
+        F("producer_id_filters", "[]int64"),
+        F("duration_filter", "int64", "1+", default=-1),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("error_code", "int16"),
+        F("unknown_state_filters", "[]string"),
+        F("transaction_states", [
+            F("transactional_id", "string"),
+            F("producer_id", "int64"),
+            F("transaction_state", "string"),
+        ]),
     ])

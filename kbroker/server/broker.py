@@ -41,6 +41,7 @@ from .apis import fetch as fetch_api  # noqa: E402
 from .apis import produce as produce_api  # noqa: E402
 from .apis.producer_ids import ProducerIdAllocator  # noqa: E402
 from ..coordinator.group_coordinator import GroupCoordinator  # noqa: E402
+from ..coordinator.transaction.coordinator import TransactionCoordinator  # noqa: E402
 
 
 class Broker:
@@ -76,6 +77,7 @@ class Broker:
         self._metadata_lock = asyncio.Lock()
         self.group_coordinator = GroupCoordinator(self)
         self.producer_ids = ProducerIdAllocator(self)
+        self.txn_coordinator = TransactionCoordinator(self)
         self.handlers: dict = apis.dispatch(self)    # api key -> handler(conn, header, body)
         # authorizer.class.name: None = every request allowed (no per-request work anywhere)
         self.authorizer: AclAuthorizer | None = AclAuthorizer.from_config(config.get)
@@ -115,6 +117,8 @@ class Broker:
         self.logs.startup(self.broker_id, self.cluster_id,
                           {name: self._typed(c) for name, c in configs.items()})
         self.replica_manager = ReplicaManager(self)
+        if cfg.get("transaction.partition.verification.enable"):
+            self.replica_manager.txn_verifier = self.txn_coordinator.verify_for_leader
         self.replica_manager.start()
         self.logs.on_dir_failure = self._log_dir_failed
 
@@ -171,6 +175,7 @@ class Broker:
         if cfg.get("kbroker.zookeeper.session.fencing.enable"):
             self._tasks.append(self.loop.create_task(self._session_fence()))
         self.group_coordinator.start()   # loads the __consumer_offsets partitions we lead, runs offset expiry
+        self.txn_coordinator.start()     # loads the __transaction_state partitions we lead, finishes Prepare*
 
     def _listener(self, e) -> Listener:
         """A listener with its TLS context (SSL, SASL_SSL) from its own ssl.* values."""
@@ -276,6 +281,7 @@ class Broker:
         for t in self._tasks:
             t.cancel()
         self.group_coordinator.stop()    # waiting JoinGroup/SyncGroup requests get NOT_COORDINATOR
+        self.txn_coordinator.stop()      # marker sending stops; the next coordinator finishes Prepare*
         if self.metrics_server is not None:
             await self.metrics_server.stop()
         if self.server is not None:

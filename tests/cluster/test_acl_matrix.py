@@ -29,6 +29,7 @@ WITH, WITHOUT = "127.0.0.2", "127.0.0.3"
 TOPIC, GROUP = "acl-t", "acl-g"
 TAF, GAF, CAF = (int(Errors.TOPIC_AUTHORIZATION_FAILED), int(Errors.GROUP_AUTHORIZATION_FAILED),
                  int(Errors.CLUSTER_AUTHORIZATION_FAILED))
+TIDAF = int(Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
 
 
 class Acls:
@@ -229,6 +230,51 @@ def _init_producer_id(c):
     return c.request(22, 2, {"transactional_id": None, "transaction_timeout_ms": 60000})["error_code"]
 
 
+def _init_producer_id_txn(c):
+    return c.request(22, 4, {"transactional_id": "tx", "transaction_timeout_ms": 60000, "producer_id": -1,
+                             "producer_epoch": -1})["error_code"]
+
+
+def _find_txn_coordinator(c):
+    return c.request(10, 3, {"key": "tx", "key_type": 1})["error_code"]
+
+
+def _add_partitions_to_txn(c):
+    r = c.request(24, 3, {"v3_and_below_transactional_id": "tx", "v3_and_below_producer_id": 1,
+                          "v3_and_below_producer_epoch": 0,
+                          "v3_and_below_topics": [{"name": TOPIC, "partitions": [0]}]})
+    return r["results_by_topic_v3_and_below"][0]["results_by_partition"][0]["partition_error_code"]
+
+
+def _add_partitions_to_txn_v4(c):
+    return c.request(24, 4, {"transactions": [{"transactional_id": "tx", "producer_id": 1, "producer_epoch": 0,
+                                               "verify_only": True,
+                                               "topics": [{"name": TOPIC, "partitions": [0]}]}]})["error_code"]
+
+
+def _add_offsets_to_txn(c):
+    return c.request(25, 3, {"transactional_id": "tx", "producer_id": 1, "producer_epoch": 0,
+                             "group_id": GROUP})["error_code"]
+
+
+def _end_txn(c):
+    return c.request(26, 3, {"transactional_id": "tx", "producer_id": 1, "producer_epoch": 0,
+                             "committed": True})["error_code"]
+
+
+def _txn_offset_commit(c):
+    r = c.request(28, 3, {"transactional_id": "tx", "group_id": GROUP, "producer_id": 1, "producer_epoch": 0,
+                          "generation_id": -1, "member_id": "", "group_instance_id": None,
+                          "topics": [{"name": TOPIC, "partitions": [{"partition_index": 0, "committed_offset": 1,
+                                                                     "committed_leader_epoch": -1,
+                                                                     "committed_metadata": ""}]}]})
+    return r["topics"][0]["partitions"][0]["error_code"]
+
+
+def _describe_transactions(c):
+    return c.request(65, 0, {"transactional_ids": ["tx"]})["transaction_states"][0]["error_code"]
+
+
 def _find_coordinator(c):
     return c.request(10, 2, {"key": GROUP, "key_type": 0})["error_code"]
 
@@ -334,6 +380,14 @@ MATRIX = [
     ("DeleteAcls", _delete_acls, CAF),
     ("WriteTxnMarkers (brokers only)", _write_txn_markers, CAF),
     ("DescribeProducers", _describe_producers, TAF),
+    ("InitProducerId (transactional)", _init_producer_id_txn, TIDAF),
+    ("FindCoordinator (transaction)", _find_txn_coordinator, TIDAF),
+    ("AddPartitionsToTxn", _add_partitions_to_txn, TIDAF),
+    ("AddPartitionsToTxn v4 (brokers only)", _add_partitions_to_txn_v4, CAF),
+    ("AddOffsetsToTxn", _add_offsets_to_txn, TIDAF),
+    ("EndTxn", _end_txn, TIDAF),
+    ("TxnOffsetCommit", _txn_offset_commit, TIDAF),
+    ("DescribeTransactions", _describe_transactions, TIDAF),
 ]
 
 

@@ -8,7 +8,7 @@ import pytest
 from kbroker.protocol.api import ApiKey
 from kbroker.protocol.errors import Errors
 from kbroker.server import apis
-from kbroker.testing import LocalCluster
+from kbroker.testing import LocalCluster, wait_until
 
 from checkers import RawConn, create_topic
 
@@ -73,10 +73,12 @@ def test_find_coordinator(cluster, version):
         if version < 4:
             r = raw.request(K.FIND_COORDINATOR, version, {"key": "g1", "key_type": 0})
             assert (r["error_code"], r["node_id"], r["port"]) == (0, 0, port)
-            # transactions are not implemented: answered, not dropped
+            # a transactional id (v1+): the leader of its __transaction_state partition, created on first use
             if version >= 1:
+                wait_until(lambda: raw.request(K.FIND_COORDINATOR, version, {"key": "tx", "key_type": 1})
+                           ["error_code"] == 0, 30, "transaction coordinator")
                 r = raw.request(K.FIND_COORDINATOR, version, {"key": "tx", "key_type": 1})
-                assert r["error_code"] == Errors.COORDINATOR_NOT_AVAILABLE
+                assert (r["node_id"], r["port"]) == (0, port)
         else:
             r = raw.request(K.FIND_COORDINATOR, version, {"key_type": 0, "coordinator_keys": ["g1", "g2", "g3"]})
             assert [(c["key"], c["error_code"], c["node_id"], c["port"]) for c in r["coordinators"]] == [

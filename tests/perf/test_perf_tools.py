@@ -180,8 +180,9 @@ def test_java_producer_defaults_and_overrides():
     assert (s.acks, s.idempotent, s.linger_ms, s.batch_size, s.compression) == (1, False, 5, 65536, "lz4")
     with pytest.raises(PerfError, match="enable.idempotence=true needs acks=all"):
         settings_from({"bootstrap.servers": "h:1", "acks": "1", "enable.idempotence": "true"})
-    with pytest.raises(PerfError, match="transactions are not implemented"):
-        settings_from({"bootstrap.servers": "h:1", "transactional.id": "x"})
+    assert settings_from({"bootstrap.servers": "h:1", "transactional.id": "x"}).transactional_id == "x"
+    with pytest.raises(PerfError, match="transactional.id needs enable.idempotence"):
+        settings_from({"bootstrap.servers": "h:1", "transactional.id": "x", "acks": "1"})
     with pytest.raises(PerfError, match="unsupported producer properties: lingerms"):
         settings_from({"bootstrap.servers": "h:1", "lingerms": "5"})
     with pytest.raises(PerfError, match="bootstrap.servers is required"):
@@ -375,12 +376,35 @@ def test_consumer_detailed_stats_and_timeout(broker):
     assert "--group g1 is accepted but kbroker has no consumer groups" in c.stderr
 
 
-def test_transactions_refused():
+def test_transactional_producer_commits_every_duration(kafka_cluster):
+    from tests.support.checkers import RawConn, all_batches
+
+    b = kafka_cluster.bootstrap
+    t = _topic("ptx")
+    _create(b, t, 2)
+    n = 6000
+    p, wall = _produce_cli(b, t, n, "--record-size", "50", "--throughput", "3000",
+                           "--transactional-id", "perf-tx", "--transaction-duration-ms", "300")
+    r = parse_final(p.stdout.splitlines()[-1])
+    assert r["records"] == n
+    with RawConn(b) as c:
+        d = c.request(65, 0, {"transactional_ids": ["perf-tx"]})["transaction_states"][0]
+    assert d["error_code"] == 0 and d["transaction_state"] in ("PrepareCommit", "CompleteCommit")
+    # About 2 s of sending in 300 ms transactions: several COMMIT markers on each partition, every data
+    # batch transactional.
+    batches = [x for q in (0, 1) for _path, x in all_batches(kafka_cluster.brokers[0].data_dir, t, q)]
+    markers = [x for x in batches if x.attributes & 0x20]
+    assert len(markers) >= 2 * 3, len(markers)
+    assert all(x.attributes & 0x10 for x in batches)
+    assert sum(x.record_count for x in batches if not x.attributes & 0x20) == n
+
+
+def test_transaction_options_checked():
     p, _ = _run(["producer-perf-test", "--topic", "x", "--num-records", "1", "--record-size", "1",
                  "--throughput", "-1", "--producer-props", "bootstrap.servers=127.0.0.1:1",
-                 "--transaction-duration-ms", "100"])
+                 "--transaction-duration-ms", "0"])
     assert p.returncode == 1 and p.stdout == ""
-    assert "transactions are not implemented" in p.stderr
+    assert "--transaction-duration-ms should be greater than zero" in p.stderr
     p, _ = _run(["producer-perf-test", "--topic", "x", "--num-records", "1", "--record-size", "1",
                  "--throughput", "-1"])
     assert p.returncode == 1 and "Either --producer-props or --producer.config must be specified." in p.stderr

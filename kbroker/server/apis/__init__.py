@@ -18,7 +18,7 @@ from ...protocol import api
 from ...protocol.api import ApiKey
 from ...protocol.errors import Errors
 from . import (acls, admin, authz, cluster_info, configs, controlled_shutdown, coordinator, core, fetch, groups,
-               log_admin, produce, producer_ids, producers, reassignments, replica_control, sasl, txn_markers)
+               log_admin, produce, producer_ids, producers, reassignments, replica_control, sasl, transactions)
 
 
 class Api(NamedTuple):
@@ -86,7 +86,14 @@ TABLE: tuple[Api, ...] = (
     Api(K.DELETE_RECORDS, 0, 2, log_admin.delete_records),
     Api(K.INIT_PRODUCER_ID, 0, 4, producer_ids.init_producer_id),
     Api(K.OFFSET_FOR_LEADER_EPOCH, 2, 3, fetch.handle_offset_for_leader_epoch),
-    Api(K.WRITE_TXN_MARKERS, 0, 1, txn_markers.write_txn_markers),
+    # Transactions (coordinator side); AddPartitionsToTxn v4 is the leaders' KIP-890 verification.
+    Api(K.ADD_PARTITIONS_TO_TXN, 0, 4, transactions.add_partitions_to_txn),
+    Api(K.ADD_OFFSETS_TO_TXN, 0, 3, transactions.add_offsets_to_txn),
+    Api(K.END_TXN, 0, 3, transactions.end_txn),
+    Api(K.TXN_OFFSET_COMMIT, 0, 3, transactions.txn_offset_commit),
+    Api(K.DESCRIBE_TRANSACTIONS, 0, 0, transactions.describe_transactions),
+    Api(K.LIST_TRANSACTIONS, 0, 1, transactions.list_transactions),
+    Api(K.WRITE_TXN_MARKERS, 0, 1, transactions.write_txn_markers),
     Api(K.DESCRIBE_ACLS, 0, 3, acls.describe_acls),
     Api(K.CREATE_ACLS, 0, 3, acls.create_acls),
     Api(K.DELETE_ACLS, 0, 3, acls.delete_acls),

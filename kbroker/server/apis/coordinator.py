@@ -1,9 +1,11 @@
-"""FindCoordinator (v0-6): which broker coordinates a consumer group; v4+ asks for several keys at once
-and gets one answer per key.
+"""FindCoordinator (v0-6): which broker coordinates a consumer group (key_type 0) or a transactional id
+(key_type 1); v4+ asks for several keys at once and gets one answer per key.
 
 As in Kafka, the coordinator of group G is the leader of partition ``abs(javaHash(G)) % 50`` of the
-internal topic ``__consumer_offsets`` (partition count ``offsets.topic.num.partitions``), created on
-first use; until it has a leader the answer is COORDINATOR_NOT_AVAILABLE and clients retry.
+internal topic ``__consumer_offsets`` (partition count ``offsets.topic.num.partitions``), and that of
+transactional id T the leader of ``abs(javaHash(T)) % 50`` of ``__transaction_state``
+(``transaction.state.log.num.partitions``); each topic is created on first use; until it has a leader the
+answer is COORDINATOR_NOT_AVAILABLE and clients retry.
 
 The group APIs themselves (JoinGroup, OffsetCommit, ...) live in ``groups.py`` on top of ``kbroker.coordinator``. (FindCoordinator must be advertised in any case:
 librdkafka < 2.1, Debian's kcat, only turns LZ4 on when a broker advertises it.)
@@ -14,6 +16,7 @@ from ...coordinator.group_coordinator import java_string_hash, partition_for  # 
 from ...protocol.errors import Errors
 from . import authz
 from ...topics import GROUP_METADATA_TOPIC as OFFSETS_TOPIC
+from ...topics import TRANSACTION_STATE_TOPIC
 
 GROUP, TRANSACTION = 0, 1
 
@@ -51,15 +54,21 @@ def _refused(broker, conn, key_type, key) -> dict | None:
 
 
 async def _find(broker, key_type, key, listener) -> dict:
-    if key_type != GROUP:
-        return _answer(Errors.COORDINATOR_NOT_AVAILABLE, message="transactions are not implemented")
+    if key_type == GROUP:
+        internal = OFFSETS_TOPIC
+    elif key_type == TRANSACTION:
+        if not key:
+            return _answer(Errors.INVALID_REQUEST, message="an empty transactional id has no coordinator")
+        internal = TRANSACTION_STATE_TOPIC
+    else:
+        return _answer(Errors.INVALID_REQUEST, message=f"unknown coordinator key type {key_type}")
     md = broker.metadata
-    if OFFSETS_TOPIC not in md.topics:
+    if internal not in md.topics:
         from .admin import auto_create_topics
-        await auto_create_topics(broker, [OFFSETS_TOPIC])
-    topic = md.topics.get(OFFSETS_TOPIC)
+        await auto_create_topics(broker, [internal])
+    topic = md.topics.get(internal)
     if topic is None or not topic.partitions:
-        return _answer(Errors.COORDINATOR_NOT_AVAILABLE, message=f"{OFFSETS_TOPIC} is not available yet")
+        return _answer(Errors.COORDINATOR_NOT_AVAILABLE, message=f"{internal} is not available yet")
     leader = topic.partitions[partition_for(key, len(topic.partitions))].leader
     node = md.brokers.get(leader)
     addr = node.address(listener) if node is not None else None

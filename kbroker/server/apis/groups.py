@@ -106,17 +106,19 @@ def offset_fetch(broker, conn, header, body):
     if version >= 8:
         groups = []
         for g in body["groups"]:
-            err, topics = _fetch_group(broker, conn, g["group_id"], g["topics"], version)
+            err, topics = _fetch_group(broker, conn, g["group_id"], g["topics"], version, body.get("require_stable"))
             groups.append({"group_id": g["group_id"], "topics": topics, "error_code": err})
         return {"throttle_time_ms": 0, "groups": groups}
-    err, topics = _fetch_group(broker, conn, body["group_id"], body["topics"], version)
+    err, topics = _fetch_group(broker, conn, body["group_id"], body["topics"], version, body.get("require_stable"))
     return {"throttle_time_ms": 0, "error_code": err, "topics": topics}
 
 
-def _fetch_group(broker, conn, group_id, req_topics, version) -> tuple[int, list]:
+def _fetch_group(broker, conn, group_id, req_topics, version, require_stable=False) -> tuple[int, list]:
     """-> (group error, response topics); before v2 the group error goes on every requested partition.
     Group Describe, then Describe on each topic (Kafka): a named topic refused answers
-    TOPIC_AUTHORIZATION_FAILED, an unnamed one (all of the group's) is left out."""
+    TOPIC_AUTHORIZATION_FAILED, an unnamed one (all of the group's) is left out. ``require_stable`` (v7+,
+    read_committed consumers): a partition whose offset waits for a transaction's marker answers
+    UNSTABLE_OFFSET_COMMIT (retriable) instead of the offset before the transaction."""
     wanted = None if req_topics is None else [(t["name"], p) for t in req_topics for p in t["partition_indexes"]]
     if _group(broker, conn, authz.DESCRIBE, group_id):
         err, found = broker.group_coordinator.fetch_offsets(group_id, wanted)
@@ -128,10 +130,14 @@ def _fetch_group(broker, conn, group_id, req_topics, version) -> tuple[int, list
             topics.setdefault(tp[0], []).append(_fetched(tp[1], None, err))
     elif not err:
         refused = authz.refused(broker, conn, authz.DESCRIBE, authz.TOPIC, {tp[0] for tp in wanted or found})
+        gc = broker.group_coordinator
         for tp, e in (found.items() if wanted is None else ((tp, found.get(tp)) for tp in wanted)):
             if tp[0] in refused:
                 if wanted is not None:
                     topics.setdefault(tp[0], []).append(_fetched(tp[1], None, _TOPIC_DENIED))
+                continue
+            if require_stable and gc.has_pending_txn_offsets(group_id, tp):
+                topics.setdefault(tp[0], []).append(_fetched(tp[1], None, int(Errors.UNSTABLE_OFFSET_COMMIT)))
                 continue
             topics.setdefault(tp[0], []).append(_fetched(tp[1], e, 0))
     return err, [{"name": n, "partitions": ps} for n, ps in topics.items()]

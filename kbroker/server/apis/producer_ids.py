@@ -1,8 +1,9 @@
-"""InitProducerId for idempotent producers (kafka-python 3 turns idempotence on by default).
+"""InitProducerId for idempotent producers (kafka-python 3 turns idempotence on by default) and, with a
+transactional id, for transactional ones (the transaction coordinator: new id, epoch bump, fencing,
+KIP-360 recovery with the request's producer id and epoch).
 
 Producer ids come from blocks reserved durably in ZooKeeper (``/latest_producer_id_block``, as Kafka
-does), so an id is never handed out twice, even across broker restarts. Transactions are not
-implemented: a request with a transactional id is refused.
+does), so an id is never handed out twice, even across broker restarts.
 """
 from __future__ import annotations
 
@@ -46,10 +47,12 @@ async def init_producer_id(broker, conn, header, body):
         return {"throttle_time_ms": 0, "error_code": Errors.CLUSTER_AUTHORIZATION_FAILED, "producer_id": -1,
                 "producer_epoch": -1}
     if tid is not None:
-        log.info("refusing InitProducerId for transactional id %r: transactions are not implemented",
-                 body["transactional_id"])
-        return {"throttle_time_ms": 0, "error_code": Errors.UNSUPPORTED_VERSION, "producer_id": -1,
-                "producer_epoch": -1}
+        code, pid, epoch = await broker.txn_coordinator.init_producer_id(
+            tid, body["transaction_timeout_ms"], body.get("producer_id", -1), body.get("producer_epoch", -1))
+        # PRODUCER_FENCED exists from v4 (KIP-588); older clients know INVALID_PRODUCER_EPOCH.
+        if code == Errors.PRODUCER_FENCED and header.api_version < 4:
+            code = Errors.INVALID_PRODUCER_EPOCH
+        return {"throttle_time_ms": 0, "error_code": int(code), "producer_id": pid, "producer_epoch": epoch}
     try:
         pid = await broker.producer_ids.allocate()
     except Exception:

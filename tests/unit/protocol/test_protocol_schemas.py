@@ -34,15 +34,18 @@ AK39 = {
     14: ("SyncGroup", (0, 5), 4), 15: ("DescribeGroups", (0, 5), 5), 16: ("ListGroups", (0, 5), 3),
     17: ("SaslHandshake", (0, 1), None), 18: ("ApiVersions", (0, 4), 3), 19: ("CreateTopics", (0, 7), 5),
     20: ("DeleteTopics", (0, 6), 4), 21: ("DeleteRecords", (0, 2), 2), 22: ("InitProducerId", (0, 5), 2),
-    23: ("OffsetForLeaderEpoch", (0, 4), 4), 27: ("WriteTxnMarkers", (0, 1), 1),
-    29: ("DescribeAcls", (0, 3), 2), 30: ("CreateAcls", (0, 3), 2), 31: ("DeleteAcls", (0, 3), 2),
-    32: ("DescribeConfigs", (0, 4), 4),
+    23: ("OffsetForLeaderEpoch", (0, 4), 4), 24: ("AddPartitionsToTxn", (0, 4), 3),
+    25: ("AddOffsetsToTxn", (0, 3), 3), 26: ("EndTxn", (0, 3), 3), 27: ("WriteTxnMarkers", (0, 1), 1),
+    28: ("TxnOffsetCommit", (0, 3), 3), 29: ("DescribeAcls", (0, 3), 2), 30: ("CreateAcls", (0, 3), 2),
+    31: ("DeleteAcls", (0, 3), 2), 32: ("DescribeConfigs", (0, 4), 4),
     33: ("AlterConfigs", (0, 2), 2), 35: ("DescribeLogDirs", (0, 4), 2), 36: ("SaslAuthenticate", (0, 2), 2),
     37: ("CreatePartitions", (0, 3), 2), 42: ("DeleteGroups", (0, 2), 2), 43: ("ElectLeaders", (0, 2), 2),
     44: ("IncrementalAlterConfigs", (0, 1), 1), 45: ("AlterPartitionReassignments", (0, 0), 0),
     46: ("ListPartitionReassignments", (0, 0), 0), 47: ("OffsetDelete", (0, 0), None),
     50: ("DescribeUserScramCredentials", (0, 0), 0), 51: ("AlterUserScramCredentials", (0, 0), 0),
     60: ("DescribeCluster", (0, 1), 0), 61: ("DescribeProducers", (0, 0), 0),
+    65: ("DescribeTransactions", (0, 0), 0),
+    66: ("ListTransactions", (0, 1), 0),
 }
 
 # Deliberate differences from the 3.9 valid range.
