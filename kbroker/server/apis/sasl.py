@@ -35,6 +35,9 @@ def sasl_handshake(broker, conn, header, body):
 
 async def sasl_authenticate(broker, conn, header, body):
     server_side = conn.sasl_server
+    if conn.listener.sasl is None:
+        # a listener without SASL answers, as Kafka's request handler does, and stays open
+        return _answer(Errors.ILLEGAL_SASL_STATE, "SaslAuthenticate on a listener without SASL")
     if server_side is None:
         # no handshake (a re-authentication starts with one too)
         conn.authentication_failed(0)
