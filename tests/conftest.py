@@ -35,7 +35,7 @@ def bootstrap(kafka_cluster):
 
 # Timing-sensitive or CPU-heavy tests: on a busy machine they would measure the other workers,
 # so scripts/test.sh runs them alone after the parallel run (marker `serial`).
-SERIAL = ("tests/perf/", "tests/cluster/test_network_looplag.py",
+SERIAL = ("tests/perf/", "tests/spark/", "tests/cluster/test_network_looplag.py",
           "tests/cluster/test_event_loop_clients.py", "tests/unit/perf/test_latency_limiter.py",
           # event-loop stall bounds, idle percentage, replication throttle rates
           "tests/cluster/test_broker_fetch.py::test_huge_list_offsets_does_not_hold_the_loop",
@@ -54,14 +54,11 @@ def pytest_addoption(parser):
                           "(only); scripts/test.sh uses skip for its parallel run and only for the serial one")
 
 
-# Heavy but not timing-sensitive (each job checks its own results, not its speed): in the parallel run,
-# as one work unit, so one worker runs them one after another while the others run the rest.
-ONE_WORKER = ("tests/spark/",)
-
-# The parallel run hands out work units in this order (scripts/test.sh: --dist loadgroup
-# --no-loadscope-reorder): the one long unit first, the many short unit-test files last, where they fill
-# the workers' tails.
-_RUN_ORDER = ("tests/spark/", "tests/cluster/", "tests/hostile/", "tests/perf/", "tests/unit/")
+# The parallel run hands out work units (a file each) in this order (scripts/test.sh: --dist loadgroup
+# --no-loadscope-reorder): the cluster and hostile files first, the many short unit-test files last,
+# where they fill the workers' tails. (xdist's own reorder puts the files with the most tests first,
+# which left the long fault files with few tests for the end.)
+_RUN_ORDER = ("tests/cluster/", "tests/hostile/", "tests/unit/")
 
 
 def _run_rank(nodeid: str) -> int:
@@ -72,9 +69,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid.startswith(SERIAL):
             item.add_marker(pytest.mark.serial)
-        # one work unit per file (its module-scoped cluster starts once), the ONE_WORKER files together
-        group = "one-worker" if item.nodeid.startswith(ONE_WORKER) else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        # one work unit per file: its module-scoped cluster starts once
+        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     items.sort(key=lambda item: _run_rank(item.nodeid))   # stable: a file's tests keep their order
     which = config.getoption("--serial-tests")
     if which == "all":
