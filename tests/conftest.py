@@ -39,6 +39,7 @@ SERIAL = ("tests/perf/", "tests/spark/", "tests/cluster/test_network_looplag.py"
           "tests/cluster/test_event_loop_clients.py", "tests/unit/perf/test_latency_limiter.py",
           # event-loop stall bounds, idle percentage, replication throttle rates
           "tests/cluster/test_broker_fetch.py::test_huge_list_offsets_does_not_hold_the_loop",
+          "tests/cluster/test_broker_fetch.py::test_huge_admin_requests_do_not_hold_the_loop",
           "tests/hostile/test_hostile_attacks.py::test_huge_metadata_request_does_not_hold_the_loop",
           "tests/cluster/test_metrics.py::test_idle_percent_falls_under_load",
           "tests/cluster/test_configs_broker.py::"
