@@ -324,7 +324,11 @@ class Broker:
                     rm.fence_leaders()
                     # Nor do we count as a live broker in our Metadata answers (ZooKeeper may not list us
                     # any more): clients drop this connection and ask the others, who know the new leaders.
-                    me = self.metadata.brokers.pop(self.broker_id, None) or me
+                    # Unless we are the only one listed: an answer naming no broker leaves a client with
+                    # nowhere to ask (librdkafka then stops refreshing metadata for good).
+                    brokers = self.metadata.brokers
+                    if len(brokers) > 1 or self.broker_id not in brokers:
+                        me = brokers.pop(self.broker_id, None) or me
                     self.self_fenced = True         # DescribeCluster v2 lists us as fenced
                 elif out_in is not None:
                     same, out_in = lease.session_id == out_in, None
