@@ -73,12 +73,86 @@ class BrokerProc:
             return ""
 
 
+class ZkChroot:
+    """A cluster's own namespace on a ZooKeeper server it shares: what ``LocalCluster.zk`` offers
+    (``connect_string`` naming the chroot, ``port``, ``tick_time_ms``) without owning the process.
+    The brokers create the chroot when they first connect."""
+
+    def __init__(self, server, path: str):
+        self.server = server
+        self.path = path
+        self.port = server.port
+        self.host = server.host
+        self.tick_time_ms = server.tick_time_ms
+
+    @property
+    def connect_string(self) -> str:
+        return self.server.connect_string + self.path
+
+    def is_running(self) -> bool:
+        return self.server.is_running()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Nothing to stop: the server belongs to whoever shares it."""
+
+
+class SharedZooKeeper:
+    """One ZooKeeper server for the LocalClusters of one process (a test worker), each under its own
+    chroot: a standalone server costs more CPU to start (a JVM) than a one-broker cluster's broker.
+    Started on first use; ``stop`` by the owner."""
+
+    def __init__(self, data_dir_factory):
+        self._data_dir_factory = data_dir_factory
+        self._server = None
+        self._clusters = 0
+
+    def server(self, avoid_ports=frozenset()):
+        """The running server (a ``kbroker.zk.local.ZkProcess``), started if need be."""
+        if self._server is None or not self._server.is_running():
+            self._server = start_zookeeper(self._data_dir_factory(), port=0, tick_time_ms=1000,
+                                           die_with_parent=True, avoid_ports=avoid_ports)
+        return self._server
+
+    def chroot(self, avoid_ports=frozenset()) -> ZkChroot:
+        server = self.server(avoid_ports)
+        self._clusters += 1
+        path = f"/cluster-{os.getpid()}-{self._clusters}"
+        # created now: a client that connects under it before any broker did would find no chroot
+        from kazoo.client import KazooClient
+        zk = KazooClient(hosts=server.connect_string, timeout=10)
+        zk.start(timeout=10)
+        try:
+            zk.ensure_path(path)
+        finally:
+            zk.stop()
+            zk.close()
+        return ZkChroot(server, path)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+
+_shared_zookeeper: SharedZooKeeper | None = None
+
+
+def share_zookeeper(shared: SharedZooKeeper | None) -> None:
+    """LocalClusters made from now on in this process use ``shared`` (None: each starts its own)."""
+    global _shared_zookeeper
+    _shared_zookeeper = shared
+
+
 class LocalCluster:
     def __init__(self, root, brokers: int = 1, overrides: dict | None = None, session_timeout_ms: int = 6000,
-                 num_partitions: int = 1, env: dict | None = None, zookeeper_connect: str | None = None):
+                 num_partitions: int = 1, env: dict | None = None, zookeeper_connect: str | None = None,
+                 own_zookeeper: bool = False):
         self.root = Path(root)
-        # An ensemble (or proxy) the caller runs; None: start a standalone ZooKeeper of our own.
+        # An ensemble (or proxy) the caller runs; None: a chroot on the process's shared ZooKeeper
+        # (share_zookeeper) or, without one or with own_zookeeper, a standalone ZooKeeper of our own.
         self.external_zk = zookeeper_connect
+        self.own_zookeeper = own_zookeeper
+        self._chroot: ZkChroot | None = None
         self.root.mkdir(parents=True, exist_ok=True)
         self.overrides = dict(overrides or {})
         self.session_timeout_ms = session_timeout_ms
@@ -100,10 +174,15 @@ class LocalCluster:
         return self.external_zk or self.zk.connect_string
 
     def start(self):
-        if self.external_zk is None:
+        avoid = {b.port for b in self.brokers.values()}
+        if self.external_zk is None and _shared_zookeeper is not None and not self.own_zookeeper:
+            # the same chroot again after a stop: it holds the cluster's id and topics, as a data dir would
+            self._chroot = self._chroot or _shared_zookeeper.chroot(avoid_ports=avoid)
+            self.zk = self._chroot
+        elif self.external_zk is None:
             # The brokers' ports were picked (not bound) at construction: ZooKeeper must not take one.
             self.zk = start_zookeeper(self.root / "zookeeper", port=0, tick_time_ms=1000, die_with_parent=True,
-                                      avoid_ports={b.port for b in self.brokers.values()})
+                                      avoid_ports=avoid)
         try:
             for b in self.brokers:
                 self.start_broker(b)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the whole test suite (fast and slow tests) after making sure the environment is set up.
-# Two pytest runs: the tests that wait on ZooKeeper, brokers and sockets on KBROKER_TEST_WORKERS
+# Three pytest runs: the tests that wait on ZooKeeper, brokers and sockets on KBROKER_TEST_WORKERS
 # processes (pytest-xdist; whole files per worker, so module-scoped clusters start once), then the
-# `serial` tests (perf, Spark, timing-sensitive) alone. The exit code is non-zero if either fails.
+# `heavy` tests (benchmark smoke runs, Spark jobs) on two, then the `serial` (timing-sensitive) ones
+# alone. The exit code is non-zero if any fails.
 # Extra arguments go to both runs, e.g. scripts/test.sh tests/unit or scripts/test.sh -m "not slow" -x
 # KBROKER_TEST_WORKERS=0 runs everything in one serial pytest run.
 set -euo pipefail
@@ -20,9 +21,11 @@ ok() { [ "$1" = 0 ] || [ "$1" = 5 ]; }
 set +e
 "${pytest[@]}" -n "$workers" --dist loadgroup --no-loadscope-reorder --serial-tests=skip "$@"
 parallel=$?
-"${pytest[@]}" -p no:xdist --serial-tests=only "$@"
+"${pytest[@]}" -n 2 --dist loadgroup --no-loadscope-reorder --serial-tests=heavy "$@"
+heavy=$?
+"${pytest[@]}" -p no:xdist --serial-tests=serial "$@"
 serial=$?
 set -e
-echo "== parallel run (${workers} workers): exit ${parallel}; serial run: exit ${serial}"
-if [ "$parallel" = 5 ] && [ "$serial" = 5 ]; then exit 5; fi
-ok "$parallel" && ok "$serial"
+echo "== parallel run (${workers} workers): exit ${parallel}; heavy run (2 workers): exit ${heavy}; serial run: exit ${serial}"
+if [ "$parallel" = 5 ] && [ "$heavy" = 5 ] && [ "$serial" = 5 ]; then exit 5; fi
+ok "$parallel" && ok "$heavy" && ok "$serial"

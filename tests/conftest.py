@@ -1,26 +1,33 @@
 import pytest
 
 
-@pytest.fixture(scope="session")
-def zk_server(tmp_path_factory):
-    """One real ZooKeeper (Debian's package) for the whole test session, on a free loopback port.
+@pytest.fixture(scope="session", autouse=True)
+def shared_zookeeper(tmp_path_factory):
+    """One real ZooKeeper (Debian's package) per test process, started when first used: every
+    LocalCluster of the process gets its own chroot on it (kbroker.testing.share_zookeeper) unless it
+    asks for its own server (``own_zookeeper=True``) or names an ensemble. tickTime 1000 ms: sessions
+    may be negotiated between 2 s and 20 s."""
+    from kbroker import testing
 
-    tickTime 1000 ms: sessions may be negotiated between 2 s and 20 s.
-    Yields a ``kbroker.zk.local.ZkProcess`` (``.connect_string``, ``.port``, ``.tick_time_ms``).
-    Tests should isolate themselves under a chroot (``f"{zk_server.connect_string}/<unique>"``).
-    """
-    from kbroker.zk.local import start_zookeeper
-
-    proc = start_zookeeper(tmp_path_factory.mktemp("zookeeper"), port=0, tick_time_ms=1000, die_with_parent=True)
+    shared = testing.SharedZooKeeper(lambda: tmp_path_factory.mktemp("zookeeper"))
+    testing.share_zookeeper(shared)
     try:
-        yield proc
+        yield shared
     finally:
-        proc.stop()
+        testing.share_zookeeper(None)
+        shared.stop()
+
+
+@pytest.fixture(scope="session")
+def zk_server(shared_zookeeper):
+    """The process's ZooKeeper server (a ``kbroker.zk.local.ZkProcess``: ``.connect_string``, ``.port``,
+    ``.tick_time_ms``). Tests isolate themselves under a chroot (``f"{zk_server.connect_string}/<unique>"``)."""
+    return shared_zookeeper.server()
 
 
 @pytest.fixture(scope="session")
 def kafka_cluster(tmp_path_factory):
-    """One ZooKeeper + one kbroker broker for the whole session (tests use their own topic names).
+    """One broker for the whole session (tests use their own topic names), on the shared ZooKeeper.
     Auto-created topics get 3 partitions. Fault tests start their own LocalCluster."""
     from kbroker.testing import LocalCluster
 
@@ -33,9 +40,9 @@ def bootstrap(kafka_cluster):
     return kafka_cluster.bootstrap
 
 
-# Timing-sensitive or CPU-heavy tests: on a busy machine they would measure the other workers,
-# so scripts/test.sh runs them alone after the parallel run (marker `serial`).
-SERIAL = ("tests/perf/", "tests/spark/", "tests/cluster/test_network_looplag.py",
+# Timing-sensitive tests: on a busy machine they would measure the other workers, so scripts/test.sh
+# runs them alone, last (marker `serial`).
+SERIAL = ("tests/cluster/test_network_looplag.py",
           "tests/cluster/test_event_loop_clients.py", "tests/unit/perf/test_latency_limiter.py",
           # event-loop stall bounds, idle percentage, replication throttle rates
           "tests/cluster/test_broker_fetch.py::test_huge_list_offsets_does_not_hold_the_loop",
@@ -50,11 +57,34 @@ SERIAL = ("tests/perf/", "tests/spark/", "tests/cluster/test_network_looplag.py"
           "tests/cluster/test_broker_lifecycle.py::test_forced_session_expiry_reregisters_and_serves",
           "tests/cluster/test_zombie_leader.py::test_zombie_leader_steps_down_before_its_session_expires")
 
+# CPU-heavy tests that assert no timing: the benchmark tools' smoke runs and the Spark jobs (each a JVM
+# with its own worker threads). Spread over the four workers of the parallel run they took up to 3.5
+# times their time alone; scripts/test.sh runs them on two workers, a file each (marker `heavy`).
+HEAVY = ("tests/perf/", "tests/spark/test_spark_batch.py", "tests/spark/test_spark_jobs.py",
+         "tests/spark/test_spark_stream.py", "tests/spark/test_spark_txn")
+
 
 def pytest_addoption(parser):
-    parser.addoption("--serial-tests", choices=("all", "skip", "only"), default="all",
-                     help="run the `serial` tests with the others (all), leave them out (skip) or run only them "
-                          "(only); scripts/test.sh uses skip for its parallel run and only for the serial one")
+    parser.addoption("--serial-tests", choices=("all", "skip", "only", "heavy", "serial"), default="all",
+                     help="run the `serial` and `heavy` tests with the others (all), leave them out (skip), run "
+                          "only them (only), or only one kind (heavy, serial); scripts/test.sh runs skip on four "
+                          "workers, then heavy on two, then serial alone")
+
+
+def pytest_ignore_collect(collection_path, config):
+    """With --serial-tests=heavy or serial, files holding none of those tests are not even imported
+    (collecting the whole tree imports Spark, the clients and matplotlib: seconds per pytest run)."""
+    which = config.getoption("--serial-tests")
+    if which not in ("heavy", "serial"):
+        return None
+    rel = collection_path.relative_to(config.rootpath).as_posix()
+    if rel == "tests":
+        return None
+    if collection_path.is_dir():
+        rel += "/"
+    files = {e.split("::")[0] for e in (HEAVY if which == "heavy" else SERIAL)}
+    wanted = any(f.startswith(rel) or rel.startswith(f) for f in files)
+    return None if wanted else True
 
 
 # The parallel run hands out work units (a file each) in this order (scripts/test.sh: --dist loadgroup
@@ -73,15 +103,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid.startswith(SERIAL):
             item.add_marker(pytest.mark.serial)
+        elif item.nodeid.startswith(HEAVY):
+            item.add_marker(pytest.mark.heavy)
         # one work unit per file: its module-scoped cluster starts once
         item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     items.sort(key=lambda item: _run_rank(item.nodeid))   # stable: a file's tests keep their order
     which = config.getoption("--serial-tests")
     if which == "all":
         return
+    wanted = {"skip": (), "only": ("serial", "heavy"), "heavy": ("heavy",), "serial": ("serial",)}[which]
     keep, drop = [], []
     for item in items:
-        (keep if (item.get_closest_marker("serial") is not None) == (which == "only") else drop).append(item)
+        kind = next((k for k in ("serial", "heavy") if item.get_closest_marker(k) is not None), None)
+        (keep if (kind in wanted if kind else which == "skip") else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
