@@ -687,8 +687,9 @@ class GroupCoordinator:
                 return {tp: int(E.ILLEGAL_GENERATION) for tp in topics}
         result, recs, entries = self._offset_records(group_id, topics, -1, None)
         if recs:
-            seq = self.store.next_sequence(p, producer_id, producer_epoch)
-            code, _ = await self.store.append(p, recs, for_commit=True, producer=(producer_id, producer_epoch, seq))
+            # Base sequence 0, as Kafka's coordinator writes it: the offsets partition checks only the
+            # producer's epoch of its coordinator's batches (ProducerStateManager.coordinator_appends).
+            code, _ = await self.store.append(p, recs, for_commit=True, producer=(producer_id, producer_epoch, 0))
             if not code and self.groups.get(group_id) is g:
                 g.pending_txn_offsets.setdefault(producer_id, {}).update(entries)
             for tp in entries:
