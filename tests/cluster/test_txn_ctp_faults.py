@@ -1,7 +1,8 @@
 """Exactly-once under broker crashes: a confluent-kafka consume-transform-produce loop (read_committed
 consumer, transactional producer, send_offsets_to_transaction) on 3 brokers (every topic RF=3,
-min.insync.replicas=2) while the transaction coordinator's broker is killed with SIGKILL and restarted, and
-later the leader of an output partition is. Some transactions are aborted on purpose, others by the faults.
+min.insync.replicas=2) while the transaction coordinator's broker is killed with SIGKILL inside a
+transaction (its records and offsets written, EndTxn not yet sent) and restarted, and later the leader of
+an output partition is, the same way. Some transactions are aborted on purpose, others by the faults.
 
 Invariant, checked with the shared history checker on a read_committed read of the whole output: every
 input record is in the committed output exactly once (``not_once`` 0 of N), nothing an aborted
@@ -105,6 +106,7 @@ class Loop:
         self.txns = self.committed_txns = self.aborted_txns = self.fatal = 0
         self.offsets_lost = 0
         self.last_error = None
+        self.before_commit = None     # run once inside the next transaction, before its EndTxn
         self._new_producer()
 
     def _new_producer(self):
@@ -156,6 +158,9 @@ class Loop:
             if self.txns % ABORT_EVERY == 0:
                 self._abort(delivered)
                 return False
+            if self.before_commit is not None:
+                fault, self.before_commit = self.before_commit, None
+                fault()
             while True:
                 try:
                     self.prod.commit_transaction(60)
@@ -224,16 +229,15 @@ def test_consume_transform_produce_exactly_once_under_kill_9(cluster):
             assert not loop.done(ends), f"the input ran out {what}: too few records for the fault schedule"
 
         run(PHASE_TXNS, "before the faults")
+        # Each kill lands inside a transaction: its records and offsets are written, EndTxn is not sent.
         coord = _coordinator(cluster.bootstrap)
-        cluster.kill(coord)
-        steps.append(f"killed coordinator {coord}")
+        loop.before_commit = lambda: (cluster.kill(coord), steps.append(f"killed coordinator {coord}"))
         run(PHASE_TXNS, "after killing the coordinator")
         cluster.start_broker(coord)
         wait_until(lambda: _fully_replicated(cluster.bootstrap), 60, "ISR whole again")
         run(PHASE_TXNS, "after restarting the coordinator")
         leader = _output_leader(cluster.bootstrap, avoid=_coordinator(cluster.bootstrap))
-        cluster.kill(leader)
-        steps.append(f"killed output leader {leader}")
+        loop.before_commit = lambda: (cluster.kill(leader), steps.append(f"killed output leader {leader}"))
         run(PHASE_TXNS, "after killing an output leader")
         cluster.start_broker(leader)
         wait_until(lambda: _fully_replicated(cluster.bootstrap), 60, "ISR whole again")
