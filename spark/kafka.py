@@ -300,8 +300,9 @@ class _FetchChannel:
             got += k
 
     async def fetch(self, topic: str, partition: int, offset: int, max_bytes: int, max_wait_ms: int):
-        """-> (buffer, records memoryview, high watermark); the buffer goes back to the pool when
-        the caller is done with the records. Partition errors raise KafkaError."""
+        """-> (buffer, records memoryview, high watermark, aborted transactions to skip or None); the
+        buffer goes back to the pool when the caller is done with the records. Partition errors raise
+        KafkaError."""
         from kbroker.client import KafkaError
         from kbroker.client.connection import raise_for_error
         from kbroker.protocol import api
@@ -330,7 +331,8 @@ class _FetchChannel:
                         if t["topic"] == topic and p["partition_index"] == partition:
                             raise_for_error(p["error_code"], None, f"fetch {topic}-{partition}@{offset}")
                             data = p["records"]
-                            return buf, (data if data is not None else memoryview(b"")), p["high_watermark"]
+                            return (buf, (data if data is not None else memoryview(b"")), p["high_watermark"],
+                                    consumer.aborted_of(p))
                 raise KafkaError(Errors.UNKNOWN_SERVER_ERROR, f"fetch response lacks {topic}-{partition}")
             except BaseException:
                 self.buffers.give(buf)
@@ -352,14 +354,14 @@ class _ClientChannel:
     async def fetch(self, topic: str, partition: int, offset: int, max_bytes: int, max_wait_ms: int):
         r = await self.consumer.fetch(topic, partition, offset, max_bytes=max_bytes, max_wait_ms=max_wait_ms,
                                       decode=False)
-        return None, memoryview(r.raw if r.raw is not None else b""), r.high_watermark
+        return None, memoryview(r.raw if r.raw is not None else b""), r.high_watermark, r.aborted_transactions
 
 
 def _fetch_ranges(client: ClientConfig, topic: str, partition: int, start: int, end: int,
                   fail_on_data_loss: bool, out, stop, buffers: _Buffers, via_client: bool = False):
-    """Fetch thread of read_range: puts (fetch_position, [BatchInfo], records, buffer) for every
-    fetch of [start, end) on the bounded queue ``out``, then None; an exception is put instead of
-    None. Runs ahead of the decoder by the queue's size, so the network overlaps the decoding;
+    """Fetch thread of read_range: puts (fetch_position, [BatchInfo], records, buffer, aborted
+    transactions) for every fetch of [start, end) on the bounded queue ``out``, then None; an
+    exception is put instead of None. Runs ahead of the decoder by the queue's size, so the network overlaps the decoding;
     the decoder gives each buffer back to ``buffers`` when done with it."""
     from kbroker.client import KafkaError
     from kbroker.record import iter_batches
@@ -382,7 +384,7 @@ def _fetch_ranges(client: ClientConfig, topic: str, partition: int, start: int, 
         pos = start
         while pos < end and not stop.is_set():
             try:
-                buf, data, high_watermark = loop.run_until_complete(channel.fetch(
+                buf, data, high_watermark, aborted = loop.run_until_complete(channel.fetch(
                     topic, partition, pos, client.max_partition_fetch_bytes, client.fetch_max_wait_ms))
             except KafkaError as e:
                 if e.error != OFFSET_OUT_OF_RANGE:
@@ -419,7 +421,7 @@ def _fetch_ranges(client: ClientConfig, topic: str, partition: int, start: int, 
                                             "stop there")
                     break
                 nxt = min(high_watermark, end)
-            elif not put((pos, infos, data, buf)):
+            elif not put((pos, infos, data, buf, aborted)):
                 return
             pos = nxt
         put(None)
@@ -436,12 +438,15 @@ def read_range(client: ClientConfig, topic: str, partition: int, start: int, end
                via_client: bool = False):
     """Yield pyarrow.RecordBatches (Spark's Kafka schema) of offsets [start, end) of one
     partition, fetched from its leader (the client retries across leader moves) and decoded
-    natively. Offsets missing because of compaction are skipped; offsets below the log start
+    natively. With kafka.isolation.level=read_committed the plan's ends are last stable offsets and
+    aborted transactions' records are skipped, as Kafka's consumers do (AbortedFilter); control
+    records never show. Offsets missing because of compaction are skipped; offsets below the log start
     (retention) fail when ``fail_on_data_loss``, else are skipped. A fetch thread keeps up to
     two fetches ahead (bounded memory: 4 x kafka.max.partition.fetch.bytes of buffers).
     ``via_client`` fetches through kbroker's client instead (the slower path, for perf only)."""
     from kbroker._native.arrow import RecordDecoder
     from kbroker._native.batch import LAYOUT
+    from kbroker.client import AbortedFilter
     from kbroker.record import DEFAULT_MAX_DECOMPRESSED
     from kbroker.record.compression import decompress
 
@@ -463,11 +468,12 @@ def read_range(client: ClientConfig, topic: str, partition: int, start: int, end
                 break
             if isinstance(item, BaseException):
                 raise item
-            pos, infos, mv, buf = item
+            pos, infos, mv, buf, aborted = item
+            skipped = AbortedFilter(aborted)
             for info in infos:
                 if info.base_offset >= end:
                     break
-                if info.is_control or info.next_offset <= pos:
+                if skipped.skip(info) or info.next_offset <= pos:
                     continue
                 section = mv[info.position + header_size:info.position + info.size]
                 if info.codec:

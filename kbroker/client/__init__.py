@@ -11,12 +11,12 @@
 from .admin import Admin, ConfigResource, NewTopic, TopicDescription
 from .cluster import Cluster
 from .connection import BrokerConnection, KafkaConnectionError, KafkaError, RequestTimedOut, UnsupportedVersion
-from .consumer import Consumer, FetchResult, Record
+from .consumer import AbortedFilter, Consumer, FetchResult, Record
 from .partitioner import StickyPartitioner, murmur2, partition_for_key
 from .producer import Producer, RecordMetadata
 
 __all__ = [
-    "Admin", "BrokerConnection", "Cluster", "ConfigResource", "Consumer", "FetchResult", "KafkaConnectionError",
+    "AbortedFilter", "Admin", "BrokerConnection", "Cluster", "ConfigResource", "Consumer", "FetchResult", "KafkaConnectionError",
     "KafkaError", "NewTopic", "Producer", "Record", "RecordMetadata", "RequestTimedOut", "StickyPartitioner",
     "TopicDescription", "UnsupportedVersion", "murmur2", "partition_for_key",
 ]

@@ -42,6 +42,35 @@ class FetchResult:
     log_start_offset: int
     next_offset: int            # where the next fetch should start
     raw: bytes | None = None    # the records section as returned, when asked for
+    aborted_transactions: list | None = None    # the answer's, for callers decoding ``raw`` (AbortedFilter)
+
+
+class AbortedFilter:
+    """Which batches of one Fetch answer a consumer skips (KIP-98, as Kafka's consumers do): control
+    batches always; with read_committed, a transactional batch of a producer that has an aborted
+    transaction (from the answer's ``aborted_transactions``) starting at or before the batch's last
+    offset, until that producer's marker is passed. ``skip`` takes every batch of the answer in
+    offset order (the filter keeps state across them)."""
+
+    __slots__ = ("_pending", "_next", "_aborting")
+
+    def __init__(self, aborted_transactions=None):
+        self._pending = sorted((a["first_offset"], a["producer_id"]) for a in (aborted_transactions or ()))
+        self._next = 0
+        self._aborting: set[int] = set()
+
+    def skip(self, info) -> bool:
+        """``info``: a batch header (kbroker.record BatchInfo) -> True when it must not be read."""
+        last = info.base_offset + info.last_offset_delta
+        pending = self._pending
+        while self._next < len(pending) and pending[self._next][0] <= last:
+            self._aborting.add(pending[self._next][1])
+            self._next += 1
+        if info.is_control:
+            if info.is_transactional:
+                self._aborting.discard(info.producer_id)   # the marker ends that transaction
+            return True
+        return info.is_transactional and info.producer_id in self._aborting
 
 
 def _offset_spec(spec) -> int:
@@ -132,34 +161,29 @@ class Consumer(ClusterClient):
         data = p["records"]
         if not decode:
             return FetchResult(topic, partition, [], p["high_watermark"], p.get("last_stable_offset", -1),
-                               p.get("log_start_offset", -1), offset, data if data is not None else b"")
-        records, next_offset = self._decode(topic, partition, data, offset, p.get("aborted_transactions"))
+                               p.get("log_start_offset", -1), offset, data if data is not None else b"",
+                               self.aborted_of(p))
+        records, next_offset = self._decode(topic, partition, data, offset, self.aborted_of(p))
         return FetchResult(topic, partition, records, p["high_watermark"], p.get("last_stable_offset", -1),
                            p.get("log_start_offset", -1), next_offset,
                            bytes(data) if raw and data is not None else (b"" if raw else None))
+
+    def aborted_of(self, partition_answer: dict) -> list | None:
+        """The aborted transactions of a Fetch answer's partition that this consumer honours: only
+        read_committed skips aborted data."""
+        return partition_answer.get("aborted_transactions") if self.isolation == 1 else None
 
     def _decode(self, topic, partition, data, offset, aborted):
         out: list[Record] = []
         next_offset = offset
         if data is None or len(data) == 0:
             return out, next_offset
-        # read_committed: producer ids whose transaction was aborted, by first offset (KIP-98)
-        pending_aborts = sorted((a["first_offset"], a["producer_id"]) for a in (aborted or ())) \
-            if self.isolation == 1 else []
-        aborting: set[int] = set()
+        skipped = AbortedFilter(aborted)
         mv = memoryview(data)
         for info in iter_batches(mv, 0, self.check_crcs):
             last = info.base_offset + info.last_offset_delta
             next_offset = max(next_offset, last + 1)
-            while pending_aborts and pending_aborts[0][0] <= last:
-                aborting.add(pending_aborts.pop(0)[1])
-            if info.is_control:
-                if info.is_transactional:
-                    aborting.discard(info.producer_id)   # the marker ends that transaction
-                continue
-            if last < offset:
-                continue
-            if info.is_transactional and info.producer_id in aborting:
+            if skipped.skip(info) or last < offset:
                 continue
             ts_type = info.timestamp_type
             for off, ts, key, value, headers in decode_records(mv[info.position:info.position + info.size],

@@ -6,5 +6,7 @@
   Stable, Dead).
 - ``store``: appends to and loads from the offsets partitions (the single append entry point).
 - ``group_coordinator``: ``GroupCoordinator``, the request logic behind the thin handlers in
-  ``server/apis/groups.py``: joins, syncs, heartbeats, commits, loading and unloading partitions.
+  ``server/apis/groups.py``: joins, syncs, heartbeats, commits.
+- ``ownership``: which internal partitions this broker leads, loading and unloading them
+  (``PartitionLoader``, shared with the transaction coordinator), the coordinators' periodic tasks.
 """

@@ -15,11 +15,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from dataclasses import dataclass, field
 
 from ..protocol.errors import Errors
 from . import records as consumer_offsets
-from .ownership import leader_epoch, led_partitions, periodic
+from .ownership import PartitionLoader, periodic
 from .group import (COMPLETING_REBALANCE, DEAD, EMPTY, PREPARING_REBALANCE, STABLE, Group, Member,
                     OffsetEntry)
 from .store import OFFSETS_TOPIC, OffsetsStore
@@ -27,7 +26,6 @@ from .store import OFFSETS_TOPIC, OffsetsStore
 log = logging.getLogger(__name__)
 
 E = Errors
-LOADING, LOADED = "loading", "loaded"
 
 
 def java_string_hash(s: str) -> int:
@@ -44,21 +42,15 @@ def partition_for(group_id: str, partitions: int) -> int:
     return (0 if h == -(1 << 31) else abs(h)) % partitions   # Kafka's Utils.abs
 
 
-@dataclass
-class _Partition:
-    index: int
-    leader_epoch: int
-    status: str = LOADING
-    groups: set = field(default_factory=set)
-    task: asyncio.Task | None = None
-
-
 class GroupCoordinator:
     def __init__(self, broker):
         self.broker = broker
         self.store = OffsetsStore(broker)
         self.groups: dict[str, Group] = {}
-        self.partitions: dict[int, _Partition] = {}
+        self.owned = PartitionLoader(broker, OFFSETS_TOPIC, self.store, "offsets.load.buffer.size", "groups",
+                                     self._read_record, self._install, self._drop_partition,
+                                     consumer_offsets.RecordFormatError)
+        self.partitions = self.owned.partitions       # {partition: LoadedPartition}, keys: its group ids
         self._tasks: list[asyncio.Task] = []
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -73,7 +65,7 @@ class GroupCoordinator:
     def start(self) -> None:
         if self.loop is not None:
             return
-        self.loop = asyncio.get_running_loop()
+        self.loop = self.owned.loop = asyncio.get_running_loop()
         self._tasks.append(self.loop.create_task(periodic(1.0, self.reconcile, "group coordinator")))
         interval = self._cfg("offsets.retention.check.interval.ms") / 1000
         self._tasks.append(self.loop.create_task(periodic(interval, self.expire_offsets, "group coordinator")))
@@ -82,93 +74,53 @@ class GroupCoordinator:
         for t in self._tasks:
             t.cancel()
         self._tasks.clear()
-        for p in list(self.partitions):
-            self._unload(p)
+        self.owned.unload_all()
 
     def _ensure_started(self) -> None:
         if self.loop is None:
             self.start()
 
     # ---- partition ownership -----------------------------------------------------------------------
-    def _led_partitions(self) -> dict[int, int]:
-        return led_partitions(self.broker, OFFSETS_TOPIC)
-
-    def _leader_epoch(self, p: int):
-        return leader_epoch(self.broker, OFFSETS_TOPIC, p)
-
     def reconcile(self) -> None:
-        led = self._led_partitions()
-        for p, ps in list(self.partitions.items()):
-            if led.get(p) != ps.leader_epoch:
-                self._unload(p)
-        for p, epoch in led.items():
-            if p not in self.partitions and self.broker.logs.get((OFFSETS_TOPIC, p)) is not None:
-                self._begin_load(p, epoch)
+        self.owned.reconcile()
 
-    def _begin_load(self, p: int, epoch: int) -> None:
-        ps = self.partitions[p] = _Partition(p, epoch)
-        ps.task = self.loop.create_task(self._load(ps))
+    def _read_record(self, groups: dict, key, value, pending_pid: int) -> None:
+        """Fold one ``__consumer_offsets`` record into ``groups`` {group id: Group} while loading."""
+        k = consumer_offsets.decode_key(key)
+        if k[0] == "offset":
+            _, gid, topic, part = k
+            g = groups.get(gid) or groups.setdefault(gid, Group(gid))
+            if pending_pid >= 0:
+                if value is not None:
+                    v = consumer_offsets.decode_offset_value(value)
+                    g.pending_txn_offsets.setdefault(pending_pid, {})[(topic, part)] = OffsetEntry(
+                        v.offset, v.leader_epoch, v.metadata, v.commit_timestamp, v.expire_timestamp)
+            elif value is None:
+                g.offsets.pop((topic, part), None)
+            else:
+                v = consumer_offsets.decode_offset_value(value)
+                g.offsets[(topic, part)] = OffsetEntry(v.offset, v.leader_epoch, v.metadata,
+                                                       v.commit_timestamp, v.expire_timestamp)
+        else:
+            gid = k[1]
+            if value is None:
+                old = groups.pop(gid, None)
+                if old is not None and old.offsets:
+                    # offsets written after the group tombstone stay (standalone commits)
+                    fresh = groups[gid] = Group(gid)
+                    fresh.offsets = old.offsets
+                return
+            g = groups.get(gid) or groups.setdefault(gid, Group(gid))
+            self._apply_group_value(g, consumer_offsets.decode_group_value(value))
 
-    async def _load(self, ps: _Partition) -> None:
-        t0 = self.now_ms()
-        groups: dict[str, Group] = {}
-        n = 0
-        try:
-            chunk = self._cfg("offsets.load.buffer.size")
-            for _offset, key, value, pending_pid in self.store.read_all(ps.index, chunk):
-                n += 1
-                if n % 2000 == 0:
-                    await asyncio.sleep(0)
-                    if self.partitions.get(ps.index) is not ps:
-                        return
-                if key is None:
-                    continue
-                try:
-                    k = consumer_offsets.decode_key(key)
-                    if k[0] == "offset":
-                        _, gid, topic, part = k
-                        g = groups.get(gid) or groups.setdefault(gid, Group(gid))
-                        if pending_pid >= 0:
-                            if value is not None:
-                                v = consumer_offsets.decode_offset_value(value)
-                                g.pending_txn_offsets.setdefault(pending_pid, {})[(topic, part)] = OffsetEntry(
-                                    v.offset, v.leader_epoch, v.metadata, v.commit_timestamp, v.expire_timestamp)
-                        elif value is None:
-                            g.offsets.pop((topic, part), None)
-                        else:
-                            v = consumer_offsets.decode_offset_value(value)
-                            g.offsets[(topic, part)] = OffsetEntry(v.offset, v.leader_epoch, v.metadata,
-                                                                   v.commit_timestamp, v.expire_timestamp)
-                    else:
-                        gid = k[1]
-                        if value is None:
-                            old = groups.pop(gid, None)
-                            if old is not None and old.offsets:
-                                # offsets written after the group tombstone stay (standalone commits)
-                                fresh = groups[gid] = Group(gid)
-                                fresh.offsets = old.offsets
-                            continue
-                        g = groups.get(gid) or groups.setdefault(gid, Group(gid))
-                        self._apply_group_value(g, consumer_offsets.decode_group_value(value))
-                except consumer_offsets.RecordFormatError as e:
-                    log.warning("skipping unreadable record in %s-%d: %s", OFFSETS_TOPIC, ps.index, e)
-        except Exception:
-            log.exception("loading %s-%d failed", OFFSETS_TOPIC, ps.index)
-            if self.partitions.get(ps.index) is ps:
-                del self.partitions[ps.index]
-            return
-        if self.partitions.get(ps.index) is not ps:
-            return
+    def _install(self, ps, groups: dict) -> None:
         for gid, g in groups.items():
             if not g.members and not g.offsets and not g.pending_txn_offsets and g.protocol_type is None:
                 continue
             self.groups[gid] = g
-            ps.groups.add(gid)
+            ps.keys.add(gid)
             for m in g.members.values():
                 self._schedule_heartbeat(g, m)
-        ps.status = LOADED
-        log.info("loaded %s-%d: %d groups from %d records in %d ms", OFFSETS_TOPIC, ps.index,
-                 len(ps.groups), n, self.now_ms() - t0)
 
     def _apply_group_value(self, g: Group, v: consumer_offsets.GroupValue) -> None:
         for m in g.members.values():
@@ -189,12 +141,11 @@ class GroupCoordinator:
         g.transition(STABLE if g.members else EMPTY, v.current_state_timestamp)
 
     def _unload(self, p: int) -> None:
-        ps = self.partitions.pop(p, None)
-        if ps is None:
-            return
-        if ps.task is not None and not ps.task.done():
-            ps.task.cancel()
-        for gid in ps.groups:
+        self.owned.unload(p)
+
+    def _drop_partition(self, ps) -> None:
+        """An unloaded partition's groups: timers cancelled, waiting joins and syncs answered NOT_COORDINATOR."""
+        for gid in ps.keys:
             g = self.groups.pop(gid, None)
             if g is None:
                 continue
@@ -208,7 +159,6 @@ class GroupCoordinator:
                 if m.awaiting_sync():
                     m.sync_future.set_result(_sync_result(E.NOT_COORDINATOR))
             g.state = DEAD
-        log.info("unloaded %s-%d", OFFSETS_TOPIC, p)
 
     def _partition_of(self, group_id: str) -> tuple[int, int]:
         """(error code, offsets partition) for coordinating ``group_id`` here."""
@@ -217,27 +167,14 @@ class GroupCoordinator:
         if t is None or not t.partitions:
             return int(E.COORDINATOR_NOT_AVAILABLE), -1
         p = partition_for(group_id, len(t.partitions))
-        epoch = self._leader_epoch(p)
-        if epoch is None:
-            return int(E.NOT_COORDINATOR), p
-        ps = self.partitions.get(p)
-        if ps is not None and ps.leader_epoch != epoch:
-            self._unload(p)   # lost and regained leadership since the load: reload
-            ps = None
-        if ps is None:
-            if self.broker.logs.get((OFFSETS_TOPIC, p)) is None:
-                return int(E.COORDINATOR_NOT_AVAILABLE), p
-            self._begin_load(p, epoch)
-            return int(E.COORDINATOR_LOAD_IN_PROGRESS), p
-        if ps.status != LOADED:
-            return int(E.COORDINATOR_LOAD_IN_PROGRESS), p
-        return 0, p
+        err, _ps = self.owned.owner(p)
+        return err, p
 
     def _get_or_create(self, group_id: str, p: int) -> Group:
         g = self.groups.get(group_id)
         if g is None:
             g = self.groups[group_id] = Group(group_id, state_timestamp=self.now_ms())
-            self.partitions[p].groups.add(group_id)
+            self.partitions[p].keys.add(group_id)
         return g
 
     def _drop_group(self, g: Group) -> None:
@@ -245,7 +182,7 @@ class GroupCoordinator:
         if self.groups.get(g.group_id) is g:
             del self.groups[g.group_id]
         for ps in self.partitions.values():
-            ps.groups.discard(g.group_id)
+            ps.keys.discard(g.group_id)
 
     # ---- timers ------------------------------------------------------------------------------------
     @staticmethod
@@ -750,8 +687,9 @@ class GroupCoordinator:
                 return {tp: int(E.ILLEGAL_GENERATION) for tp in topics}
         result, recs, entries = self._offset_records(group_id, topics, -1, None)
         if recs:
-            seq = self.store.next_sequence(p, producer_id, producer_epoch)
-            code, _ = await self.store.append(p, recs, for_commit=True, producer=(producer_id, producer_epoch, seq))
+            # Base sequence 0, as Kafka's coordinator writes it: the offsets partition checks only the
+            # producer's epoch of its coordinator's batches (ProducerStateManager.coordinator_appends).
+            code, _ = await self.store.append(p, recs, for_commit=True, producer=(producer_id, producer_epoch, 0))
             if not code and self.groups.get(group_id) is g:
                 g.pending_txn_offsets.setdefault(producer_id, {}).update(entries)
             for tp in entries:
@@ -765,7 +703,7 @@ class GroupCoordinator:
             ps = self.partitions.get(p)
             if ps is None:
                 continue
-            for gid in ps.groups:
+            for gid in ps.keys:
                 g = self.groups.get(gid)
                 pending = g.pending_txn_offsets.pop(producer_id, None) if g is not None else None
                 if pending and committed:
@@ -811,12 +749,8 @@ class GroupCoordinator:
 
     async def list_groups(self, states=None) -> tuple[int, list]:
         self._ensure_started()
-        self.reconcile()   # a partition led but not yet loaded (e.g. right after a restart) starts loading
-        loading = [ps.task for ps in self.partitions.values() if ps.status != LOADED and ps.task is not None]
-        if loading:
-            # loads are short; waiting briefly spares clients that do not retry ListGroups
-            await asyncio.wait(loading, timeout=5)
-        if any(ps.status != LOADED for ps in self.partitions.values()):
+        # a partition led but not yet loaded (e.g. right after a restart) starts loading
+        if not await self.owned.all_loaded():
             return int(E.COORDINATOR_LOAD_IN_PROGRESS), []
         wanted = {s.lower() for s in states} if states else None
         out = []

@@ -82,6 +82,10 @@ class OffsetsStore:
         broker = self.broker
         tp = (self.topic, partition)
         buf = build_batch(records, broker.now_ms(), producer)
+        lg = broker.logs.get(tp)
+        if lg is not None:
+            # this store is the partition's only writer: the log checks its batches as a coordinator's
+            lg.producer_state.coordinator_appends = True
         rm = getattr(broker, "replica_manager", None)
         if rm is not None:
             try:
@@ -101,7 +105,6 @@ class OffsetsStore:
             return map_error(Errors.UNKNOWN_TOPIC_OR_PARTITION, for_commit), -1
         if pinfo.leader != broker.broker_id:
             return map_error(Errors.NOT_LEADER_OR_FOLLOWER, for_commit), -1
-        lg = broker.logs.get(tp)
         if lg is None:
             return map_error(Errors.NOT_LEADER_OR_FOLLOWER, for_commit), -1
         try:
@@ -110,16 +113,6 @@ class OffsetsStore:
             return map_error(e.error_code, for_commit), -1
         broker.notifier.appended(tp)
         return 0, r.base_offset
-
-    def next_sequence(self, partition: int, producer_id: int, epoch: int) -> int:
-        """The base sequence the partition's producer state accepts next from this producer and epoch.
-        The log checks every producer batch's sequence (Kafka skips the check for coordinator appends),
-        so a TxnOffsetCommit's batch continues the producer's sequence on its offsets partition."""
-        lg = self.broker.logs.get((self.topic, partition))
-        entry = lg.producer_state.producers.get(producer_id) if lg is not None else None
-        if entry is None or entry.epoch != epoch or not entry.batches:
-            return 0
-        return (entry.batches[-1].last_seq + 1) & 0x7FFFFFFF
 
     def read_all(self, partition: int, chunk_bytes: int):
         """Yield (offset, key, value, pending producer id) of every record in the partition's local log,

@@ -108,6 +108,11 @@ class ProducerStateManager:
         self.ongoing: dict[int, int] = {}      # producer id -> first offset of its ongoing transaction
         # producer id -> the guard of a verification in flight (begin_verification)
         self.verifying: dict[int, object] = {}
+        # True for a coordinator's internal partition, whose only writer is its coordinator (Kafka's
+        # AppendOrigin.COORDINATOR): the TxnOffsetCommit batches the group coordinator writes carry the
+        # producer's id and epoch with base sequence 0, so only the epoch is checked; the sequence is
+        # the client's business on its own partitions, and no coordinator batch is a retried duplicate.
+        self.coordinator_appends = False
 
     # -- leader append --------------------------------------------------------------------
 
@@ -122,6 +127,8 @@ class ProducerStateManager:
             raise LogAppendError(
                 INVALID_PRODUCER_EPOCH,
                 f"producer {producer_id}: epoch {epoch} is older than the current epoch {entry.epoch}")
+        if self.coordinator_appends:
+            return None
         if epoch > entry.epoch:
             if first_seq != 0:
                 raise LogAppendError(

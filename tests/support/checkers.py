@@ -563,23 +563,30 @@ class HistoryReport:
     duplicates: int             # one sent value stored at more than one offset
     inconsistent_offsets: int   # acked at one offset, read at another; or two reads of one offset differ
     examples: list = field(default_factory=list)
+    aborted_visible: int = 0    # read at an offset written by an aborted transaction
+    not_once: int = 0           # sent values read at no offset or at more than one (exactly-once runs)
 
     def line(self) -> str:
         return (f"sent {self.sent}, acked {self.acked}: acked-but-lost {self.acked_lost} of {self.acked}, "
                 f"unseen {self.unseen}, duplicates {self.duplicates}, "
-                f"inconsistent offsets {self.inconsistent_offsets}"
+                f"inconsistent offsets {self.inconsistent_offsets}, aborted visible {self.aborted_visible}, "
+                f"not exactly once {self.not_once} of {self.sent}"
                 + (f"; e.g. {self.examples[:5]}" if self.examples else ""))
 
 
 class History:
     """Every send, acknowledgement, failure and poll of a fault test, keyed by a unique value per
     send. Thread-safe enough for one producer thread and one consumer thread (list/dict appends
-    under the GIL)."""
+    under the GIL).
+
+    Transactional runs: ``ack`` only what a committed transaction wrote, ``abort`` what an aborted
+    one wrote; ``sent`` are then the inputs that must each be read exactly once (``not_once``)."""
 
     def __init__(self):
         self.sent: list = []                    # values in send order
         self.acked: dict = {}                   # value -> (partition, offset)
         self.failed: dict = {}                  # value -> error text
+        self.aborted: dict = {}                 # (partition, offset) -> value, written by aborted transactions
         self.polls: list = []                   # (partition, offset, value) in poll order
 
     def send(self, value: bytes) -> None:
@@ -590,6 +597,9 @@ class History:
 
     def fail(self, value: bytes, error) -> None:
         self.failed[value] = str(error)
+
+    def abort(self, value: bytes, partition: int, offset: int) -> None:
+        self.aborted[(partition, offset)] = value
 
     def poll(self, partition: int, offset: int, value: bytes) -> None:
         self.polls.append((partition, offset, value))
@@ -616,17 +626,28 @@ class History:
                 examples.append(("acked at one offset, read at another", value, pos, sorted(seen)))
         dups = sum(1 for s in where.values() if len(s) > 1)
         unseen = sum(1 for v in self.sent if v not in self.acked and v not in where)
-        return HistoryReport(len(self.sent), len(self.acked), lost, unseen, dups, inconsistent, examples)
+        aborted_visible = 0
+        for part, off, value in self.polls:
+            if (part, off) in self.aborted:
+                aborted_visible += 1
+                examples.append(("aborted but visible", value, part, off))
+        not_once = sum(1 for v in self.sent if len(where.get(v, ())) != 1)
+        return HistoryReport(len(self.sent), len(self.acked), lost, unseen, dups, inconsistent, examples,
+                             aborted_visible, not_once)
 
 
-def read_all_confluent(bootstrap: str, topic: str, partitions: int, history: History, timeout: float = 60.0):
-    """Read every partition from the start to its current high watermark (asked of the leader)
-    with a confluent-kafka consumer, logging each record as a poll. Returns {partition: end}."""
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
+def read_all_confluent(bootstrap: str, topic: str, partitions: int, history: History, timeout: float = 60.0,
+                       isolation: str = "read_uncommitted"):
+    """Read every partition from the start to its current end (asked of the leader: the high watermark,
+    or the last stable offset for read_committed) with a confluent-kafka consumer, logging each record
+    as a poll. Returns {partition: end}."""
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
     deadline = time.monotonic() + timeout
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"history-{time.monotonic_ns()}",
-                  "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest", "isolation.level": isolation,
+                  # read_committed skips control records: the end may follow a marker, never a record
+                  "enable.partition.eof": True})
     try:
         ends = {}
         while len(ends) < partitions:
@@ -644,7 +665,11 @@ def read_all_confluent(bootstrap: str, topic: str, partitions: int, history: His
             if time.monotonic() > deadline:
                 raise TimeoutError(f"read {pos} of {ends}")
             m = c.poll(0.5)
-            if m is None or m.error():
+            if m is None:
+                continue
+            if m.error():
+                if m.error().code() == KafkaError._PARTITION_EOF:
+                    pos[m.partition()] = max(pos[m.partition()], m.offset())
                 continue
             history.poll(m.partition(), m.offset(), m.value())
             pos[m.partition()] = m.offset() + 1

@@ -18,13 +18,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from dataclasses import dataclass, field
 
 from ...protocol.api import ApiKey
 from ...protocol.errors import Errors
 from ...topics import GROUP_METADATA_TOPIC, TRANSACTION_STATE_TOPIC
 from ..group_coordinator import partition_for
-from ..ownership import led_partitions, periodic
+from ..ownership import LoadedPartition, PartitionLoader, periodic
 from ..store import OffsetsStore
 from . import records as txnlog
 from .peers import PeerRequests
@@ -35,7 +34,6 @@ from .records import (COMPLETE_ABORT, COMPLETE_COMMIT, DEAD, EMPTY, ONGOING, PRE
 log = logging.getLogger(__name__)
 
 E = Errors
-LOADING, LOADED = "loading", "loaded"
 MARKER_RETRY_MIN_S, MARKER_RETRY_MAX_S = 0.05, 1.0
 
 # Per-partition WriteTxnMarkers answers worth another try (the leader moved, is catching up, or the
@@ -56,22 +54,18 @@ _FOR_PRODUCER = {int(E.COORDINATOR_NOT_AVAILABLE): int(E.NOT_ENOUGH_REPLICAS),
                  int(E.PRODUCER_FENCED): int(E.INVALID_PRODUCER_EPOCH)}
 
 
-@dataclass
-class _StatePartition:
-    index: int
-    epoch: int                     # leader epoch = coordinator epoch
-    status: str = LOADING
-    ids: set = field(default_factory=set)
-    task: asyncio.Task | None = None
-
-
 class TransactionCoordinator:
     def __init__(self, broker):
         self.broker = broker
         self.store = OffsetsStore(broker, TRANSACTION_STATE_TOPIC, "request.timeout.ms")
         self.peers = PeerRequests(broker)
         self.txns: dict[str, TxnMetadata] = {}
-        self.partitions: dict[int, _StatePartition] = {}
+        # Its epoch (the state partition's leader epoch) is the coordinator epoch; keys: transactional ids.
+        self.owned = PartitionLoader(broker, TRANSACTION_STATE_TOPIC, self.store,
+                                     "transaction.state.log.load.buffer.size", "transactional ids",
+                                     self._read_record, self._install, self._drop_partition,
+                                     txnlog.RecordFormatError)
+        self.partitions = self.owned.partitions
         self._completing: dict[str, asyncio.Task] = {}
         self._tasks: list[asyncio.Task] = []
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -86,7 +80,7 @@ class TransactionCoordinator:
     def start(self) -> None:
         if self.loop is not None:
             return
-        self.loop = asyncio.get_running_loop()
+        self.loop = self.owned.loop = asyncio.get_running_loop()
         what = "transaction coordinator"
         self._tasks.append(self.loop.create_task(periodic(1.0, self.reconcile, what)))
         abort_s = self._cfg("transaction.abort.timed.out.transaction.cleanup.interval.ms") / 1000
@@ -98,8 +92,7 @@ class TransactionCoordinator:
         for t in self._tasks:
             t.cancel()
         self._tasks.clear()
-        for p in list(self.partitions):
-            self._unload(p)
+        self.owned.unload_all()
         self.peers.close()
 
     def _ensure_started(self) -> None:
@@ -116,109 +109,56 @@ class TransactionCoordinator:
     def partition_of(self, transactional_id: str) -> int:
         return partition_for(transactional_id, self.partition_count())
 
-    def _led_partitions(self) -> dict[int, int]:
-        return led_partitions(self.broker, TRANSACTION_STATE_TOPIC)
-
     def reconcile(self) -> None:
-        led = self._led_partitions()
-        for p, ps in list(self.partitions.items()):
-            if led.get(p) != ps.epoch:
-                self._unload(p)
-        for p, epoch in led.items():
-            if p not in self.partitions and self.broker.logs.get((TRANSACTION_STATE_TOPIC, p)) is not None:
-                self._begin_load(p, epoch)
+        self.owned.reconcile()
 
-    def _begin_load(self, p: int, epoch: int) -> None:
-        ps = self.partitions[p] = _StatePartition(p, epoch)
-        ps.task = self.loop.create_task(self._load(ps))
+    @staticmethod
+    def _read_record(found: dict, key, value, _pending_pid: int) -> None:
+        """Fold one ``__transaction_state`` record into ``found`` {transactional id: TxnMetadata}."""
+        tid = txnlog.decode_key(key)
+        if value is None:
+            found.pop(tid, None)
+            return
+        v = txnlog.decode_value(value)
+        m = found.get(tid)
+        if m is None:
+            found[tid] = TxnMetadata.from_value(tid, v)
+        else:
+            m.apply(v)
 
-    async def _load(self, ps: _StatePartition) -> None:
-        t0 = self.now_ms()
-        found: dict[str, TxnMetadata] = {}
-        n = 0
-        try:
-            chunk = self._cfg("transaction.state.log.load.buffer.size")
-            for _offset, key, value, _pending in self.store.read_all(ps.index, chunk):
-                n += 1
-                if n % 2000 == 0:
-                    await asyncio.sleep(0)
-                    if self.partitions.get(ps.index) is not ps:
-                        return
-                if key is None:
-                    continue
-                try:
-                    tid = txnlog.decode_key(key)
-                    if value is None:
-                        found.pop(tid, None)
-                        continue
-                    v = txnlog.decode_value(value)
-                except txnlog.RecordFormatError as e:
-                    log.warning("skipping unreadable record in %s-%d: %s", TRANSACTION_STATE_TOPIC, ps.index, e)
-                    continue
-                m = found.get(tid)
-                if m is None:
-                    found[tid] = TxnMetadata.from_value(tid, v)
-                else:
-                    m.apply(v)
-        except Exception:
-            log.exception("loading %s-%d failed", TRANSACTION_STATE_TOPIC, ps.index)
-            if self.partitions.get(ps.index) is ps:
-                del self.partitions[ps.index]
-            return
-        if self.partitions.get(ps.index) is not ps:
-            return
+    def _install(self, ps: LoadedPartition, found: dict) -> None:
         for tid, m in found.items():
             self.txns[tid] = m
-            ps.ids.add(tid)
-        ps.status = LOADED
-        log.info("loaded %s-%d: %d transactional ids from %d records in %d ms", TRANSACTION_STATE_TOPIC,
-                 ps.index, len(ps.ids), n, self.now_ms() - t0)
-        # A Prepare* found here was decided by a previous coordinator: finish it.
-        for tid in ps.ids:
+            ps.keys.add(tid)
+        # A Prepare* found here was decided by a previous coordinator: finish it (the task runs once the
+        # partition is marked loaded).
+        for tid in ps.keys:
             m = self.txns[tid]
             if m.state in (PREPARE_COMMIT, PREPARE_ABORT):
                 self._start_completion(ps, m)
 
     def _unload(self, p: int) -> None:
-        ps = self.partitions.pop(p, None)
-        if ps is None:
-            return
-        if ps.task is not None and not ps.task.done():
-            ps.task.cancel()
-        for tid in ps.ids:
+        self.owned.unload(p)
+
+    def _drop_partition(self, ps: LoadedPartition) -> None:
+        for tid in ps.keys:
             self.txns.pop(tid, None)
             t = self._completing.pop(tid, None)
             if t is not None:
                 t.cancel()
-        log.info("unloaded %s-%d", TRANSACTION_STATE_TOPIC, p)
 
-    def _owner(self, tid: str) -> tuple[int, _StatePartition | None]:
+    def _owner(self, tid: str) -> tuple[int, LoadedPartition | None]:
         """(error, state partition) for coordinating ``tid`` here."""
         self._ensure_started()
         t = self.broker.metadata.topics.get(TRANSACTION_STATE_TOPIC)
         if t is None or not t.partitions:
             return int(E.COORDINATOR_NOT_AVAILABLE), None
-        p = partition_for(tid, len(t.partitions))
-        led = self._led_partitions().get(p)
-        if led is None:
-            return int(E.NOT_COORDINATOR), None
-        ps = self.partitions.get(p)
-        if ps is not None and ps.epoch != led:
-            self._unload(p)
-            ps = None
-        if ps is None:
-            if self.broker.logs.get((TRANSACTION_STATE_TOPIC, p)) is None:
-                return int(E.COORDINATOR_NOT_AVAILABLE), None
-            self._begin_load(p, led)
-            return int(E.COORDINATOR_LOAD_IN_PROGRESS), None
-        if ps.status != LOADED:
-            return int(E.COORDINATOR_LOAD_IN_PROGRESS), None
-        return 0, ps
+        return self.owned.owner(partition_for(tid, len(t.partitions)))
 
-    def _still_owned(self, ps: _StatePartition, m: TxnMetadata) -> bool:
+    def _still_owned(self, ps: LoadedPartition, m: TxnMetadata) -> bool:
         return self.partitions.get(ps.index) is ps and self.txns.get(m.transactional_id) is m
 
-    async def _write(self, ps: _StatePartition, m: TxnMetadata, v: txnlog.TxnValue) -> int:
+    async def _write(self, ps: LoadedPartition, m: TxnMetadata, v: txnlog.TxnValue) -> int:
         """Write ``v`` for ``m`` and apply it once durable; the error as the transaction APIs report it."""
         m.pending = v.state
         try:
@@ -262,7 +202,7 @@ class TransactionCoordinator:
             if m is None:
                 m = self.txns[tid] = TxnMetadata(tid, pid, NO_PRODUCER_ID, NO_PRODUCER_EPOCH, NO_PRODUCER_EPOCH,
                                                  timeout_ms, EMPTY, last_update_ms=self.now_ms())
-                ps.ids.add(tid)
+                ps.keys.add(tid)
         if m.pending is not None:
             return (int(E.CONCURRENT_TRANSACTIONS), *fail)
         if expected_pid != NO_PRODUCER_ID and not self._valid_expected(m, expected_pid, expected_epoch):
@@ -307,7 +247,7 @@ class TransactionCoordinator:
         return (m.producer_epoch == NO_PRODUCER_EPOCH or pid == m.producer_id
                 or (pid == m.last_producer_id and epoch >= 32765))
 
-    async def _fence_and_abort(self, ps: _StatePartition, m: TxnMetadata) -> int:
+    async def _fence_and_abort(self, ps: LoadedPartition, m: TxnMetadata) -> int:
         """Bump the epoch of ``m``'s ongoing transaction and abort it (a fenced or timed-out producer)."""
         m.pending = PREPARE_EPOCH_FENCE
         try:
@@ -318,7 +258,7 @@ class TransactionCoordinator:
                 m.pending = None
 
     # ---- AddPartitionsToTxn / AddOffsetsToTxn ------------------------------------------------------------
-    def _check_producer(self, tid: str, pid: int, epoch: int) -> tuple[int, _StatePartition | None,
+    def _check_producer(self, tid: str, pid: int, epoch: int) -> tuple[int, LoadedPartition | None,
                                                                         TxnMetadata | None]:
         if not tid:
             return int(E.INVALID_REQUEST), None, None
@@ -436,13 +376,13 @@ class TransactionCoordinator:
             return int(E.CONCURRENT_TRANSACTIONS) if not commit else int(E.INVALID_TXN_STATE)
         return int(E.INVALID_TXN_STATE)
 
-    def _start_completion(self, ps: _StatePartition, m: TxnMetadata) -> None:
+    def _start_completion(self, ps: LoadedPartition, m: TxnMetadata) -> None:
         old = self._completing.get(m.transactional_id)
         if old is not None and not old.done():
             return
         self._completing[m.transactional_id] = self.loop.create_task(self._complete(ps, m))
 
-    async def _complete(self, ps: _StatePartition, m: TxnMetadata) -> None:
+    async def _complete(self, ps: LoadedPartition, m: TxnMetadata) -> None:
         """Markers to every partition of a Prepare* transaction, then Complete*."""
         tid = m.transactional_id
         try:
@@ -473,7 +413,7 @@ class TransactionCoordinator:
             if self._completing.get(tid) is asyncio.current_task():
                 del self._completing[tid]
 
-    async def _send_markers(self, ps: _StatePartition, m: TxnMetadata, pid: int, epoch: int, commit: bool,
+    async def _send_markers(self, ps: LoadedPartition, m: TxnMetadata, pid: int, epoch: int, commit: bool,
                             left: set) -> bool:
         """WriteTxnMarkers until every partition in ``left`` has its marker; False if this coordinator
         lost the transaction meanwhile (a new coordinator finishes it)."""
@@ -571,7 +511,7 @@ class TransactionCoordinator:
                 continue
             m.state = DEAD
             del self.txns[m.transactional_id]
-            ps.ids.discard(m.transactional_id)
+            ps.keys.discard(m.transactional_id)
             n += 1
             log.info("transactional id %s expired", m.transactional_id)
         return n
@@ -596,11 +536,7 @@ class TransactionCoordinator:
     async def list_transactions(self, states, pids, duration_ms: int = -1, pattern: str | None = None):
         """-> (error, unknown state filters, [(transactional id, producer id, state name)])."""
         self._ensure_started()
-        self.reconcile()
-        loading = [ps.task for ps in self.partitions.values() if ps.status != LOADED and ps.task is not None]
-        if loading:
-            await asyncio.wait(loading, timeout=5)
-        if any(ps.status != LOADED for ps in self.partitions.values()):
+        if not await self.owned.all_loaded():
             return int(E.COORDINATOR_LOAD_IN_PROGRESS), [], []
         names = {n.lower(): i for i, n in enumerate(STATE_NAMES)}
         unknown = [s for s in states if s.lower() not in names]
