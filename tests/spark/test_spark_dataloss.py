@@ -32,8 +32,15 @@ def test_fail_on_data_loss_after_retention(tmp_path):
         assert p.flush(30) == 0
         opts = {"kafka.bootstrap.servers": bs, "subscribe": "gone"}
         cfg = read_config(opts, streaming=False)
-        wait_until(lambda: latest_offsets(cfg)[0][("gone", 0)] > 0, timeout=60, what="retention to delete segments")
-        earliest = latest_offsets(cfg)[0][("gone", 0)]
+        # retention may take several checks to get under retention.bytes: wait until the log start offset
+        # has stayed where it is over four checks (2 s), so the plans below all see the same one
+        seen = []
+
+        def settled():
+            seen.append(latest_offsets(cfg)[0][("gone", 0)])
+            return len(seen) >= 9 and seen[-1] > 0 and len(set(seen[-9:])) == 1
+        wait_until(settled, timeout=60, what="retention to delete segments and settle", interval=0.25)
+        earliest = seen[-1]
         wanted = dict(opts, startingOffsets=json.dumps({"gone": {"0": 0}}))
         with pytest.raises(DataLossError, match="failOnDataLoss"):
             plan_batch(read_config(wanted, streaming=False))
