@@ -343,6 +343,7 @@ class LogManager:
             self.preferred_dirs[tp] = d
             raise KeyError(tp)
         if self.future_dir(tp) == d:
+            self._start_mover(tp)       # asked again: a mover stopped by an error starts over
             return
         self._drop_future(tp)
         if self._dir_of[tp] == d:
