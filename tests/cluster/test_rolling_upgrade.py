@@ -19,12 +19,11 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
-
-from checkers import History, RawConn, read_all_confluent
+from checkers import RawConn, read_all_confluent
 from kbroker.testing import LocalCluster, wait_until
 from paths import ROOT
-from test_replication import TOPIC, LoadProducer, state, wait_acks_grow
+from test_replication import TOPIC, state, wait_acks_grow
+from test_rolling_restart import rf3_load
 
 # The last commit of the session before AlterReplicaLogDirs, DescribeCluster, JBOD failure handling,
 # security and transactions were added (2026-11-27).
@@ -84,12 +83,7 @@ def test_rolling_upgrade_from_an_earlier_build_under_acks_all_load(tmp_path):
         b.command_prefix = ["env", "-C", str(old)]
     with c:
         assert all(ALTER_REPLICA_LOG_DIRS not in api_keys(b.port) for b in c.brokers.values())   # the old code
-        admin = AdminClient({"bootstrap.servers": c.bootstrap})
-        admin.create_topics([NewTopic(TOPIC, 1, 3, config={"min.insync.replicas": "2"})])[TOPIC].result(30)
-        wait_until(lambda: len(state(c)[2]) == 3, 30, "ISR of 3")
-        hist = History()
-        load = LoadProducer(c.bootstrap, hist, rate=300, **{
-            "enable.idempotence": True, "acks": "all", "request.timeout.ms": 10000}).start()
+        hist, load = rf3_load(c)
         restarts = []
         try:
             wait_acks_grow(load, 300, timeout=60)
