@@ -20,7 +20,7 @@ SCRAM_MECHANISMS = {1: "SCRAM-SHA-256", 2: "SCRAM-SHA-512"}    # Kafka's ScramMe
 
 CREATE_TOPICS, DELETE_TOPICS, DESCRIBE_CONFIGS, ALTER_CONFIGS = 19, 20, 32, 33
 CREATE_PARTITIONS, INCREMENTAL_ALTER_CONFIGS = 37, 44
-DELETE_RECORDS, DESCRIBE_LOG_DIRS, DESCRIBE_CLUSTER = 21, 35, 60
+DELETE_RECORDS, ALTER_REPLICA_LOG_DIRS, DESCRIBE_LOG_DIRS, DESCRIBE_CLUSTER = 21, 34, 35, 60
 ALTER_PARTITION_REASSIGNMENTS, LIST_PARTITION_REASSIGNMENTS = 45, 46
 
 TOPIC, BROKER, BROKER_LOGGER = 2, 4, 8
@@ -385,6 +385,27 @@ class Admin(ClusterClient):
                 err = KafkaError(r["error_code"], None, f"log dir {r['log_dir']}") if r["error_code"] else None
                 dirs[r["log_dir"]] = LogDirDescription(err, replicas, r["total_bytes"], r["usable_bytes"])
             out[bid] = dirs
+        return out
+
+    async def alter_replica_log_dirs(self, moves: dict[tuple[str, int, int], str]
+                                     ) -> dict[tuple[str, int, int], KafkaError | None]:
+        """``moves``: (topic, partition, broker id) -> absolute log dir on that broker
+        (AlterReplicaLogDirs to each broker). -> per replica its error, or None when the move started."""
+        await self.cluster.fetch_metadata([])
+        by_broker: dict[int, dict[str, dict[str, list[int]]]] = {}
+        for (t, p, b), d in moves.items():
+            by_broker.setdefault(b, {}).setdefault(d, {}).setdefault(t, []).append(p)
+        out = {}
+        for b, dirs in by_broker.items():
+            conn = await self.cluster.connection(b)
+            _, resp = await conn.send(ALTER_REPLICA_LOG_DIRS, {"dirs": [
+                {"path": d, "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
+                for d, topics in dirs.items()]})
+            for r in resp["results"]:
+                for p in r["partitions"]:
+                    code = p["error_code"]
+                    key = (r["topic_name"], p["partition_index"], b)
+                    out[key] = KafkaError(code, None, f"move {key[0]}-{key[1]} on broker {b}") if code else None
         return out
 
     # ---- reassignments (controller) ------------------------------------------------------------

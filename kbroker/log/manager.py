@@ -11,7 +11,8 @@ Per log dir (Kafka's names):
   (the log cleaner's next pass starts its dedupe map there; cleaner.py).
 - ``.kafka_cleanshutdown``: written last by ``shutdown()``; present at startup means no recovery
   scan is needed. It is removed once the logs are loaded, so a crash after startup is unclean.
-- ``<topic>-<partition>/``: one Log; ``<topic>-<partition>.<uuid>-delete/`` while being deleted.
+- ``<topic>-<partition>/``: one Log; ``<topic>-<partition>.<uuid>-delete/`` while being deleted;
+  ``<topic>-<partition>.<uuid>-future/`` a future replica being filled in another dir (below).
 
 Threads: the broker's event-loop thread. ``cleanup_expired``, ``flush_dirty`` and
 ``checkpoint`` are plain methods the broker schedules (fsync-heavy: keep them periodic). The broker
@@ -27,6 +28,20 @@ checkpointed or cleaned; ``on_dir_failure(dir, tps)`` tells the broker, on the l
 on. At start-up a dir that cannot be read is offline from the start; only when every dir is, the
 broker cannot start. Start-up writes nothing it needs before serving: a checkpoint it cannot write on a
 full disk is retried by the periodic checkpoint.
+
+Moving a replica between dirs (AlterReplicaLogDirs, Kafka's future replica): ``alter_dir(tp, dir)``
+creates ``<t>-<p>.<uuid>-future`` in the target dir, starting at the current log's start offset, and a
+mover task on the loop copies the current log's batches into it as a follower appends them (epochs,
+producer state and the transaction index follow the batches), while the current log keeps taking
+appends. The future follows the current log's truncations (by leader epoch, as a follower) and log
+start. Once it holds the same log end and no append to the current log is in flight, the swap runs in
+one loop callback (no append can interleave): the future is flushed and closed, the target dir's
+checkpoints written with it, the current dir renamed ``-delete``, the future renamed
+``<t>-<p>``, reopened and given to ``on_log_replaced(tp, old, new)`` (the replica layer repoints its
+partition). A crash before the first rename leaves the current log and a future that start-up loads
+and keeps filling (Kafka resumes the move the same way); a crash between the renames leaves only the
+complete future, which start-up renames into place, unless a dir is offline (the current log may be
+there: the future then waits, unserved). The future is not served, cleaned or subject to retention.
 
 Crash: checkpoints are atomic (temp + fsync + rename). Without the marker each Log CRC-scans
 from its recovery point (log.py). A leftover ``-delete`` directory is removed at startup.
@@ -53,6 +68,11 @@ META_FILE = "meta.properties"
 LOCK_FILE = ".lock"
 CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
 DELETE_SUFFIX = "-delete"
+FUTURE_SUFFIX = "-future"
+# Copy step of a replica move: bytes read from the current log per loop turn (one pread + append).
+MOVE_CHUNK_BYTES = 1 << 20
+# Caught up but an append to the current log is in flight: look again after this long (seconds).
+MOVE_RETRY_S = 0.005
 
 _log = logging.getLogger(__name__)
 
@@ -69,6 +89,23 @@ def parse_dir_name(name: str):
     if not sep or not topic or not part.isdigit() or name.startswith("."):
         return None
     return topic, int(part)
+
+
+def parse_future_name(name: str):
+    """(topic, partition) from ``<topic>-<partition>.<uuid>-future``, or None."""
+    if not name.endswith(FUTURE_SUFFIX):
+        return None
+    base, dot, tag = name[:-len(FUTURE_SUFFIX)].rpartition(".")
+    if not dot or len(tag) != 32:
+        return None
+    return parse_dir_name(base)
+
+
+def _suffixed_name(topic: str, partition: int, suffix: str) -> str:
+    """``<topic>-<partition>.<uuid><suffix>``, the topic part cut so the name fits in 255 bytes (Kafka's
+    rule: a 249-character topic plus the suffix would not, and the rename would fail with ENAMETOOLONG)."""
+    tail = f"-{partition}.{uuid.uuid4().hex}{suffix}"
+    return topic.encode()[:255 - len(tail)].decode(errors="ignore") + tail
 
 
 def read_properties(path: str) -> dict:
@@ -106,6 +143,13 @@ class LogManager:
         self._checkpoint_due: set = set()  # dirs whose checkpoints still list deleted partitions
         self._checkpoint_lock = threading.Lock()   # one writer of the checkpoint files at a time
         self.clean_startup = None          # per startup: were all dirs shut down cleanly
+        self.futures: dict = {}            # (topic, partition) -> future Log being filled in another dir
+        self._movers: dict = {}            # (topic, partition) -> its mover task
+        self._found_futures: list = []     # start-up: future dirs seen, placed once every dir is loaded
+        self.preferred_dirs: dict = {}     # (topic, partition) -> dir asked for before the replica existed
+        # (tp, old Log, new Log) -> None: a move swapped the future in (on the loop); the replica layer
+        # repoints its partition. None: no swap happens (the future waits, caught up).
+        self.on_log_replaced = None
         self.started = False
         # Compaction threads (log.cleaner.* keys); started by startup() when it runs on an
         # event loop (the broker), else by start_cleaner().
@@ -125,6 +169,7 @@ class LogManager:
             clean_all = True
             for d in self.log_dirs:
                 clean_all &= bool(self._starting(d, self._load_dir))
+            self._place_futures()
             if len(self.offline_dirs) == len(self.log_dirs):
                 raise LogDirError("every log dir failed at start-up: " + "; ".join(
                     f"{d}: {why}" for d, why in self.offline_dirs.items()))
@@ -143,6 +188,8 @@ class LogManager:
         if loop is not None:
             self._loop = loop
             self.start_cleaner(loop)
+            for tp in self.futures:
+                self._start_mover(tp)
 
     def _starting(self, d: str, step):
         """One start-up step on dir ``d``: an I/O error (not a full disk) takes the dir offline instead
@@ -223,6 +270,11 @@ class LogManager:
             if name.endswith(DELETE_SUFFIX):
                 shutil.rmtree(path, ignore_errors=True)   # finish an interrupted delete
                 continue
+            ftp = parse_future_name(name)
+            if ftp is not None:
+                self._found_futures.append((d, path, ftp, clean, rps.get(ftp, 0), starts.get(ftp, 0),
+                                            hws.get(ftp, 0)))
+                continue
             tp = parse_dir_name(name)
             if tp is None:
                 continue
@@ -241,6 +293,197 @@ class LogManager:
         # Not needed to serve: on a full disk the periodic checkpoint writes it once space returns.
         self._checkpoint_dir(d)
         return clean
+
+    def _place_futures(self) -> None:
+        """Start-up, every dir loaded: each future dir found is loaded as the future of its current
+        log, or (its current log gone: a crash between the swap's two renames) renamed into place and
+        loaded as the log; with a dir offline the current log may be there, so it stays unloaded."""
+        found, self._found_futures = self._found_futures, []
+        for d, path, tp, clean, rp, start, hw in found:
+            if d in self.offline_dirs:
+                continue
+            if tp in self.futures:
+                raise LogDirError(f"partition {tp[0]}-{tp[1]} has two future replicas: "
+                                  f"{self.futures[tp].dir} and {path}")
+            if tp not in self.logs:
+                if self.offline_dirs:
+                    _log.warning("future replica %s kept unloaded: its current log may be in an offline dir", path)
+                    continue
+                final = os.path.join(d, f"{tp[0]}-{tp[1]}")
+                os.replace(path, final)
+                fsync_dir(d)
+                _log.warning("%s-%d: the move to %s was interrupted after the old replica was removed; "
+                             "the complete future replica is now the log", tp[0], tp[1], d)
+                self.logs[tp] = self._open(final, tp, clean, rp, start, hw)
+                self._dir_of[tp] = d
+                continue
+            if d == self._dir_of[tp]:
+                shutil.rmtree(path, ignore_errors=True)     # a future in its own log's dir serves nothing
+                continue
+            self.futures[tp] = self._open(path, tp, clean, rp, start, hw)
+
+    def _open(self, path: str, tp, clean: bool, rp: int, start: int, hw: int) -> Log:
+        return Log(path, tp[0], tp[1], self._config_for(tp[0]), clean_shutdown=clean, recovery_point=rp,
+                   log_start_offset=start, high_watermark=hw, hw_follows_leo=self.hw_follows_leo)
+
+    # -- moving a replica between dirs (AlterReplicaLogDirs) -----------------------------------
+
+    def future_dir(self, tp) -> str | None:
+        fut = self.futures.get(tp)
+        return None if fut is None else self.dir_of(fut)
+
+    def alter_dir(self, tp, d: str) -> None:
+        """Move ``tp``'s replica to log dir ``d`` (a configured, online dir): a future replica there,
+        filled and swapped in by the mover. Its current dir: nothing to move (a future elsewhere is
+        dropped). Raises KeyError when the replica is not here (then ``d`` is remembered for its
+        creation, as Kafka's preferred dir)."""
+        d = os.path.abspath(d)
+        cur = self.logs.get(tp)
+        if cur is None:
+            self.preferred_dirs[tp] = d
+            raise KeyError(tp)
+        if self.future_dir(tp) == d:
+            self._start_mover(tp)       # asked again: a mover stopped by an error starts over
+            return
+        self._drop_future(tp)
+        if self._dir_of[tp] == d:
+            return
+        path = os.path.join(d, _suffixed_name(tp[0], tp[1], FUTURE_SUFFIX))
+        fut = Log(path, tp[0], tp[1], self._config_for(tp[0]), hw_follows_leo=self.hw_follows_leo)
+        fsync_dir(d)
+        fut.truncate_fully(cur.log_start_offset)
+        topic_id = cur.read_topic_id()
+        if topic_id is not None:
+            fut.write_topic_id(topic_id)
+        self.futures[tp] = fut
+        _log.info("%s: moving from %s to %s (future replica %s)", cur.name, self._dir_of[tp], d, path)
+        self._start_mover(tp)
+
+    def _start_mover(self, tp) -> None:
+        if self._loop is None or tp in self._movers:
+            return
+        task = self._loop.create_task(self._move(tp, self.futures[tp]))
+        self._movers[tp] = task
+        task.add_done_callback(lambda t, tp=tp: self._mover_done(tp, t))
+
+    def _mover_done(self, tp, task) -> None:
+        if self._movers.get(tp) is task:
+            del self._movers[tp]
+        if not task.cancelled() and task.exception() is not None:
+            _log.error("moving %s-%d between log dirs failed: %r", tp[0], tp[1], task.exception())
+
+    def _drop_future(self, tp) -> None:
+        """Stop a move and remove its future replica (asked elsewhere, partition deleted)."""
+        task = self._movers.pop(tp, None)
+        if task is not None:
+            task.cancel()
+        fut = self.futures.pop(tp, None)
+        if fut is None:
+            return
+        fut.close_for_delete()
+        self._remove_future_dir(tp, fut)
+
+    def _remove_future_dir(self, tp, fut: Log) -> None:
+        d = self.dir_of(fut)
+        doomed = os.path.join(d, _suffixed_name(tp[0], tp[1], DELETE_SUFFIX))
+        try:
+            os.replace(fut.dir, doomed)
+            fsync_dir(d)
+        except OSError as e:
+            _log.error("cannot remove the future replica %s: %s", fut.dir, e)
+            return
+        shutil.rmtree(doomed, ignore_errors=True)
+        self._checkpoint_due.add(d)
+
+    async def _move(self, tp, fut: Log) -> None:
+        """Fill ``fut`` from the current log until it holds the same, then swap it in."""
+        while self.futures.get(tp) is fut:
+            cur = self.logs.get(tp)
+            if cur is None or cur.offline or fut.offline:
+                return          # the partition went away or a dir failed: the move stops here
+            if self._catch_up_step(cur, fut):
+                await asyncio.sleep(0)
+            elif self._can_swap(cur, fut):
+                self._swap(tp, cur, fut)
+                return
+            else:
+                await asyncio.sleep(MOVE_RETRY_S)
+
+    def _catch_up_step(self, cur: Log, fut: Log) -> bool:
+        """One copy step (truncating first where the current log diverged). -> whether it changed ``fut``."""
+        epoch = fut.epoch_cache.latest_epoch
+        if fut.log_end_offset > fut.log_start_offset and epoch >= 0:
+            # As a follower after a leader change: keep only what the current log has under that epoch.
+            _cur_epoch, end = cur.end_offset_for_epoch(epoch)
+            if end < 0:             # the current log no longer has that epoch or any before it
+                fut.truncate_fully(cur.log_start_offset)
+                return True
+            if min(end, cur.log_end_offset) < fut.log_end_offset:
+                fut.truncate_to(min(end, cur.log_end_offset))
+                return True
+        if cur.log_start_offset > fut.log_end_offset or cur.log_end_offset < fut.log_start_offset:
+            fut.truncate_fully(cur.log_start_offset)
+            return True
+        leo = fut.log_end_offset
+        if leo < cur.log_end_offset:
+            data = cur.read(leo, MOVE_CHUNK_BYTES, max_offset=cur.log_end_offset)
+            if data.size:
+                buf = b"".join(os.pread(fd, n, pos) for fd, pos, n in data.regions)
+                base = int.from_bytes(buf[:8], "big")
+                if base < leo and fut.log_end_offset == fut.log_start_offset:
+                    # The log start is inside a batch (DeleteRecords): start at the batch, as Kafka's
+                    # follower does; the log start follows below once the high watermark allows.
+                    fut.truncate_fully(base)
+                fut.append_as_follower(buf)
+        fut.high_watermark = min(cur.high_watermark, fut.log_end_offset)
+        if cur.log_start_offset > fut.log_start_offset:
+            fut.delete_records(min(cur.log_start_offset, fut.high_watermark))
+        return fut.log_end_offset != leo
+
+    def _can_swap(self, cur: Log, fut: Log) -> bool:
+        # No append to the current log may be queued or being written: it would land in the old files.
+        return (self.on_log_replaced is not None and fut.log_end_offset == cur.log_end_offset
+                and fut.log_start_offset == cur.log_start_offset and cur.write_future is None
+                and cur._write_job is None and not cur.append_tails)
+
+    def _swap(self, tp, cur: Log, fut: Log) -> None:
+        """The future replaces the current log; one loop callback, crash-safe at every step (module doc)."""
+        src, dst = self._dir_of[tp], self.dir_of(fut)
+        fut.high_watermark = cur.high_watermark
+        hw, start, leo = fut.high_watermark, fut.log_start_offset, fut.log_end_offset
+        doomed = os.path.join(src, _suffixed_name(tp[0], tp[1], DELETE_SUFFIX))
+        final = os.path.join(dst, f"{tp[0]}-{tp[1]}")
+        renamed = False
+        try:
+            fut.close()                               # flushed: the recovery point is the log end
+            self._write_checkpoints(dst)              # lists the future: a restart loads it from here
+            os.replace(cur.dir, doomed)
+            renamed = True
+            fsync_dir(src)
+            os.replace(fut.dir, final)
+            fsync_dir(dst)
+        except OSError:
+            # The current log stays (put back under its name); the closed future goes, a new request
+            # starts the move again.
+            if renamed:
+                os.replace(doomed, cur.dir)
+                fsync_dir(src)
+            del self.futures[tp]
+            self._remove_future_dir(tp, fut)
+            raise
+        new = self._open(final, tp, True, leo, start, hw)
+        new.cleaner_checkpoint = 0                    # the copy holds what the old log's cleaner removed
+        new.on_cut = cur.on_cut
+        del self.futures[tp]
+        self.logs[tp] = new
+        self._dir_of[tp] = dst
+        cur.epoch_cache.close()
+        shutil.rmtree(doomed, ignore_errors=True)
+        # Readers may be in a sendfile from the old files right now: their descriptors close later.
+        self._closing.append((now_ms() + cur.config.file_delete_delay_ms, cur))
+        self._checkpoint_due.add(src)
+        _log.info("%s: moved from %s to %s at log end %d", new.name, src, dst, leo)
+        self.on_log_replaced(tp, cur, new)
 
     def _config_for(self, topic: str) -> LogConfig:
         merged = dict(self.defaults)
@@ -267,11 +510,13 @@ class LogManager:
         online = [d for d in self.log_dirs if d not in self.offline_dirs]
         if not online:
             raise LogDirError(f"no online log dir to create {topic}-{partition} in")
-        counts = {d: 0 for d in online}
-        for k, d in self._dir_of.items():
-            if d in counts:
-                counts[d] += 1
-        d = min(online, key=lambda x: counts[x])
+        d = self.preferred_dirs.pop(tp, None)
+        if d not in online:
+            counts = {d: 0 for d in online}
+            for k, d in self._dir_of.items():
+                if d in counts:
+                    counts[d] += 1
+            d = min(online, key=lambda x: counts[x])
         log = Log(os.path.join(d, f"{topic}-{partition}"), topic, partition, self._config_for(topic),
                   hw_follows_leo=self.hw_follows_leo)
         fsync_dir(d)
@@ -288,7 +533,7 @@ class LogManager:
     def set_topic_config(self, topic: str, topic_config: dict) -> None:
         """Apply new overrides to every partition of ``topic`` (AlterConfigs)."""
         self.topic_configs[topic] = dict(topic_config)
-        for (t, _p), log in self.logs.items():
+        for (t, _p), log in [*self.logs.items(), *self.futures.items()]:
             if t == topic:
                 log.config = self._config_for(topic)
 
@@ -297,15 +542,14 @@ class LogManager:
         The read descriptors stay open until file.delete.delay.ms has passed (they may be in
         a sendfile right now; closing would let the fd number be reused under it)."""
         tp = (topic, partition)
+        self._drop_future(tp)
+        self.preferred_dirs.pop(tp, None)
         log = self.logs.pop(tp, None)
         if log is None:
             return False
         d = self._dir_of.pop(tp)
         log.epoch_cache.close()        # nothing of it may land in a recreated dir
-        # Kafka's rule: the topic part is cut so the name fits in 255 bytes (a 249-character topic
-        # plus the suffix would not, and the delete would fail with ENAMETOOLONG).
-        suffix = f"-{partition}.{uuid.uuid4().hex}{DELETE_SUFFIX}"
-        doomed = os.path.join(d, topic.encode()[:255 - len(suffix)].decode(errors="ignore") + suffix)
+        doomed = os.path.join(d, _suffixed_name(topic, partition, DELETE_SUFFIX))
         os.replace(log.dir, doomed)
         fsync_dir(d)
         shutil.rmtree(doomed, ignore_errors=True)
@@ -384,6 +628,7 @@ class LogManager:
 
     def _snapshot_dir(self, d: str) -> list:
         mine = [(tp, log) for tp, log in self.logs.items() if self._dir_of[tp] == d]
+        mine += [(tp, fut) for tp, fut in self.futures.items() if self.dir_of(fut) == d]
         return [
             (os.path.join(d, RECOVERY_POINT_FILE), {tp: log.recovery_point for tp, log in mine}),
             (os.path.join(d, HW_FILE), {tp: log.high_watermark for tp, log in mine}),
@@ -471,6 +716,9 @@ class LogManager:
         tps = sorted(tp for tp, x in self._dir_of.items() if x == d)
         for tp in tps:
             self.logs[tp].offline = True
+        for fut in self.futures.values():
+            if self.dir_of(fut) == d:
+                fut.offline = True      # its mover stops; the current log stays where it is
         _log.error("log dir %s failed (%s): offline, with its %d partition(s); %d of %d log dirs remain online",
                    d, self.offline_dirs[d], len(tps), len(self.log_dirs) - len(self.offline_dirs),
                    len(self.log_dirs))
@@ -489,6 +737,12 @@ class LogManager:
         if not self.started:
             return
         self.cleaner.stop()
+        for task in self._movers.values():
+            task.cancel()
+        self._movers.clear()
+        for fut in self.futures.values():
+            if self.dir_of(fut) not in self.offline_dirs:
+                fut.close()         # the next start loads it and the move goes on
         for tp, log in self.logs.items():
             if self._dir_of[tp] in self.offline_dirs:
                 continue        # its files cannot be trusted to take a write: the next start recovers it
@@ -512,6 +766,7 @@ class LogManager:
                 os.fsync(f.fileno())
             fsync_dir(d)
         self.logs.clear()
+        self.futures.clear()
         self._dir_of.clear()
         self._unlock()
         self.started = False

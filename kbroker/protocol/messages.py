@@ -997,6 +997,28 @@ api(33, "AlterConfigs", "0-2", "2+",
         ]),
     ])
 
+# --- 34 AlterReplicaLogDirs -----------------------------------------------------------------------
+api(34, "AlterReplicaLogDirs", "0-2", "2+",
+    request=[
+        F("dirs", [
+            F("path", "string"),
+            F("topics", [
+                F("name", "string"),
+                F("partitions", "[]int32"),
+            ]),
+        ]),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("results", [
+            F("topic_name", "string"),
+            F("partitions", [
+                F("partition_index", "int32"),
+                F("error_code", "int16"),
+            ]),
+        ]),
+    ])
+
 # --- 35 DescribeLogDirs ---------------------------------------------------------------------------
 # topics null: every partition in every log dir.
 api(35, "DescribeLogDirs", "0-4", "2+",

@@ -150,6 +150,7 @@ class ReplicaManager:
         self.fast = None                    # FastProduce (fast_produce), when the native path serves Produce
         self.fast_fetch_handler = None      # FastFetch (fast_fetch), when it serves the consumer's small Fetch
         self._fast_leaders: dict = {}       # the armed slots both share: topic -> {partition: FastLeader}
+        self.logs.on_log_replaced = self._log_replaced
 
     # -- native Produce path (ext/request.pyx FastProduce; ARCHITECTURE.md "Native Produce fast path") --
 
@@ -872,6 +873,15 @@ class ReplicaManager:
         if delete:
             self.logs.delete(tp[0], tp[1])
         return Errors.NONE
+
+    def _log_replaced(self, tp, old, new) -> None:
+        """LogManager.on_log_replaced: a replica moved to another log dir (AlterReplicaLogDirs). The
+        partition reads and appends through the new Log from now on; its native slot holds the old one."""
+        p = self.partitions.get(tp)
+        if p is None or p.log is not old:
+            return
+        p.log = new
+        self._fast_refresh(p)
 
     def _stop_fetching(self, tp) -> None:
         for f in self.fetchers.values():

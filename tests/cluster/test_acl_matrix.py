@@ -193,6 +193,11 @@ def _describe_log_dirs(c):
     return c.request(35, 3, {"topics": None})["error_code"]
 
 
+def _alter_replica_log_dirs(c):
+    r = c.request(34, 2, {"dirs": [{"path": "/not-a-log-dir", "topics": [{"name": TOPIC, "partitions": [0]}]}]})
+    return r["results"][0]["partitions"][0]["error_code"]
+
+
 def _elect_leaders(c):
     r = c.request(43, 1, {"election_type": 0, "topic_partitions": [{"topic": TOPIC, "partitions": [0]}],
                           "timeout_ms": 5000})
@@ -360,6 +365,7 @@ MATRIX = [
     ("IncrementalAlterConfigs", _alter_configs, TAF),
     ("DeleteRecords", _delete_records, TAF),
     ("DescribeLogDirs", _describe_log_dirs, CAF),
+    ("AlterReplicaLogDirs", _alter_replica_log_dirs, CAF),
     ("ElectLeaders", _elect_leaders, CAF),
     ("AlterPartitionReassignments", _alter_reassignments, CAF),
     ("ListPartitionReassignments", _list_reassignments, CAF),

@@ -45,16 +45,21 @@ class GroupConsumer:
         self.c.close()
 
 
+def rf3_load(c) -> tuple[History, LoadProducer]:
+    """TOPIC with 3 replicas (min.insync.replicas 2) in sync, and an idempotent acks=all producer on it."""
+    admin = AdminClient({"bootstrap.servers": c.bootstrap})
+    admin.create_topics([NewTopic(TOPIC, 1, 3, config={"min.insync.replicas": "2"})])[TOPIC].result(30)
+    wait_until(lambda: len(state(c)[2]) == 3, 30, "ISR of 3")
+    hist = History()
+    return hist, LoadProducer(c.bootstrap, hist, rate=300, **{
+        "enable.idempotence": True, "acks": "all", "request.timeout.ms": 10000}).start()
+
+
 def test_rolling_restart_under_acks_all_load_loses_and_duplicates_nothing(tmp_path):
     with LocalCluster(tmp_path, brokers=3, overrides={"replica.lag.time.max.ms": 5000,
                                                       "group.initial.rebalance.delay.ms": 0,
                                                       "offsets.topic.replication.factor": 3}) as c:
-        admin = AdminClient({"bootstrap.servers": c.bootstrap})
-        admin.create_topics([NewTopic(TOPIC, 1, 3, config={"min.insync.replicas": "2"})])[TOPIC].result(30)
-        wait_until(lambda: len(state(c)[2]) == 3, 30, "ISR of 3")
-        hist = History()
-        load = LoadProducer(c.bootstrap, hist, rate=300, **{
-            "enable.idempotence": True, "acks": "all", "request.timeout.ms": 10000}).start()
+        hist, load = rf3_load(c)
         consumer = GroupConsumer(c.bootstrap, hist).start()
         restarts = []
         try:

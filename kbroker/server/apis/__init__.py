@@ -99,6 +99,7 @@ TABLE: tuple[Api, ...] = (
     Api(K.DELETE_ACLS, 0, 3, acls.delete_acls),
     Api(K.DESCRIBE_CONFIGS, 0, 4, configs.describe_configs),
     Api(K.ALTER_CONFIGS, 0, 2, configs.alter_configs),
+    Api(K.ALTER_REPLICA_LOG_DIRS, 0, 2, log_admin.alter_replica_log_dirs),
     Api(K.DESCRIBE_LOG_DIRS, 0, 4, log_admin.describe_log_dirs),
     Api(K.CREATE_PARTITIONS, 0, 3, admin.create_partitions),
     Api(K.DELETE_GROUPS, 0, 2, groups.delete_groups),

@@ -1,4 +1,4 @@
-"""Admin APIs over a broker's own logs: DeleteRecords (21), DescribeLogDirs (35).
+"""Admin APIs over a broker's own logs: DeleteRecords (21), AlterReplicaLogDirs (34), DescribeLogDirs (35).
 
 DeleteRecords is served by each partition's leader, as Kafka's ReplicaManager.deleteRecords: the
 leader moves its log start offset (the whole segments below it go at the next retention pass), the
@@ -10,7 +10,16 @@ reports a log start at the new offset (its low watermark), or REQUEST_TIMED_OUT 
 DescribeLogDirs answers for this broker's own log dirs, as Kafka's ReplicaManager.describeLogDirs:
 per dir its partitions (all, or those asked for) with their size in bytes and offset lag
 (max(high watermark - log end, 0)), and from v4 the file system's total and usable bytes. An offline
-(failed) dir is answered KAFKA_STORAGE_ERROR with no partitions, as Kafka.
+(failed) dir is answered KAFKA_STORAGE_ERROR with no partitions, as Kafka. A replica being moved is
+listed twice: in its current dir, and in the target dir with ``is_future_key`` and as offset lag how far
+the future is behind the current log's end (Kafka's getLogEndOffsetLag for a future).
+
+AlterReplicaLogDirs moves this broker's replicas between its log dirs (LogManager.alter_dir), in
+Kafka's order of checks per partition: ALTER on the cluster, the path one of ``log.dirs``
+(LOG_DIR_NOT_FOUND), the dir online (KAFKA_STORAGE_ERROR), the partition known (UNKNOWN_TOPIC_OR_PARTITION),
+its replica here (else REPLICA_NOT_AVAILABLE, and the dir is remembered for when the replica is created:
+kafka-reassign-partitions sends the request before the new replica exists and retries on that code).
+The answer comes when the move has started; DescribeLogDirs shows its progress.
 """
 from __future__ import annotations
 
@@ -79,6 +88,39 @@ async def delete_records(broker, conn, header, body):
     return {"throttle_time_ms": 0, "topics": topics}
 
 
+def _alter_dir(broker, tp, path: str) -> int:
+    logs = broker.logs
+    d = os.path.abspath(path)
+    if d not in logs.log_dirs:
+        return Errors.LOG_DIR_NOT_FOUND
+    if d in logs.offline_dirs:
+        return Errors.KAFKA_STORAGE_ERROR
+    if broker.metadata.partition(*tp) is None and logs.get(tp) is None:
+        return Errors.UNKNOWN_TOPIC_OR_PARTITION
+    if logs.in_offline_dir(tp):
+        return Errors.KAFKA_STORAGE_ERROR
+    try:
+        logs.alter_dir(tp, d)
+    except KeyError:
+        return Errors.REPLICA_NOT_AVAILABLE
+    except OSError:
+        return Errors.KAFKA_STORAGE_ERROR
+    return Errors.NONE
+
+
+def alter_replica_log_dirs(broker, conn, header, body):
+    allowed = authz.cluster(broker, conn, authz.ALTER)
+    results: dict[str, list] = {}
+    for entry in body["dirs"]:
+        for t in entry["topics"]:
+            for index in t["partitions"]:
+                code = _alter_dir(broker, (t["name"], index), entry["path"]) if allowed \
+                    else Errors.CLUSTER_AUTHORIZATION_FAILED
+                results.setdefault(t["name"], []).append({"partition_index": index, "error_code": int(code)})
+    return {"throttle_time_ms": 0,
+            "results": [{"topic_name": n, "partitions": ps} for n, ps in results.items()]}
+
+
 def _disk_bytes(path: str) -> tuple[int, int]:
     st = os.statvfs(path)
     return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
@@ -99,6 +141,13 @@ def describe_log_dirs(broker, conn, header, body):
         by_dir.setdefault(d, {}).setdefault(tp[0], []).append({
             "partition_index": tp[1], "partition_size": lg.size_bytes,
             "offset_lag": max(lg.high_watermark - lg.log_end_offset, 0), "is_future_key": False})
+    for tp, fut in sorted(broker.logs.futures.items()):
+        cur = broker.logs.get(tp)
+        if (wanted is not None and tp not in wanted) or cur is None:
+            continue
+        by_dir.setdefault(os.path.dirname(fut.dir), {}).setdefault(tp[0], []).append({
+            "partition_index": tp[1], "partition_size": fut.size_bytes,
+            "offset_lag": max(cur.log_end_offset - fut.log_end_offset, 0), "is_future_key": True})
     results = []
     for d, topics in by_dir.items():
         res = {"error_code": 0, "log_dir": d, "topics": [{"name": n, "partitions": ps} for n, ps in topics.items()],

@@ -38,7 +38,7 @@ AK39 = {
     25: ("AddOffsetsToTxn", (0, 3), 3), 26: ("EndTxn", (0, 3), 3), 27: ("WriteTxnMarkers", (0, 1), 1),
     28: ("TxnOffsetCommit", (0, 3), 3), 29: ("DescribeAcls", (0, 3), 2), 30: ("CreateAcls", (0, 3), 2),
     31: ("DeleteAcls", (0, 3), 2), 32: ("DescribeConfigs", (0, 4), 4),
-    33: ("AlterConfigs", (0, 2), 2), 35: ("DescribeLogDirs", (0, 4), 2), 36: ("SaslAuthenticate", (0, 2), 2),
+    33: ("AlterConfigs", (0, 2), 2), 34: ("AlterReplicaLogDirs", (0, 2), 2), 35: ("DescribeLogDirs", (0, 4), 2), 36: ("SaslAuthenticate", (0, 2), 2),
     37: ("CreatePartitions", (0, 3), 2), 42: ("DeleteGroups", (0, 2), 2), 43: ("ElectLeaders", (0, 2), 2),
     44: ("IncrementalAlterConfigs", (0, 1), 1), 45: ("AlterPartitionReassignments", (0, 0), 0),
     46: ("ListPartitionReassignments", (0, 0), 0), 47: ("OffsetDelete", (0, 0), None),
