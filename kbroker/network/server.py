@@ -123,16 +123,18 @@ class KafkaServer:
                  send_buffer_bytes: int = -1, receive_buffer_bytes: int = -1,
                  max_connections: int = 2**31 - 1, max_connections_per_ip: int = 2**31 - 1,
                  frame_timeout_ms: int = 30000, native_handlers: dict | None = None,
-                 listeners: list[Listener] | None = None, authorizing: bool = False):
+                 listeners: list[Listener] | None = None, authorizing: bool = False, quotas=None):
         """``listeners``: every listener to bind (the connection limits and the pool are shared by all);
         without it, one PLAINTEXT listener on ``host``:``port``. ``authorizing``: an authorizer decides,
-        so connections keep its decisions."""
+        so connections keep its decisions. ``quotas``: the client quotas' throttling (``any``,
+        ``lookup``, ``request_in``, ``answer_out``: kbroker/server/apis/quotas.py), or None."""
         if pool_bytes < max_request_bytes:
             raise ValueError("queued.max.request.bytes must be at least socket.request.max.bytes")
         self.listeners = listeners or [Listener("PLAINTEXT", "PLAINTEXT", host, port)]
         self.host = self.listeners[0].host
         self.port = self.listeners[0].port      # the first listener's (set once bound)
         self.authorizing = authorizing
+        self.quotas = quotas
         self.handlers = handlers
         # Produce v3-8 through the native request path (kbroker._native.request) when the broker
         # passes its handler; native_requests off keeps every request on the schema codec (the
