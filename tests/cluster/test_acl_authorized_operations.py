@@ -12,12 +12,11 @@ from confluent_kafka.admin import AclOperation as A, AdminClient
 
 from kbroker.security.acl import CLUSTER_NAME, Operation as Op, PatternType, ResourceType as T
 from kbroker.security.sasl.scram import ScramCredential
-from kbroker.testing import LocalCluster, free_port, wait_until
+from kbroker.testing import wait_until
 from kbroker.zk.credentials import alter_user_config
 from checkers import RawConn, create_topic
-from test_acl_matrix import Acls
+from test_acl_matrix import SCRAM, Acls, with_scram_listener
 
-SCRAM = "SCRAM-SHA-256"
 PASSWORD = "alice-pw"
 TOPIC, OPEN_TOPIC, GROUP = "ops-t", "ops-open", "ops-g"
 NOT_REQUESTED = -2**31
@@ -26,14 +25,8 @@ NOT_REQUESTED = -2**31
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     overrides = {"authorizer.class.name": "kafka.security.authorizer.AclAuthorizer",
-                 "allow.everyone.if.no.acl.found": "true",
-                 "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
-                 "inter.broker.listener.name": "PLAINTEXT", "sasl.enabled.mechanisms": SCRAM}
-    c = LocalCluster(tmp_path_factory.mktemp("aclops"), brokers=1, overrides=overrides)
-    c.sasl_port = free_port()
-    for b in c.brokers.values():
-        b.extra = {"listeners": f"PLAINTEXT://127.0.0.1:{b.port},SASL_PLAINTEXT://127.0.0.1:{c.sasl_port}"}
-    with c:
+                 "allow.everyone.if.no.acl.found": "true"}
+    with with_scram_listener(tmp_path_factory.mktemp("aclops"), overrides) as c:
         create_topic(c.bootstrap, TOPIC, 1)
         create_topic(c.bootstrap, OPEN_TOPIC, 1)
         acls = Acls(c.zk_connect)

@@ -65,18 +65,24 @@ class Acls:
         self.loop.close()
 
 
+def with_scram_listener(root, overrides) -> LocalCluster:
+    """One broker (not started) with a SASL_PLAINTEXT listener (SCRAM-SHA-256) on ``c.sasl_port`` beside
+    its PLAINTEXT one, which stays the inter-broker listener."""
+    overrides = dict(overrides, **{"listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
+                                   "inter.broker.listener.name": "PLAINTEXT", "sasl.enabled.mechanisms": SCRAM})
+    c = LocalCluster(root, brokers=1, overrides=overrides)
+    c.sasl_port = free_port()
+    for b in c.brokers.values():
+        b.extra = {"listeners": f"PLAINTEXT://127.0.0.1:{b.port},SASL_PLAINTEXT://127.0.0.1:{c.sasl_port}"}
+    return c
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     overrides = {"authorizer.class.name": "kafka.security.authorizer.AclAuthorizer",
                  "allow.everyone.if.no.acl.found": "true", "auto.create.topics.enable": "true",
                  "kbroker.metrics.port": free_port()}
-    overrides.update({"listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
-                      "inter.broker.listener.name": "PLAINTEXT", "sasl.enabled.mechanisms": SCRAM})
-    c = LocalCluster(tmp_path_factory.mktemp("aclmatrix"), brokers=1, overrides=overrides)
-    c.sasl_port = free_port()
-    for b in c.brokers.values():
-        b.extra = {"listeners": f"PLAINTEXT://127.0.0.1:{b.port},SASL_PLAINTEXT://127.0.0.1:{c.sasl_port}"}
-    with c:
+    with with_scram_listener(tmp_path_factory.mktemp("aclmatrix"), overrides) as c:
         create_topic(c.bootstrap, TOPIC, 1)
         for name in ("acl-del", "acl-del2"):
             create_topic(c.bootstrap, name, 1)
