@@ -58,6 +58,10 @@ except (OSError, AttributeError):   # not glibc
 # per fetch than sendfile up to 32 KiB (0.6-0.85x with 1 and with 8 in flight), the same at 64 KiB,
 # and sendfile wins beyond (0.26x of copy's CPU at 256 KiB with 8 in flight, 0.9x at 1 MiB with 1).
 SENDFILE_MIN_BYTES = 64 * 1024
+# A closing TLS connection sends its close_notify and then waits this long for the peer's before the
+# socket goes (the loops' default is 30 s): a client that never answers it (a refused or hostile one)
+# would otherwise hold its socket that long after the broker closed it, where Kafka closes at once.
+TLS_SHUTDOWN_TIMEOUT_S = 1.0
 
 # Every request allocates a few dozen container objects (slots, tuples, lists), so the default
 # generation-0 threshold (700) started a collection every ~20 small requests: 8% of the loop thread's busy
@@ -289,7 +293,8 @@ class KafkaServer:
             else:
                 await self.loop.connect_accepted_socket(
                     lambda: Connection(self, listener), conn, ssl=listener.ssl_context,
-                    ssl_handshake_timeout=self.frame_timeout_ms / 1000 if self.frame_timeout_ms > 0 else None)
+                    ssl_handshake_timeout=self.frame_timeout_ms / 1000 if self.frame_timeout_ms > 0 else None,
+                    ssl_shutdown_timeout=TLS_SHUTDOWN_TIMEOUT_S)
         except Exception as e:
             conn.close()
             hostile_log(logging.WARNING, "cannot set up the connection from %s: %s", addr, e)
