@@ -142,6 +142,33 @@ def test_a_change_written_to_zookeeper_applies_within_a_second(cluster, zk):
     wait_until(lambda: _produce_throttle_ms(cluster.bootstrap, "zk-set") == 0, timeout=5, what="quota removed")
 
 
+def test_request_percentage_throttles_every_answer_that_can_say_so(cluster, zk):
+    """request_percentage: handling time over the bound gives Metadata (not only Produce/Fetch) a
+    throttle time, and the connection is muted: its next request waits about that long."""
+    alter_entity(zk, None, "busy", {"request_percentage": "0.01"})    # 100 us of handling per second
+
+    def metadata_throttle_ms():
+        with RawConn(cluster.bootstrap) as c:
+            c.send(api.encode_request(3, 8, 1, "busy", {"topics": None, "allow_auto_topic_creation": False,
+                                                        "include_cluster_authorized_operations": False,
+                                                        "include_topic_authorized_operations": False}))
+            return api.decode_response(3, 8, c.recv_frame())[1]["throttle_time_ms"]
+    try:
+        wait_until(lambda: metadata_throttle_ms() > 0, timeout=5, what="request quota applied")
+        with RawConn(cluster.bootstrap) as c:
+            body = {"topics": None, "allow_auto_topic_creation": False, "include_cluster_authorized_operations": False,
+                    "include_topic_authorized_operations": False}
+            c.send(api.encode_request(3, 8, 1, "busy", body))
+            first = api.decode_response(3, 8, c.recv_frame())[1]["throttle_time_ms"]
+            assert first > 0
+            t0 = time.monotonic()
+            c.send(api.encode_request(3, 8, 2, "busy", body))
+            c.recv_frame(timeout=first / 1000 + 10)
+            assert time.monotonic() - t0 >= 0.9 * min(first, 5000) / 1000     # muted meanwhile (KIP-219)
+    finally:
+        alter_entity(zk, None, "busy", {}, ["request_percentage"])
+
+
 def test_producer_held_at_its_quota_beside_an_unthrottled_one(cluster):
     topic = f"pq-{uuid.uuid4().hex[:6]}"
     _configs(cluster, "--entity-type", "clients", "--entity-name", "throttled-producer", "--alter",
