@@ -103,7 +103,8 @@ def cluster(tmp_path_factory):
             grant(T.TOPIC, "acl-auto", Op.DESCRIBE, pattern=PatternType.PREFIXED)
             for op in (Op.READ, Op.DELETE):
                 grant(T.GROUP, GROUP, op, pattern=PatternType.PREFIXED)
-            for op in (Op.ALTER, Op.DESCRIBE, Op.IDEMPOTENT_WRITE, Op.CLUSTER_ACTION, Op.DESCRIBE_CONFIGS):
+            for op in (Op.ALTER, Op.DESCRIBE, Op.IDEMPOTENT_WRITE, Op.CLUSTER_ACTION, Op.DESCRIBE_CONFIGS,
+                       Op.ALTER_CONFIGS):
                 grant(T.CLUSTER, CLUSTER_NAME, op)
             grant(T.TRANSACTIONAL_ID, "tx", Op.ALL)
         # the broker applied the last one (a notification away)
@@ -380,6 +381,17 @@ def _describe_producers(c):
     return r["topics"][0]["partitions"][0]["error_code"]
 
 
+def _describe_client_quotas(c):
+    return c.request(48, 1, {"components": [], "strict": False})["error_code"]
+
+
+def _alter_client_quotas(c):
+    r = c.request(49, 1, {"entries": [{"entity": [{"entity_type": "client-id", "entity_name": "acl-q"}],
+                                       "ops": [{"key": "producer_byte_rate", "value": 1024.0, "remove": False}]}],
+                          "validate_only": True})
+    return r["entries"][0]["error_code"]
+
+
 MATRIX = [
     # (API, call, Kafka's refusal)
     ("Metadata (named topic)", _metadata, TAF),
@@ -426,6 +438,8 @@ MATRIX = [
     ("EndTxn", _end_txn, TIDAF),
     ("TxnOffsetCommit", _txn_offset_commit, TIDAF),
     ("DescribeTransactions", _describe_transactions, TIDAF),
+    ("DescribeClientQuotas", _describe_client_quotas, CAF),
+    ("AlterClientQuotas", _alter_client_quotas, CAF),
 ]
 
 
