@@ -23,6 +23,10 @@ test patience, not robustness, and fill the disk in a long run). Known gap this 
 with a count of 134,217,729 makes the broker try to create them all (RSS 4.5 GiB, the loop stalls);
 Kafka has no cap either, but a bound belongs in the admin handler.
 
+Every connection (the fuzzed ones, the probe) is opened by ``connect``: plain TCP by default, or
+``sasl_ssl_connector``'s TLS + SASL login first, so the fuzzed bytes reach the request path of an
+authenticated SASL_SSL connection rather than its handshake.
+
 Long run: ``python -m kbroker.fuzz --seconds 1800`` (starts its own ZooKeeper and broker) or
 ``--bootstrap host:port`` against one already running; prints a JSON summary.
 """
@@ -235,9 +239,11 @@ def _acks_zero(key, version, frame) -> bool:
 class Fuzzer:
     def __init__(self, bootstrap: str, seed: int, *, answer_s: float = 10.0, probe_s: float = 3.0,
                  rss_pid: int | None = None, rss_bound_mib: float = 512, mutate_rate: float = 0.7,
-                 include_control: bool = False):
+                 include_control: bool = False, connect=None):
         host, port = bootstrap.rsplit(":", 1)
         self.addr = (host, int(port))
+        # connect(timeout) -> a socket ready for requests (module docstring)
+        self.connect = connect or (lambda timeout: socket.create_connection(self.addr, timeout=timeout))
         self.r = random.Random(seed)
         self.gen = Gen(self.r)
         self.answer_s, self.probe_s = answer_s, probe_s
@@ -251,7 +257,7 @@ class Fuzzer:
                       "rss_peak_mib": 0.0, "rss_violations": 0, "apis": len(self.apis), "samples": []}
 
     def _advertised(self):
-        with socket.create_connection(self.addr, timeout=10) as s:
+        with self.connect(10) as s:
             s.sendall(api.encode_request(18, 0, 1, "fuzz", {}))
             _cid, resp = api.decode_response(18, 0, _recv_frame(s, 10))
         return [(k["api_key"], v) for k in resp["api_keys"]
@@ -293,7 +299,7 @@ class Fuzzer:
         self.stats["probes"] += 1
         t0 = time.monotonic()
         try:
-            with socket.create_connection(self.addr, timeout=self.probe_s) as s:
+            with self.connect(self.probe_s) as s:
                 s.sendall(api.encode_request(18, 0, 1, "probe", {}) + api.encode_request(3, 1, 2, "probe", {"topics": []}))
                 _recv_frame(s, self.probe_s)
                 _recv_frame(s, self.probe_s - (time.monotonic() - t0))
@@ -302,7 +308,7 @@ class Fuzzer:
 
     def _check_lingering(self, now):
         keep = []
-        for deadline, fd, key, version in self.lingering:
+        for deadline, fd, key, version, sizes in self.lingering:
             s = socket.socket(fileno=fd)
             s.setblocking(False)
             try:
@@ -315,17 +321,18 @@ class Fuzzer:
                 self.stats["closed"] += 1
                 s.close()
             elif now > deadline:
-                self._violation("hangs", f"api {key} v{version}: incomplete frame not closed by the frame deadline")
+                self._violation("hangs", f"api {key} v{version}: incomplete frame (sent, declared: {sizes}) not "
+                                         "closed by the frame deadline")
                 s.close()
             else:
-                keep.append((deadline, s.detach(), key, version))
+                keep.append((deadline, s.detach(), key, version, sizes))
         self.lingering = keep
 
     def one_connection(self, n_requests: int):
         """Send up to n requests one at a time on one connection; each must be answered or closed."""
         try:
-            s = socket.create_connection(self.addr, timeout=5)
-        except OSError as e:
+            s = self.connect(5)
+        except (OSError, ValueError) as e:
             self._violation("probe_failures", f"connect: {e!r}")
             return
         with s:
@@ -348,7 +355,8 @@ class Fuzzer:
                 if struct.unpack_from(">i", frame, 0)[0] > len(frame) - 4:
                     # the prefix promises bytes that never come: only the frame deadline can end this
                     # connection; check on it later instead of waiting here
-                    self.lingering.append((time.monotonic() + self.answer_s, s.detach(), key, version))
+                    self.lingering.append((time.monotonic() + self.answer_s, s.detach(), key, version,
+                                           (len(frame), struct.unpack_from(">i", frame, 0)[0])))
                     return
                 outcome = _answer_or_close(s, self.answer_s)
                 if outcome == "answered":
@@ -384,6 +392,39 @@ class Fuzzer:
         if self.rss_pid is not None:
             self.stats["crashed"] = self.stats["crashed"] or not os.path.exists(f"/proc/{self.rss_pid}")
         return self.stats
+
+
+def sasl_ssl_connector(addr, context, mechanism: str, user: str, password: str, server_hostname="localhost"):
+    """``connect`` for a SASL_SSL listener: TLS with ``context``, then SaslHandshake v1 and
+    SaslAuthenticate v1 as ``user`` (PLAIN or SCRAM-SHA-256/512); ValueError when the login fails."""
+    from .client.sasl import scram_client
+
+    def connect(timeout):
+        raw = socket.create_connection(addr, timeout=timeout)
+        try:
+            s = context.wrap_socket(raw, server_hostname=server_hostname)
+        except OSError:
+            raw.close()
+            raise
+        try:
+            s.sendall(api.encode_request(17, 1, 1, "fuzz", {"mechanism": mechanism}))
+            if api.decode_response(17, 1, _recv_frame(s, timeout))[1]["error_code"]:
+                raise ValueError(f"SaslHandshake {mechanism} refused")
+            steps = (iter([f"\0{user}\0{password}".encode(), None]) if mechanism == "PLAIN"
+                     else scram_client(mechanism, user, password))
+            token, cid = next(steps), 2
+            while token is not None:
+                s.sendall(api.encode_request(36, 1, cid, "fuzz", {"auth_bytes": token}))
+                resp = api.decode_response(36, 1, _recv_frame(s, timeout))[1]
+                if resp["error_code"]:
+                    raise ValueError(f"SaslAuthenticate: {resp['error_message']}")
+                token = steps.send(bytes(resp["auth_bytes"])) if mechanism != "PLAIN" else next(steps)
+                cid += 1
+        except BaseException:
+            s.close()
+            raise
+        return s
+    return connect
 
 
 def _recv_exact(s, n, deadline):

@@ -35,10 +35,18 @@ def list_users(kazoo) -> list[str]:
 
 
 def alter_user_config(kazoo, user: str, set_: dict[str, str], delete=()) -> dict[str, str]:
-    """Set and remove keys of the user's entity config with a "users/<user>" change notification, in
-    one multi-op (compare-and-set on the user's znode, retried on a concurrent write). -> the new config."""
-    path = user_path(user)
-    kazoo.retry(kazoo.ensure_path, CONFIG_USERS)
+    """Set and remove keys of the user's entity config with a "users/<user>" change notification.
+    -> the new config."""
+    user_path(user)
+    return alter_entity_config(kazoo, f"users/{user}", set_, delete)
+
+
+def alter_entity_config(kazoo, entity: str, set_: dict[str, str], delete=()) -> dict[str, str]:
+    """Set and remove keys of the config at ``/config/<entity>`` (e.g. "users/alice/clients/app") with
+    a change notification naming ``entity``, in one multi-op (compare-and-set on the znode, retried on
+    a concurrent write). -> the new config."""
+    path = f"/config/{entity}"
+    kazoo.retry(kazoo.ensure_path, path.rsplit("/", 1)[0])
     kazoo.retry(kazoo.ensure_path, L.CONFIG_CHANGES)
     for _ in range(10):
         try:
@@ -53,10 +61,11 @@ def alter_user_config(kazoo, user: str, set_: dict[str, str], delete=()) -> dict
             tx.create(path, L.encode_config(new))
         else:
             tx.set_data(path, L.encode_config(new), version=stat.version)
-        tx.create(L.CONFIG_CHANGE_PREFIX, L.encode_config_change("users", user), sequence=True)
+        entity_type, _, entity_name = entity.partition("/")
+        tx.create(L.CONFIG_CHANGE_PREFIX, L.encode_config_change(entity_type, entity_name), sequence=True)
         results = tx.commit()
         if not any(isinstance(r, Exception) for r in results):
             return new
         if not any(isinstance(r, (BadVersionError, NodeExistsError, NoNodeError)) for r in results):
-            raise RuntimeError(f"writing /config/users/{user} failed: {results!r}")
-    raise RuntimeError(f"/config/users/{user} kept changing")
+            raise RuntimeError(f"writing {path} failed: {results!r}")
+    raise RuntimeError(f"{path} kept changing")

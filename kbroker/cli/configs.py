@@ -33,15 +33,19 @@ DYNAMIC = {1, 2, 3, 6}
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("configs", help="describe and alter topic and broker configs (kafka-configs.sh)",
-                              description="Change configs for topics and brokers, or describe them.")
+    p = subparsers.add_parser("configs", help="describe and alter topic, broker, user and client configs "
+                              "(kafka-configs.sh)",
+                              description="Change configs for topics, brokers, users and clients, or describe them.")
     p.add_argument("--bootstrap-server", required=True, help="The broker to connect to.")
     add_command_config(p)
-    p.add_argument("--entity-type", required=True, choices=("topics", "brokers", "users"), help="Type of entity.")
-    which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--entity-name", help="Name of the entity (topic name / broker id).")
-    which.add_argument("--entity-default", action="store_true",
-                       help="The cluster-wide default broker configs (/config/brokers/<default>).")
+    # Repeatable as kafka-configs.sh's: "--entity-type users --entity-name alice --entity-type clients
+    # --entity-name app" is alice's quota with client-id app; names and defaults pair with types in order.
+    p.add_argument("--entity-type", dest="entity_types", action="append", required=True,
+                   choices=("topics", "brokers", "users", "clients"), help="Type of entity.")
+    p.add_argument("--entity-name", dest="entity_names", action="append",
+                   help="Name of the entity (topic name / broker id / user / client-id).")
+    p.add_argument("--entity-default", dest="entity_names", action="append_const", const=None,
+                   help="The default entity (/config/brokers|users|clients/<default>).")
     action = p.add_mutually_exclusive_group(required=True)
     action.add_argument("--describe", action="store_true", help="List configs for the given entity.")
     action.add_argument("--alter", action="store_true", help="Alter the configuration for the entity.")
@@ -138,10 +142,24 @@ async def alter(admin: Admin, res: ConfigResource, add: dict[str, str], delete: 
 
 
 async def run(args, out) -> int:
-    if args.entity_type == "users":
+    types, names = args.entity_types, args.entity_names or []
+    if not names:
+        raise ValueError("--entity-name or --entity-default is required")
+    args.entity_type, args.entity_name = types[0], names[0]
+    args.entity_default = names[0] is None
+    if types[0] in ("users", "clients"):
+        from kbroker.cli.configs_quotas import is_quota_command, run_quotas
         from kbroker.cli.configs_users import run_users
+        add = parse_add_config(args.add_config) if args.add_config else {}
+        delete = [k.strip() for k in args.delete_config.split(",") if k.strip()]
         async with Admin(args.bootstrap_server, client_id="kbroker-configs", security=command_security(args)) as admin:
+            if is_quota_command(types, add, delete):
+                return await run_quotas(admin, args, types, names, out)
+            if args.describe and not args.entity_default:
+                await run_quotas(admin, args, types, names, out)    # a user's quotas, then its credentials
             return await run_users(admin, args, out)
+    if len(types) != 1 or len(names) != 1:
+        raise ValueError(f"--entity-type {types[0]} names one entity")
     res = _resource(args)
     async with Admin(args.bootstrap_server, client_id="kbroker-configs", security=command_security(args)) as admin:
         if args.describe:

@@ -241,6 +241,16 @@ class Connection(ConnState, asyncio.BufferedProtocol):
         self._acl_write = set() if server.authorizing else None
         self._acl_read = set() if server.authorizing else None
         self._acl_cluster = False
+        # Client quotas: the client-id of the last request (``_identified`` once there was one) and the
+        # bounds that apply (None: none); a connection with bounds takes the reference path for
+        # Produce and Fetch so every byte is counted. Muted (not read) until ``_muted_until`` when over.
+        self.client_id = None
+        self._identified = False
+        self.quota = None
+        self._muted_until = 0.0
+        self._mute_timer = None
+        if server.quotas is not None and server.quotas.any():
+            self._native_produce = self._native_fetch = None    # until its client-id is known
         if not self.authenticated:
             self._await_authentication()
         if not server.native_read:
@@ -279,6 +289,9 @@ class Connection(ConnState, asyncio.BufferedProtocol):
         if self._session_timer is not None:
             self._session_timer.cancel()
             self._session_timer = None
+        if self._mute_timer is not None:
+            self._mute_timer.cancel()
+            self._mute_timer = None
         self.server.connection_closed(self)
         self.server.memory_paused.discard(self)
         if self._waiting_mem:
@@ -298,7 +311,38 @@ class Connection(ConnState, asyncio.BufferedProtocol):
 
     def resume_writing(self):
         self._paused_write = False
-        if not self._paused_mem and not self.closed:
+        if not self._paused_mem and self._mute_timer is None and not self.closed:
+            self.transport.resume_reading()
+
+    # ---- client quotas (kbroker/server/apis/quotas.py) -----------------------------------------------
+    def refresh_quota(self):
+        """Look up the bounds of this connection's principal and client-id again (either changed, or
+        the quotas did): with bounds, Produce and Fetch take the reference path."""
+        quotas = self.server.quotas
+        self.quota = quotas.lookup(self.principal, self.client_id) if self._identified else None
+        native = self.authenticated and self.quota is None and (self._identified or not quotas.any())
+        self._native_produce = self.server.native_produce if native else None
+        self._native_fetch = self.server.native_fetch if native else None
+
+    def throttle(self, ms: int):
+        """Stop reading this connection for ``ms`` (KIP-219; answers already due still go out)."""
+        if self.closed or ms <= 0:
+            return
+        until = self.loop.time() + ms / 1000
+        if until <= self._muted_until:
+            return
+        self._muted_until = until
+        if self._mute_timer is None:
+            self.transport.pause_reading()
+            self._mute_timer = self.loop.call_at(until, self._unmute)
+
+    def _unmute(self):
+        self._mute_timer = None
+        if self.closed:
+            return
+        if self.loop.time() < self._muted_until:        # extended meanwhile
+            self._mute_timer = self.loop.call_at(self._muted_until, self._unmute)
+        elif not self._paused_mem and not self._paused_write:
             self.transport.resume_reading()
 
     # A readable event in one native call (ext/request.pyx ``on_read``: the frames dispatched, the
@@ -464,7 +508,7 @@ class Connection(ConnState, asyncio.BufferedProtocol):
                 self.pool.forget(self._on_pool_memory)
             self._paused_mem = False
             self.server.memory_paused.discard(self)
-            if not self._paused_write:
+            if not self._paused_write and self._mute_timer is None:
                 self.transport.resume_reading()
         elif not self._waiting_mem:
             self._waiting_mem = True
@@ -521,6 +565,11 @@ class Connection(ConnState, asyncio.BufferedProtocol):
             release()
             self._refuse("%s before SASL authentication completed", api.API_NAMES.get(header.api_key, header.api_key))
             return
+        if header.client_id != self.client_id or not self._identified:
+            self.client_id = header.client_id
+            self._identified = True
+            if server.quotas is not None:
+                self.refresh_quota()
         slot = _Slot(header, self.last_active, self._read_at)
         self._pending.append(slot)
         key, version = header.api_key, header.api_version
@@ -557,6 +606,8 @@ class Connection(ConnState, asyncio.BufferedProtocol):
             self.close()
             return
         slot.local = _now() - t0
+        if self.quota is not None:
+            server.quotas.request_in(self.quota, key, len(frame))
         if inspect.isawaitable(result):
             self.loop.create_task(self._await(slot, result, release))
         else:
@@ -633,6 +684,8 @@ class Connection(ConnState, asyncio.BufferedProtocol):
     def _complete(self, slot, result):
         if type(result) is EncodeOffLoop:     # returned without awaiting: encoded here all the same
             result = result.body
+        if self.quota is not None and result is not CLOSE:
+            result = self.server.quotas.answer_out(self, self.quota, slot, result)
         if result is NO_RESPONSE or result is CLOSE:
             self._finish(slot, result)
             return
@@ -856,6 +909,8 @@ class Connection(ConnState, asyncio.BufferedProtocol):
         self.sasl_raw = False
         self._native_produce = self.server.native_produce
         self._native_fetch = self.server.native_fetch
+        if self.server.quotas is not None:
+            self.refresh_quota()        # the principal's bounds
         self.max_frame = self.server.max_request_bytes
         lifetime_s = self.listener.sasl.reauth_ms / 1000
         if lifetime_s > 0:

@@ -58,6 +58,10 @@ except (OSError, AttributeError):   # not glibc
 # per fetch than sendfile up to 32 KiB (0.6-0.85x with 1 and with 8 in flight), the same at 64 KiB,
 # and sendfile wins beyond (0.26x of copy's CPU at 256 KiB with 8 in flight, 0.9x at 1 MiB with 1).
 SENDFILE_MIN_BYTES = 64 * 1024
+# A closing TLS connection sends its close_notify and then waits this long for the peer's before the
+# socket goes (the loops' default is 30 s): a client that never answers it (a refused or hostile one)
+# would otherwise hold its socket that long after the broker closed it, where Kafka closes at once.
+TLS_SHUTDOWN_TIMEOUT_S = 1.0
 
 # Every request allocates a few dozen container objects (slots, tuples, lists), so the default
 # generation-0 threshold (700) started a collection every ~20 small requests: 8% of the loop thread's busy
@@ -123,16 +127,18 @@ class KafkaServer:
                  send_buffer_bytes: int = -1, receive_buffer_bytes: int = -1,
                  max_connections: int = 2**31 - 1, max_connections_per_ip: int = 2**31 - 1,
                  frame_timeout_ms: int = 30000, native_handlers: dict | None = None,
-                 listeners: list[Listener] | None = None, authorizing: bool = False):
+                 listeners: list[Listener] | None = None, authorizing: bool = False, quotas=None):
         """``listeners``: every listener to bind (the connection limits and the pool are shared by all);
         without it, one PLAINTEXT listener on ``host``:``port``. ``authorizing``: an authorizer decides,
-        so connections keep its decisions."""
+        so connections keep its decisions. ``quotas``: the client quotas' throttling (``any``,
+        ``lookup``, ``request_in``, ``answer_out``: kbroker/server/apis/quotas.py), or None."""
         if pool_bytes < max_request_bytes:
             raise ValueError("queued.max.request.bytes must be at least socket.request.max.bytes")
         self.listeners = listeners or [Listener("PLAINTEXT", "PLAINTEXT", host, port)]
         self.host = self.listeners[0].host
         self.port = self.listeners[0].port      # the first listener's (set once bound)
         self.authorizing = authorizing
+        self.quotas = quotas
         self.handlers = handlers
         # Produce v3-8 through the native request path (kbroker._native.request) when the broker
         # passes its handler; native_requests off keeps every request on the schema codec (the
@@ -287,7 +293,8 @@ class KafkaServer:
             else:
                 await self.loop.connect_accepted_socket(
                     lambda: Connection(self, listener), conn, ssl=listener.ssl_context,
-                    ssl_handshake_timeout=self.frame_timeout_ms / 1000 if self.frame_timeout_ms > 0 else None)
+                    ssl_handshake_timeout=self.frame_timeout_ms / 1000 if self.frame_timeout_ms > 0 else None,
+                    ssl_shutdown_timeout=TLS_SHUTDOWN_TIMEOUT_S)
         except Exception as e:
             conn.close()
             hostile_log(logging.WARNING, "cannot set up the connection from %s: %s", addr, e)

@@ -1300,6 +1300,59 @@ api(31, "DeleteAcls", "0-3", "2+",
     ])
 
 # --- 60 DescribeCluster ---------------------------------------------------------------------------
+# --- 48 DescribeClientQuotas, 49 AlterClientQuotas ------------------------------------------------
+api(48, "DescribeClientQuotas", "0-1", "1+",
+    request=[
+        F("components", [
+            F("entity_type", "string"),
+            F("match_type", "int8"),
+            F("match", "string", nullable="0+"),
+        ]),
+        F("strict", "bool"),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("error_code", "int16"),
+        F("error_message", "string", nullable="0+"),
+        F("entries", [
+            F("entity", [
+                F("entity_type", "string"),
+                F("entity_name", "string", nullable="0+"),
+            ]),
+            F("values", [
+                F("key", "string"),
+                F("value", "float64"),
+            ]),
+        ], nullable="0+"),
+    ])
+
+api(49, "AlterClientQuotas", "0-1", "1+",
+    request=[
+        F("entries", [
+            F("entity", [
+                F("entity_type", "string"),
+                F("entity_name", "string", nullable="0+"),
+            ]),
+            F("ops", [
+                F("key", "string"),
+                F("value", "float64"),
+                F("remove", "bool"),
+            ]),
+        ]),
+        F("validate_only", "bool"),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("entries", [
+            F("error_code", "int16"),
+            F("error_message", "string", nullable="0+"),
+            F("entity", [
+                F("entity_type", "string"),
+                F("entity_name", "string", nullable="0+"),
+            ]),
+        ]),
+    ])
+
 api(50, "DescribeUserScramCredentials", "0", "0+",
     request=[
         F("users", [

@@ -91,6 +91,12 @@ class SampledRate:
         self._values[self._current] += n
 
     def rate(self, now: float | None = None) -> float:
+        total, elapsed = self.measure(now)
+        return total / elapsed if elapsed > 0 else 0.0
+
+    def measure(self, now: float | None = None) -> tuple[float, float]:
+        """(recorded total, elapsed seconds) the rate divides: client quotas derive their throttle time
+        from both, as Kafka does."""
         now = self.clock() if now is None else now
         horizon = self.samples * self.window_s
         total = 0.0
@@ -104,7 +110,7 @@ class SampledRate:
         full = int(elapsed // self.window_s)
         if full < self.samples - 1:
             elapsed += (self.samples - 1 - full) * self.window_s
-        return total / elapsed if elapsed > 0 else 0.0
+        return total, elapsed
 
 
 class ReplicationQuota:

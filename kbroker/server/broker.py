@@ -40,6 +40,8 @@ from .apis import authz as authz_api  # noqa: E402
 from .apis import fetch as fetch_api  # noqa: E402
 from .apis import produce as produce_api  # noqa: E402
 from .apis.producer_ids import ProducerIdAllocator  # noqa: E402
+from .apis.quotas import Throttling  # noqa: E402
+from ..security.quotas import QuotaManager  # noqa: E402
 from ..coordinator.group_coordinator import GroupCoordinator  # noqa: E402
 from ..coordinator.transaction.coordinator import TransactionCoordinator  # noqa: E402
 
@@ -81,6 +83,7 @@ class Broker:
         self.handlers: dict = apis.dispatch(self)    # api key -> handler(conn, header, body)
         # authorizer.class.name: None = every request allowed (no per-request work anywhere)
         self.authorizer: AclAuthorizer | None = AclAuthorizer.from_config(config.get)
+        self.quotas = Throttling(self, QuotaManager.from_config(config.get))   # client quotas
 
     # ---- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -108,6 +111,7 @@ class Broker:
             self.authorizer.on_change.append(self._acls_changed)
             await asyncio.to_thread(self.authorizer.start, self.zk.kazoo, self.loop,
                                     lambda fn, *args: self.loop.call_soon_threadsafe(fn, *args))
+        await asyncio.to_thread(self.quotas.start)     # client quotas, too, before the listener opens
         log.info("cluster id %s", self.cluster_id)
         # Topic configs come from ZooKeeper before the logs load, so recovery and retention use them.
         configs = await asyncio.to_thread(self._read_topic_configs, None)
@@ -135,6 +139,7 @@ class Broker:
             max_connections_per_ip=cfg.get("max.connections.per.ip"),
             frame_timeout_ms=cfg.get("kbroker.socket.request.frame.timeout.ms"),
             authorizing=self.authorizer is not None,
+            quotas=self.quotas,
             # Produce v3-8 and Fetch v4-11 parsed and answered natively (same policy as the table's
             # handlers: kbroker/server/apis/produce.py, fetch.py).
             # The common one-partition Produce is served without a Python frame (ReplicaManager.fast_produce).
@@ -379,6 +384,8 @@ class Broker:
         last = self._config_change_seq
         self._config_change_seq = max(seqs.values(), default=last if last is not None else -1)
         if last is None:
+            # client quotas changed between their load and this watch are read again
+            self.loop.create_task(self.quotas.reload_all())
             return
         fresh = sorted((c for c, n in seqs.items() if n > last), key=seqs.get)
         if fresh:
@@ -389,6 +396,7 @@ class Broker:
         names = sorted({name for kind, name in changes if kind == "topics"})
         if names:
             await self.refresh_metadata(names)
+        await self.quotas.reload([f"{kind}/{name}" for kind, name in changes if kind in ("users", "clients")])
 
     async def refresh_metadata(self, names=None) -> None:
         """Re-read the config overrides of ``names`` (all cached topics if None) from ZooKeeper and

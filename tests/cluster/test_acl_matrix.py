@@ -1,10 +1,12 @@
 """Every API authorized as Kafka's request handlers do it, on a real broker with the AclAuthorizer.
 
-Until SASL principals exist every PLAINTEXT client is User:ANONYMOUS, so hosts tell clients apart: the
-broker's own connections come from 127.0.0.1 (it holds ClusterAction there), the client granted the
-ACLs connects from 127.0.0.2 and the one without any from 127.0.0.3. ``allow.everyone.if.no.acl.found``
-is on, so the broker's start needs no ACL; every resource the matrix uses has ACLs (for .2), so .3 is
-refused on each. For each API: .3 gets Kafka's refusal, .2 gets anything else.
+Two ways clients differ. On the PLAINTEXT listener every client is User:ANONYMOUS, so hosts tell them
+apart: the broker's own connections come from 127.0.0.1 (it holds ClusterAction there), the client
+granted the ACLs connects from 127.0.0.2 and the one without any from 127.0.0.3. On the SASL_PLAINTEXT
+listener (SCRAM-SHA-256) principals do: User:alice holds the same ACLs (any host), User:bob none.
+``allow.everyone.if.no.acl.found`` is on, so the broker's start needs no ACL; every resource the matrix
+uses has ACLs, so .3 and bob are refused on each. For each API: .3 and bob get Kafka's refusal, .2 and
+alice anything else.
 """
 from __future__ import annotations
 
@@ -15,12 +17,15 @@ import uuid
 import pytest
 from kazoo.client import KazooClient
 
+from kbroker.client.sasl import scram_client
 from kbroker.protocol.errors import Errors
 from kbroker.security.acl import (CLUSTER_NAME, AclEntry, Operation as Op, PatternType, Permission, ResourcePattern,
                                   ResourceType as T)
 from kbroker.security.authorizer import AclAuthorizer
+from kbroker.security.sasl.scram import ScramCredential
 from kbroker.testing import LocalCluster, free_port, wait_until
 from kbroker.zk.acls import AclZk
+from kbroker.zk.credentials import alter_user_config
 from builders import batch
 from checkers import RawConn, create_topic
 from test_produce_fast import counts
@@ -30,6 +35,8 @@ TOPIC, GROUP = "acl-t", "acl-g"
 TAF, GAF, CAF = (int(Errors.TOPIC_AUTHORIZATION_FAILED), int(Errors.GROUP_AUTHORIZATION_FAILED),
                  int(Errors.CLUSTER_AUTHORIZATION_FAILED))
 TIDAF = int(Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+SCRAM = "SCRAM-SHA-256"
+USERS = {"alice": "alice-pw", "bob": "bob-pw"}      # alice holds the ACLs, bob none
 
 
 class Acls:
@@ -43,8 +50,9 @@ class Acls:
         self.auth.store, self.auth.loop = AclZk(self.zk), self.loop
         self.auth.store.ensure_paths()
 
-    def grant(self, rtype, name, op, host, permission=Permission.ALLOW, pattern=PatternType.LITERAL):
-        entry = AclEntry("User:ANONYMOUS", host, op, permission)
+    def grant(self, rtype, name, op, host, permission=Permission.ALLOW, pattern=PatternType.LITERAL,
+              principal="User:ANONYMOUS"):
+        entry = AclEntry(principal, host, op, permission)
         self.auth.update(ResourcePattern(rtype, name, pattern), lambda cur: cur | {entry})
 
     def revoke(self, rtype, name, op, host, permission=Permission.ALLOW, pattern=PatternType.LITERAL):
@@ -57,32 +65,50 @@ class Acls:
         self.loop.close()
 
 
+def with_scram_listener(root, overrides) -> LocalCluster:
+    """One broker (not started) with a SASL_PLAINTEXT listener (SCRAM-SHA-256) on ``c.sasl_port`` beside
+    its PLAINTEXT one, which stays the inter-broker listener."""
+    overrides = dict(overrides, **{"listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
+                                   "inter.broker.listener.name": "PLAINTEXT", "sasl.enabled.mechanisms": SCRAM})
+    c = LocalCluster(root, brokers=1, overrides=overrides)
+    c.sasl_port = free_port()
+    for b in c.brokers.values():
+        b.extra = {"listeners": f"PLAINTEXT://127.0.0.1:{b.port},SASL_PLAINTEXT://127.0.0.1:{c.sasl_port}"}
+    return c
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     overrides = {"authorizer.class.name": "kafka.security.authorizer.AclAuthorizer",
                  "allow.everyone.if.no.acl.found": "true", "auto.create.topics.enable": "true",
                  "kbroker.metrics.port": free_port()}
-    with LocalCluster(tmp_path_factory.mktemp("aclmatrix"), brokers=1, overrides=overrides) as c:
+    with with_scram_listener(tmp_path_factory.mktemp("aclmatrix"), overrides) as c:
         create_topic(c.bootstrap, TOPIC, 1)
         for name in ("acl-del", "acl-del2"):
             create_topic(c.bootstrap, name, 1)
         acls = Acls(c.zk_connect)
+        for user, pw in USERS.items():
+            alter_user_config(acls.zk, user, {SCRAM: ScramCredential.from_password(SCRAM, pw, 4096).encode()})
         # the broker's own controller requests, from 127.0.0.1
         acls.grant(T.CLUSTER, CLUSTER_NAME, Op.CLUSTER_ACTION, "127.0.0.1")
-        for op in (Op.READ, Op.WRITE, Op.DESCRIBE, Op.DELETE, Op.ALTER, Op.DESCRIBE_CONFIGS, Op.ALTER_CONFIGS):
-            acls.grant(T.TOPIC, TOPIC, op, WITH)
-        acls.grant(T.TOPIC, "acl-del", Op.DELETE, WITH)
-        acls.grant(T.TOPIC, "acl-del2", Op.DELETE, WITH)
-        acls.grant(T.TOPIC, "acl-new", Op.CREATE, WITH, pattern=PatternType.PREFIXED)
-        acls.grant(T.TOPIC, "acl-auto", Op.CREATE, WITH, pattern=PatternType.PREFIXED)
-        acls.grant(T.TOPIC, "acl-auto", Op.DESCRIBE, WITH, pattern=PatternType.PREFIXED)
-        for op in (Op.READ, Op.DELETE):
-            acls.grant(T.GROUP, GROUP, op, WITH, pattern=PatternType.PREFIXED)
-        for op in (Op.ALTER, Op.DESCRIBE, Op.IDEMPOTENT_WRITE, Op.CLUSTER_ACTION, Op.DESCRIBE_CONFIGS):
-            acls.grant(T.CLUSTER, CLUSTER_NAME, op, WITH)
-        acls.grant(T.TRANSACTIONAL_ID, "tx", Op.ALL, WITH)
+        for host, principal in ((WITH, "User:ANONYMOUS"), ("*", "User:alice")):
+            def grant(rtype, name, op, pattern=PatternType.LITERAL):
+                acls.grant(rtype, name, op, host, pattern=pattern, principal=principal)
+            for op in (Op.READ, Op.WRITE, Op.DESCRIBE, Op.DELETE, Op.ALTER, Op.DESCRIBE_CONFIGS, Op.ALTER_CONFIGS):
+                grant(T.TOPIC, TOPIC, op)
+            grant(T.TOPIC, "acl-del", Op.DELETE)
+            grant(T.TOPIC, "acl-del2", Op.DELETE)
+            grant(T.TOPIC, "acl-new", Op.CREATE, pattern=PatternType.PREFIXED)
+            grant(T.TOPIC, "acl-auto", Op.CREATE, pattern=PatternType.PREFIXED)
+            grant(T.TOPIC, "acl-auto", Op.DESCRIBE, pattern=PatternType.PREFIXED)
+            for op in (Op.READ, Op.DELETE):
+                grant(T.GROUP, GROUP, op, pattern=PatternType.PREFIXED)
+            for op in (Op.ALTER, Op.DESCRIBE, Op.IDEMPOTENT_WRITE, Op.CLUSTER_ACTION, Op.DESCRIBE_CONFIGS,
+                       Op.ALTER_CONFIGS):
+                grant(T.CLUSTER, CLUSTER_NAME, op)
+            grant(T.TRANSACTIONAL_ID, "tx", Op.ALL)
         # the broker applied the last one (a notification away)
-        wait_until(lambda: _code_of(c.bootstrap, WITH, _list_reassignments) != CAF, 10)
+        wait_until(lambda: _code_as(c, "alice", _list_reassignments) != CAF, 10)
         c.acls = acls
         yield c
         acls.close()
@@ -90,6 +116,19 @@ def cluster(tmp_path_factory):
 
 def _code_of(bootstrap, host, call):
     with RawConn(bootstrap, source=host) as conn:
+        return call(conn)
+
+
+def _code_as(cluster, user, call):
+    """``call`` on a SASL_PLAINTEXT connection authenticated (SCRAM-SHA-256) as ``user``."""
+    with RawConn(f"127.0.0.1:{cluster.sasl_port}") as conn:
+        assert conn.request(17, 1, {"mechanism": SCRAM})["error_code"] == 0
+        steps = scram_client(SCRAM, user, USERS[user])
+        token = next(steps)
+        while token is not None:
+            r = conn.request(36, 1, {"auth_bytes": token})
+            assert r["error_code"] == 0, r
+            token = steps.send(bytes(r["auth_bytes"]))
         return call(conn)
 
 
@@ -347,6 +386,17 @@ def _describe_producers(c):
     return r["topics"][0]["partitions"][0]["error_code"]
 
 
+def _describe_client_quotas(c):
+    return c.request(48, 1, {"components": [], "strict": False})["error_code"]
+
+
+def _alter_client_quotas(c):
+    r = c.request(49, 1, {"entries": [{"entity": [{"entity_type": "client-id", "entity_name": "acl-q"}],
+                                       "ops": [{"key": "producer_byte_rate", "value": 1024.0, "remove": False}]}],
+                          "validate_only": True})
+    return r["entries"][0]["error_code"]
+
+
 MATRIX = [
     # (API, call, Kafka's refusal)
     ("Metadata (named topic)", _metadata, TAF),
@@ -394,6 +444,8 @@ MATRIX = [
     ("EndTxn", _end_txn, TIDAF),
     ("TxnOffsetCommit", _txn_offset_commit, TIDAF),
     ("DescribeTransactions", _describe_transactions, TIDAF),
+    ("DescribeClientQuotas", _describe_client_quotas, CAF),
+    ("AlterClientQuotas", _alter_client_quotas, CAF),
 ]
 
 
@@ -401,6 +453,12 @@ MATRIX = [
 def test_matrix(cluster, name, call, refusal):
     assert _code_of(cluster.bootstrap, WITHOUT, call) == refusal
     assert _code_of(cluster.bootstrap, WITH, call) != refusal
+
+
+@pytest.mark.parametrize("name, call, refusal", MATRIX, ids=[m[0] for m in MATRIX])
+def test_matrix_sasl_principals(cluster, name, call, refusal):
+    assert _code_as(cluster, "bob", call) == refusal
+    assert _code_as(cluster, "alice", call) != refusal
 
 
 def test_forged_leader_and_isr_changes_nothing(cluster):

@@ -18,7 +18,7 @@ from ...protocol import api
 from ...protocol.api import ApiKey
 from ...protocol.errors import Errors
 from . import (acls, admin, authz, cluster_info, configs, controlled_shutdown, coordinator, core, fetch, groups,
-               log_admin, produce, producer_ids, producers, reassignments, replica_control, sasl, transactions)
+               log_admin, produce, producer_ids, producers, quotas, reassignments, replica_control, sasl, transactions)
 
 
 class Api(NamedTuple):
@@ -115,6 +115,9 @@ TABLE: tuple[Api, ...] = (
     Api(K.SASL_AUTHENTICATE, 0, 2, sasl.sasl_authenticate),
     Api(K.DESCRIBE_USER_SCRAM_CREDENTIALS, 0, 0, sasl.describe_user_scram_credentials),
     Api(K.ALTER_USER_SCRAM_CREDENTIALS, 0, 0, sasl.alter_user_scram_credentials),
+    # Client quotas (ZooKeeper /config/users, /config/clients)
+    Api(K.DESCRIBE_CLIENT_QUOTAS, 0, 1, quotas.describe_client_quotas),
+    Api(K.ALTER_CLIENT_QUOTAS, 0, 1, quotas.alter_client_quotas),
 )
 del K
 

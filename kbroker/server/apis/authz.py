@@ -12,6 +12,8 @@ client naming endless topics gets its cache emptied, never grown past ``MAX_DECI
 """
 from __future__ import annotations
 
+import asyncio
+
 from ...security.acl import CLUSTER_NAME, Operation, ResourceType  # noqa: F401  (Operation: for callers)
 
 MAX_DECISIONS = 10_000
@@ -83,3 +85,36 @@ def forget(conn) -> None:
 def forget_all(connections) -> None:
     for conn in connections:
         forget(conn)
+
+
+# The operations Kafka defines on each resource type (its AclEntry.supportedOperations): what an
+# authorized-operations bit field (KIP-430) may hold.
+SUPPORTED_OPERATIONS = {
+    TOPIC: (READ, WRITE, CREATE, DESCRIBE, DELETE, ALTER, DESCRIBE_CONFIGS, ALTER_CONFIGS),
+    GROUP: (READ, DESCRIBE, DELETE),
+    CLUSTER: (CREATE, CLUSTER_ACTION, DESCRIBE_CONFIGS, ALTER_CONFIGS, IDEMPOTENT_WRITE, ALTER, DESCRIBE),
+    TRANSACTIONAL_ID: (DESCRIBE, WRITE),
+}
+
+
+def authorized_operations(broker, conn, rtype: ResourceType, name: str) -> int:
+    """KIP-430's bit field (bit n = operation code n) of what the connection may do on the resource;
+    every supported operation without an authorizer, as Kafka."""
+    return sum(1 << int(op) for op in SUPPORTED_OPERATIONS[rtype] if allowed(broker, conn, op, rtype, name))
+
+
+def with_metadata_operations(broker, conn, body, answer):
+    """A Metadata answer (a dict, an EncodeOffLoop of one, or an awaitable of either) with the
+    cluster's and the described topics' authorized operations filled in, as the request asked."""
+    if asyncio.iscoroutine(answer):
+        async def later():
+            return with_metadata_operations(broker, conn, body, await answer)
+        return later()
+    res = getattr(answer, "body", answer)
+    if body.get("include_cluster_authorized_operations"):
+        res["cluster_authorized_operations"] = authorized_operations(broker, conn, CLUSTER, CLUSTER_NAME)
+    if body.get("include_topic_authorized_operations"):
+        for t in res["topics"]:
+            if t["error_code"] == 0:
+                t["topic_authorized_operations"] = authorized_operations(broker, conn, TOPIC, t["name"])
+    return answer

@@ -13,10 +13,6 @@ from . import authz
 ENDPOINT_TYPES = {1: "BROKER", 2: "CONTROLLER"}
 BROKER_ENDPOINT = 1
 
-# Without an authorizer every operation Kafka defines on the CLUSTER resource is allowed: CREATE (5),
-# ALTER (7), DESCRIBE (8), CLUSTER_ACTION (9), DESCRIBE_CONFIGS (10), ALTER_CONFIGS (11),
-# IDEMPOTENT_WRITE (12), as a bit field of operation codes.
-CLUSTER_OPERATIONS = sum(1 << op for op in (5, 7, 8, 9, 10, 11, 12))
 NOT_REQUESTED = -0x80000000
 
 
@@ -47,6 +43,6 @@ def describe_cluster(broker, conn, header, body):
                                "rack": broker.config.get("broker.rack"), "is_fenced": True})
         res["brokers"].sort(key=lambda b: b["broker_id"])
     if body["include_cluster_authorized_operations"]:
-        res["cluster_authorized_operations"] = sum(1 << op for op in (5, 7, 8, 9, 10, 11, 12)
-                                                   if authz.cluster(broker, conn, authz.Operation(op)))
+        res["cluster_authorized_operations"] = authz.authorized_operations(broker, conn, authz.CLUSTER,
+                                                                           authz.CLUSTER_NAME)
     return res

@@ -40,8 +40,12 @@ def api_versions(broker, conn, header, body):
 
 def metadata(broker, conn, header, body):
     if broker.metadata.updates == 0:
-        return _after_first_update(broker, conn, header, body)
-    return _answer(broker, conn, header, body)
+        answer = _after_first_update(broker, conn, header, body)
+    else:
+        answer = _answer(broker, conn, header, body)
+    if body.get("include_cluster_authorized_operations") or body.get("include_topic_authorized_operations"):
+        return authz.with_metadata_operations(broker, conn, body, answer)
+    return answer
 
 
 def _answer(broker, conn, header, body):

@@ -153,10 +153,14 @@ def _fetched(partition, entry, code):
 
 def describe_groups(broker, conn, header, body):
     gc = broker.group_coordinator
-    return {"throttle_time_ms": 0, "groups": [
-        gc.describe_group(g) if _group(broker, conn, authz.DESCRIBE, g) else
-        {"error_code": _GROUP_DENIED, "group_id": g, "group_state": "", "protocol_type": "", "protocol_data": "",
-         "members": []} for g in body["groups"]]}
+    groups = [gc.describe_group(g) if _group(broker, conn, authz.DESCRIBE, g) else
+              {"error_code": _GROUP_DENIED, "group_id": g, "group_state": "", "protocol_type": "", "protocol_data": "",
+               "members": []} for g in body["groups"]]
+    if body.get("include_authorized_operations"):
+        for g in groups:
+            if g["error_code"] == 0:
+                g["authorized_operations"] = authz.authorized_operations(broker, conn, authz.GROUP, g["group_id"])
+    return {"throttle_time_ms": 0, "groups": groups}
 
 
 async def list_groups(broker, conn, header, body):

@@ -142,6 +142,8 @@ def _prim(t, rng):
         return rng.randbytes(rng.randint(0, 40))
     if t == "uuid":
         return rng.randbytes(16)
+    if t == "float64":
+        return rng.choice([0.0, rng.uniform(-1e12, 1e12), float(rng.randint(0, 1 << 40))])
     raise AssertionError(t)
 
 

@@ -42,6 +42,7 @@ AK39 = {
     37: ("CreatePartitions", (0, 3), 2), 42: ("DeleteGroups", (0, 2), 2), 43: ("ElectLeaders", (0, 2), 2),
     44: ("IncrementalAlterConfigs", (0, 1), 1), 45: ("AlterPartitionReassignments", (0, 0), 0),
     46: ("ListPartitionReassignments", (0, 0), 0), 47: ("OffsetDelete", (0, 0), None),
+    48: ("DescribeClientQuotas", (0, 1), 1), 49: ("AlterClientQuotas", (0, 1), 1),
     50: ("DescribeUserScramCredentials", (0, 0), 0), 51: ("AlterUserScramCredentials", (0, 0), 0),
     60: ("DescribeCluster", (0, 1), 0), 61: ("DescribeProducers", (0, 0), 0),
     65: ("DescribeTransactions", (0, 0), 0),
