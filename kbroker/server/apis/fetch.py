@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import time
 
 from ..._native.request import encode_fetch_response
 from ...log.errors import OffsetOutOfRange
@@ -18,9 +19,11 @@ from ...protocol.types import FileRegions
 from ...record import BatchError
 from ...replica.longpoll import long_poll
 from ...replica.partition import follower_key
-from . import authz
+from . import authz, offset_queries
 
-LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
+# ListOffsets' special timestamps; earliest-local (KIP-405) and latest-tiered (KIP-1005) answer as a broker
+# without tiered storage: every record is local (the log start) and none is tiered (offset -1).
+LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -1, -2, -3, -4, -5
 _DENIED = int(Errors.TOPIC_AUTHORIZATION_FAILED)
 
 
@@ -336,6 +339,8 @@ PARTITIONS_PER_TURN = 2000
 
 def list_offsets(broker, header, body, conn=None):
     refused = authz.refused(broker, conn, authz.DESCRIBE, authz.TOPIC, [t["name"] for t in body["topics"]])
+    if header.api_version == 0:
+        return _list_offsets_v0(broker, body, refused)
     n = sum(len(t["partitions"]) for t in body["topics"])
     if n > PARTITIONS_PER_TURN:
         return _list_offsets_sliced(broker, body, refused)
@@ -401,21 +406,52 @@ def _list_offset(broker, name, p, duplicates, isolation=0, refused=_NONE):
     if ts == LATEST:
         res["offset"] = lg.last_stable_offset if isolation == 1 else lg.high_watermark
         res["leader_epoch"] = pinfo.leader_epoch
-    elif ts == EARLIEST:
+    elif ts == EARLIEST or ts == EARLIEST_LOCAL:
         res["offset"] = lg.log_start_offset
         res["leader_epoch"] = pinfo.leader_epoch
+    elif ts == LATEST_TIERED:
+        pass                    # nothing is tiered: offset -1, as Kafka without remote storage
     else:
         try:
-            found = lg.offset_for_timestamp(ts)
+            # KIP-734's max timestamp carries its batch's epoch, a time lookup the current one
+            if ts == MAX_TIMESTAMP:
+                found = offset_queries.max_timestamp(lg)
+            else:
+                found = lg.offset_for_timestamp(ts)
+                found = None if found is None else (found[0], found[1], pinfo.leader_epoch)
         except BatchError as e:
             # e.g. a stored batch that inflates past the decompression cap: an error code for
             # this partition, not an exception that closes the connection
             res["error_code"] = int(e.error_code)
             return res
         if found is not None and found[0] < (lg.last_stable_offset if isolation == 1 else lg.high_watermark):
-            res["offset"], res["timestamp"] = found[0], found[1]
-            res["leader_epoch"] = pinfo.leader_epoch
+            res["offset"], res["timestamp"], res["leader_epoch"] = found
     return res
+
+
+def _list_offsets_v0(broker, body, refused):
+    """v0: each partition's ``old_style_offsets`` (offset_queries.legacy_offsets_before), consumers' capped
+    by the high watermark. Errors as Kafka's v0 answers them: no offsets, the partition's error code."""
+    consumer = body.get("replica_id", -1) == -1
+    now = int(time.time() * 1000)
+    topics = []
+    for t in body["topics"]:
+        name = t["name"]
+        parts = []
+        for p in t["partitions"]:
+            res = {"partition_index": p["partition_index"], "error_code": 0, "old_style_offsets": []}
+            parts.append(res)
+            if refused and name in refused:
+                res["error_code"] = _DENIED
+                continue
+            lg, _pinfo, err = _leader_log(broker, name, p["partition_index"])
+            if err:
+                res["error_code"] = int(err)
+                continue
+            res["old_style_offsets"] = offset_queries.legacy_offsets_before(
+                lg, p["timestamp"], p.get("max_num_offsets", 1), now, lg.high_watermark if consumer else None)
+        topics.append({"name": name, "partitions": parts})
+    return {"topics": topics}
 
 
 def offset_for_leader_epoch(broker, header, body, conn=None):
