@@ -19,6 +19,8 @@ ZERO_ID = bytes(16)
 TOPIC = "data-t"
 # Three batches of 3 records, timestamps T0.., with the largest timestamp in the middle batch's last record.
 STAMPS = [T0, T0 + 50, T0 + 20]
+# Produce v9-11 and Fetch v12-17 are advertised only with this key (served by the reference path)
+NEWEST_ON = {"kbroker.protocol.flexible.data.versions.enable": "true"}
 
 
 def _produce(raw, topic, partition, buf):
@@ -31,7 +33,7 @@ def _produce(raw, topic, partition, buf):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    with LocalCluster(tmp_path_factory.mktemp("data-versions"), brokers=1) as c:
+    with LocalCluster(tmp_path_factory.mktemp("data-versions"), brokers=1, overrides=NEWEST_ON) as c:
         create_topic(c.bootstrap, TOPIC, 2)
         with RawConn(c.bootstrap) as raw:
             for ts in STAMPS:
@@ -48,6 +50,14 @@ def test_ranges_are_kafka_39s():
                                    K.METADATA)} == {
         K.API_VERSIONS: (0, 4), K.INIT_PRODUCER_ID: (0, 5), K.OFFSET_FOR_LEADER_EPOCH: (0, 4),
         K.LIST_OFFSETS: (0, 9), K.METADATA: (0, 12)}
+
+
+def test_newest_produce_and_fetch_advertised_with_the_key(cluster):
+    with RawConn(cluster.bootstrap) as raw:
+        r = raw.request(K.API_VERSIONS, 3, {"client_software_name": "t", "client_software_version": "1"})
+    got = {k["api_key"]: (k["min_version"], k["max_version"]) for k in r["api_keys"]}
+    assert (got[K.PRODUCE], got[K.FETCH]) == ((0, 11), (0, 17))
+    assert (_range(K.PRODUCE), _range(K.FETCH)) == ((0, 8), (0, 11))      # without it (TABLE)
 
 
 @pytest.mark.parametrize("version", range(6))
@@ -180,3 +190,87 @@ def test_metadata_ids_and_null_names_refused_before_v12(cluster, version):
         null = raw.request(K.METADATA, version, {"topics": [{"name": None, "topic_id": ZERO_ID}]})
     assert [t["error_code"] for t in by_id["topics"] + null["topics"]] == [Errors.INVALID_REQUEST] * 2
     assert by_id["topics"][0]["partitions"] == []
+
+
+def _fetch_body(version, tid, partition=0, offset=0, replica_id=-1):
+    return {"replica_id": replica_id, "replica_state": {"replica_id": replica_id, "replica_epoch": -1},
+            "max_wait_ms": 0, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0,
+            "session_id": 0, "session_epoch": -1, "topics": [
+                {"topic": TOPIC, "topic_id": tid, "partitions": [
+                    {"partition": partition, "current_leader_epoch": -1, "fetch_offset": offset,
+                     "last_fetched_epoch": -1, "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}],
+            "forgotten_topics_data": [], "rack_id": ""}
+
+
+@pytest.mark.parametrize("version", range(18))
+def test_fetch_every_version(cluster, version):
+    from kbroker.record import decode_records
+    with RawConn(cluster.bootstrap) as raw:
+        tid = _topic_id(raw)
+        r = raw.request(K.FETCH, version, _fetch_body(version, tid, offset=3))
+    t = r["responses"][0]
+    p = t["partitions"][0]
+    if version < 4:       # would need magic 0/1 message sets: refused, not converted
+        assert (p["error_code"], p["records"] or b"") == (Errors.UNSUPPORTED_VERSION, b"")
+        return
+    assert (p["error_code"], p["high_watermark"]) == (0, 9)
+    assert (t["topic_id"] if version >= 13 else t["topic"]) == (tid if version >= 13 else TOPIC)
+    data = bytes(p["records"])
+    assert [r[0] for r in decode_records(data)] == [3, 4, 5]
+
+
+@pytest.mark.parametrize("version", [13, 15, 17])
+def test_fetch_unknown_topic_id(cluster, version):
+    unknown = b"\x02" * 16
+    with RawConn(cluster.bootstrap) as raw:
+        r = raw.request(K.FETCH, version, _fetch_body(version, unknown))
+    t = r["responses"][0]
+    assert (t["topic_id"], t["partitions"][0]["error_code"]) == (unknown, Errors.UNKNOWN_TOPIC_ID)
+
+
+@pytest.mark.parametrize("version", range(12))
+def test_produce_every_version(cluster, version):
+    with RawConn(cluster.bootstrap) as raw:
+        r = raw.request(K.PRODUCE, version, {"acks": 1, "timeout_ms": 10000, "topic_data": [
+            {"name": TOPIC, "partition_data": [{"index": 1, "records": bytes(batch(2, 10))}]}]})
+    p = r["responses"][0]["partition_responses"][0]
+    if version < 3:       # magic 0/1 message sets only: refused, not converted
+        assert p["error_code"] == Errors.UNSUPPORTED_VERSION
+    else:
+        assert p["error_code"] == 0 and p["base_offset"] >= 0
+
+
+def test_not_leader_answers_name_the_leader(tmp_path_factory):
+    """KIP-951: Produce v10+ and Fetch v16+ sent to a broker that does not lead the partition name the
+    leader (tagged current_leader) and its address (tagged node_endpoints); older versions do not."""
+    with LocalCluster(tmp_path_factory.mktemp("kip951"), brokers=2, overrides=NEWEST_ON) as c:
+        create_topic(c.bootstrap, "led", 1)
+        with RawConn(c.bootstrap) as raw:
+            t = raw.request(K.METADATA, 12, {"topics": [{"name": "led", "topic_id": ZERO_ID}]})["topics"][0]
+        tid, leader, epoch = t["topic_id"], t["partitions"][0]["leader_id"], t["partitions"][0]["leader_epoch"]
+        other = next(b for i, b in c.brokers.items() if i != leader)
+        leader_port = c.brokers[leader].port
+        with RawConn(f"127.0.0.1:{other.port}") as raw:
+            produced = {v: raw.request(K.PRODUCE, v, {"acks": 1, "timeout_ms": 5000, "topic_data": [
+                {"name": "led", "partition_data": [{"index": 0, "records": bytes(batch(1, 10))}]}]})
+                for v in (9, 10, 11)}
+            fetched = {v: raw.request(K.FETCH, v, dict(_fetch_body(v, tid), topics=[
+                {"topic": "led", "topic_id": tid, "partitions": [
+                    {"partition": 0, "current_leader_epoch": -1, "fetch_offset": 0, "last_fetched_epoch": -1,
+                     "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}])) for v in (15, 16, 17)}
+    for v, r in produced.items():
+        p = r["responses"][0]["partition_responses"][0]
+        assert p["error_code"] == Errors.NOT_LEADER_OR_FOLLOWER
+        if v >= 10:
+            assert p["current_leader"] == {"leader_id": leader, "leader_epoch": epoch}
+            assert [(n["node_id"], n["port"]) for n in r["node_endpoints"]] == [(leader, leader_port)]
+        else:
+            assert p["current_leader"] == {"leader_id": -1, "leader_epoch": -1}     # the default: not sent
+    for v, r in fetched.items():
+        p = r["responses"][0]["partitions"][0]
+        assert p["error_code"] == Errors.NOT_LEADER_OR_FOLLOWER
+        if v >= 16:
+            assert p["current_leader"] == {"leader_id": leader, "leader_epoch": epoch}
+            assert [(n["node_id"], n["port"]) for n in r["node_endpoints"]] == [(leader, leader_port)]
+        else:
+            assert p["current_leader"] == {"leader_id": -1, "leader_epoch": -1}

@@ -19,7 +19,7 @@ from ...protocol.types import FileRegions
 from ...record import BatchError
 from ...replica.longpoll import long_poll
 from ...replica.partition import follower_key
-from . import authz, offset_queries
+from . import authz, leader_hints, offset_queries
 
 # ListOffsets' special timestamps; earliest-local (KIP-405) and latest-tiered (KIP-1005) answer as a broker
 # without tiered storage: every record is local (the log start) and none is tiered (offset -1).
@@ -67,27 +67,63 @@ def _leader_log(broker, topic, partition, current_leader_epoch=-1):
 class _Args:
     """The fields of a Fetch request the policy reads, in the shape the native parser gives them
     (kbroker._native.request.FetchRequest): topics = [(name, [(partition, current_leader_epoch,
-    fetch_offset, log_start_offset, partition_max_bytes), ...]), ...]."""
+    fetch_offset, log_start_offset, partition_max_bytes), ...]), ...]. v13+ names topics by id: ``ids``
+    maps the names of known ids back to them, ``unknown`` lists the request's topics whose id this broker
+    does not know, (topic_id, [partition, ...]) each."""
 
-    __slots__ = ("replica_id", "max_wait_ms", "min_bytes", "max_bytes", "isolation_level", "session_id", "topics")
+    __slots__ = ("replica_id", "max_wait_ms", "min_bytes", "max_bytes", "isolation_level", "session_id", "topics",
+                 "ids", "unknown")
 
-    def __init__(self, body):
-        self.replica_id = body.get("replica_id", -1)   # v15+ would carry it in replica_state; we serve <= 11
+    def __init__(self, body, version=11, topic_ids=None):
+        # v15+ carries the follower's id in replica_state (KIP-903)
+        self.replica_id = body["replica_state"]["replica_id"] if version >= 15 else body.get("replica_id", -1)
         self.max_wait_ms = body["max_wait_ms"]
         self.min_bytes = body["min_bytes"]
         self.max_bytes = body.get("max_bytes", 0x7FFFFFFF)
         self.isolation_level = body.get("isolation_level", 0)
         self.session_id = body["session_id"]
+        self.ids = {}
+        self.unknown = []
+        topics = body["topics"]
+        if version >= 13:
+            known = []
+            for t in topics:
+                name = topic_ids.get(bytes(t["topic_id"]))
+                if name is None:
+                    self.unknown.append((t["topic_id"], [p["partition"] for p in t["partitions"]]))
+                else:
+                    self.ids[name] = t["topic_id"]
+                    known.append(dict(t, topic=name))
+            topics = known
         self.topics = [(t["topic"], [(p["partition"], p.get("current_leader_epoch", -1), p["fetch_offset"],
                                       p.get("log_start_offset", -1), p["partition_max_bytes"])
-                                     for p in t["partitions"]]) for t in body["topics"]]
+                                     for p in t["partitions"]]) for t in topics]
+
+
+# Fetch v0-3 answers carry magic 0/1 message sets, which kbroker does not convert to (it stores RecordBatch
+# v2 only): every partition is answered UNSUPPORTED_VERSION, as Kafka with message.downconversion.enable=false.
+FETCH_MIN_CONVERTED = 4
 
 
 def fetch(broker, header, body, conn=None):
     """The reference path: the generic codec's dict in, a response dict out."""
-    out = execute(broker, _Args(body), _as_dict, refused_by=conn)
+    version = header.api_version
+    if version < FETCH_MIN_CONVERTED:
+        return {"throttle_time_ms": 0, "responses": [
+            {"topic": t["topic"], "partitions": [_row_dict([p["partition"], int(Errors.UNSUPPORTED_VERSION),
+                                                            -1, -1, -1, b""]) for p in t["partitions"]]}
+            for t in body["topics"]]}
+    args = _Args(body, version, broker.metadata.topic_ids)
+    if version < 13:
+        answer = _as_dict
+    else:
+        listener = getattr(conn, "listener_name", None)
+
+        def answer(out):
+            return _as_dict_by_id(broker, listener, version, args, out)
+    out = execute(broker, args, answer, refused_by=conn)
     if type(out) is tuple:
-        return _as_dict(out)
+        return answer(out)
     return out
 
 
@@ -95,6 +131,26 @@ def _as_dict(out):
     code, rows = out
     return {"throttle_time_ms": 0, "error_code": code, "session_id": 0, "responses": [
         {"topic": name, "partitions": [_row_dict(res) for res in parts]} for name, parts in rows]}
+
+
+def _as_dict_by_id(broker, listener, version, args, out):
+    """v13+: topics by id, unknown ids' partitions UNKNOWN_TOPIC_ID; v16+ (KIP-951) rows refused as not
+    (or no longer) led here name the current leader, and the answer its address."""
+    body = _as_dict(out)
+    leaders = set()
+    for t in body["responses"]:
+        name = t.pop("topic")
+        t["topic_id"] = args.ids[name]
+        if version >= 16:
+            for row in t["partitions"]:
+                if row["error_code"] in leader_hints.FETCH_CODES:
+                    row["current_leader"] = leader_hints.current_leader(broker, name, row["partition_index"])
+                    leaders.add(row["current_leader"]["leader_id"])
+    body["responses"] += [{"topic_id": tid, "partitions": [
+        _row_dict([p, int(Errors.UNKNOWN_TOPIC_ID), -1, -1, -1, b""]) for p in parts]} for tid, parts in args.unknown]
+    if leaders:
+        body["node_endpoints"] = leader_hints.node_endpoints(broker, listener, leaders)
+    return body
 
 
 def _row_dict(res):
