@@ -421,8 +421,10 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _known("replica.high.watermark.checkpoint.interval.ms", "long", 5000,
            why="high watermarks are checkpointed with the recovery points "
                "(log.flush.offset.checkpoint.interval.ms)"),
-    _known("replica.selector.class", "string", None,
-           why="consumers always fetch from the leader (no KIP-392 replica selection)"),
+    _impl("replica.selector.class", "string", None, one_of("org.apache.kafka.common.replica.RackAwareReplicaSelector", ""),
+          doc="KIP-392: Kafka's RackAwareReplicaSelector (the one selector kbroker has): a leader names an in-sync "
+              "follower in a consumer's client.rack as its preferred read replica; unset = consumers read from "
+              "the leader (followers serve Fetch v11+ consumers either way)"),
     _known("fetch.purgatory.purge.interval.requests", "int", 1000),
     _known("producer.purgatory.purge.interval.requests", "int", 1000),
     _known("delete.records.purgatory.purge.interval.requests", "int", 1),

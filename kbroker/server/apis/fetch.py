@@ -14,17 +14,19 @@ import time
 from ..._native.request import encode_fetch_response
 from ...log.errors import OffsetOutOfRange
 from ...network.connection import EncodeOffLoop
+from ...protocol import api
 from ...protocol.errors import Errors
 from ...protocol.types import FileRegions
 from ...record import BatchError
 from ...replica.longpoll import long_poll
 from ...replica.partition import follower_key
-from . import authz, leader_hints, offset_queries
+from . import authz, leader_hints, offset_queries, replica_selector
 
 # ListOffsets' special timestamps; earliest-local (KIP-405) and latest-tiered (KIP-1005) answer as a broker
 # without tiered storage: every record is local (the log start) and none is tiered (offset -1).
 LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -1, -2, -3, -4, -5
 _DENIED = int(Errors.TOPIC_AUTHORIZATION_FAILED)
+_NOT_LEADER = Errors.NOT_LEADER_OR_FOLLOWER
 
 
 # The API table's handlers (kbroker/server/apis/__init__.py).
@@ -72,7 +74,7 @@ class _Args:
     does not know, (topic_id, [partition, ...]) each."""
 
     __slots__ = ("replica_id", "max_wait_ms", "min_bytes", "max_bytes", "isolation_level", "session_id", "topics",
-                 "ids", "unknown")
+                 "ids", "unknown", "api_version", "rack_id")
 
     def __init__(self, body, version=11, topic_ids=None):
         # v15+ carries the follower's id in replica_state (KIP-903)
@@ -82,6 +84,8 @@ class _Args:
         self.max_bytes = body.get("max_bytes", 0x7FFFFFFF)
         self.isolation_level = body.get("isolation_level", 0)
         self.session_id = body["session_id"]
+        self.api_version = version
+        self.rack_id = body.get("rack_id", "")
         self.ids = {}
         self.unknown = []
         topics = body["topics"]
@@ -156,7 +160,8 @@ def _as_dict_by_id(broker, listener, version, args, out):
 def _row_dict(res):
     aborted = res[6] if len(res) > 6 else None          # read_committed rows carry a 7th field
     return {"partition_index": res[0], "error_code": res[1], "high_watermark": res[2],
-            "last_stable_offset": res[3], "log_start_offset": res[4], "preferred_read_replica": -1,
+            "last_stable_offset": res[3], "log_start_offset": res[4],
+            "preferred_read_replica": res[7] if len(res) > 7 else -1,
             "records": res[5], "aborted_transactions": None if aborted is None else
             [{"producer_id": e[0], "first_offset": e[1]} for e in aborted]}
 
@@ -173,7 +178,7 @@ def handle_native(broker, conn, req):
         return _poll_recorded(broker, req, conn)
     if req.session_id == 0 and req.replica_id < 0:
         refused = _refused(broker, conn, req)
-        rows, size, errors = _read(broker, req, False, refused)
+        rows, size, errors = _read(broker, req, False, refused, conn)
         if size >= req.min_bytes or req.max_wait_ms <= 0 or errors:
             return _encode(conn, req, (0, rows))
         return _poll(broker, req, False, _encode, conn, refused)
@@ -184,6 +189,9 @@ def handle_native(broker, conn, req):
 
 
 def _encode(conn, req, out):
+    if req.rack_id and any(len(res) > 7 for _name, parts in out[1] for res in parts):
+        # KIP-392 rows name a preferred read replica, which the native encoder leaves at -1
+        return api.encode_response(api.ApiKey.FETCH, req.api_version, req.correlation_id, _as_dict(out))
     chunks, copied = encode_fetch_response(req.api_version, req.correlation_id, out[0], out[1],
                                            conn.server.sendfile_min_bytes)
     if copied:
@@ -209,7 +217,7 @@ def execute(broker, req, answer=None, conn=None, refused_by=None):
     refused = _refused(broker, refused_by, req)
     # A follower's fetch offset is its log end offset: the first read records it (HW and ISR
     # bookkeeping) for each partition it may read; the long poll's re-reads do not.
-    rows, size, errors = _read(broker, req, follower, refused)
+    rows, size, errors = _read(broker, req, follower, refused, refused_by)
     if size >= req.min_bytes or req.max_wait_ms <= 0 or errors:
         return (0, rows)
     return _poll(broker, req, follower, answer, conn, refused)
@@ -234,7 +242,7 @@ def _poll(broker, req, follower, answer, conn, refused=_NONE):
         def done(res):
             return answer((0, res[0]))
     return long_poll(broker.notifier, tps, broker.notifier.waiter(tps), req.max_wait_ms / 1000,
-                     lambda: _read(broker, req, False, refused), lambda res: res[1] >= min_bytes or res[2], done)
+                     lambda: _read(broker, req, False, refused, conn), lambda res: res[1] >= min_bytes or res[2], done)
 
 
 def _poll_recorded(broker, req, conn):
@@ -263,7 +271,7 @@ def _poll_recorded(broker, req, conn):
 _RESPONSE_DATA_CEILING = 0x7FFFFFFF - (64 << 20)
 
 
-def _read(broker, req, record=False, refused=_NONE):
+def _read(broker, req, record=False, refused=_NONE, conn=None):
     """Read every requested partition -> (rows, total bytes, any error). ``record``: first read of
     a follower's fetch, recorded (ReplicaManager.record_follower_fetch) before the partition is read,
     so the answer carries the high watermark that fetch moved. ``refused``: topics answered
@@ -271,6 +279,10 @@ def _read(broker, req, record=False, refused=_NONE):
     other partitions are waited for, as Kafka)."""
     replica_id = req.replica_id
     follower = replica_id >= 0
+    # KIP-392: a consumer's rack, when the leader picks a preferred read replica for it
+    rack = req.rack_id if req.api_version >= replica_selector.FIRST_VERSION and req.rack_id \
+        and replica_selector.enabled(broker) else None
+    listener = getattr(conn, "listener_name", None) if rack else None
     # As Kafka: the request's max_bytes, capped by fetch.max.bytes for consumers and by
     # replica.fetch.response.max.bytes for followers (a broker key the request cannot raise).
     # (Conditional expressions rather than min(): builtin min costs ~800 instructions a call in 3.11.)
@@ -302,6 +314,16 @@ def _read(broker, req, record=False, refused=_NONE):
             part, err = rm.fetch_partition((name, index), leader_epoch)     # KIP-320 epoch checks
             if not err and follower and replica_id not in part.replicas:
                 err = Errors.NOT_LEADER_OR_FOLLOWER      # only assigned replicas read past the HW
+            elif err == _NOT_LEADER and part is not None and not follower and part.leader_id >= 0 \
+                    and part.fenced_epoch < 0 and req.api_version >= replica_selector.FIRST_VERSION:
+                err = 0             # KIP-392: a follower serves consumers, up to its high watermark
+            elif not err and rack and not follower:
+                preferred = replica_selector.preferred_read_replica(broker, part, fetch_offset, rack, listener)
+                if preferred >= 0:      # the consumer's rack has it: offsets only, answered at once
+                    _offsets(res, part.log)
+                    res += [None, preferred]
+                    errors = True
+                    continue
             if err:
                 if part is None and broker.metadata.partition(name, index) is None:
                     err = Errors.UNKNOWN_TOPIC_OR_PARTITION
