@@ -1,7 +1,7 @@
 # Included by request.pyx: the Fetch fast path and the follower high-watermark advance.
 
 # dispatch_frames serves a Fetch v4-11 frame here when it is the common consumer request: replica_id < 0,
-# no fetch session, no forgotten topics, any rack id (no replica selector: fetch.py ignores it), any
+# no fetch session, no forgotten topics, any rack id (an empty one with a replica selector set), any
 # number of topics and partitions, each partition's leader slot (FastLeader, the one the Produce path
 # uses: armed and disarmed by the ReplicaManager on leadership changes) armed, current_leader_epoch -1
 # or the slot's, log start <= fetch_offset <= log end, a read (fetch_offset < high watermark) in the
@@ -219,6 +219,9 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
         if rack_len < 0 or size - pos - 2 < rack_len:
             return 0
         if rack_len:
+            # KIP-392: with a replica selector the leader may name another replica: Python's answer
+            if ff.config_values.get("replica.selector.class") is not None:
+                return 0
             rack = _utf8(f + pos + 2, rack_len)
             if rack is _REFUSED:
                 return 0

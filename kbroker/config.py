@@ -383,6 +383,10 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _impl("kbroker.log.writer.offload.bytes", "int", 1 << 20, at_least(0),
           doc="a producer batch of at least this size is written by its log dir's writer thread while the "
               "loop goes on receiving; its offsets are visible (and acknowledged) once written. 0 = never"),
+    _impl("kbroker.protocol.flexible.data.versions.enable", "boolean", False,
+          doc="advertise Produce v9-11 and Fetch v12-17 (Kafka 3.9's newest: topic ids, KIP-951 leader hints); "
+              "they are served by the Python reference path, not the native one, so clients that pick them "
+              "cost more CPU per request. false = Produce up to v8 and Fetch up to v11"),
     _impl("kbroker.zookeeper.session.fencing.enable", "boolean", True,
           doc="kbroker's own (Kafka has none): a broker cut from ZooKeeper for about its session timeout "
               "stops leading its partitions (clients get NOT_LEADER_OR_FOLLOWER and find the new leader) until "
@@ -419,8 +423,10 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _known("replica.high.watermark.checkpoint.interval.ms", "long", 5000,
            why="high watermarks are checkpointed with the recovery points "
                "(log.flush.offset.checkpoint.interval.ms)"),
-    _known("replica.selector.class", "string", None,
-           why="consumers always fetch from the leader (no KIP-392 replica selection)"),
+    _impl("replica.selector.class", "string", None, one_of("org.apache.kafka.common.replica.RackAwareReplicaSelector", ""),
+          doc="KIP-392: Kafka's RackAwareReplicaSelector (the one selector kbroker has): a leader names an in-sync "
+              "follower in a consumer's client.rack as its preferred read replica; unset = consumers read from "
+              "the leader (followers serve Fetch v11+ consumers either way)"),
     _known("fetch.purgatory.purge.interval.requests", "int", 1000),
     _known("producer.purgatory.purge.interval.requests", "int", 1000),
     _known("delete.records.purgatory.purge.interval.requests", "int", 1),

@@ -49,6 +49,7 @@ from ..coordinator.transaction.coordinator import TransactionCoordinator  # noqa
 class Broker:
     def __init__(self, config: BrokerConfig):
         self.config = config
+        apis.advertise_newest(config.get("kbroker.protocol.flexible.data.versions.enable"))
         self.broker_id = config.broker_id
         self.cluster_id: str | None = None
         self.metadata = MetadataCache()

@@ -50,7 +50,7 @@ def test_kafka_python_sees_the_table(cluster):
     assert seen == TABLE_RANGES
 
 
-@pytest.mark.parametrize("version", [0, 1, 2, 3])
+@pytest.mark.parametrize("version", range(5))
 def test_api_versions_every_version_answers_the_table(cluster, version):
     with RawConn(cluster.bootstrap) as raw:
         resp = raw.request(ApiKey.API_VERSIONS, version, {"client_software_name": "t",
@@ -62,16 +62,19 @@ def test_api_versions_every_version_answers_the_table(cluster, version):
 
 
 def test_api_versions_too_new_gets_our_range(cluster):
-    """KIP-511: v4 (unknown to us) is answered in v0 with UNSUPPORTED_VERSION and the table's
-    ApiVersions row."""
+    """KIP-511: v5 (unknown to us and to Kafka 3.9) is answered in v0 with UNSUPPORTED_VERSION and the
+    table's ApiVersions row."""
     with RawConn(cluster.bootstrap) as raw:
         raw.correlation += 1
-        raw.send(api.encode_request(ApiKey.API_VERSIONS, 4, raw.correlation, "t",
-                                    {"client_software_name": "t", "client_software_version": "1"}))
+        # a v4 request (header v2, as a client sends its newest) under a v5 header
+        frame = bytearray(api.encode_request(ApiKey.API_VERSIONS, 4, raw.correlation, "t",
+                                             {"client_software_name": "t", "client_software_version": "1"}))
+        frame[6:8] = (5).to_bytes(2, "big")
+        raw.send(bytes(frame))
         cid, resp = api.decode_response(ApiKey.API_VERSIONS, 0, raw.recv_frame())
     assert cid == raw.correlation
     assert resp["error_code"] == Errors.UNSUPPORTED_VERSION
-    assert resp["api_keys"] == [{"api_key": ApiKey.API_VERSIONS, "min_version": 0, "max_version": 3}]
+    assert resp["api_keys"] == [{"api_key": ApiKey.API_VERSIONS, "min_version": 0, "max_version": 4}]
 
 
 # Request bodies that reach each handler without changing the cluster (schema defaults fill the

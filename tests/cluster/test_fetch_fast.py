@@ -542,15 +542,16 @@ def test_rf3_consumer_never_sees_past_the_hw(three):
 
 @pytest.mark.slow
 def test_rf3_leadership_move(three):
-    """Leadership moves away: the old leader answers NOT_LEADER_OR_FOLLOWER (Python), the new leader
-    serves natively with the new epoch and fences the old one."""
+    """Leadership moves away: the old leader answers NOT_LEADER_OR_FOLLOWER to Fetch v10 and serves v11 as a
+    follower (KIP-392; Python), the new leader serves natively with the new epoch and fences the old one.
+    (The waits use v10, which only a leader answers.)"""
     from confluent_kafka import ElectionType
     c, ports = three
     topic = rf3_topic(c, leader=1)
     c.stop_broker(1)
     c.start_broker(1)
     with leader_conn(c, 0) as conn:
-        wait_until(lambda: fetch_raw(conn, topic, 0)["error_code"] == 0, 30, "broker 0 leads")
+        wait_until(lambda: fetch_raw(conn, topic, 0, version=10)["error_code"] == 0, 30, "broker 0 leads")
         with Fetches(ports[0]) as d:
             assert fetch_raw(conn, topic, 0, epoch=1)["error_code"] == 0
         assert d.fast == 1
@@ -568,13 +569,14 @@ def test_rf3_leadership_move(three):
         return True
     wait_until(elected, 60, "the preferred leader elected")
     with leader_conn(c, 0) as conn:
-        wait_until(lambda: fetch_raw(conn, topic, 0)["error_code"] == NOT_LEADER_OR_FOLLOWER, 30,
+        wait_until(lambda: fetch_raw(conn, topic, 0, version=10)["error_code"] == NOT_LEADER_OR_FOLLOWER, 30,
                    "the old leader refuses")
         with Fetches(ports[0]) as d:
-            assert fetch_raw(conn, topic, 0)["error_code"] == NOT_LEADER_OR_FOLLOWER
+            assert fetch_raw(conn, topic, 0, version=10)["error_code"] == NOT_LEADER_OR_FOLLOWER
+            assert fetch_raw(conn, topic, 0)["error_code"] == 0
         assert d.fast == 0
     with leader_conn(c, 1) as conn:
-        wait_until(lambda: fetch_raw(conn, topic, 0)["error_code"] == 0, 30, "the new leader")
+        wait_until(lambda: fetch_raw(conn, topic, 0, version=10)["error_code"] == 0, 30, "the new leader")
         with Fetches(ports[1]) as d:
             fenced = fetch_raw(conn, topic, 0, epoch=1)
             ok = fetch_raw(conn, topic, 0, epoch=2)

@@ -61,10 +61,13 @@ K = ApiKey
 TABLE: tuple[Api, ...] = (
     # Advertised from v0 (librdkafka 2.0 disables compression when Produce min > 0); requests below
     # api.PRODUCE_MIN_SERVED (v3, the first to carry magic-2 batches) get UNSUPPORTED_VERSION.
+    # Produce v9-11 / Fetch v12-17 (flexible) are served by the reference path only: advertised when
+    # kbroker.protocol.flexible.data.versions.enable is set (NEWEST below), so clients keep the native path.
     Api(K.PRODUCE, 0, 8, produce.handle),
-    Api(K.FETCH, 4, 11, fetch.handle),
-    Api(K.LIST_OFFSETS, 1, 5, fetch.handle_list_offsets),
-    Api(K.METADATA, 0, 8, core.metadata),
+    # v0-3 answers would need magic 0/1 message sets: each partition gets UNSUPPORTED_VERSION (fetch.py).
+    Api(K.FETCH, 0, 11, fetch.handle),
+    Api(K.LIST_OFFSETS, 0, 9, fetch.handle_list_offsets),
+    Api(K.METADATA, 0, 12, core.metadata),
     # Controller -> broker (ZooKeeper mode): the versions our controller sends.
     Api(K.LEADER_AND_ISR, 5, 5, _leader_and_isr),
     Api(K.STOP_REPLICA, 3, 3, _stop_replica),
@@ -79,13 +82,13 @@ TABLE: tuple[Api, ...] = (
     Api(K.SYNC_GROUP, 0, 5, groups.sync_group),
     Api(K.DESCRIBE_GROUPS, 0, 5, groups.describe_groups),
     Api(K.LIST_GROUPS, 0, 5, groups.list_groups),
-    # v4 requests get the KIP-511 answer (v0 body, UNSUPPORTED_VERSION, our range).
-    Api(K.API_VERSIONS, 0, 3, core.api_versions),
+    # Newer requests get the KIP-511 answer (v0 body, UNSUPPORTED_VERSION, our range).
+    Api(K.API_VERSIONS, 0, 4, core.api_versions),
     Api(K.CREATE_TOPICS, 0, 7, admin.create_topics),
     Api(K.DELETE_TOPICS, 0, 6, admin.delete_topics),
     Api(K.DELETE_RECORDS, 0, 2, log_admin.delete_records),
-    Api(K.INIT_PRODUCER_ID, 0, 4, producer_ids.init_producer_id),
-    Api(K.OFFSET_FOR_LEADER_EPOCH, 2, 3, fetch.handle_offset_for_leader_epoch),
+    Api(K.INIT_PRODUCER_ID, 0, 5, producer_ids.init_producer_id),
+    Api(K.OFFSET_FOR_LEADER_EPOCH, 0, 4, fetch.handle_offset_for_leader_epoch),
     # Transactions (coordinator side); AddPartitionsToTxn v4 is the leaders' KIP-890 verification.
     Api(K.ADD_PARTITIONS_TO_TXN, 0, 4, transactions.add_partitions_to_txn),
     Api(K.ADD_OFFSETS_TO_TXN, 0, 3, transactions.add_offsets_to_txn),
@@ -139,6 +142,17 @@ def index(rows) -> dict[ApiKey, Api]:
 APIS: dict[ApiKey, Api] = index(TABLE)
 api.SUPPORTED.clear()
 api.SUPPORTED.update({row.key: (row.min_version, row.max_version) for row in TABLE})
+
+
+# The newest versions Kafka 3.9 serves of the APIs whose TABLE row stops at what the native path parses.
+NEWEST: dict[ApiKey, int] = {ApiKey.PRODUCE: 11, ApiKey.FETCH: 17}
+
+
+def advertise_newest(enabled: bool) -> None:
+    """At broker start: advertise (and accept) NEWEST's versions too, or only TABLE's."""
+    for key, newest in NEWEST.items():
+        row = APIS[key]
+        api.SUPPORTED[key] = (row.min_version, newest if enabled else row.max_version)
 
 
 def dispatch(broker) -> dict[int, Callable]:

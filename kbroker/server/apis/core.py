@@ -57,6 +57,13 @@ def _answer(broker, conn, header, body):
         # null (v1+) or empty (v0): all topics, those the client may not Describe left out (Kafka)
         hidden = authz.refused(broker, conn, authz.DESCRIBE, authz.TOPIC, md.topics)
         return _metadata_response(broker, sorted(n for n in md.topics if n not in hidden), listener)
+    if version >= 10:
+        # Names may be null and ids set only from v12 (Kafka refuses the request before); a request
+        # naming any topic id looks topics up by id, unknown ids answered UNKNOWN_TOPIC_ID.
+        if any(t["name"] is None or t["topic_id"] != _ZERO_ID for t in requested) and version < 12:
+            return _invalid(broker, requested, listener)
+        if any(t["topic_id"] != _ZERO_ID for t in requested):
+            return _by_id(broker, conn, requested, listener)
     names = [t["name"] for t in requested]
     # A named topic the client may not Describe, or may not create when it is missing and would be
     # auto-created, is answered TOPIC_AUTHORIZATION_FAILED (Kafka).
@@ -69,6 +76,31 @@ def _answer(broker, conn, header, body):
     if missing and allow:
         return _auto_create_then_answer(broker, names, missing, refused, listener)
     return _metadata_response(broker, names, listener, refused=refused)
+
+
+_ZERO_ID = bytes(16)
+
+
+def _invalid(broker, requested, listener):
+    # (an answer's name is nullable only from v12: a null asked for is answered "")
+    return _response(broker, [{"error_code": int(Errors.INVALID_REQUEST), "name": t["name"] or "",
+                               "topic_id": t["topic_id"], "partitions": []} for t in requested], listener)
+
+
+def _by_id(broker, conn, requested, listener):
+    """Metadata v12 by topic id: known ids answered under their names (no auto-creation: an id names an
+    existing topic); ids the client may not Describe TOPIC_AUTHORIZATION_FAILED with a null name (ids
+    are not secret, names are); unknown ids UNKNOWN_TOPIC_ID."""
+    md = broker.metadata
+    ids = list(dict.fromkeys(bytes(t["topic_id"]) for t in requested if t["topic_id"] != _ZERO_ID))
+    known = [md.topic_ids[i] for i in ids if i in md.topic_ids]
+    refused = authz.refused(broker, conn, authz.DESCRIBE, authz.TOPIC, known)
+    topics = [{"error_code": int(Errors.UNKNOWN_TOPIC_ID), "name": None, "topic_id": i, "partitions": []}
+              for i in ids if i not in md.topic_ids]
+    topics += [_topic(broker, n, ()) for n in known if n not in refused]
+    topics += [{"error_code": int(Errors.TOPIC_AUTHORIZATION_FAILED), "name": None,
+                "topic_id": md.topics[n].topic_id, "partitions": []} for n in known if n in refused]
+    return _response(broker, topics, listener)
 
 
 async def _after_first_update(broker, conn, header, body):

@@ -9,19 +9,24 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import time
 
 from ..._native.request import encode_fetch_response
 from ...log.errors import OffsetOutOfRange
 from ...network.connection import EncodeOffLoop
+from ...protocol import api
 from ...protocol.errors import Errors
 from ...protocol.types import FileRegions
 from ...record import BatchError
 from ...replica.longpoll import long_poll
 from ...replica.partition import follower_key
-from . import authz
+from . import authz, leader_hints, offset_queries, replica_selector
 
-LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
+# ListOffsets' special timestamps; earliest-local (KIP-405) and latest-tiered (KIP-1005) answer as a broker
+# without tiered storage: every record is local (the log start) and none is tiered (offset -1).
+LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -1, -2, -3, -4, -5
 _DENIED = int(Errors.TOPIC_AUTHORIZATION_FAILED)
+_NOT_LEADER = Errors.NOT_LEADER_OR_FOLLOWER
 
 
 # The API table's handlers (kbroker/server/apis/__init__.py).
@@ -64,27 +69,65 @@ def _leader_log(broker, topic, partition, current_leader_epoch=-1):
 class _Args:
     """The fields of a Fetch request the policy reads, in the shape the native parser gives them
     (kbroker._native.request.FetchRequest): topics = [(name, [(partition, current_leader_epoch,
-    fetch_offset, log_start_offset, partition_max_bytes), ...]), ...]."""
+    fetch_offset, log_start_offset, partition_max_bytes), ...]), ...]. v13+ names topics by id: ``ids``
+    maps the names of known ids back to them, ``unknown`` lists the request's topics whose id this broker
+    does not know, (topic_id, [partition, ...]) each."""
 
-    __slots__ = ("replica_id", "max_wait_ms", "min_bytes", "max_bytes", "isolation_level", "session_id", "topics")
+    __slots__ = ("replica_id", "max_wait_ms", "min_bytes", "max_bytes", "isolation_level", "session_id", "topics",
+                 "ids", "unknown", "api_version", "rack_id")
 
-    def __init__(self, body):
-        self.replica_id = body.get("replica_id", -1)   # v15+ would carry it in replica_state; we serve <= 11
+    def __init__(self, body, version=11, topic_ids=None):
+        # v15+ carries the follower's id in replica_state (KIP-903)
+        self.replica_id = body["replica_state"]["replica_id"] if version >= 15 else body.get("replica_id", -1)
         self.max_wait_ms = body["max_wait_ms"]
         self.min_bytes = body["min_bytes"]
         self.max_bytes = body.get("max_bytes", 0x7FFFFFFF)
         self.isolation_level = body.get("isolation_level", 0)
         self.session_id = body["session_id"]
+        self.api_version = version
+        self.rack_id = body.get("rack_id", "")
+        self.ids = {}
+        self.unknown = []
+        topics = body["topics"]
+        if version >= 13:
+            known = []
+            for t in topics:
+                name = topic_ids.get(bytes(t["topic_id"]))
+                if name is None:
+                    self.unknown.append((t["topic_id"], [p["partition"] for p in t["partitions"]]))
+                else:
+                    self.ids[name] = t["topic_id"]
+                    known.append(dict(t, topic=name))
+            topics = known
         self.topics = [(t["topic"], [(p["partition"], p.get("current_leader_epoch", -1), p["fetch_offset"],
                                       p.get("log_start_offset", -1), p["partition_max_bytes"])
-                                     for p in t["partitions"]]) for t in body["topics"]]
+                                     for p in t["partitions"]]) for t in topics]
+
+
+# Fetch v0-3 answers carry magic 0/1 message sets, which kbroker does not convert to (it stores RecordBatch
+# v2 only): every partition is answered UNSUPPORTED_VERSION, as Kafka with message.downconversion.enable=false.
+FETCH_MIN_CONVERTED = 4
 
 
 def fetch(broker, header, body, conn=None):
     """The reference path: the generic codec's dict in, a response dict out."""
-    out = execute(broker, _Args(body), _as_dict, refused_by=conn)
+    version = header.api_version
+    if version < FETCH_MIN_CONVERTED:
+        return {"throttle_time_ms": 0, "responses": [
+            {"topic": t["topic"], "partitions": [_row_dict([p["partition"], int(Errors.UNSUPPORTED_VERSION),
+                                                            -1, -1, -1, b""]) for p in t["partitions"]]}
+            for t in body["topics"]]}
+    args = _Args(body, version, broker.metadata.topic_ids)
+    if version < 13:
+        answer = _as_dict
+    else:
+        listener = getattr(conn, "listener_name", None)
+
+        def answer(out):
+            return _as_dict_by_id(broker, listener, version, args, out)
+    out = execute(broker, args, answer, refused_by=conn)
     if type(out) is tuple:
-        return _as_dict(out)
+        return answer(out)
     return out
 
 
@@ -94,10 +137,31 @@ def _as_dict(out):
         {"topic": name, "partitions": [_row_dict(res) for res in parts]} for name, parts in rows]}
 
 
+def _as_dict_by_id(broker, listener, version, args, out):
+    """v13+: topics by id, unknown ids' partitions UNKNOWN_TOPIC_ID; v16+ (KIP-951) rows refused as not
+    (or no longer) led here name the current leader, and the answer its address."""
+    body = _as_dict(out)
+    leaders = set()
+    for t in body["responses"]:
+        name = t.pop("topic")
+        t["topic_id"] = args.ids[name]
+        if version >= 16:
+            for row in t["partitions"]:
+                if row["error_code"] in leader_hints.FETCH_CODES:
+                    row["current_leader"] = leader_hints.current_leader(broker, name, row["partition_index"])
+                    leaders.add(row["current_leader"]["leader_id"])
+    body["responses"] += [{"topic_id": tid, "partitions": [
+        _row_dict([p, int(Errors.UNKNOWN_TOPIC_ID), -1, -1, -1, b""]) for p in parts]} for tid, parts in args.unknown]
+    if leaders:
+        body["node_endpoints"] = leader_hints.node_endpoints(broker, listener, leaders)
+    return body
+
+
 def _row_dict(res):
     aborted = res[6] if len(res) > 6 else None          # read_committed rows carry a 7th field
     return {"partition_index": res[0], "error_code": res[1], "high_watermark": res[2],
-            "last_stable_offset": res[3], "log_start_offset": res[4], "preferred_read_replica": -1,
+            "last_stable_offset": res[3], "log_start_offset": res[4],
+            "preferred_read_replica": res[7] if len(res) > 7 else -1,
             "records": res[5], "aborted_transactions": None if aborted is None else
             [{"producer_id": e[0], "first_offset": e[1]} for e in aborted]}
 
@@ -114,7 +178,7 @@ def handle_native(broker, conn, req):
         return _poll_recorded(broker, req, conn)
     if req.session_id == 0 and req.replica_id < 0:
         refused = _refused(broker, conn, req)
-        rows, size, errors = _read(broker, req, False, refused)
+        rows, size, errors = _read(broker, req, False, refused, conn)
         if size >= req.min_bytes or req.max_wait_ms <= 0 or errors:
             return _encode(conn, req, (0, rows))
         return _poll(broker, req, False, _encode, conn, refused)
@@ -125,6 +189,9 @@ def handle_native(broker, conn, req):
 
 
 def _encode(conn, req, out):
+    if req.rack_id and any(len(res) > 7 for _name, parts in out[1] for res in parts):
+        # KIP-392 rows name a preferred read replica, which the native encoder leaves at -1
+        return api.encode_response(api.ApiKey.FETCH, req.api_version, req.correlation_id, _as_dict(out))
     chunks, copied = encode_fetch_response(req.api_version, req.correlation_id, out[0], out[1],
                                            conn.server.sendfile_min_bytes)
     if copied:
@@ -150,7 +217,7 @@ def execute(broker, req, answer=None, conn=None, refused_by=None):
     refused = _refused(broker, refused_by, req)
     # A follower's fetch offset is its log end offset: the first read records it (HW and ISR
     # bookkeeping) for each partition it may read; the long poll's re-reads do not.
-    rows, size, errors = _read(broker, req, follower, refused)
+    rows, size, errors = _read(broker, req, follower, refused, refused_by)
     if size >= req.min_bytes or req.max_wait_ms <= 0 or errors:
         return (0, rows)
     return _poll(broker, req, follower, answer, conn, refused)
@@ -175,7 +242,7 @@ def _poll(broker, req, follower, answer, conn, refused=_NONE):
         def done(res):
             return answer((0, res[0]))
     return long_poll(broker.notifier, tps, broker.notifier.waiter(tps), req.max_wait_ms / 1000,
-                     lambda: _read(broker, req, False, refused), lambda res: res[1] >= min_bytes or res[2], done)
+                     lambda: _read(broker, req, False, refused, conn), lambda res: res[1] >= min_bytes or res[2], done)
 
 
 def _poll_recorded(broker, req, conn):
@@ -204,7 +271,7 @@ def _poll_recorded(broker, req, conn):
 _RESPONSE_DATA_CEILING = 0x7FFFFFFF - (64 << 20)
 
 
-def _read(broker, req, record=False, refused=_NONE):
+def _read(broker, req, record=False, refused=_NONE, conn=None):
     """Read every requested partition -> (rows, total bytes, any error). ``record``: first read of
     a follower's fetch, recorded (ReplicaManager.record_follower_fetch) before the partition is read,
     so the answer carries the high watermark that fetch moved. ``refused``: topics answered
@@ -212,6 +279,10 @@ def _read(broker, req, record=False, refused=_NONE):
     other partitions are waited for, as Kafka)."""
     replica_id = req.replica_id
     follower = replica_id >= 0
+    # KIP-392: a consumer's rack, when the leader picks a preferred read replica for it
+    rack = req.rack_id if req.api_version >= replica_selector.FIRST_VERSION and req.rack_id \
+        and replica_selector.enabled(broker) else None
+    listener = getattr(conn, "listener_name", None) if rack else None
     # As Kafka: the request's max_bytes, capped by fetch.max.bytes for consumers and by
     # replica.fetch.response.max.bytes for followers (a broker key the request cannot raise).
     # (Conditional expressions rather than min(): builtin min costs ~800 instructions a call in 3.11.)
@@ -243,6 +314,16 @@ def _read(broker, req, record=False, refused=_NONE):
             part, err = rm.fetch_partition((name, index), leader_epoch)     # KIP-320 epoch checks
             if not err and follower and replica_id not in part.replicas:
                 err = Errors.NOT_LEADER_OR_FOLLOWER      # only assigned replicas read past the HW
+            elif err == _NOT_LEADER and part is not None and not follower and part.leader_id >= 0 \
+                    and part.fenced_epoch < 0 and req.api_version >= replica_selector.FIRST_VERSION:
+                err = 0             # KIP-392: a follower serves consumers, up to its high watermark
+            elif not err and rack and not follower:
+                preferred = replica_selector.preferred_read_replica(broker, part, fetch_offset, rack, listener)
+                if preferred >= 0:      # the consumer's rack has it: offsets only, answered at once
+                    _offsets(res, part.log)
+                    res += [None, preferred]
+                    errors = True
+                    continue
             if err:
                 if part is None and broker.metadata.partition(name, index) is None:
                     err = Errors.UNKNOWN_TOPIC_OR_PARTITION
@@ -336,6 +417,8 @@ PARTITIONS_PER_TURN = 2000
 
 def list_offsets(broker, header, body, conn=None):
     refused = authz.refused(broker, conn, authz.DESCRIBE, authz.TOPIC, [t["name"] for t in body["topics"]])
+    if header.api_version == 0:
+        return _list_offsets_v0(broker, body, refused)
     n = sum(len(t["partitions"]) for t in body["topics"])
     if n > PARTITIONS_PER_TURN:
         return _list_offsets_sliced(broker, body, refused)
@@ -401,21 +484,52 @@ def _list_offset(broker, name, p, duplicates, isolation=0, refused=_NONE):
     if ts == LATEST:
         res["offset"] = lg.last_stable_offset if isolation == 1 else lg.high_watermark
         res["leader_epoch"] = pinfo.leader_epoch
-    elif ts == EARLIEST:
+    elif ts == EARLIEST or ts == EARLIEST_LOCAL:
         res["offset"] = lg.log_start_offset
         res["leader_epoch"] = pinfo.leader_epoch
+    elif ts == LATEST_TIERED:
+        pass                    # nothing is tiered: offset -1, as Kafka without remote storage
     else:
         try:
-            found = lg.offset_for_timestamp(ts)
+            # KIP-734's max timestamp carries its batch's epoch, a time lookup the current one
+            if ts == MAX_TIMESTAMP:
+                found = offset_queries.max_timestamp(lg)
+            else:
+                found = lg.offset_for_timestamp(ts)
+                found = None if found is None else (found[0], found[1], pinfo.leader_epoch)
         except BatchError as e:
             # e.g. a stored batch that inflates past the decompression cap: an error code for
             # this partition, not an exception that closes the connection
             res["error_code"] = int(e.error_code)
             return res
         if found is not None and found[0] < (lg.last_stable_offset if isolation == 1 else lg.high_watermark):
-            res["offset"], res["timestamp"] = found[0], found[1]
-            res["leader_epoch"] = pinfo.leader_epoch
+            res["offset"], res["timestamp"], res["leader_epoch"] = found
     return res
+
+
+def _list_offsets_v0(broker, body, refused):
+    """v0: each partition's ``old_style_offsets`` (offset_queries.legacy_offsets_before), consumers' capped
+    by the high watermark. Errors as Kafka's v0 answers them: no offsets, the partition's error code."""
+    consumer = body.get("replica_id", -1) == -1
+    now = int(time.time() * 1000)
+    topics = []
+    for t in body["topics"]:
+        name = t["name"]
+        parts = []
+        for p in t["partitions"]:
+            res = {"partition_index": p["partition_index"], "error_code": 0, "old_style_offsets": []}
+            parts.append(res)
+            if refused and name in refused:
+                res["error_code"] = _DENIED
+                continue
+            lg, _pinfo, err = _leader_log(broker, name, p["partition_index"])
+            if err:
+                res["error_code"] = int(err)
+                continue
+            res["old_style_offsets"] = offset_queries.legacy_offsets_before(
+                lg, p["timestamp"], p.get("max_num_offsets", 1), now, lg.high_watermark if consumer else None)
+        topics.append({"name": name, "partitions": parts})
+    return {"topics": topics}
 
 
 def offset_for_leader_epoch(broker, header, body, conn=None):

@@ -21,7 +21,7 @@ from ...log.errors import LogAppendError
 from ...replica.delayed import DelayedProduce
 from ...replica.manager import UNDECIDED, PartitionResult
 from ..metadata import topic_name_error
-from . import authz
+from . import authz, leader_hints
 
 log = logging.getLogger(__name__)
 
@@ -99,20 +99,23 @@ def produce(broker, header, body, conn=None):
                   body.get("transactional_id"))
     if out is NO_RESPONSE or out is CLOSE:
         return out
+    # v10+ (KIP-951): NOT_LEADER_OR_FOLLOWER rows name the current leader
+    hints = (broker, getattr(conn, "listener_name", None)) if header.api_version >= 10 else None
     if not isinstance(out, list):
-        return _as_dict_later(out)
-    return _as_dict(out)
+        return _as_dict_later(out, hints)
+    return _as_dict(out, hints)
 
 
-async def _as_dict_later(awaitable):
+async def _as_dict_later(awaitable, hints):
     out = await awaitable
     if out is NO_RESPONSE or out is CLOSE:
         return out
-    return _as_dict(out)
+    return _as_dict(out, hints)
 
 
-def _as_dict(out):
+def _as_dict(out, hints=None):
     responses = []
+    leaders = set()
     for name, parts in out:
         prs = []
         for index, code, base, append_time, start, message in parts:
@@ -120,9 +123,15 @@ def _as_dict(out):
                    "log_start_offset": start}
             if message is not None:
                 res["error_message"] = message
+            if hints is not None and code in leader_hints.PRODUCE_CODES:
+                res["current_leader"] = leader_hints.current_leader(hints[0], name, index)
+                leaders.add(res["current_leader"]["leader_id"])
             prs.append(res)
         responses.append({"name": name, "partition_responses": prs})
-    return {"responses": responses, "throttle_time_ms": 0}
+    body = {"responses": responses, "throttle_time_ms": 0}
+    if leaders:
+        body["node_endpoints"] = leader_hints.node_endpoints(hints[0], hints[1], leaders)
+    return body
 
 
 def execute(broker, version, acks, timeout_ms, topics, conn=None, transactional_id=None, refused=None):
