@@ -104,7 +104,7 @@ cdef class LeaderAppender:
                                 int64_t now_ms, int32_t *records) except? -9
 
 
-# LeaderAppender.check_plain: not a plain append, nothing done (the Python path takes it)
+# LeaderAppender.check_plain: not a plain append, nothing done (the reference path takes it)
 cdef enum:
     NOT_PLAIN = -4
 

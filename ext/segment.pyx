@@ -27,7 +27,7 @@ Parts
   fields; advance_hw is the one high-watermark rule.
 - LeaderAppender, one per Log: the append limits read once per LogConfig object (a config change
   replaces the object) and the unflushed count; append = roll check + checks + stamp + write + state,
-  returning the last offset or a code (roll, flush due, idempotent) for Log's slow path.
+  returning the last offset or a code (roll, flush due, idempotent) for Log's Python code to finish.
 - Write-behind (run_begin / run_end, on the thread that opened the run only): a plain append is
   stamped in the receive chunk and committed to the state at once; its bytes are written by run_end,
   one writev per log. Every other write path of the log writes pending bytes first. A failed write of
@@ -1293,7 +1293,7 @@ cdef class LeaderAppender:
         # needs nothing else: not transactional nor control, its producer known with this epoch and
         # at least one retained batch, not a duplicate of one, its first sequence the one after the
         # last (wrapping). Anything else (new producer, epoch bump, retry, out of order, older epoch)
-        # is the Python path's (Log._append_leader_other).
+        # is the reference path's (Log._append_leader_other).
         cdef int32_t first, prev
         cdef int64_t last
         if <int16_t>load_be16(p + OFF_ATTRIBUTES) & (ATTR_TRANSACTIONAL | ATTR_CONTROL):
