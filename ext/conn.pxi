@@ -29,7 +29,7 @@ def dispatch_frames(ConnState conn not None, chunk, Py_ssize_t start, Py_ssize_t
     deferred bytes first), the log was cut back to the first of them, and each request whose batch
     was cut away answers as Kafka answers a failed append (``_lost_answers``): that partition's row
     KAFKA_STORAGE_ERROR with base offset, append time and log start -1 (and, from v8, the write's
-    error message, as the Python path), its other rows unchanged; an acks=0 request closes the
+    error message, as the reference path), its other rows unchanged; an acks=0 request closes the
     connection; an acks=all wait on the batch was decided KAFKA_STORAGE_ERROR (Log.on_cut,
     ReplicaManager._appends_cut). The connection stays open.
     -> 0 (the rest is an incomplete frame, or nothing), 1 (the frame at ``conn._start`` announces a
@@ -151,7 +151,7 @@ cdef object _dispatch_frames(ConnState conn, chunk, const unsigned char *p, Py_s
             run_begin()
             run[0] = True
         if run[0]:
-            set_run_tag(len(_run_slots))    # the Python path's appends defer in the run as the fast path's
+            set_run_tag(len(_run_slots))    # the reference path's appends defer in the run as the fast path's
             _run_slots.append(slot)
         try:
             result = handler(conn, slot.header)
@@ -206,7 +206,7 @@ cdef int _take_answers(pending, list out, list answered, no_response) except -1:
 # ``_flush`` after what was taken left). The connection's Python ``_read_py`` stays the reference.
 
 cdef class ReadStats:
-    """Reads served by ``on_read`` (native) and by the connection's Python (python: a large frame's
+    """Reads served by ``on_read`` (native) and by the connection's Python (reference: a large frame's
     buffer, or KBROKER_NATIVE_READ=0); one per server (NetworkMetrics.reads)."""
 
 
@@ -286,7 +286,7 @@ def on_read(ConnState conn, Py_ssize_t nbytes):
     conn._read_at = now
     conn.last_active = now if conn._loop_clock_is_monotonic else conn.loop.time()
     if conn._frame is not None or conn._chunk is None:
-        stats.python += 1
+        stats.reference += 1
         conn._read_rest(nbytes)
         return
     stats.native += 1

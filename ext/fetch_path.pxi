@@ -12,7 +12,7 @@
 # (whole batches, as Log.read cuts them under fetch._read's shrinking budget) are below the sendfile
 # threshold in total and copied from the segments' read blocks (read as LogSegment.read_bytes reads
 # one). The high watermark, log start offset, active segment and offline flag are read from the Log per
-# request (no copies to keep exact). Everything else is left untouched for the Python path
+# request (no copies to keep exact). Everything else is left untouched for the reference path
 # (fetch.handle_native -> _read -> Log.read), which stays the reference: the answer here must be the
 # same bytes (tests/test_native_differential.py, tests/test_fetch_fast.py).
 
@@ -26,17 +26,17 @@ cdef int64_t _DATA_CEILING = 0x7FFFFFFF - (64 << 20)
 
 cdef class FastFetch:
     """The Fetch handler dispatch_frames gets (broker.py): called as ``handle_native`` for any request
-    the native path leaves (``fallback(conn, req)``). Reads the ReplicaManager's armed leader slots
+    the native path leaves (``reference_path(conn, req)``). Reads the ReplicaManager's armed leader slots
     (``leaders``, shared with FastProduce), counts BytesOut per topic in ``bytes_out`` (never
     replaced), caps answers by the broker's ``fetch.max.bytes`` (``config_values``: the BrokerConfig's
     dict of typed values) and copies records from the segments' read blocks (``blocks``: the process's
     ReadBlocks, kbroker.log.segment.read_blocks, which LogSegment reads through too).
-    ``fast``/``slow``: requests served natively / through ``fallback`` (tests, A/B)."""
+    ``fast``/``reference``: requests served natively / through ``reference_path`` (tests, A/B)."""
 
-    def __init__(self, fallback, rearm, dict leaders not None, dict bytes_out not None,
+    def __init__(self, reference_path, rearm, dict leaders not None, dict bytes_out not None,
                  dict config_values not None, ReadBlocks blocks not None, int32_t local_id,
                  dict topic_configs not None, complete, broker_metrics):
-        self.fallback, self.rearm, self.leaders, self.bytes_out = fallback, rearm, leaders, bytes_out
+        self.reference_path, self.rearm, self.leaders, self.bytes_out = reference_path, rearm, leaders, bytes_out
         self.config_values, self.blocks, self.local_id = config_values, blocks, local_id
         self.topic_configs, self.complete, self.broker_metrics = topic_configs, complete, broker_metrics
 
@@ -52,19 +52,19 @@ cdef class FastFetch:
 
     def __call__(self, conn, req):
         if type(req) is FetchRequest and (<FetchRequest>req).recorded:
-            self.follower_polled += 1   # not "slow": its positions were recorded natively
+            self.follower_polled += 1   # not "reference": its positions were recorded natively
         else:
-            self.slow += 1
+            self.reference += 1
             if type(req) is FetchRequest and (<FetchRequest>req).replica_id >= 0:
-                self.follower_slow += 1
-        return self.fallback(conn, req)
+                self.follower_reference += 1
+        return self.reference_path(conn, req)
 
 
 cdef int64_t _batch_position(FastFetch ff, seg, SegmentState st, int64_t offset,
                              int64_t start_position) except -3:
     """LogSegment.batch_position answered from the recent-batch list or the read block, as that method
     does (its block cursor moved the same way); _UNDECIDED where it would load a block or search the
-    index and the file (the Python path then does)."""
+    index and the file (the reference path then does)."""
     cdef int64_t pos = tail_position(st, offset, start_position), bpos, size = 0, base = -1, last = -1
     cdef ReadBlock block
     if pos != -2:
@@ -133,7 +133,7 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
     """The frame at ``begin`` (``size`` bytes) served natively -> 1 (its Slot queued with the answer),
     2: a follower's fetch with nothing to read whose positions were recorded here (the caller's path
     long-polls it, FetchRequest.recorded), or 0: not the common request (nothing was done but read
-    blocks read and their cursors moved as the Python path reads and moves them: the caller's path
+    blocks read and their cursors moved as the reference path reads and moves them: the caller's path
     takes the request from scratch). ``reread``: a long poll's read of a follower's fetch recorded
     before (FastFetch.reread): nothing recorded, no Slot; 1 with [the answer's chunks, its records'
     size] appended to ``reread`` (whether or not that is min_bytes: the poll decides), or 0 (Python's
@@ -293,7 +293,7 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
             pos += 4
             fl = (<dict>tparts).get(index)
             if fl is None or (leader_epoch >= 0 and leader_epoch != fl.epoch):
-                return 0                # epoch fencing (KIP-320): the Python path answers the error
+                return 0                # epoch fencing (KIP-320): the reference path answers the error
             if fl.partition.leader_epoch != fl.epoch:
                 ff.rearm(fl.tp)         # a leadership change a re-arm missed: the next request sees the new slot
                 return 0
@@ -341,7 +341,7 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
                     total += n
                     if total >= sendfile_min:
                         return 0        # sent by sendfile
-                    # LogSegment.read_bytes' block (None: read from the file, by the Python path)
+                    # LogSegment.read_bytes' block (None: read from the file, by the reference path)
                     block = ff.blocks.holding(seg, <int>seg.read_fd, start, n, st.size)
                     if block is None:
                         return 0

@@ -8,7 +8,7 @@
 # the producer's next batch in sequence (LeaderAppender.in_sequence), no roll or
 # flush due, the batch checks pass; not compressed when validation runs off the loop, below
 # kbroker.log.writer.offload.bytes). All partitions are checked before the first is appended, so
-# everything else, any refusal included, is left untouched for the Python path (produce.handle_native
+# everything else, any refusal included, is left untouched for the reference path (produce.handle_native
 # -> execute -> ReplicaManager.append_records), which stays the reference: what the native path does
 # must give the same bytes in the log and in the answer (tests/test_native_differential.py,
 # tests/test_produce_fast.py). Policy stays in Python as the slots' state: the ReplicaManager arms a
@@ -38,13 +38,13 @@ cdef class FastLeader:
 
 cdef class FastProduce:
     """The Produce handler dispatch_frames gets (broker.py): called as ``handle_native`` for any
-    request the native path leaves (``fallback(conn, req)``), and holding the armed leader slots.
-    ``fast``/``slow``: requests served natively / through ``fallback`` (tests, A/B)."""
+    request the native path leaves (``reference_path(conn, req)``), and holding the armed leader slots.
+    ``fast``/``reference``: requests served natively / through ``reference_path`` (tests, A/B)."""
 
-    def __init__(self, fallback, rearm, write_failed, dict leaders not None, dict messages_in not None,
+    def __init__(self, reference_path, rearm, write_failed, dict leaders not None, dict messages_in not None,
                  dict bytes_in not None, dict notify not None, appended, dict failing_dirs not None, int64_t big,
                  bint off_loop, produce_failed=None):
-        self.fallback, self.rearm, self.write_failed = fallback, rearm, write_failed
+        self.reference_path, self.rearm, self.write_failed = reference_path, rearm, write_failed
         self.produce_failed = produce_failed
         self.messages_in, self.bytes_in = messages_in, bytes_in
         self.notify, self.appended, self.failing_dirs = notify, appended, failing_dirs
@@ -52,8 +52,8 @@ cdef class FastProduce:
         self.leaders = leaders
 
     def __call__(self, conn, req):
-        self.slow += 1
-        return self.fallback(conn, req)
+        self.reference += 1
+        return self.reference_path(conn, req)
 
 
 def arm_leader(dict leaders not None, FastLeader leader not None):
@@ -67,7 +67,7 @@ def arm_leader(dict leaders not None, FastLeader leader not None):
 
 
 def disarm_leader(dict leaders not None, tp):
-    """``tp`` takes the Python path (its slot removed from ``leaders``)."""
+    """``tp`` takes the reference path (its slot removed from ``leaders``)."""
     parts = leaders.get(tp[0])
     if parts is not None:
         parts.pop(tp[1], None)
@@ -255,7 +255,7 @@ cdef int _produce_parts(FastProduce fp, ConnState conn, object view, const unsig
             if fl.ap.check_plain(fl.st, records, fl.config, now, <char *>f + ps.at[k], ps.size[k]):
                 return 0            # not a plain append (idempotent out of sequence, flush or roll due)
         except BatchError:
-            return 0                # refused: the Python path answers it
+            return 0                # refused: the reference path answers it
     started = _monotonic()
     if not run[0] and _frame_follows(p, start, end):
         run_begin()
@@ -299,7 +299,7 @@ cdef int _produce_parts(FastProduce fp, ConnState conn, object view, const unsig
         # and appends the partitions after it as append_records would have
         result = fp.write_failed(conn, <object>ps.leader[failed], error, version, correlation_id, acks, timeout_ms,
                                  *_rows_after_failure(ps, failed))
-        fp.slow += 1
+        fp.reference += 1
     else:
         if acks == 0:
             result = no_response

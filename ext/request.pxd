@@ -98,7 +98,7 @@ cdef class FastLeader:
 
 
 cdef class FastProduce:
-    cdef object fallback                    # the reference path's handler: fallback(conn, req)
+    cdef object reference_path              # the reference path's handler: reference_path(conn, req)
     cdef object rearm                       # rearm(tp): the ReplicaManager re-evaluates a slot (config changed)
     cdef object write_failed                # produce.fast_write_failed (bound to the broker): a write failed
     cdef dict leaders                       # topic -> {partition index: FastLeader} (arm_leader / disarm_leader)
@@ -109,7 +109,7 @@ cdef class FastProduce:
     cdef int64_t big                        # AppendThreads.write_offload_bytes
     cdef bint off_loop                      # AppendThreads.validates_off_loop
     cdef object produce_failed              # BrokerMetrics.produce_failed: a parked row that failed
-    cdef readonly long long fast, slow      # requests served natively / through ``fallback``
+    cdef readonly long long fast, reference # requests served natively / through ``reference_path``
 
 
 cdef class ParkedProduce:
@@ -136,7 +136,7 @@ cdef class ParkedProduce:
 # ---- fetch_path.pxi: the Fetch fast path ---------------------------------------------------------------
 
 cdef class FastFetch:
-    cdef object fallback                    # the reference path's handler: fallback(conn, req)
+    cdef object reference_path              # the reference path's handler: reference_path(conn, req)
     cdef object rearm                       # rearm(tp): the ReplicaManager re-evaluates a slot
     cdef dict leaders                       # the armed leader slots, shared with FastProduce
     cdef dict bytes_out                     # BrokerMetrics' BytesOut per topic (never replaced)
@@ -146,16 +146,16 @@ cdef class FastFetch:
     cdef dict topic_configs                 # LogManager.topic_configs (topic -> overrides; never replaced)
     cdef object complete                    # ReplicaManager._complete: a follower's fetch moved the HW
     cdef object broker_metrics              # BrokerMetrics (replication_bytes_out)
-    cdef readonly long long fast, slow      # requests served natively / through ``fallback``
+    cdef readonly long long fast, reference # requests served natively / through ``reference_path``
     # followers' fetches: answered here / positions recorded here, then Python's long poll / all Python
-    cdef readonly long long follower_fast, follower_polled, follower_slow
+    cdef readonly long long follower_fast, follower_polled, follower_reference
 
 
 # ---- conn.pxi: the connection read loop ------------------------------------------------------------------
 
 cdef class ReadStats:
     cdef public long long native            # reads served by on_read
-    cdef public long long python            # reads served by the connection's Python
+    cdef public long long reference         # reads served by the connection's Python (the reference path)
 
 
 cdef class ConnState:

@@ -106,9 +106,9 @@ class ConnState:
     partial_since: float | None
 
 class ReadStats:
-    """Readable events served by on_read (native) and by the connection's Python (python)."""
+    """Readable events served by on_read (native) and by the connection's Python (the reference path)."""
     native: int
-    python: int
+    reference: int
 
 def bind_read(supported: dict[int, tuple[int, int]], no_response: object, close: object, min_tail: int) -> None: ...
 def next_buffer(conn: Any, sizehint: int) -> Any: ...
@@ -130,10 +130,10 @@ class FastLeader:
 
 class FastProduce:
     """The Produce handler of the native request path: armed partitions served inside dispatch_frames,
-    everything else by ``fallback(conn, req)`` (produce.handle_native)."""
+    everything else by ``reference_path(conn, req)`` (produce.handle_native)."""
     fast: int
-    slow: int
-    def __init__(self, fallback: Any, rearm: Any, write_failed: Any, leaders: dict, messages_in: dict[str, int],
+    reference: int
+    def __init__(self, reference_path: Any, rearm: Any, write_failed: Any, leaders: dict, messages_in: dict[str, int],
                  bytes_in: dict[str, int], notify: dict, appended: Any, failing_dirs: dict, big: int,
                  off_loop: bool, produce_failed: Any = None) -> None: ...
     def __call__(self, conn: Any, req: ProduceRequest) -> Any: ...
@@ -152,19 +152,19 @@ def arm_leader(leaders: dict, leader: FastLeader) -> None:
     """Serve ``leader.tp`` natively (its slot in the shared ``leaders`` dict replaced)."""
 
 def disarm_leader(leaders: dict, tp: tuple[str, int]) -> None:
-    """``tp`` takes the Python path."""
+    """``tp`` takes the reference path."""
 
 # ---- fetch_path.pxi
 class FastFetch:
     """The Fetch handler of the native request path: the consumer's small one-partition Fetch of an
-    armed partition served inside dispatch_frames, everything else by ``fallback(conn, req)``
+    armed partition served inside dispatch_frames, everything else by ``reference_path(conn, req)``
     (fetch.handle_native)."""
     fast: int
-    slow: int
+    reference: int
     follower_fast: int      # followers' fetches answered natively
-    follower_polled: int    # followers' fetches recorded natively, long-polled by ``fallback``
-    follower_slow: int      # followers' fetches left whole to ``fallback``
-    def __init__(self, fallback: Any, rearm: Any, leaders: dict, bytes_out: dict[str, int],
+    follower_polled: int    # followers' fetches recorded natively, long-polled by ``reference_path``
+    follower_reference: int      # followers' fetches left whole to ``reference_path``
+    def __init__(self, reference_path: Any, rearm: Any, leaders: dict, bytes_out: dict[str, int],
                  config_values: dict, blocks: Any, local_id: int, topic_configs: dict, complete: Any,
                  broker_metrics: Any) -> None: ...
     def reread(self, conn: Any, frame: bytes) -> list | None:

@@ -19,7 +19,7 @@ Parsing walks the frame once with bounds checks on every read. The result holds 
 where ``records`` is a memoryview slice of the frame (None for a null batch) — the batch bytes are
 never copied. Malformed input (truncation, a length past the frame, a negative non-null length,
 invalid UTF-8, an array longer than the bytes left could hold, trailing bytes) raises
-``ProtocolError``, on which the connection closes exactly as on the Python path.
+``ProtocolError``, on which the connection closes exactly as on the reference path.
 
 Produce v3-8 are non-flexible (Kafka's Produce is flexible from v9): int16-length strings,
 int32-length arrays and records, request header v1 (client_id nullable string), response header

@@ -1,13 +1,15 @@
-# C-level API of kbroker._native.segment: a segment's in-memory state (SegmentState: Kafka's LogSegment
-# and the append side of its OffsetIndex/TimeIndex; kbroker.log.segment.LogSegment owns one and keeps
-# the policy: roll, errors, truncation, load/recovery), a Log's per-request fields (LogState), one
-# log's leader-append settings (LeaderAppender), so that a leader's append (roll check, check + stamp
-# + write, index and tail update) is one native call; then the write-behind run and the read helpers
-# kbroker._native.request cimports.
+# kbroker._native.segment: every cdef class it exports and every C-level function other modules cimport
+# (kbroker._native.request: the native Produce / Fetch paths, ext/request.pyx), by the include that
+# implements it (segment.pyx lists the includes). SegmentState is Kafka's LogSegment append side and
+# the append side of its OffsetIndex/TimeIndex (kbroker.log.segment.LogSegment owns one and keeps the
+# policy: roll, errors, truncation, load/recovery); LogState a Log's per-request fields; LeaderAppender
+# one log's leader-append settings, so that a leader's append is one native call.
 cimport cython
 from libc.stdint cimport int32_t, int64_t
 from posix.uio cimport iovec
 
+
+# ---- segment_append.pxi / segment_state.pxi: the active segment's append state -------------------
 
 # One batch's append as _append_leader_into / LeaderAppender leave it.
 cdef struct Appended:
@@ -52,6 +54,8 @@ cdef class SegmentState:
                        int64_t max_timestamp) except -1
 
 
+# ---- segment_logstate.pxi: Log's per-request fields, the high-watermark rule ---------------------
+
 # The fields of a partition's log (kbroker.log.log.Log, a subclass) that the native Produce and Fetch
 # paths read or write on every request, as C fields: typed access costs no attribute lookup (Python
 # code sees ordinary attributes).
@@ -63,6 +67,8 @@ cdef class LogState:
     cpdef bint advance_hw_alone(self, int64_t leo) except -1
     cdef bint _raise_hw(self, int64_t hw, int64_t leo) noexcept
 
+
+# ---- segment_leader.pxi: leader appends and the write-behind run ---------------------------------
 
 @cython.final
 cdef class LeaderAppender:
@@ -104,7 +110,7 @@ cdef class LeaderAppender:
                                 int64_t now_ms, int32_t *records) except? -9
 
 
-# LeaderAppender.check_plain: not a plain append, nothing done (the Python path takes it)
+# LeaderAppender.check_plain: not a plain append, nothing done (the reference path takes it)
 cdef enum:
     NOT_PLAIN = -4
 
@@ -123,6 +129,8 @@ cdef list run_lost()
 
 
 
+# ---- segment_state.pxi, segment_io.pxi, segment_walk.pxi: reads the Fetch path calls -------------
+
 # Tail reads without a call (ext/fetch_path.pxi; SegmentState.tail_position / tail_end
 # are these): the remembered batch at or after ``offset`` (-1 past the last, -2 the list does not
 # answer), and the last boundary at or below ``limit`` for a read from ``start`` (-2 does not answer).
@@ -136,6 +144,8 @@ cdef int64_t seek_in(const char *data, int64_t block_pos, int64_t block_end, int
                      int64_t target_offset, int64_t limit_position, int64_t *size_out, int64_t *base_out,
                      int64_t *last_out) noexcept
 
+
+# ---- segment_blocks.pxi: the read-block cache ----------------------------------------------------
 
 # Read blocks (kbroker.log.segment READ_BLOCK / READ_BLOCKS): the bytes of a segment's file from a batch
 # boundary, kept so that small reads walk batch headers and copy records from memory. One ReadBlocks

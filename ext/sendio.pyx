@@ -14,11 +14,11 @@ A sendfile that returns 0 before its range is done means the file is shorter tha
 promised (segment truncated underneath): ``ConnectionError``, the connection must close. Any other
 failure is an ``OSError`` of its errno (``BrokenPipeError``, ``ConnectionResetError``...).
 
-Metrics, as the Python path counted them: ``metrics.fetch_sendfile_bytes`` grows by the file bytes each
+Metrics, as the reference path counted them: ``metrics.fetch_sendfile_bytes`` grows by the file bytes each
 call sent, ``metrics.fetch_sendfile_calls`` by one per file range sent in full.
 
 The cursor keeps a reference to the chunks (the file ranges' descriptors or file objects stay as
-alive as they were with the Python path) and a buffer view of each bytes chunk until it is freed.
+alive as they were with the reference path) and a buffer view of each bytes chunk until it is freed.
 """
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_CheckBuffer, PyObject_GetBuffer
 from cpython.mem cimport PyMem_Free, PyMem_Malloc

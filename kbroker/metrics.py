@@ -89,7 +89,7 @@ def broker_snapshot(broker) -> dict:
         net = server.metrics
         snap["net"] = (dict(net.requests), net.invalid_frames, net.idle_closed, net.fetch_sendfile_calls,
                        net.fetch_sendfile_bytes, net.fetch_copy_bytes, len(server.connections), server.pool.used,
-                       (net.reads.native, net.reads.python))
+                       (net.reads.native, net.reads.reference))
     me = broker.broker_id
     led = hosted = under = 0
     for t in broker.metadata.topics.values():
@@ -106,11 +106,11 @@ def broker_snapshot(broker) -> dict:
                       rm.fenced_partitions())
         fast = getattr(rm, "fast", None)
         if fast is not None:
-            snap["fast_produce"] = (fast.fast, fast.slow)
+            snap["fast_produce"] = (fast.fast, fast.reference)
         fast = getattr(rm, "fast_fetch_handler", None)
         if fast is not None:
-            snap["fast_fetch"] = (fast.fast, fast.slow)
-            snap["fast_follower"] = (fast.follower_fast, fast.follower_polled, fast.follower_slow)
+            snap["fast_fetch"] = (fast.fast, fast.reference)
+            snap["fast_follower"] = (fast.follower_fast, fast.follower_polled, fast.follower_reference)
     else:
         snap["under_replicated"] = under
     controller = getattr(broker, "controller", None)

@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from kbroker.cli.cluster import api_versions_probe, metadata_probe
+from kbroker.localcluster import (BrokerExited, api_versions_probe, metadata_probe, spawn_broker, stop_child,
+                                  wait_broker_ready)
 from kbroker.ports import free_port
 from kbroker.procutil import die_with_parent
 from kbroker.zk.local import start_zookeeper
@@ -217,24 +217,35 @@ class LocalCluster:
             raise RuntimeError(f"broker {broker_id} already running (pid {b.pid})")
         self.write_config(b, extra)
         env = dict(os.environ, **(self.env or {}))
-        log = open(b.log_path, "ab")
-        # Own session (a Ctrl-C to the test run is not a broker crash); dies with the starting thread.
-        b.proc = subprocess.Popen([*b.command_prefix, sys.executable, "-m", "kbroker", "serve", "--config",
-                                   str(b.config_path)],
-                                  stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                  preexec_fn=die_with_parent())
-        log.close()
+        # Its own session (kbroker.localcluster); dies with the starting thread.
+        b.proc, _ = spawn_broker(b.config_path, b.log_path, env=env, prefix=b.command_prefix,
+                                 preexec_fn=die_with_parent())
 
-        def ready():
-            if b.proc.poll() is not None:
-                raise RuntimeError(f"broker {broker_id} exited with {b.proc.returncode}:\n{b.log_tail()}")
-            czxid = self.registration_czxid(broker_id)
-            # After a kill -9 the old session's node lingers until it expires: wait for a new one.
-            # Ready = registered, answering, and holding the controller's metadata.
-            return (czxid is not None and czxid != b.czxid and api_versions_ok(b.port)
-                    and (not wait_controller or controller_known(b.port) is not None) and czxid)
+        def exited():
+            return None if b.proc.poll() is None else f"exited with {b.proc.returncode}"
 
-        b.czxid = wait_until(ready, timeout, f"broker {broker_id} to register and answer")
+        def probe():
+            # Ready = registered, answering, and (wait_controller) holding the controller's metadata.
+            if not api_versions_ok(b.port):
+                return "no ApiVersions answer"
+            if wait_controller and controller_known(b.port) is None:
+                return "no controller in its metadata yet"
+            return None
+
+        from kazoo.client import KazooClient
+
+        zk = KazooClient(hosts=self.zk_connect, timeout=5)
+        zk.start(timeout=5)
+        try:
+            b.czxid = wait_broker_ready(zk, broker_id, exited, probe, b.czxid, timeout)
+        except BrokerExited as e:
+            raise RuntimeError(f"broker {broker_id} {e}:\n{b.log_tail()}") from None
+        except TimeoutError as e:
+            raise TimeoutError(f"timed out after {timeout}s waiting for broker {broker_id} to register and "
+                               f"answer: {e}") from None
+        finally:
+            zk.stop()
+            zk.close()
         return b
 
     def registration_czxid(self, broker_id: int):
@@ -258,14 +269,8 @@ class LocalCluster:
 
     def stop_broker(self, broker_id: int, timeout: float = 30.0):
         b = self.brokers[broker_id]
-        if not b.running():
-            return
-        b.proc.terminate()
-        try:
-            b.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            b.proc.kill()
-            b.proc.wait(timeout=10)
+        if b.running():
+            stop_child(b.proc, timeout)
 
     def stop(self):
         for b in self.brokers:

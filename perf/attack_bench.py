@@ -16,7 +16,7 @@ Part 2, ``validation-cost``: kcat produces 1 KiB text records with ``-z lz4`` an
 brokers side by side, one validating compressed sections by streaming decompression (the default) and
 one by the general path (``KBROKER_CODEC_STREAMING=0``: decompress the whole section, then walk), in
 interleaved rounds; each broker's CPU for its run is read from /proc. Every stored batch of a run is
-then validated again in this process, with that run's path: by the pre-issue-9 work (header + CRC:
+then validated again in this process, with that run's path: by the header checks alone (header + CRC:
 ``read_batch(check_crc=True)``) and by ``validate_and_stamp`` (adds decompression and the record walk).
 Added CPU = the difference, reported per KiB of records and as a share of the broker CPU of that
 produce run (which includes the broker's own validation; goal: below 25 %) and of the broker CPU of the

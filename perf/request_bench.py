@@ -32,7 +32,7 @@ Measurements, per target and round, on a fresh topic (1 partition; the mock's to
       target instead (an A/B at one load: each target's own peak differs, and so would half of it). The
       mock runs it too, but its consumer falls behind (end-to-end p50 24-350 ms in every run seen: little
       data per Fetch answer), so its produce-ack percentiles (produce() -> delivery report) are the control.
-Ratios are taken within the same round (kbroker ÷ mock, native ÷ Python path, uvloop ÷ asyncio, ...): the
+Ratios are taken within the same round (kbroker ÷ mock, native ÷ reference path, uvloop ÷ asyncio, ...): the
 machine is shared (2 cores, other work running), so absolute figures drift from round to round and the
 same-round ratios and their ranges are the figures to read. Every loop is bounded by a count and a time.
 
@@ -96,7 +96,7 @@ def _kbroker_facts(log_text: str) -> dict:
     """What the broker says it runs: its event loop and whether the native request path is on."""
     m = re.search(r"event loop: (\w+)", log_text)
     return {"event_loop": m.group(1) if m else None,
-            "request_path": "python" if "native request path off" in log_text else "native"}
+            "request_path": "reference" if "native request path off" in log_text else "native"}
 
 
 class KbrokerRF3Target(Target):

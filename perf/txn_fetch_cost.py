@@ -6,7 +6,7 @@ Produce, then WriteTxnMarkers as the coordinator sends them). Rounds alternate r
 read_committed full reads of the partition (one connection, one request outstanding, the harness's
 fetch_all) and take the broker's user+system CPU (/proc) per GB of record bytes received.
 --partition-max-bytes below the sendfile threshold (64 KiB) measures the native Fetch path; above it,
-the Python path with sendfile.
+the reference path with sendfile.
 
     .venv/bin/python -m kbroker.perf.txn_fetch_cost --mb 256 --rounds 3 --partition-max-bytes 32768
 """

@@ -19,25 +19,24 @@ last stdout line is ``bootstrap.servers=127.0.0.1:P1,...``.
 Running ``up`` again starts only what is not running. ``down`` stops the processes recorded in the pid
 files, after checking each pid still runs the command we started (pids get recycled).
 ``status`` exits 0 only when ZooKeeper runs and every broker is registered.
+Brokers are started, waited on and stopped through kbroker.localcluster, the runner the tests'
+LocalCluster uses too; ZooKeeper through kbroker.zk.local.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import random
-import signal
-import socket
-import struct
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kbroker.cli import cluster_security
 from kbroker.config import BrokerConfig, ConfigError
+from kbroker.localcluster import (BrokerExited, BrokerNotReady, api_versions_probe, metadata_probe, reap,
+                                  spawn_broker, stop_pids, wait_broker_ready)
 from kbroker.ports import LOOPBACK, free_ports, port_in_use
 from kbroker.procutil import live_argv
 
@@ -50,7 +49,6 @@ DEFAULT_BASE_PORT = 9092
 LOCAL_SESSION_TIMEOUT_MS = 6000
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
-API_VERSIONS_KEY = 18
 
 
 class ClusterError(Exception):
@@ -173,17 +171,9 @@ def is_our_broker(pid: int, config_path: Path) -> bool:
     """True if ``pid`` is alive (not a zombie) and runs ``kbroker serve --config <config_path>``."""
     argv = live_argv(pid)
     if argv is None:
-        _reap(pid)          # a zombie child of ours: collect it
+        reap(pid)           # a zombie child of ours: collect it
         return False
     return b"kbroker" in argv and b"serve" in argv and str(config_path).encode() in argv
-
-
-def _reap(pid: int) -> None:
-    # Only matters when the broker is our own child (in-process use); harmless otherwise.
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def running_broker_pid(layout: Layout, broker_id: int) -> int | None:
@@ -213,16 +203,10 @@ class Started:
 
 
 def start_broker(layout: Layout, slot: BrokerSlot) -> tuple[subprocess.Popen, int]:
-    log_path = layout.log_path(slot.id)
-    cmd = [sys.executable, "-m", "kbroker", "serve", "--config", str(layout.config_path(slot.id))]
-    with open(log_path, "ab") as log:
-        log.write(f"--- kbroker cluster up: starting broker {slot.id} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
-                  .encode())
-        log.flush()
-        log_start = log.tell()
-        # A new session: the broker outlives this CLI and ignores a Ctrl-C aimed at it.
-        popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                 cwd=layout.broker_dir(slot.id), start_new_session=True)
+    # Its own session (localcluster.spawn_broker): the broker outlives this CLI and ignores a Ctrl-C aimed at it.
+    popen, log_start = spawn_broker(
+        layout.config_path(slot.id), layout.log_path(slot.id), cwd=layout.broker_dir(slot.id),
+        banner=f"--- kbroker cluster up: starting broker {slot.id} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
     layout.pid_path(slot.id).write_text(f"{popen.pid}\n")
     return popen, log_start
 
@@ -233,87 +217,8 @@ def _alive(s: Started, layout: Layout) -> bool:
     return is_our_broker(s.pid, layout.config_path(s.slot.id))
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
-
-
-def _gone(pid: int) -> bool:
-    if _pid_alive(pid):
-        return False
-    _reap(pid)
-    return True
-
-
-def stop_pids(pids: list[int], timeout: float) -> list[int]:
-    """SIGTERM every pid, wait up to ``timeout`` for all, SIGKILL the rest. Returns the killed pids."""
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + timeout
-    pending = list(pids)
-    while pending and time.monotonic() < deadline:
-        pending = [p for p in pending if not _gone(p)]
-        if pending:
-            time.sleep(0.05)  # these are not our children in general: nothing to block on
-    for pid in pending:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + 10
-    while not all(_gone(p) for p in pending) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return pending
-
-
 # --------------------------------------------------------------------------------------------------
 # Readiness
-
-def api_versions_probe(port: int, host: str = LOOPBACK, timeout: float = 2.0) -> str | None:
-    """Send a hand-encoded ApiVersions v0 request; None if the broker answered with error_code 0,
-    else why not. Encoded here on purpose: it checks the broker without trusting our own codec."""
-    correlation_id = random.randrange(1, 2**31)
-    client_id = b"kbroker-cluster-up"
-    # Request header v1: api_key, api_version, correlation_id, client_id (int16 length + bytes);
-    # the v0 body is empty.
-    body = struct.pack(">hhih", API_VERSIONS_KEY, 0, correlation_id, len(client_id)) + client_id
-    try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
-            sock.sendall(struct.pack(">i", len(body)) + body)
-            (size,) = struct.unpack(">i", _recv_exact(sock, 4))
-            if not 6 <= size <= 1 << 20:
-                return f"response frame of implausible size {size}"
-            frame = _recv_exact(sock, size)
-    except (OSError, EOFError) as e:
-        return f"{type(e).__name__}: {e}"
-    got_id, error_code = struct.unpack_from(">ih", frame)
-    if got_id != correlation_id:
-        return f"correlation id {got_id} in the response, expected {correlation_id}"
-    if error_code != 0:
-        return f"ApiVersions error_code {error_code}"
-    return None
-
-
-def metadata_probe(port: int, host: str = LOOPBACK, timeout: float = 2.0) -> tuple[set[int], int] | None:
-    """(broker ids, controller id) from the broker's Metadata answer (v1, no topics); None if it
-    does not answer. A broker lists the others once the controller's UpdateMetadata reached it."""
-    from ..protocol import api
-
-    try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
-            sock.sendall(api.encode_request(3, 1, 1, "kbroker-cluster-up", {"topics": []}))
-            (size,) = struct.unpack(">i", _recv_exact(sock, 4))
-            _, body = api.decode_response(3, 1, memoryview(_recv_exact(sock, size)))
-    except (OSError, EOFError, ValueError, struct.error):
-        return None
-    return {b["node_id"] for b in body["brokers"]}, body["controller_id"]
-
 
 def wait_cluster_metadata(layout: Layout, timeout: float) -> None:
     """Until every broker's Metadata names all the layout's brokers and a controller."""
@@ -333,49 +238,33 @@ def wait_cluster_metadata(layout: Layout, timeout: float) -> None:
             time.sleep(0.05)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise EOFError(f"connection closed after {len(buf)} of {n} bytes")
-        buf += chunk
-    return bytes(buf)
-
-
 def wait_ready(zk, layout: Layout, s: Started, timeout: float) -> None:
     """Return once broker ``s`` has a fresh registration and answers ApiVersions; ClusterError if it
     dies or ``timeout`` seconds pass."""
-    deadline = time.monotonic() + timeout
-    path = f"/brokers/ids/{s.slot.id}"
-    changed = threading.Event()
-    registered = False
-    last_probe = "not probed yet"
     security = cluster_security.client_security(layout.root, layout.security)
-    while True:
-        if not _alive(s, layout):
-            code = s.popen.returncode if s.popen is not None else "unknown"
-            raise ClusterError(
-                f"broker {s.slot.id} (pid {s.pid}) exited with status {code} during start-up; "
-                f"{layout.log_path(s.slot.id)} ends with:\n{_tail(layout.log_path(s.slot.id), s.log_start)}")
-        if not registered:
-            changed.clear()
-            stat = zk.exists(path, watch=lambda event: changed.set())
-            registered = stat is not None and stat.czxid != s.stale_czxid
-        if registered:
-            last_probe = (api_versions_probe(s.slot.port) if security is None
-                          else cluster_security.probe_api_versions(s.slot.port, security)) or ""
-            if not last_probe:
-                return
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            state = "registered in ZooKeeper" if registered else f"not registered at {path}"
-            raise ClusterError(
-                f"broker {s.slot.id} (pid {s.pid}, port {s.slot.port}) not ready after "
-                f"{timeout:g}s: {state}; last ApiVersions probe: {last_probe}; "
-                f"{layout.log_path(s.slot.id)} ends with:\n{_tail(layout.log_path(s.slot.id), s.log_start)}")
-        # Woken at once by the znode watch; the cap bounds how late a crash or the listener is seen.
-        changed.wait(min(0.1 if registered else 0.25, remaining))
+    log_path = layout.log_path(s.slot.id)
+
+    def exited():
+        if _alive(s, layout):
+            return None
+        return f"status {s.popen.returncode if s.popen is not None else 'unknown'}"
+
+    def probe():
+        return (api_versions_probe(s.slot.port) if security is None
+                else cluster_security.probe_api_versions(s.slot.port, security))
+
+    try:
+        wait_broker_ready(zk, s.slot.id, exited, probe, s.stale_czxid, timeout)
+    except BrokerExited as e:
+        raise ClusterError(
+            f"broker {s.slot.id} (pid {s.pid}) exited with {e} during start-up; "
+            f"{log_path} ends with:\n{_tail(log_path, s.log_start)}") from None
+    except BrokerNotReady as e:
+        state = "registered in ZooKeeper" if e.registered else f"not registered at /brokers/ids/{s.slot.id}"
+        raise ClusterError(
+            f"broker {s.slot.id} (pid {s.pid}, port {s.slot.port}) not ready after "
+            f"{timeout:g}s: {state}; last ApiVersions probe: {e.last_probe}; "
+            f"{log_path} ends with:\n{_tail(log_path, s.log_start)}") from None
 
 
 # --------------------------------------------------------------------------------------------------

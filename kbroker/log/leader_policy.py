@@ -3,7 +3,7 @@ the timestamp bounds of KIP-937 (``message.timestamp.before.max.ms`` / ``after.m
 topic's ``compression.type`` when it names a codec (Kafka's LogValidator recompresses such batches).
 
 Both are off for a topic with Kafka's defaults; the native Produce path then serves it alone. A log
-whose config turns either on (``LogConfig.leader_rewrites``) is left to the Python path, which calls
+whose config turns either on (``LogConfig.leader_rewrites``) is left to the reference path, which calls
 :func:`apply` before the native append.
 """
 from __future__ import annotations

@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 from kbroker._native.crc import crc32c
 
+from ..protocol.types import varint_bytes
 from .checkpoint import fsync_dir
 
 SUFFIX = ".txnindex"
@@ -166,16 +167,6 @@ class TxnIndex:
 
 # -- control batches ----------------------------------------------------------------------
 
-def _zigzag(n: int) -> bytes:
-    v = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
-
-
 def control_batch(producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int,
                   base_offset: int, leader_epoch: int, timestamp: int | None = None) -> bytes:
     """A stamped control batch holding one COMMIT or ABORT marker, as a leader appends it."""
@@ -192,9 +183,9 @@ def control_section(kind: int, coordinator_epoch: int, timestamp_delta: int = 0)
     """The records section of a control batch: its one control record (``kind`` ABORT or COMMIT)."""
     key = struct.pack(">hh", 0, kind)
     value = struct.pack(">hi", 0, coordinator_epoch)
-    body = (b"\x00" + _zigzag(timestamp_delta) + _zigzag(0) + _zigzag(len(key)) + key + _zigzag(len(value))
-            + value + _zigzag(0))
-    return _zigzag(len(body)) + body
+    body = (b"\x00" + varint_bytes(timestamp_delta) + varint_bytes(0) + varint_bytes(len(key)) + key
+            + varint_bytes(len(value)) + value + varint_bytes(0))
+    return varint_bytes(len(body)) + body
 
 
 def _varint(buf, pos: int):

@@ -358,7 +358,7 @@ class Connection(ConnState, asyncio.BufferedProtocol):
     def _read_py(self, nbytes):
         self._read_at = now = _now()
         self.last_active = now if self._loop_clock_is_monotonic else self.loop.time()
-        self._reads.python += 1
+        self._reads.reference += 1
         self._read_rest(nbytes)
 
     def _read_rest(self, nbytes):

@@ -154,37 +154,37 @@ class ReplicaManager:
 
     # -- native Produce path (ext/request.pyx FastProduce; ARCHITECTURE.md "Native Produce fast path") --
 
-    def fast_produce(self, fallback, write_failed):
+    def fast_produce(self, reference_path, write_failed):
         """The Produce handler for the native request path: a FastProduce whose armed partitions
-        are served without a Python frame, ``fallback`` (produce.handle_native) for everything else;
-        ``fallback`` itself when KBROKER_FAST_PRODUCE=0. ``write_failed`` answers a request one of
+        are served without a Python frame, ``reference_path`` (produce.handle_native) for everything else;
+        ``reference_path`` itself when KBROKER_FAST_PRODUCE=0. ``write_failed`` answers a request one of
         whose fast appends could not be written (produce.fast_write_failed bound to the broker: the
         server wires the handlers in, replica never imports server)."""
         if not switches.current.fast_produce:
             log.info("native Produce fast path off (KBROKER_FAST_PRODUCE=0)")
-            return fallback
+            return reference_path
         threads = self._threads or self._append_threads()
         metrics = self.broker.metrics
         notifier = self.broker.notifier
-        self.fast = FastProduce(fallback, self._fast_rearm, write_failed, self._fast_leaders,
+        self.fast = FastProduce(reference_path, self._fast_rearm, write_failed, self._fast_leaders,
                                 metrics.messages_in, metrics.bytes_in, notifier.waiters, notifier.appended,
                                 self._failing_dirs, threads.write_offload_bytes, threads.validates_off_loop,
                                 metrics.produce_failed)
         self._fast_refresh_all()
         return self.fast
 
-    def fast_fetch(self, fallback):
+    def fast_fetch(self, reference_path):
         """The Fetch handler for the native request path: a FastFetch serving the small Fetch of armed
         partitions without a Python frame (ext/request.pyx; the slots are the Produce path's): a
         consumer's, and an ISR follower's (its positions recorded as ``record_follower_fetch`` does,
         the HW moved, ``_complete`` called when it moves; a caught-up follower's long poll is still
-        fetch.handle_native's), ``fallback`` (fetch.handle_native) for everything else; ``fallback``
+        fetch.handle_native's), ``reference_path`` (fetch.handle_native) for everything else; ``reference_path``
         itself when KBROKER_FAST_FETCH=0."""
         if not switches.current.fast_fetch:
             log.info("native Fetch fast path off (KBROKER_FAST_FETCH=0)")
-            return fallback
+            return reference_path
         from ..log import segment
-        self.fast_fetch_handler = FastFetch(fallback, self._fast_rearm, self._fast_leaders,
+        self.fast_fetch_handler = FastFetch(reference_path, self._fast_rearm, self._fast_leaders,
                                             self.broker.metrics.bytes_out, self.broker.config.values,
                                             segment.read_blocks, self.broker_id, self.logs.topic_configs,
                                             self._complete, self.broker.metrics)
@@ -201,7 +201,7 @@ class ReplicaManager:
         stale (become_leader / become_follower / _write_isr), the partition gone (stop_replica), the
         log's config (the native path sees a new LogConfig object and calls _fast_rearm). A log whose config
         has the leader rewrite batches (LogConfig.leader_rewrites: compression.type, timestamp bounds) stays
-        with the Python path."""
+        with the reference path."""
         if self.fast is None and self.fast_fetch_handler is None:
             return
         tp = p.tp
@@ -615,7 +615,7 @@ class ReplicaManager:
         """DeleteRecords on the leader moved its log start to ``offset``: an awaitable of (error code, low
         watermark), done once every in-sync replica's log start reached it (Kafka's DelayedDeleteRecords),
         REQUEST_TIMED_OUT after ``timeout_ms``. The partition's native slot is disarmed meanwhile: its
-        followers' fetches take the Python path, which records the log start they carry."""
+        followers' fetches take the reference path, which records the log start they carry."""
         fut = asyncio.get_running_loop().create_future()
         p.delete_waiters.append((offset, fut))
         self._fast_refresh(p)

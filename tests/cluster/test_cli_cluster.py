@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from kbroker.cli import cluster
+from kbroker.localcluster import pid_alive
 from kbroker.ports import free_ports
 from kbroker.zk import local
 
@@ -35,7 +36,7 @@ def broker_pid(root: Path, broker_id: int) -> int:
 
 def wait_gone(pid: int, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
-    while cluster._pid_alive(pid):
+    while pid_alive(pid):
         assert time.monotonic() < deadline, f"pid {pid} still alive"
         time.sleep(0.05)
 

@@ -13,9 +13,9 @@ and leader guards dropped (the leadership test failed). Dropping the active-segm
 changes nothing visible: the recent-batch list's and the read block's floors already refuse offsets
 before the active segment (it stays as a guard). Several partitions per Fetch (each broken alone, the
 named tests failed, restored): the fast path limited to one topic with one partition again (every
-client of the six-partition topic served slow: 0 fast for confluent-kafka, kafka-python, aiokafka;
+client of the six-partition topic served by the reference path: 0 fast for confluent-kafka, kafka-python, aiokafka;
 the multi-partition differential 0 fast); a non-empty rack id refused (the rack-id fetches and
-confluent-kafka with client.rack went slow); every partition given a whole first batch (the max_bytes
+confluent-kafka with client.rack went to the reference path); every partition given a whole first batch (the max_bytes
 budget test and the differential saw records where Python leaves the row empty); the HW cap replaced
 by the log end (the RF=3 six-partition test saw batches past each HW). The budget left undecremented
 is caught by tests/test_native_differential.py's multi-partition test alone.
@@ -282,7 +282,7 @@ def test_retention_moves_log_start(tmp_path):
 
 
 def test_long_poll_woken_by_append(single):
-    """A fetch at the HW long-polls (the Python path) and is woken by a native append: test_produce_fast's
+    """A fetch at the HW long-polls (the reference path) and is woken by a native append: test_produce_fast's
     long-poll test, run here with the Fetch fast path on, the fetch counted as Python's."""
     c, port = single
     with Fetches(port) as d:
@@ -416,7 +416,7 @@ def test_several_partitions_in_one_fetch(single):
 def _consume_all(c, port, topic, want):
     """confluent-kafka, kafka-python, aiokafka and kcat each read every partition of ``topic`` from the
     start (all partitions assigned: one Fetch names them all), in order per partition.
-    -> {client: (fast, slow)} fetches served while it read."""
+    -> {client: (fast, reference)} fetches served while it read."""
     counts = {}
     total = sum(len(v) for v in want.values())
 
@@ -497,16 +497,16 @@ def _consume_all(c, port, topic, want):
 
 def test_consumers_of_six_partitions_read_natively(single):
     """Each real client assigned all six partitions reads everything in order per partition, its
-    multi-partition fetches served natively: more fast than slow for every client (before several
-    partitions per Fetch were served, all of them were slow), confluent-kafka's with a rack id
+    multi-partition fetches served natively: more fast than reference for every client (before several
+    partitions per Fetch were served, all of them took the reference path), confluent-kafka's with a rack id
     (client.rack). The counts are printed: every client's fetches come with session_id 0 (kafka-python
     asks for a session, epoch 0, and is told none: session_id 0 in every answer, so it stays sessionless)."""
     c, port = single
     topic, want = spread_topic(c)
     counts = _consume_all(c, port, topic, want)
-    print("fast/slow fetches per client:", counts)
-    for client, (fast, slow) in counts.items():
-        assert fast > slow and fast >= 5, (client, counts)
+    print("fast/reference fetches per client:", counts)
+    for client, (fast, reference) in counts.items():
+        assert fast > reference and fast >= 5, (client, counts)
 
 
 # ---- RF=3 -------------------------------------------------------------------------------------------

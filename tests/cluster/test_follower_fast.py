@@ -6,7 +6,7 @@ fetches (no consumer reads the leader while they are counted: every Fetch it get
 caught-up follower's fetch recorded natively and long-polled by Python counts as neither).
 
 Counter-checks (each broken on purpose, this file failed, then restored): followers refused by the
-native path again (``return 0`` for replica_id >= 0: fast 0, slow > 0); the follower's position not
+native path again (``return 0`` for replica_id >= 0: fast 0, reference > 0); the follower's position not
 recorded on the native path (no HW move: the acks=all producer timed out).
 tests/test_native_differential.py holds fast-on and fast-off answers and HWs to each other, byte for
 byte; tests/test_replication.py (T1: leader killed repeatedly, acked-but-lost 0; T2: a follower killed,
@@ -78,7 +78,7 @@ ACKS_ALL_ONE_IN_FLIGHT = {"acks": "all", "max.in.flight.requests.per.connection"
 
 def _full_isr_then_native(c, ports, topic, start, n, wait_s, what, min_fast, min_samples):
     """Once the ISR is [0, 1, 2]: n acks=all records from value-<start>, every one acknowledged; the
-    leader's followers' fetches mostly native (fast > 4 x slow) and the HW never past an ISR follower's
+    leader's followers' fetches mostly native (fast > 4 x reference) and the HW never past an ISR follower's
     log end while they ran."""
     with leader_conn(c, 0) as conn:
         wait_until(lambda: _isr(conn, topic) == [0, 1, 2], wait_s, what)
@@ -94,7 +94,7 @@ def _full_isr_then_native(c, ports, topic, start, n, wait_s, what, min_fast, min
 
 @pytest.mark.slow
 def test_rf3_followers_fetch_natively_acks_all_reads_back_and_isr_survives_a_follower_kill(three):
-    """acks=all at RF=3: the followers' fetches are taken by the native path (fast > slow), the HW
+    """acks=all at RF=3: the followers' fetches are taken by the native path (fast > reference), the HW
     never passes an ISR follower's log end, everything reads back in order; a follower killed by PID
     leaves the ISR (produce goes on), restarted it catches up, rejoins the ISR and its fetches are
     native again; everything still reads back in order."""

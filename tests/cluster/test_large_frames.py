@@ -1,6 +1,6 @@
 """Frames too large for the 32 KiB receive chunk (kbroker/network/connection.py): each arrives in a buffer
 of its own and is then served exactly like a chunk's frames, by dispatch_frames: a plain Produce takes the
-native fast path, an off-loop append or another API the Python paths. Whatever path answers it, the
+native fast path, an off-loop append or another API the reference paths. Whatever path answers it, the
 frame's request memory goes back to the pool once the request no longer needs it
 (`kbroker_network_request_pool_used_bytes` returns to what it was before the test's connections: each
 open connection holds one receive chunk)."""
@@ -51,7 +51,7 @@ def produce_values(bootstrap: str, topic: str, values: list[bytes]) -> None:
 def round_trip(single, values: list[bytes], config: dict | None = None) -> Delta:
     """``values`` produced one request each to a fresh topic (after a first record that arms the
     partition's fast-path slot through Python), read back in order, and the request memory back in
-    the pool -> the fast/slow counts of those requests."""
+    the pool -> the fast/reference counts of those requests."""
     c, port = single
     before = pool_used(port)
     topic = f"large-{uuid.uuid4().hex[:8]}"
@@ -71,7 +71,7 @@ def test_large_produce_frames_take_the_native_path(single):
 
 
 def test_off_loop_append_of_a_large_frame_releases_it_when_answered(single):
-    # >= kbroker.log.writer.offload.bytes (1 MiB): the Python path appends on the writer thread and
+    # >= kbroker.log.writer.offload.bytes (1 MiB): the reference path appends on the writer thread and
     # answers later, so the frame's buffer is held past dispatch_frames' return
     d = round_trip(single, [bytes([97 + i]) * ((1 << 20) + 1000 * i) for i in range(3)],
                    {"max.message.bytes": str(4 << 20)})

@@ -191,7 +191,7 @@ def test_parse_agrees_with_reference():
         view = memoryview(bytearray(frame))[4:]
         key, version = native.peek_key_version(view)
         if key != PRODUCE or version not in VERSIONS:
-            continue                             # the connection sends these to the Python path
+            continue                             # the connection sends these to the reference path
         ref, nat = _outcome(_reference_parse, view), _outcome(_native_parse, view)
         assert nat == ref, (i, frame.hex())
         counts[ref[0]] += 1
@@ -498,12 +498,12 @@ def fast_pair(tmp_path_factory):
 def test_fast_path_answers_and_logs_byte_for_byte(fast_pair):
     """The same sequence to a broker with the fast path and one without (both native): every outcome
     identical, and so are the partitions' log files; the fast path served most Produce requests."""
-    (fast, slow), port = fast_pair
-    _first, kinds = _run_both((fast, slow), _fast_requests(10, 700))
+    (fast, ref), port = fast_pair
+    _first, kinds = _run_both((fast, ref), _fast_requests(10, 700))
     assert kinds["answer"] > 300 and kinds["closed"] > 10 and kinds["none"] > 50, kinds
     counts = _fast_counts(port)
     assert counts.get("fast", 0) > 300 and counts.get("reference", 0) > 30, counts
-    _same_logs((fast, slow), (("d0", 0), ("d0", 1), ("d1", 0)))
+    _same_logs((fast, ref), (("d0", 0), ("d0", 1), ("d1", 0)))
 
 
 def _same_logs(brokers, tps):
@@ -583,13 +583,13 @@ def test_fast_path_several_partitions_byte_for_byte(fast_pair):
     """Requests of several topics and partitions, to the fast broker and the one without the fast
     path: every outcome identical (per-partition errors included), the same log files; the fast path
     served most of them (all partitions at once) and left the others whole to Python."""
-    (fast, slow), port = fast_pair
-    for c in (fast, slow):
+    (fast, ref), port = fast_pair
+    for c in (fast, ref):
         create_topic(c.bootstrap, "m4", 4)
         wait_for_topic(c.bootstrap, "m4", 4)
     before = _fast_counts(port)
     reqs = _multi_requests(12, 500)
-    first, kinds = _run_both((fast, slow), reqs)
+    first, kinds = _run_both((fast, ref), reqs)
     assert kinds["answer"] > 250 and kinds["none"] > 50 and kinds["closed"] > 5, kinds
     after = _fast_counts(port)
     served, left = after["fast"] - before.get("fast", 0), after["reference"] - before.get("reference", 0)
@@ -601,7 +601,7 @@ def test_fast_path_several_partitions_byte_for_byte(fast_pair):
             errors.update(p["error_code"] for t in body["responses"] for p in t["partition_responses"])
     # none, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION, UNSUPPORTED_FOR_MESSAGE_FORMAT, INVALID_RECORD
     assert {0, 2, 3, 43, 87} <= errors, errors
-    _same_logs((fast, slow), MULTI_POOL)
+    _same_logs((fast, ref), MULTI_POOL)
 
 
 # ---- idempotent producers on the Produce fast path ---------------------------------------------------
@@ -676,9 +676,9 @@ def test_fast_path_idempotent_byte_for_byte(tmp_path_factory):
     (duplicates answered with their first offsets, OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH
     alike), the same log files and, after a clean stop, the same producer-state snapshots (what the
     fast path recorded for its batches); most requests were served by the fast path."""
-    with _switch_pair(tmp_path_factory, "KBROKER_FAST_PRODUCE") as ((fast, slow), port):
+    with _switch_pair(tmp_path_factory, "KBROKER_FAST_PRODUCE") as ((fast, ref), port):
         reqs = _idem_requests(31, 700)
-        first, kinds = _run_both((fast, slow), reqs)
+        first, kinds = _run_both((fast, ref), reqs)
         assert kinds["answer"] > 400 and kinds["none"] > 50, kinds
         counts = _fast_counts(port)
         assert counts.get("fast", 0) > 300 and counts.get("reference", 0) > 100, counts
@@ -688,12 +688,12 @@ def test_fast_path_idempotent_byte_for_byte(tmp_path_factory):
                 _cid, body = api.decode_response(PRODUCE, struct.unpack_from(">h", frame, 6)[0], o[1])
                 errors.update(p["error_code"] for t in body["responses"] for p in t["partition_responses"])
         assert {0, 45, 47} <= errors, errors
-        _same_logs((fast, slow), IDEM_POOL)
-        for c in (fast, slow):
+        _same_logs((fast, ref), IDEM_POOL)
+        for c in (fast, ref):
             c.stop()
         for topic, index in IDEM_POOL:
             snaps = [{p.name: p.read_bytes() for p in (c.brokers[0].data_dir / f"{topic}-{index}").glob("*.snapshot")}
-                     for c in (fast, slow)]
+                     for c in (fast, ref)]
             assert snaps[0] == snaps[1] and snaps[0], (topic, index)
 
 
@@ -752,9 +752,9 @@ def test_fetch_fast_path_answers_byte_for_byte(fetch_pair):
     """The same log (the same Produce frames to both) and the same Fetch sequence to a broker with the
     Fetch fast path and one without: every outcome identical, and the fast path served most of the
     plain consumer fetches while the others (errors, out of range, long polls, followers, malformed)
-    took the Python path."""
-    (fast, slow), port = fetch_pair
-    _run_both((fast, slow), _fill_requests(3, 300))
+    took the reference path."""
+    (fast, ref), port = fetch_pair
+    _run_both((fast, ref), _fill_requests(3, 300))
     ends = {}
     probe = RawConn(fast.bootstrap, timeout=10)
     try:
@@ -770,7 +770,7 @@ def test_fetch_fast_path_answers_byte_for_byte(fetch_pair):
         probe.close()
     assert min(ends.values()) > 100, ends
     before = _fast_counts(port, "fetch")
-    first, kinds = _run_both((fast, slow), _fast_fetch_requests(11, 800, ends))
+    first, kinds = _run_both((fast, ref), _fast_fetch_requests(11, 800, ends))
     assert kinds["answer"] > 500 and kinds["closed"] > 20, kinds
     after = _fast_counts(port, "fetch")
     served, left = after["fast"] - before.get("fast", 0), after["reference"] - before.get("reference", 0)
@@ -862,15 +862,15 @@ def test_multi_partition_fetch_fast_path_byte_for_byte(fetch_pair):
     Counter-checks (each broken alone, this test failed, restored): the budget not shrunk by each
     partition's bytes; every partition given a whole first batch (min_one_batch always on); the fast
     path limited to one partition again (0 served)."""
-    (fast, slow), port = fetch_pair
-    for c in (fast, slow):
+    (fast, ref), port = fetch_pair
+    for c in (fast, ref):
         create_topic(c.bootstrap, "d2", 2, {"segment.bytes": 600})
-    _run_both((fast, slow), _fill_requests(5, 120) + _small_segment_fill(6, 80))
+    _run_both((fast, ref), _fill_requests(5, 120) + _small_segment_fill(6, 80))
     ends = _high_watermarks(fast.bootstrap, (("d0", 0), ("d0", 1), ("d1", 0), ("d2", 0), ("d2", 1)))
     assert min(ends.values()) > 35, ends
     before = _fast_counts(port, "fetch")
     reqs = _multi_fetch_requests(12, 700, ends)
-    first, kinds = _run_both((fast, slow), reqs)
+    first, kinds = _run_both((fast, ref), reqs)
     assert kinds["answer"] > 600, kinds
     after = _fast_counts(port, "fetch")
     served, left = after["fast"] - before.get("fast", 0), after["reference"] - before.get("reference", 0)
@@ -1021,7 +1021,7 @@ def follower_pair(tmp_path_factory):
             c.start()
             _write_replicated_topic(c.zk_connect, "r0", 2)
             wait_for_topic(c.bootstrap, "r0", 2)
-        # both followers join the ISR (a fetch in the current epoch, 0; the Python path: the expansion is
+        # both followers join the ISR (a fetch in the current epoch, 0; the reference path: the expansion is
         # its policy), one after the other (an ISR write in flight holds the next expansion back)
         for r in (1, 2):
             _run_both(clusters, [(_follower_fetch(11, r, r, 0, 0, 1 << 20, [("r0", 0, 0, 0, 1 << 20),
@@ -1041,10 +1041,10 @@ def test_follower_fetch_fast_path_byte_for_byte(follower_pair):
     answered most follower fetches (the rest: errors, long polls with data, non-replicas, mutations).
     Counter-checks (each broken alone, this test failed, restored): followers' reads bounded by the HW
     instead of the log end; the rows' HW left as read before the follower's position was recorded."""
-    (fast, slow), port = follower_pair
+    (fast, ref), port = follower_pair
     before = _fast_counts(port, "fetch")
     reqs = _follower_requests(31, 900)
-    first, kinds = _run_both((fast, slow), reqs)
+    first, kinds = _run_both((fast, ref), reqs)
     assert kinds["answer"] > 800, kinds
     after = _fast_counts(port, "fetch")
     served, left = after["fast"] - before.get("fast", 0), after["reference"] - before.get("reference", 0)
@@ -1064,10 +1064,10 @@ def test_follower_fetch_fast_path_byte_for_byte(follower_pair):
                         base = struct.unpack_from(">q", p["records"])[0]
                         past_hw += base >= p["high_watermark"]
     assert past_hw > 20 and len(hws) > 30, (past_hw, len(hws))
-    assert _isr(fast.bootstrap, "r0") == _isr(slow.bootstrap, "r0") == {0: [0, 1, 2], 1: [0, 1, 2]}
+    assert _isr(fast.bootstrap, "r0") == _isr(ref.bootstrap, "r0") == {0: [0, 1, 2], 1: [0, 1, 2]}
     # the same high watermarks after the sequence (what the followers' recorded positions give)
     tps = [("r0", 0), ("r0", 1)]
-    assert _high_watermarks(fast.bootstrap, tps) == _high_watermarks(slow.bootstrap, tps)
+    assert _high_watermarks(fast.bootstrap, tps) == _high_watermarks(ref.bootstrap, tps)
 
 
 # ---- acks=-1 on partitions with followers (RF=3): parked natively (ParkedProduce) vs Python's waiter --

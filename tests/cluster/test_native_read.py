@@ -131,7 +131,7 @@ def _read_answers(s, n) -> bytes:
 def _session(srv, native: bool) -> tuple[list[bytes], int]:
     """One connection with the native read path ``native``; -> (its answers per exchange, reads)."""
     srv.call(lambda: setattr(srv.server, "native_read", native))
-    before = srv.call(lambda: (srv.server.metrics.reads.native, srv.server.metrics.reads.python))
+    before = srv.call(lambda: (srv.server.metrics.reads.native, srv.server.metrics.reads.reference))
     out = []
     s = _conn(srv.port)
     try:
@@ -165,7 +165,7 @@ def _session(srv, native: bool) -> tuple[list[bytes], int]:
             out.append(_read_answers(s, n))
     finally:
         s.close()
-    after = srv.call(lambda: (srv.server.metrics.reads.native, srv.server.metrics.reads.python))
+    after = srv.call(lambda: (srv.server.metrics.reads.native, srv.server.metrics.reads.reference))
     reads = (after[0] - before[0], after[1] - before[1])
     return out, reads
 
@@ -223,7 +223,7 @@ def test_peer_close_and_reset_end_the_connection(native, loop_name):
                 while srv.call(lambda: len(srv.server.connections)) and time.monotonic() < deadline:
                     time.sleep(0.01)
                 assert srv.call(lambda: len(srv.server.connections)) == 0, (reset, partial)
-        reads = srv.call(lambda: (srv.server.metrics.reads.native, srv.server.metrics.reads.python))
+        reads = srv.call(lambda: (srv.server.metrics.reads.native, srv.server.metrics.reads.reference))
         assert (reads[0] > 0) == native and (reads[1] > 0) != native, reads
 
 

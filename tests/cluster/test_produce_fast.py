@@ -11,7 +11,7 @@ batch), skipping the disarm in become_follower together with the per-request epo
 dropping the consumers' notifier wake (the long-poll test waited for its max wait), ignoring the
 log's config identity (LogAppendTime missing in the answer); refusing requests of more than one
 partition (the keyed kafka-python/aiokafka producers, the RF=3 leaders and the write-behind run saw them
-served slow); not ending the write-behind run before a Fetch of the same chunk (the run test's fetch);
+served by the reference path); not ending the write-behind run before a Fetch of the same chunk (the run test's fetch);
 not handing the partitions after a failed write to append_records (the mid-request log-dir failure
 answered the last partition "no error, offset -1").
 
@@ -59,7 +59,7 @@ def counts(port: int) -> dict:
 
 
 class Delta:
-    """Fast/slow Produce requests served between entering and leaving the block."""
+    """Fast/reference Produce requests served between entering and leaving the block."""
 
     def __init__(self, port):
         self.port = port
@@ -167,7 +167,7 @@ def test_plain_produce_is_served_natively_and_reads_back(single):
 @pytest.mark.parametrize("acks", [0, 1, -1])
 def test_every_version_and_acks_native(single, acks):
     """v3-8, acks 0/1/-1 (an ISR of this leader alone: answered at once): all native, offsets in order,
-    and the answer carries what the Python path's would (base offset, no append time, log start)."""
+    and the answer carries what the reference path's would (base offset, no append time, log start)."""
     c, port = single
     topic = new_topic(c)
     with Delta(port) as d, RawConn(c.bootstrap) as conn:
@@ -495,7 +495,7 @@ def test_write_behind_run_over_several_partitions(single):
 @pytest.mark.slow
 def test_log_dir_failure(tmp_path, tmpfs):
     """A full log dir: a native append whose write fails answers KAFKA_STORAGE_ERROR (the Python
-    finisher), the dir is then failing and appends take the Python path until one succeeds there;
+    finisher), the dir is then failing and appends take the reference path until one succeeds there;
     then they are native again. The log holds exactly the batches that were acknowledged."""
     port = free_port()
     with LocalCluster(tmp_path / "c", overrides={"kbroker.metrics.port": port,
@@ -507,7 +507,7 @@ def test_log_dir_failure(tmp_path, tmpfs):
                 codes = [produce_raw(conn, topic, one(b"f" * 60_000))["error_code"] for _ in range(4)]
             assert codes == [KAFKA_STORAGE_ERROR] * 4, codes
             # the first: native, its write fails and Python's storage-failure finisher answers it
-            # (counted slow); then the failing dir keeps the rest on the Python path
+            # (counted reference); then the failing dir keeps the rest on the reference path
             assert (d.fast, d.reference) == (0, 4), (d.fast, d.reference)
             os.unlink(os.path.join(tmpfs, "ballast"))
             with Delta(port) as d:
@@ -585,7 +585,7 @@ def test_log_dir_failure_mid_request_acks_all_rf3(tmp_path, tmpfs):
     tmpfs, room for one batch of three): the first partition, appended natively, waits for its
     followers (produce.fast_write_failed's DelayedProduce) and is answered with its offset once they
     have it; the second answers KAFKA_STORAGE_ERROR and the third fails in append_records, as on the
-    Python path."""
+    reference path."""
     c = LocalCluster(tmp_path / "c", brokers=3, overrides={"replica.lag.time.max.ms": 3000})
     port = free_port()
     c.brokers[0].extra = {"kbroker.metrics.port": port, "log.dirs": os.path.join(tmpfs, "data")}
@@ -668,9 +668,9 @@ def test_rf3_leaders_several_partitions_acks1(three):
         d.__exit__(None, None, None)
     batches = check_multi(c, topic, 9, acked, brokers=(0, 1, 2))
     # a leader may leave a request or so to Python while its followers join the ISR (as rf3_topic's)
-    fast, slow = sum(d.fast for d in deltas), sum(d.reference for d in deltas)
-    assert all(d.fast > 0 for d in deltas) and slow <= 3, [(d.fast, d.reference) for d in deltas]
-    assert batches > 1.5 * (fast + slow), (batches, fast, slow)     # each broker leads three partitions
+    fast, reference = sum(d.fast for d in deltas), sum(d.reference for d in deltas)
+    assert all(d.fast > 0 for d in deltas) and reference <= 3, [(d.fast, d.reference) for d in deltas]
+    assert batches > 1.5 * (fast + reference), (batches, fast, reference)     # each broker leads three partitions
     for p in range(9):
         leader = replicas[p][0]
         end = [b for _path, b in all_batches(c.brokers[leader].data_dir, topic, p)][-1].last_offset + 1

@@ -234,7 +234,7 @@ def test_fetch_and_list_offsets_stop_at_the_lso(cluster, read_topic):
     leader = read_topic["leader"]
     with RawConn(addr(cluster, leader)) as c:
         assert latest(c, 1) == 11 and latest(c, 0) == 12
-        # Answered at once by the native path, and after a long poll by the Python path's read: the same row.
+        # Answered at once by the native path, and after a long poll by the reference path's read: the same row.
         before = fetch_paths(cluster, leader)
         rows = [fetch(c, 0, 1)]
         after = fetch_paths(cluster, leader)

@@ -241,7 +241,7 @@ def test_failed_run_write_answers_storage_error_and_keeps_the_connection(tmp_pat
     # so one write-behind run) to both: rows on the full log answer KAFKA_STORAGE_ERROR exactly as a lone
     # failed append does (-1 offsets, the write's message), rows on the other keep offsets that read
     # back, a multi-partition request gets both; the next request on the connection works. On the native
-    # path (a fresh dir) and on the Python path (the dir is failing: appends are Python's until one
+    # path (a fresh dir) and on the reference path (the dir is failing: appends are Python's until one
     # succeeds there). An idempotent batch after deferred plain batches of its log, whose pending write
     # fails first, answers the error and its retry is appended. acks=0 in a failed run closes.
     from test_produce_diskfull import _fill_to_last_page
@@ -288,7 +288,7 @@ def test_failed_run_write_answers_storage_error_and_keeps_the_connection(tmp_pat
                     dup = [{k: v for k, v in r.items() if k != "index"}
                            for r in body["responses"][0]["partition_responses"]]
                     rows += _rows(conn, 1)
-                # natively served (the 4th and maybe a next one not), or (a failing dir) all on the Python path
+                # natively served (the 4th and maybe a next one not), or (a failing dir) all on the reference path
                 assert (d.fast, d.reference) in ([(0, 5)] if python else [(4, 1), (3, 2)]), (d.fast, d.reference)
                 assert dup[1]["error_code"] == INVALID_RECORD, dup
                 base = len(acked[good])

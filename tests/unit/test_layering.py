@@ -119,7 +119,9 @@ NATIVE_RANKS = {
     "request": 4,
 }
 NATIVE_INCLUDES = {"wire": "request", "reqstats": "request", "slots": "request", "produce_path": "request",
-                   "fetch_path": "request", "lost": "request", "conn": "request"}
+                   "fetch_path": "request", "lost": "request", "conn": "request",
+                   **{f"segment_{room}": "segment" for room in ("io", "append", "state", "index", "walk", "scan",
+                                                                  "logstate", "leader", "blocks")}}
 _CIMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+cimport\b|cimport\s+([\w.]+))", re.M)
 _NOT_OURS = ("libc", "posix", "cpython", "cython", "libcpp")
 
