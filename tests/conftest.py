@@ -89,11 +89,11 @@ def pytest_ignore_collect(collection_path, config):
     return None if wanted else True
 
 
-# The parallel run hands out work units (a file each) in this order (scripts/test.sh: --dist loadgroup
-# --no-loadscope-reorder): the cluster and hostile files first, the many short unit-test files last,
-# where they fill the workers' tails. (xdist's own reorder puts the files with the most tests first,
-# which left the long fault files with few tests for the end.)
-_RUN_ORDER = ("tests/cluster/", "tests/hostile/", "tests/unit/")
+# The runs hand out work units (a file each) in this order (scripts/test.sh: --dist loadgroup
+# --no-loadscope-reorder): the Spark unit first (the heavy run's longest), then the cluster and hostile
+# files, the many short unit-test files last, where they fill the workers' tails. (xdist's own reorder
+# puts the files with the most tests first, which left the long fault files with few tests for the end.)
+_RUN_ORDER = ("tests/spark/", "tests/cluster/", "tests/hostile/", "tests/unit/")
 
 
 def _run_rank(nodeid: str) -> int:
@@ -107,8 +107,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.serial)
         elif item.nodeid.startswith(HEAVY):
             item.add_marker(pytest.mark.heavy)
-        # one work unit per file: its module-scoped cluster starts once
-        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+        # one work unit per file: its module-scoped cluster starts once; the Spark jobs one unit in all, so
+        # that two Spark JVMs never share the cores (a Python worker then missed its connect-back timeout)
+        heavy_spark = item.nodeid.startswith("tests/spark/") and item.get_closest_marker("heavy") is not None
+        item.add_marker(pytest.mark.xdist_group("spark" if heavy_spark else item.nodeid.split("::")[0]))
     items.sort(key=lambda item: _run_rank(item.nodeid))   # stable: a file's tests keep their order
     which = config.getoption("--serial-tests")
     if which == "all":
