@@ -470,19 +470,22 @@ def test_admin_topics_and_configs(tansu):
 # ---- against kbroker itself (tests/conftest.py: ZooKeeper + one broker) ----------------------------
 
 def test_kip511_kafka_style_error_reply_from_kbroker(bootstrap):
-    """Asking for ApiVersions v4 gets Kafka's v0-shaped UNSUPPORTED_VERSION reply naming the
-    broker's range; we retry with its max."""
-    from kbroker.client.connection import CLIENT_VERSIONS
+    """ApiVersions v5 (one past Kafka 3.9's range) gets Kafka's v0-shaped UNSUPPORTED_VERSION reply naming
+    the broker's range (0-4); our client, which speaks up to v3, settles on v3 and gets an answer."""
     host, port = bootstrap.rsplit(":", 1)
-    wants_v4 = dict(CLIENT_VERSIONS)
-    wants_v4[18] = (0, 4)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        body = struct.pack(">hhih", 18, 5, 7, 4) + b"kip5" + b"\x00" * 3     # header v2, empty body fields
+        s.sendall(struct.pack(">i", len(body)) + body)
+        size = struct.unpack(">i", s.recv(4, socket.MSG_WAITALL))[0]
+        frame = s.recv(size, socket.MSG_WAITALL)
+    cid, err, n = struct.unpack_from(">ihi", frame, 0)
+    ranges = {k: (lo, hi) for k, lo, hi in (struct.unpack_from(">hhh", frame, 10 + 6 * i) for i in range(n))}
+    assert (cid, err) == (7, Errors.UNSUPPORTED_VERSION) and ranges[18] == (0, 4)
 
     async def go():
-        conn = await BrokerConnection.open(host, int(port), client_versions=wants_v4)
+        conn = await BrokerConnection.open(host, int(port))
         try:
-            if conn.broker_versions[18][1] >= 4:
-                pytest.fail("kbroker is expected to advertise ApiVersions below v4")
-            assert conn.api_versions_version == conn.broker_versions[18][1]
+            assert conn.api_versions_version == 3 and conn.broker_versions[18] == (0, 4)
             _, md = await conn.send(3, {"topics": []})
             assert md["brokers"]
         finally:

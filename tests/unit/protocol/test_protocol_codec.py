@@ -587,3 +587,18 @@ def test_null_defaults_hold_in_versions_without_the_field():
     # a field that is merely nullable without a null default keeps the type's zero where absent
     fetch = api.decode_request(1, 11, *_header_and_pos(api.encode_request(1, 11, 1, "c", {})))
     assert fetch["cluster_id"] is None and fetch["rack_id"] == ""
+
+
+def test_metadata_v11_plus_tolerates_librdkafkas_trailing_bytes_other_requests_do_not():
+    """librdkafka's all-topics Metadata v12 body as sent on the wire (topics null, two false flags, no tags,
+    then three more bytes): read as Kafka reads it. Trailing bytes after any other body still refuse it."""
+    from kbroker.protocol import api
+    from kbroker.protocol.types import ProtocolError as PE
+    body = bytes.fromhex("00000000010000")
+    assert api.decode_request(3, 12, body, 0) == {
+        "topics": None, "allow_auto_topic_creation": False, "include_topic_authorized_operations": False,
+        "include_cluster_authorized_operations": False}
+    with pytest.raises(PE, match="trailing"):
+        api.decode_request(3, 9, bytes.fromhex("0000000000ff"), 0)
+    with pytest.raises(PE, match="trailing"):
+        api.decode_request(10, 0, bytes.fromhex("00016100"), 0)     # FindCoordinator v0 "a" + one byte
