@@ -1,4 +1,5 @@
-# C-level interface of kbroker._native.arrow (RecordBatch v2 <-> Arrow columns, kbroker.spark).
+# kbroker._native.arrow (RecordBatch v2 <-> Arrow columns, kbroker.spark): every cdef class it exports
+# (the read side's buffers and decoder, the write side's column views) and the C structs they hold.
 # The batch header comes from layout.pxd (its one definition) and the record varints from
 # varint.pxd; arrow.pyx restates neither. Declarations here must match the definitions in
 # arrow.pyx.
@@ -70,3 +71,16 @@ cdef struct HdrCol:
     bint present
     BinCol hkey
     BinCol hval
+
+
+# The write side's column views (partition_for_keys, build_batches): each holds the pyarrow buffers of
+# one input column alive while the GIL-free encode reads them through ``col``'s raw pointers. Module
+# helpers, not API: Python never gets one back.
+cdef class _Column:
+    cdef BinCol col                         # a binary or string column (present False: None, all null)
+    cdef object keep                        # the buffers and views ``col`` points into
+
+
+cdef class _ListColumn:
+    cdef HdrCol col                         # a headers column, its key and value children inside
+    cdef object keep                        # the buffers, views and child _Columns ``col`` points into

@@ -406,9 +406,8 @@ cdef inline const unsigned char *col_ptr(const BinCol *c, int64_t row) noexcept 
 
 
 cdef class _Column:
-    """Keeps the pyarrow buffers of a binary column alive while raw pointers into them are used."""
-    cdef BinCol col
-    cdef object keep
+    """Keeps the pyarrow buffers of a binary column alive while raw pointers into them are used
+    (fields in arrow.pxd)."""
 
     def __init__(self, arr):
         cdef const uint8_t[::1] valid_mv
@@ -456,9 +455,8 @@ cdef inline int64_t hdr_count(const HdrCol *c, int64_t row) noexcept nogil:
 
 
 cdef class _ListColumn:
-    """Keeps a headers column's buffers alive while raw pointers into them are used."""
-    cdef HdrCol col
-    cdef object keep
+    """Keeps a headers column's buffers alive while raw pointers into them are used (fields in
+    arrow.pxd)."""
 
     def __init__(self, arr):
         cdef const int32_t[::1] off_mv

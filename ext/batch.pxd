@@ -1,7 +1,8 @@
-# C-level API of kbroker._native.batch (RecordBatch v2, magic 2), cimported as
-# kbroker._native.batch by the segment scan (and any other extension that reads headers):
-# the typed header record and the GIL-free record walk. The header layout itself is in
-# layout.pxd. Declarations here must stay identical to the definitions in batch.pyx.
+# kbroker._native.batch (RecordBatch v2, magic 2): every cdef class it exports (the typed header
+# record, the client's batch builder) and the C-level functions other extensions cimport as
+# kbroker._native.batch (the segment's scan and leader append: header parse, record walk, append
+# checks, stamping). The header layout itself is in layout.pxd. Declarations here must stay
+# identical to the definitions in batch.pyx.
 cimport cython
 from libc.stdint cimport int16_t, int32_t, int64_t, uint32_t
 
@@ -24,6 +25,24 @@ cdef class BatchInfo:
     cdef readonly int16_t producer_epoch
     cdef readonly int32_t base_sequence
     cdef readonly int32_t record_count
+
+
+# Encodes records into one RecordBatch v2 for kbroker's own client: each ``append`` encodes its
+# record into a growing C buffer; ``build`` writes the header, compresses the records section
+# (codec != 0) and computes the CRC, once.
+@cython.final
+cdef class BatchBuilder:
+    cdef int codec
+    cdef int timestamp_type                 # 0 CreateTime, 1 LogAppendTime
+    cdef Py_ssize_t batch_size              # append refuses a record past this (but not the first)
+    cdef char *buf                          # encoded records section, uncompressed
+    cdef Py_ssize_t length
+    cdef Py_ssize_t capacity
+    cdef readonly int32_t record_count
+    cdef int64_t first_timestamp
+    cdef int64_t max_timestamp
+    cdef bint built                         # build() ran: the builder takes nothing more
+    cdef int _reserve(self, Py_ssize_t extra) except -1
 
 
 # A BatchInfo from the HEADER_SIZE bytes at buf (the caller checked they are there).

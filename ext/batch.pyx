@@ -786,17 +786,7 @@ cdef class BatchBuilder:
 
     Records are encoded as they are appended into a growing C buffer; build()
     writes the header, compresses the records section when codec != 0 and
-    computes the CRC."""
-    cdef int codec
-    cdef int timestamp_type
-    cdef Py_ssize_t batch_size
-    cdef char *buf          # encoded records section, uncompressed
-    cdef Py_ssize_t length
-    cdef Py_ssize_t capacity
-    cdef readonly int32_t record_count
-    cdef int64_t first_timestamp
-    cdef int64_t max_timestamp
-    cdef bint built
+    computes the CRC. Fields are declared in batch.pxd."""
 
     def __cinit__(self):
         self.buf = NULL

@@ -175,21 +175,11 @@ cdef inline Py_ssize_t next_record(const unsigned char *p, Py_ssize_t pos, Py_ss
 
 # ---------------------------------------------------------------- dedupe map
 
-cdef struct Slot:
-    uint64_t h1
-    uint64_t h2
-    int64_t offset_plus_one    # 0 = empty
-
-
 @cython.final
 cdef class OffsetMap:
     """Bounded map key hash -> latest offset (Kafka's SkimpyOffsetMap idea): ``slots`` slots,
-    filled at most to ``max_entries`` (load factor) so probes stay short."""
-    cdef Slot *table
-    cdef readonly Py_ssize_t slots
-    cdef readonly Py_ssize_t max_entries
-    cdef readonly Py_ssize_t size
-    cdef readonly int64_t latest_offset
+    filled at most to ``max_entries`` (load factor) so probes stay short. Fields and C methods are
+    declared in cleaner.pxd (with the Slot struct)."""
 
     def __cinit__(self, Py_ssize_t slots, double load_factor=0.9):
         if slots < 1:

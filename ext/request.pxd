@@ -1,6 +1,6 @@
 # kbroker._native.request: every cdef class it exports, by the include that implements it (request.pyx
 # lists the includes). Fields a class keeps private are still declared here: Cython needs one place.
-from libc.stdint cimport int16_t, int32_t, int64_t
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t
 
 from kbroker._native.segment cimport LeaderAppender, LogState, ReadBlocks, SegmentState
 
@@ -42,6 +42,36 @@ cdef class FetchRequest:
     # effect, nothing to read yet): the Fetch handler only long-polls it, recording nothing again
     cdef readonly bint recorded
     cdef readonly bytes frame               # the frame of a recorded fetch (FastFetch.reread); else None
+
+
+# The codec's cursors, shared by the fast paths' includes (module helpers, not API). A read past the
+# frame's end raises ProtocolError; a write is preceded by a ``reserve`` of its bytes.
+cdef class _Reader:
+    cdef const unsigned char *p             # the frame's bytes (inside ``view``)
+    cdef Py_ssize_t pos                     # the next byte to read
+    cdef Py_ssize_t end
+    cdef Py_buffer view                     # the frame's buffer, held while the reader lives
+    cdef bint held                          # ``view`` is held (released when the reader is freed)
+    cdef inline int need(self, Py_ssize_t n) except -1
+    cdef inline int16_t i16(self) except? -1
+    cdef inline int32_t i32(self) except? -1
+    cdef inline int64_t i64(self) except? -1
+    cdef inline int8_t i8(self) except? -1
+    cdef object string(self, bint nullable)
+    # a non-null array's length, refused when ``elem_min`` bytes per element cannot fit in the rest
+    cdef int32_t array_len(self, Py_ssize_t elem_min) except? -1
+
+
+cdef class _Writer:
+    cdef bytearray buf                      # the encoded bytes, grown by ``reserve``
+    cdef char *p                            # buf's first byte (moves when it grows)
+    cdef Py_ssize_t pos                     # the next byte to write
+    cdef Py_ssize_t cap                     # len(buf)
+    cdef int reserve(self, Py_ssize_t n) except -1
+    cdef inline void i16(self, int16_t x) noexcept
+    cdef inline void i32(self, int32_t x) noexcept
+    cdef inline void i64(self, int64_t x) noexcept
+    cdef int string(self, object s, bint nullable) except -1
 
 
 # ---- reqstats.pxi: request metrics ------------------------------------------------------------------

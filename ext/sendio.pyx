@@ -37,13 +37,6 @@ cdef extern from "<sys/socket.h>" nogil:
     int MSG_NOSIGNAL
 
 
-ctypedef struct Piece:
-    const char *data        # a bytes chunk's first byte; NULL for a file range
-    int fd                  # a file range's descriptor
-    long long pos           # a file range's first byte in the file
-    Py_ssize_t length
-
-
 # what _run stopped on
 cdef enum:
     RUN_DONE = 0
@@ -53,15 +46,7 @@ cdef enum:
 
 
 cdef class SendCursor:
-    """An answer's pieces and how far they have gone out (see the module doc)."""
-
-    cdef Piece *pieces
-    cdef Py_buffer *views
-    cdef Py_ssize_t count, nviews
-    cdef readonly Py_ssize_t index      # the piece being sent
-    cdef readonly Py_ssize_t offset     # bytes of it already sent
-    cdef readonly long long remaining   # bytes of the answer not yet sent
-    cdef object chunks
+    """An answer's pieces and how far they have gone out (see the module doc; fields in sendio.pxd)."""
 
     def __cinit__(self, chunks):
         cdef Py_ssize_t total = 0, nbuf = 0, i = 0

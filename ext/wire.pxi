@@ -69,11 +69,7 @@ cdef object _decode_str(const unsigned char *p, Py_ssize_t n):
 
 
 cdef class _Reader:
-    cdef const unsigned char *p
-    cdef Py_ssize_t pos
-    cdef Py_ssize_t end
-    cdef Py_buffer view       # the frame's buffer, held while the reader lives (p points into it)
-    cdef bint held
+    """Bounds-checked big-endian reads over a request frame (fields in request.pxd)."""
 
     def __dealloc__(self):
         if self.held:
@@ -255,11 +251,8 @@ def parse_fetch(frame):
 
 
 cdef class _Writer:
-    """Grows a bytes-like buffer; reused by the encoder (one per module: the loop thread only)."""
-    cdef bytearray buf
-    cdef char *p
-    cdef Py_ssize_t pos
-    cdef Py_ssize_t cap
+    """Grows a bytes-like buffer; reused by the encoder (one per module: the loop thread only). Fields
+    are declared in request.pxd."""
 
     def __cinit__(self):
         self.cap = 4096

@@ -157,3 +157,33 @@ def test_the_native_checker_sees_a_violation(tmp_path):
     assert any(v.startswith("batch.pyx cimports request") for v in found), found
     assert any(v.startswith("mystery.pyx: not a known native room") for v in found), found
     assert not any(v.startswith("wire.pxi") for v in found), found
+
+
+# Each native module's .pxd is its table of contents: every cdef class the module defines (in its .pyx
+# or an include) is declared there, fields and C methods with it (Cython then refuses fields declared
+# in the implementation, so the class is described in one place).
+_CDEF_CLASS = re.compile(r"^cdef\s+class\s+(\w+)", re.M)
+
+
+def undeclared_classes(ext: Path) -> list[str]:
+    out = []
+    for path in sorted(p for p in ext.iterdir() if p.suffix in (".pyx", ".pxi")):
+        module = NATIVE_INCLUDES.get(path.stem, path.stem)
+        pxd = ext / f"{module}.pxd"
+        declared = set(_CDEF_CLASS.findall(pxd.read_text())) if pxd.exists() else set()
+        out += [f"{path.name}: cdef class {name} is not declared in {module}.pxd"
+                for name in _CDEF_CLASS.findall(path.read_text()) if name not in declared]
+    return out
+
+
+def test_every_native_class_is_declared_in_its_pxd():
+    assert undeclared_classes(ROOT / "ext") == []
+
+
+def test_the_pxd_checker_sees_an_undeclared_class(tmp_path):
+    (tmp_path / "cleaner.pyx").write_text('"""cdef class Doc"""\n@cython.final\ncdef class OffsetMap:\n    pass\n')
+    (tmp_path / "request.pxd").write_text("cdef class Slot:\n    cdef public object header\n")
+    (tmp_path / "slots.pxi").write_text("cdef class Slot:\n    pass\n")
+    (tmp_path / "wire.pxi").write_text("cdef class _Reader:\n    pass\n")
+    assert undeclared_classes(tmp_path) == ["cleaner.pyx: cdef class OffsetMap is not declared in cleaner.pxd",
+                                            "wire.pxi: cdef class _Reader is not declared in request.pxd"]
