@@ -627,6 +627,17 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _impl("super.users", "string", None),
     _impl("allow.everyone.if.no.acl.found", "boolean", False),
     _impl("zookeeper.set.acl", "boolean", False),
+    # --- ZooKeeper client TLS (zk/client.py kazoo_tls): kazoo reads PEM files only ---
+    _impl("zookeeper.ssl.client.enable", "boolean", False, doc="connect to ZooKeeper's secureClientPort over TLS"),
+    _impl("zookeeper.clientCnxnSocket", "string", None,
+          doc="org.apache.zookeeper.ClientCnxnSocketNetty (Kafka's required value with TLS) or unset"),
+    _impl("zookeeper.ssl.keystore.location", "string", None, doc="PEM: the client's key and certificate chain"),
+    _impl("zookeeper.ssl.keystore.password", "password", None, doc="decrypts the keystore's PEM key"),
+    _impl("zookeeper.ssl.keystore.type", "string", None, doc="PEM (unset: from the file name)"),
+    _impl("zookeeper.ssl.truststore.location", "string", None, doc="PEM: the CA certificates that verify ZooKeeper's"),
+    _known("zookeeper.ssl.truststore.password", "password", None,
+           why="kbroker's ZooKeeper truststore is a PEM file, which has no password"),
+    _impl("zookeeper.ssl.truststore.type", "string", None, doc="PEM (unset: from the file name)"),
     # Kafka secures ZooKeeper through SASL (a JAAS Client section); Debian's ZooKeeper started by our
     # scripts has no SASL set up, so brokers authenticate with ZooKeeper's digest scheme instead.
     _impl("kbroker.zookeeper.digest.credentials", "password", None),
@@ -639,9 +650,6 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
            why="the ZooKeeper client does not limit requests in flight"),
     _known("zookeeper.sync.time.ms", "int", 2000,
            why="not used by Kafka 3.9 either"),
-    _known("zookeeper.clientCnxnSocket", "string", None,
-           why="the ZooKeeper client is kazoo, not the Java client"),
-    _known("zookeeper.ssl.client.enable", "boolean", False),
     _known("zookeeper.metadata.migration.enable", "boolean", False),
     _known("process.roles", "list", []),
     _known("node.id", "int", -1),

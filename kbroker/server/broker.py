@@ -28,7 +28,7 @@ from ..protocol import api
 from ..request_metrics import LOOP_IDLE
 from ..replica import ReplicaManager
 from ..controller.controller import Controller
-from ..zk.client import BrokerZk
+from ..zk.client import BrokerZk, kazoo_tls
 from ..zk.layout import CONFIG_CHANGES
 from ..security.authorizer import AclAuthorizer
 from .metadata import BrokerInfo, MetadataCache, TopicInfo
@@ -100,9 +100,13 @@ class Broker:
         digest = cfg.get("kbroker.zookeeper.digest.credentials") if cfg.get("zookeeper.set.acl") else None
         if cfg.get("zookeeper.set.acl") and not digest:
             raise RuntimeError("zookeeper.set.acl=true needs kbroker.zookeeper.digest.credentials=user:password")
+        try:
+            zk_tls = kazoo_tls(cfg.get)
+        except ValueError as e:
+            raise ConfigError(str(e), str(e).split(":", 1)[0]) from None
         self.zk = BrokerZk(cfg.zookeeper_connect, self.broker_id, cfg.zookeeper_session_timeout_ms,
                            loop=self.loop, connect_timeout_s=cfg.zookeeper_connection_timeout_ms / 1000,
-                           digest=digest)
+                           digest=digest, tls=zk_tls)
         self.zk.on_reregistered = lambda epoch: log.info("re-registered in ZooKeeper, broker epoch %d", epoch)
         self.zk.on_session_lost = lambda: log.warning("ZooKeeper session expired; re-registering")
         self.zk.on_controller_change = self._on_controller_change
