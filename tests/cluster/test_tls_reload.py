@@ -2,7 +2,8 @@
 resource replace the SSL listener's keystore (a new key and certificate from the same CA). New TLS
 connections see the new certificate, a connection opened before keeps working, confluent-kafka still
 produces and consumes; a keystore that does not load is refused naming the key and changes nothing;
-the keystore password is stored encoded in /config/brokers/<id>, and a restart keeps the new keystore."""
+the keystore password is stored encoded in /config/brokers/<id>, a restart keeps the new keystore,
+and deleting the dynamic keys serves the static one again."""
 from __future__ import annotations
 
 import ssl
@@ -62,11 +63,13 @@ def served_serial(c) -> int:
         return serial(conn)
 
 
-def incremental(c, configs: dict[str, str]):
+def incremental(c, configs: dict[str, str | None]):
+    """IncrementalAlterConfigs through confluent-kafka: SET each key, DELETE it where the value is None."""
     from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
     admin = AdminClient({"bootstrap.servers": c.bootstrap})
     res = ConfigResource("broker", "0", incremental_configs=[
-        ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in configs.items()])
+        ConfigEntry(k, v or "", incremental_operation=AlterConfigOpType.SET if v is not None else
+                    AlterConfigOpType.DELETE) for k, v in configs.items()])
     return admin.incremental_alter_configs([res])[res].result(TIMEOUT_S)
 
 
@@ -141,6 +144,11 @@ def test_keystore_reload(cluster):
     c.start_broker(0)
     assert served_serial(c) == c.serials["new"]
     round_trip(c)
+
+    # deleting the dynamic keys brings the static keystore back
+    incremental(c, {"listener.name.ssl.ssl.keystore.type": None, "listener.name.ssl.ssl.keystore.location": None,
+                    "listener.name.ssl.ssl.keystore.password": None})
+    assert served_serial(c) == c.serials["old"]
 
 
 def test_keystore_is_per_broker(cluster):

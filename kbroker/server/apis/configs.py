@@ -392,14 +392,17 @@ async def _alter_broker(broker, name, entries, plan, validate_only) -> None:
     current = await asyncio.to_thread(broker.zk.get_broker_config, entity)
     new = plan(current, entries, "broker")
     _check_broker_configs(resource, new, {c["name"] for c in entries})
-    listeners = list(broker.server.listeners) if tls_keys and dynamic_tls is not None else []
+    # TLS keys set, or dropped (AlterConfigs replaces the whole set): the listeners follow either way
+    changed = sorted(k for k in set(current) | set(new)
+                     if tlsreload.split(k) is not None and current.get(k) != new.get(k))
+    listeners = list(broker.server.listeners) if changed and dynamic_tls is not None else []
     if listeners:
         try:
             # the new keystore must load (file, type, passwords) before anything is stored
             await asyncio.to_thread(dynamic_tls.contexts, [(l.name, l.security_protocol) for l in listeners], new)
         except ConfigError as e:
             raise AdminError(Errors.INVALID_REQUEST,
-                             f"Invalid config value for resource {resource}: {', '.join(tls_keys)}: {e}") from None
+                             f"Invalid config value for resource {resource}: {', '.join(changed)}: {e}") from None
     if validate_only:
         return
     # One multi-op: the CAS'd /config/brokers/<entity> and a "brokers/<entity>" change notification.
