@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import threading
 import time
@@ -71,6 +72,43 @@ _ELECT = "elect"
 _STOP = "stop"
 
 
+NETTY_SOCKET = "org.apache.zookeeper.ClientCnxnSocketNetty"
+
+
+def kazoo_tls(get) -> dict | None:
+    """kazoo's TLS arguments from Kafka's zookeeper.ssl.* keys (``get(key)`` reads a broker config), or
+    None when zookeeper.ssl.client.enable is false. kazoo reads PEM files only: a keystore or truststore
+    of another type (given, or as ZooKeeper guesses it from the file name) is refused, naming the key.
+    ZooKeeper's server asks for a client certificate unless told otherwise, so the keystore is passed
+    whenever it is set. Raises ValueError with the key in its message."""
+    if not get("zookeeper.ssl.client.enable"):
+        return None
+    socket_class = get("zookeeper.clientCnxnSocket")
+    if socket_class and socket_class != NETTY_SOCKET:
+        raise ValueError(f"zookeeper.clientCnxnSocket must be {NETTY_SOCKET} with zookeeper.ssl.client.enable=true "
+                         f"(kazoo speaks TLS itself), not {socket_class}")
+    out = {"use_ssl": True, "verify_certs": True}
+    for location_key, type_key, arg in (
+            ("zookeeper.ssl.keystore.location", "zookeeper.ssl.keystore.type", "certfile"),
+            ("zookeeper.ssl.truststore.location", "zookeeper.ssl.truststore.type", "ca")):
+        location = get(location_key)
+        if not location:
+            continue
+        kind = (get(type_key) or ("PEM" if location.lower().endswith(".pem") else
+                                  location.rsplit(".", 1)[-1])).upper()
+        if kind != "PEM":
+            raise ValueError(f"{type_key}: kbroker's ZooKeeper client (kazoo) reads PEM files only, "
+                             f"not {kind} ({location})")
+        if not os.path.isfile(location):
+            raise ValueError(f"{location_key}: no such file {location}")
+        out[arg] = location
+    if "certfile" in out:
+        out["keyfile"] = out["certfile"]      # one PEM file holds the key and its chain, as Kafka's PEM keystore
+        if get("zookeeper.ssl.keystore.password"):
+            out["keyfile_password"] = get("zookeeper.ssl.keystore.password")
+    return out
+
+
 class BrokerZk:
     """ZooKeeper state of one broker (``broker_id``) in Kafka's classic layout.
 
@@ -94,8 +132,10 @@ class BrokerZk:
 
     def __init__(self, connect_string: str, broker_id: int, session_timeout_ms: int = 18000,
                  loop: asyncio.AbstractEventLoop | None = None, *, connect_timeout_s: float = 15.0,
-                 digest: str | None = None):
+                 digest: str | None = None, tls: dict | None = None):
         self.connect_string = connect_string
+        # ZooKeeper client TLS: kazoo's keyword arguments (kazoo_tls), or None for plaintext
+        self._tls = dict(tls or {})
         # zookeeper.set.acl: "user:password" of ZooKeeper's digest scheme; every znode this client
         # creates may then be changed only by that identity (zk/acls.py secure_acls)
         self._auth = zk_acls.digest_auth(digest) if digest else None
@@ -136,7 +176,7 @@ class BrokerZk:
         # Retry connecting forever: a broker waits out a ZooKeeper restart.
         self.lease = SessionLease(self.session_timeout_ms)
         self._zk = KazooClient(hosts=self.connect_string, timeout=self.session_timeout_ms / 1000.0,
-                               auth_data=self._auth, default_acl=zk_acls.secure_acls() if self._auth else None,
+                               auth_data=self._auth, **self._tls, default_acl=zk_acls.secure_acls() if self._auth else None,
                                connection_retry=KazooRetry(max_tries=-1, max_delay=2.0),
                                command_retry=KazooRetry(max_tries=5, max_delay=2.0),
                                logger=NegotiatedTimeoutLogger(logging.getLogger("kazoo.client"), self.lease))
@@ -221,7 +261,7 @@ class BrokerZk:
         return self._zk is not None and self._zk.state == KazooState.CONNECTED
 
     def _ensure_chroot(self, hosts: str, chroot: str) -> None:
-        zk = KazooClient(hosts=hosts, timeout=self.session_timeout_ms / 1000.0, auth_data=self._auth,
+        zk = KazooClient(hosts=hosts, timeout=self.session_timeout_ms / 1000.0, auth_data=self._auth, **self._tls,
                          default_acl=zk_acls.secure_acls() if self._auth else None)
         try:
             zk.start(timeout=self.connect_timeout_s)

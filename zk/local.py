@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from kbroker import procutil
@@ -35,6 +36,11 @@ SLF4J_SIMPLE_JAR = "/usr/share/java/slf4j-simple.jar"
 MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
 QUORUM_MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 MYID_FILE = "myid"
+
+# TLS (secureClientPort) needs ZooKeeper's Netty server; Debian's netty-all.jar is an empty
+# aggregate, so the module jars it would stand for go on the classpath (package libnetty-java).
+NETTY_JARS = tuple(f"/usr/share/java/netty-{m}.jar"
+                   for m in ("buffer", "codec", "common", "handler", "resolver", "transport"))
 
 CONFIG_FILE = "zoo.cfg"
 LOG_FILE = "zookeeper.log"
@@ -64,6 +70,24 @@ def four_letter_word(port: int, word: str, host: str = LOOPBACK, timeout: float 
     return b"".join(chunks).decode("utf-8", "replace")
 
 
+@dataclass(frozen=True)
+class ServerTls:
+    """A TLS client port next to the plaintext one: ``keystore`` a PEM file with the server's key
+    (unencrypted) and certificate chain, ``truststore`` a PEM file of the CAs client certificates are
+    checked with; ``client_auth`` is ZooKeeper's ssl.clientAuth (need, want or none)."""
+    keystore: str
+    truststore: str
+    client_auth: str = "need"
+
+    def config_lines(self, port: int) -> str:
+        return (f"secureClientPort={port}\n"
+                f"secureClientPortAddress={LOOPBACK}\n"
+                "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n"
+                f"ssl.keyStore.location={self.keystore}\nssl.keyStore.type=PEM\n"
+                f"ssl.trustStore.location={self.truststore}\nssl.trustStore.type=PEM\n"
+                f"ssl.clientAuth={self.client_auth}\n")
+
+
 class ZkProcess:
     """A ZooKeeper server process we started (``popen`` set) or re-attached to via the pid file."""
 
@@ -75,10 +99,15 @@ class ZkProcess:
         self.tick_time_ms = tick_time_ms
         self.host = LOOPBACK
         self._popen = popen
+        self.secure_port: int | None = None      # the TLS client port (start_zookeeper's tls)
 
     @property
     def connect_string(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def secure_connect_string(self) -> str | None:
+        return None if self.secure_port is None else f"{self.host}:{self.secure_port}"
 
     def is_running(self) -> bool:
         if self._popen is not None:
@@ -154,7 +183,7 @@ def find_running(data_dir: str | os.PathLike) -> ZkProcess | None:
 def start_zookeeper(data_dir: str | os.PathLike, port: int = 0, tick_time_ms: int = 2000, *,
                     ready_timeout: float = 30.0, java: str | None = None,
                     zookeeper_jar: str = ZOOKEEPER_JAR, die_with_parent: bool = False,
-                    avoid_ports: frozenset | set = frozenset()) -> ZkProcess:
+                    avoid_ports: frozenset | set = frozenset(), tls: ServerTls | None = None) -> ZkProcess:
     """Start a standalone server on 127.0.0.1 and return once it serves clients.
 
     ``die_with_parent`` (tests, benchmarks): the server gets SIGTERM if the starting thread exits, so a
@@ -164,10 +193,16 @@ def start_zookeeper(data_dir: str | os.PathLike, port: int = 0, tick_time_ms: in
     ``port=0`` picks a free port, never one of ``avoid_ports`` (ports a caller picked for its brokers
     but has not bound yet); as the pick can race with another process binding it, a start that dies
     on a taken port is retried with a new one.
+
+    ``tls``: also serve TLS clients on a free port (``secure_port`` of the answer).
     """
     java = java or _find_java()
     if not os.path.isfile(zookeeper_jar):
         raise ZooKeeperNotInstalled(f"{zookeeper_jar} not found: {_INSTALL_HINT}")
+    missing = [j for j in NETTY_JARS if not os.path.isfile(j)] if tls else []
+    if missing:
+        raise ZooKeeperNotInstalled(f"{', '.join(missing)} not found: ZooKeeper's TLS needs Netty "
+                                    f"(apt-get install -y libnetty-java)")
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     running = find_running(data_dir)
@@ -184,8 +219,11 @@ def start_zookeeper(data_dir: str | os.PathLike, port: int = 0, tick_time_ms: in
         if port and port_in_use(port):
             raise ZooKeeperStartError(f"port {port} on {LOOPBACK} is already in use")
         try:
+            secure = None
+            while tls is not None and (secure is None or secure in avoid_ports or secure == chosen):
+                secure = free_port()
             return _start_once(java, zookeeper_jar, data_dir, chosen, tick_time_ms, ready_timeout,
-                               die_with_parent)
+                               die_with_parent, tls, secure)
         except _PortTaken:
             if port:
                 raise ZooKeeperStartError(f"port {port} on {LOOPBACK} is already in use") from None
@@ -199,7 +237,8 @@ class _PortTaken(Exception):
 
 
 def _start_once(java: str, jar: str, data_dir: Path, port: int, tick_time_ms: int,
-                ready_timeout: float, die_with_parent: bool = False) -> ZkProcess:
+                ready_timeout: float, die_with_parent: bool = False, tls: ServerTls | None = None,
+                secure_port: int | None = None) -> ZkProcess:
     cfg_path = data_dir / CONFIG_FILE
     cfg_path.write_text(
         f"tickTime={tick_time_ms}\n"
@@ -209,10 +248,13 @@ def _start_once(java: str, jar: str, data_dir: Path, port: int, tick_time_ms: in
         "maxClientCnxns=0\n"
         # Otherwise an admin HTTP server grabs port 8080.
         "admin.enableServer=false\n"
-        "4lw.commands.whitelist=ruok,srvr,stat,mntr,conf\n")
+        "4lw.commands.whitelist=ruok,srvr,stat,mntr,conf\n"
+        + (tls.config_lines(secure_port) if tls else ""))
     classpath = [ZOOKEEPER_CONF_DIR, jar]
     if os.path.isfile(SLF4J_SIMPLE_JAR):
         classpath.append(SLF4J_SIMPLE_JAR)  # the package has no slf4j binding: no log without it
+    if tls:
+        classpath += NETTY_JARS
     cmd = [java, "-Xms64m", "-Xmx256m", "-XX:+UseSerialGC", "-cp", ":".join(classpath),
            MAIN_CLASS, str(cfg_path)]
     log_path = data_dir / LOG_FILE
@@ -225,6 +267,7 @@ def _start_once(java: str, jar: str, data_dir: Path, port: int, tick_time_ms: in
                                  preexec_fn=procutil.die_with_parent() if die_with_parent else None)
     (data_dir / PID_FILE).write_text(f"{popen.pid}\n")
     proc = ZkProcess(popen.pid, port, data_dir, tick_time_ms, popen)
+    proc.secure_port = secure_port if tls else None
 
     deadline = time.monotonic() + ready_timeout
     while True:
@@ -232,12 +275,13 @@ def _start_once(java: str, jar: str, data_dir: Path, port: int, tick_time_ms: in
             proc.stop()  # removes the pid file
             tail = _tail(log_path, log_start)
             # Without slf4j-simple the log is silent: also probe the port itself.
-            if "BindException" in tail or port_in_use(port):
+            if "BindException" in tail or port_in_use(port) or (secure_port and port_in_use(secure_port)):
                 raise _PortTaken()
             raise ZooKeeperStartError(
                 f"ZooKeeper exited with status {popen.returncode} during start-up; "
                 f"{log_path} ends with:\n{tail}")
-        if _is_ready(port, data_dir):
+        # the secure port is bound after the plaintext one answers
+        if _is_ready(port, data_dir) and (not secure_port or port_in_use(secure_port)):
             return proc
         if time.monotonic() > deadline:
             proc.stop()

@@ -19,6 +19,7 @@ from ..log.manager import LogManager
 from ..metrics import BrokerMetrics, MetricsServer
 from ..network.server import KafkaServer, Listener
 from ..security import tls
+from ..security.tlsreload import SECURE as TLS_PROTOCOLS, DynamicTls
 from ..security.sasl.scram import ScramCredential
 from ..security.sasl.server import SUPPORTED as SASL_SUPPORTED, SaslListener
 from ..client.security import ClientSecurity, jaas_options
@@ -27,7 +28,7 @@ from ..protocol import api
 from ..request_metrics import LOOP_IDLE
 from ..replica import ReplicaManager
 from ..controller.controller import Controller
-from ..zk.client import BrokerZk
+from ..zk.client import BrokerZk, kazoo_tls
 from ..zk.layout import CONFIG_CHANGES
 from ..security.authorizer import AclAuthorizer
 from .metadata import BrokerInfo, MetadataCache, TopicInfo
@@ -99,9 +100,13 @@ class Broker:
         digest = cfg.get("kbroker.zookeeper.digest.credentials") if cfg.get("zookeeper.set.acl") else None
         if cfg.get("zookeeper.set.acl") and not digest:
             raise RuntimeError("zookeeper.set.acl=true needs kbroker.zookeeper.digest.credentials=user:password")
+        try:
+            zk_tls = kazoo_tls(cfg.get)
+        except ValueError as e:
+            raise ConfigError(str(e), str(e).split(":", 1)[0]) from None
         self.zk = BrokerZk(cfg.zookeeper_connect, self.broker_id, cfg.zookeeper_session_timeout_ms,
                            loop=self.loop, connect_timeout_s=cfg.zookeeper_connection_timeout_ms / 1000,
-                           digest=digest)
+                           digest=digest, tls=zk_tls)
         self.zk.on_reregistered = lambda epoch: log.info("re-registered in ZooKeeper, broker epoch %d", epoch)
         self.zk.on_session_lost = lambda: log.warning("ZooKeeper session expired; re-registering")
         self.zk.on_controller_change = self._on_controller_change
@@ -127,6 +132,12 @@ class Broker:
         self.replica_manager.start()
         self.logs.on_dir_failure = self._log_dir_failed
 
+        # The TLS listeners' keystores as AlterConfigs last set them for this broker (a restart keeps them).
+        self.dynamic_tls = DynamicTls(cfg)
+        secure = [(e.listener_name, e.security_protocol) for e in cfg.listeners]
+        if any(p in TLS_PROTOCOLS for _, p in secure):
+            stored = await asyncio.to_thread(self.zk.get_broker_config, str(self.broker_id))
+            self.dynamic_tls.load(secure, stored)
         listener = cfg.listeners[0]
         self.server = KafkaServer(
             listener.host, listener.port, self.handlers,
@@ -187,9 +198,8 @@ class Broker:
         """A listener with its TLS context (SSL, SASL_SSL) from its own ssl.* values."""
         ctx = mapper = None
         if e.security_protocol in ("SSL", "SASL_SSL"):
-            get = functools.partial(self.config.listener_get, e.listener_name)
-            ctx = tls.server_context(get)
-            mapper = tls.PrincipalMapper(get("ssl.principal.mapping.rules"))
+            ctx = tls.server_context(self.dynamic_tls.getter(e.listener_name))
+            mapper = tls.PrincipalMapper(self.config.listener_get(e.listener_name, "ssl.principal.mapping.rules"))
         sasl = None
         if e.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
             sasl = self._sasl_listener(e.listener_name)

@@ -27,6 +27,7 @@ from checkers import RawConn, fill_partition, partition_dir
 from kbroker.testing import LocalCluster, wait_until
 from kbroker.zk import layout as L
 from kbroker.protocol.errors import Errors
+from kbroker.security.tlsreload import RELOADABLE
 
 LEADER_RATE = "leader.replication.throttled.rate"
 FOLLOWER_RATE = "follower.replication.throttled.rate"
@@ -216,7 +217,8 @@ def test_incremental_alter_per_broker_and_default(cluster, admin, kp_admin, zk):
 def test_kafka_python_describe_and_alter(cluster, kp_admin, zk):
     res = kp_admin.describe_configs([KpConfigResource(ConfigResourceType.BROKER, "1")],
                                     config_filter="dynamic")["broker"]["1"]
-    assert set(res) == {LEADER_RATE, FOLLOWER_RATE}              # what AlterConfigs may change
+    # what AlterConfigs may change: the throttle rates and the TLS keystore / truststore keys
+    assert set(res) == {LEADER_RATE, FOLLOWER_RATE} | RELOADABLE
     # Non-incremental AlterConfigs: the request is the whole per-broker set.
     out = kp_admin.alter_configs([KpConfigResource(ConfigResourceType.BROKER, "1",
                                                    configs={LEADER_RATE: "3000000"})], incremental=False)

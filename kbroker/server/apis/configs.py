@@ -7,8 +7,9 @@ default).
 Broker configs as Kafka's ZooKeeper mode keeps them (kafka-configs.sh --entity-type brokers): a key's
 value is /config/brokers/<id> (DYNAMIC_BROKER_CONFIG), else /config/brokers/<default>
 (DYNAMIC_DEFAULT_BROKER_CONFIG), else server.properties (STATIC_BROKER_CONFIG), else Kafka's default.
-Only the keys kbroker follows at runtime (DYNAMIC_BROKER_KEYS: the replication throttle rates,
-replica/throttle.py's watcher) can be altered; the resource name is this broker's id or "" for the
+Only the keys kbroker follows at runtime can be altered: DYNAMIC_BROKER_KEYS (the replication throttle
+rates, replica/throttle.py's watcher) and, per broker only, the TLS keystore and truststore keys
+(security/tlsreload.py: validated by building the new contexts, then new TLS connections use them); the resource name is this broker's id or "" for the
 cluster-wide default, and another broker's id is refused with INVALID_REQUEST, as Kafka does (its
 clients send a broker resource to that broker).
 """
@@ -22,6 +23,7 @@ from ...config import (BROKER_CONFIGS, TOPIC_CONFIGS, ConfigError, broker_synony
                        parse_topic_config)
 from ...protocol.errors import Errors
 from ...replica.throttle import FOLLOWER_RATE, LEADER_RATE
+from ...security import tlsreload
 from ...zk.layout import DEFAULT_BROKER_ENTITY
 from ...zk.client import TopicNotFoundError
 from ..metadata import topic_name_error
@@ -217,6 +219,8 @@ def _broker_key_synonyms(broker, key, mine, default, per_broker: bool) -> list[d
 
 def _broker_entry(broker, key, mine, default, per_broker: bool) -> dict:
     spec = BROKER_CONFIGS.get(key)
+    if spec is None and tlsreload.split(key) is not None:
+        spec = BROKER_CONFIGS[tlsreload.split(key)[1]]   # listener.name.<l>.ssl.*: its base key's type
     type_ = spec.type if spec is not None else "string"
     sensitive = type_ == "password"
     syns = _broker_key_synonyms(broker, key, mine, default, per_broker)
@@ -227,7 +231,8 @@ def _broker_entry(broker, key, mine, default, per_broker: bool) -> dict:
     if value is None and not sensitive and spec is not None and spec.default is not None:
         value = format_value(spec.default)
     source = syns[0]["source"] if syns else DEFAULT_CONFIG
-    return _entry(key, value, source, syns, type_, read_only=key not in DYNAMIC_BROKER_KEYS,
+    return _entry(key, value, source, syns, type_,
+                  read_only=key not in DYNAMIC_BROKER_KEYS and tlsreload.split(key) is None,
                   sensitive=sensitive, doc=spec.doc if spec is not None else None)
 
 
@@ -237,7 +242,9 @@ def _broker_entries(broker, name) -> list[dict]:
         # The cluster-wide default resource lists only what /config/brokers/<default> sets.
         return [_broker_entry(broker, key, mine, default, per_broker=False) for key in sorted(default)]
     _broker_id_of(broker, name)
-    return [_broker_entry(broker, key, mine, default, per_broker=True) for key in sorted(BROKER_CONFIGS)]
+    # Kafka lists a broker's dynamic listener.name.<l>.* keys too (tools check them against this list)
+    prefixed = sorted(k for k in mine if k not in BROKER_CONFIGS and tlsreload.split(k) is not None)
+    return [_broker_entry(broker, key, mine, default, per_broker=True) for key in sorted(BROKER_CONFIGS) + prefixed]
 
 
 # ---- AlterConfigs (33) and IncrementalAlterConfigs (44) ------------------------------------------
@@ -349,17 +356,17 @@ def _check_broker_configs(resource: str, new: dict[str, str], touched) -> None:
     def refuse(why: str):
         raise AdminError(Errors.INVALID_REQUEST, f"Invalid config value for resource {resource}: {why}")
     keys = sorted(k for k in new if k in touched)
-    unknown = [k for k in keys if k not in BROKER_CONFIGS]
+    unknown = [k for k in keys if k not in BROKER_CONFIGS and tlsreload.split(k) is None]
     if unknown:
         refuse(f"Unknown broker configs: {', '.join(unknown)}")
-    static = [k for k in keys if k not in DYNAMIC_BROKER_KEYS]
+    static = [k for k in keys if k not in DYNAMIC_BROKER_KEYS and tlsreload.split(k) is None]
     if static:
         refuse(f"Cannot update these configs dynamically: {', '.join(static)} (kbroker updates only "
                f"{', '.join(sorted(DYNAMIC_BROKER_KEYS))} at runtime; set the others in server.properties "
                f"and restart the broker)")
     for k in keys:
         try:
-            BROKER_CONFIGS[k].parse(new[k])
+            BROKER_CONFIGS[k if k in BROKER_CONFIGS else tlsreload.split(k)[1]].parse(new[k])
         except ConfigError as e:
             refuse(str(e))
 
@@ -369,15 +376,42 @@ async def _alter_broker(broker, name, entries, plan, validate_only) -> None:
         _broker_id_of(broker, name, describe=False)
     entity = DEFAULT_BROKER_ENTITY if name == "" else str(broker.broker_id)
     resource = f"ConfigResource(type=BROKER, name='{name}')"
+    tls_keys = sorted({c["name"] for c in entries if tlsreload.split(c["name"]) is not None})
+    if tls_keys and name == "":
+        # Kafka: keystores are per broker (each broker's certificate is its own)
+        raise AdminError(Errors.INVALID_REQUEST, f"Cannot update these configs at default cluster level, "
+                                                 f"broker id must be specified: {', '.join(tls_keys)}")
+    dynamic_tls = getattr(broker, "dynamic_tls", None)
+    if tls_keys and dynamic_tls is not None:
+        try:
+            # passwords are stored encoded, so `current` and `new` hold them encoded throughout
+            entries = [dict(c, value=dynamic_tls.encode(c["name"], c["value"])) if c["value"] is not None else c
+                       for c in entries]
+        except ConfigError as e:
+            raise AdminError(Errors.INVALID_REQUEST, f"Invalid config value for resource {resource}: {e}") from None
     current = await asyncio.to_thread(broker.zk.get_broker_config, entity)
     new = plan(current, entries, "broker")
     _check_broker_configs(resource, new, {c["name"] for c in entries})
+    # TLS keys set, or dropped (AlterConfigs replaces the whole set): the listeners follow either way
+    changed = sorted(k for k in set(current) | set(new)
+                     if tlsreload.split(k) is not None and current.get(k) != new.get(k))
+    listeners = list(broker.server.listeners) if changed and dynamic_tls is not None else []
+    if listeners:
+        try:
+            # the new keystore must load (file, type, passwords) before anything is stored
+            await asyncio.to_thread(dynamic_tls.contexts, [(l.name, l.security_protocol) for l in listeners], new)
+        except ConfigError as e:
+            raise AdminError(Errors.INVALID_REQUEST,
+                             f"Invalid config value for resource {resource}: {', '.join(changed)}: {e}") from None
     if validate_only:
         return
     # One multi-op: the CAS'd /config/brokers/<entity> and a "brokers/<entity>" change notification.
     removed = [k for k in current if k not in new]
     stored = await asyncio.to_thread(broker.zk.alter_broker_config, entity, new, removed)
-    log.info("dynamic broker configs of %s are now %s", entity, stored)
+    log.info("dynamic broker configs of %s are now %s", entity,
+             {k: "[hidden]" if tlsreload.is_password(k) else v for k, v in stored.items()})
+    if listeners:
+        await asyncio.to_thread(dynamic_tls.apply, listeners, stored)
     # Every broker follows the znode through its watch; this one applies it before answering, so a
     # DescribeConfigs right after the answer shows the new value here.
     watcher = getattr(getattr(broker, "replica_manager", None), "throttle_watcher", None)
