@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything kbroker needs on a fresh Debian 12 machine (idempotent):
-#   Debian packages: zookeeper (the coordination service), kcat (a librdkafka CLI used by tests/demo),
-#   Go and Sarama (the Go client the tests build), strace and iproute2 (tests and benchmarks), and the
+#   Debian packages: zookeeper (the coordination service) and libnetty-java (its TLS port), kcat (a
+#   librdkafka CLI used by tests/demo), Go and Sarama (the Go client the tests build), strace and iproute2 (tests and benchmarks), and the
 #   native build's headers
 #   a virtualenv in .venv with the pinned Python dependencies, then the native (Cython) build.
 # A failed native build fails this script: there is no slow fallback.
@@ -11,6 +11,7 @@ ROOT=$(pwd)
 
 need_apt=()
 [ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
+[ -f /usr/share/java/netty-handler.jar ] || need_apt+=(libnetty-java)   # ZooKeeper's TLS port (zk/local.py)
 command -v kcat >/dev/null 2>&1 || need_apt+=(kcat)
 command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
 [ -f /usr/include/zlib.h ] || need_apt+=(zlib1g-dev)   # ext/batch.pyx links zlib (gzip validation)
