@@ -6,6 +6,7 @@ Library side (imported by ``broker_bench``):
   * ``kcat_env()``: an environment that runs Debian's kcat with the newer librdkafka bundled in the
     confluent-kafka wheel (a private folder holding a ``librdkafka.so.1`` link, on LD_LIBRARY_PATH).
   * ``machine_busy_seconds()``: busy CPU seconds of the whole machine (``/proc/stat``), to show what else ran.
+  * ``children_cpu_seconds()``: CPU of the waited-for child processes (the load generators kcat, ...).
   * ``pin_process(pid, cpus)``: every thread of a process on a CPU set (client and broker apart).
   * ``machine_facts()``, ``progress()``.
   * the capacity client (``produce_frames`` / ``fetch_all``): raw sockets, the same code for the broker
@@ -29,6 +30,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import resource
 import socket
 import statistics
 import struct
@@ -66,6 +68,12 @@ def machine_busy_seconds() -> float:
         fields = f.readline().split()
     user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
     return (user + nice + system + irq + softirq + steal) / CLK_TCK
+
+
+def children_cpu_seconds() -> float:
+    """CPU seconds of this process's children that have been waited for (e.g. each finished kcat run)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 def pin_process(pid: int, cpus: set[int]) -> None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -49,16 +48,11 @@ QUICK = {"rounds": 1, "batches": 16, "fetch_s": 0.5}
 RUN_TIMEOUT = 120.0
 
 
-def _children_cpu() -> float:
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
-
-
 class _Window:
     def __init__(self, pids: dict[int, int]):
         self.pids = pids
         self.t0 = time.monotonic()
-        self.c0 = ({b: H.cpu_seconds(p) for b, p in pids.items()}, time.process_time(), _children_cpu(),
+        self.c0 = ({b: H.cpu_seconds(p) for b, p in pids.items()}, time.process_time(), H.children_cpu_seconds(),
                    H.machine_busy_seconds())
 
     def close(self) -> dict:
@@ -67,7 +61,7 @@ class _Window:
         brokers = {b: round((H.cpu_seconds(p) - brokers0[b]) / wall, 3) for b, p in self.pids.items()}
         return {"seconds": wall, "broker_cpu_cores": brokers, "brokers_cpu_cores": round(sum(brokers.values()), 3),
                 "client_cpu_cores": round((time.process_time() - client0) / wall, 3),
-                "kcat_cpu_cores": round((_children_cpu() - kids0) / wall, 3),
+                "kcat_cpu_cores": round((H.children_cpu_seconds() - kids0) / wall, 3),
                 "machine_busy_cores": round((H.machine_busy_seconds() - busy0) / wall, 3)}
 
 
