@@ -69,13 +69,13 @@ def run_clients(t, topic: str, variant: dict, cfg: dict) -> dict:
             line = p.stdout.readline().strip()      # bounded: the worker's metadata call times out at 30 s
             if line != "ready":
                 raise RuntimeError(f"producer worker not ready: {line!r}")
-        c0 = H.cpu_seconds(t.pid)
+        c0, m0, w0 = H.cpu_seconds(t.pid), H.machine_busy_seconds(), time.monotonic()
         for p in procs:
             p.stdin.write("go\n")
             p.stdin.flush()
         outs = [json.loads(p.communicate(timeout=cfg["a_seconds"] + 90)[0].strip().splitlines()[-1])
                 for p in procs]
-        c1 = H.cpu_seconds(t.pid)
+        c1, m1, w1 = H.cpu_seconds(t.pid), H.machine_busy_seconds(), time.monotonic()
     finally:
         for p in procs:
             if p.poll() is None:
@@ -87,7 +87,8 @@ def run_clients(t, topic: str, variant: dict, cfg: dict) -> dict:
     return {"records": records, "seconds": span, "records_per_s": records / span,
             "broker_cpu_s": c1 - c0, "cpu_s_per_million": (c1 - c0) / records * 1e6 if records else None,
             "errors": errors, "first_error": next((o["first_error"] for o in outs if o["first_error"]), None),
-            "topic_created_by": how}
+            # the whole machine, producers included: at the core count, the host bounds the figure
+            "machine_busy_cores": (m1 - m0) / (w1 - w0), "topic_created_by": how}
 
 
 # ---- (b) kcat ------------------------------------------------------------------------------------
@@ -118,7 +119,7 @@ def run_kcat(t, topic: str, cfg: dict, env: dict, kfile: Path, lines: int) -> di
     common = ["-b", t.bootstrap, "-t", topic, "-X", "client.id=kbroker-perf"]
     out = {"topic_created_by": how}
     # produce: whole-file invocations until the phase time (or the byte cap) is reached
-    c0, w0 = H.cpu_seconds(t.pid), time.monotonic()
+    c0, w0, k0, m0 = H.cpu_seconds(t.pid), time.monotonic(), H.children_cpu_seconds(), H.machine_busy_seconds()
     invocations = 0
     while invocations < cfg["kcat_max_invocations"]:
         r = subprocess.run(["kcat", "-P", *common, "-l", str(kfile), "-X", "acks=1",
@@ -135,7 +136,9 @@ def run_kcat(t, topic: str, cfg: dict, env: dict, kfile: Path, lines: int) -> di
     nbytes = records * RECORD_KCAT
     out["produce"] = {"records": records, "invocations": invocations, "seconds": w1 - w0,
                       "bytes": nbytes, "mb_per_s": nbytes / MB / (w1 - w0), "broker_cpu_s": c1 - c0,
-                      "cpu_s_per_gb": (c1 - c0) / (nbytes / GB)}
+                      "cpu_s_per_gb": (c1 - c0) / (nbytes / GB),
+                      "client_cpu_cores": (H.children_cpu_seconds() - k0) / (w1 - w0),
+                      "machine_busy_cores": (H.machine_busy_seconds() - m0) / (w1 - w0)}
     if not t.consume:
         # The mock's high watermarks are exact (Tansu's ListOffsets lags, so it is checked by fetching).
         stored = watermark_total(t.bootstrap, topic)
@@ -144,7 +147,7 @@ def run_kcat(t, topic: str, cfg: dict, env: dict, kfile: Path, lines: int) -> di
         return out
     # fetch: the whole topic from the beginning, repeated until the phase time is reached. Without -q
     # kcat reports each partition's end offset on stderr: the record count of every run, checked.
-    c0, w0 = H.cpu_seconds(t.pid), time.monotonic()
+    c0, w0, k0, m0 = H.cpu_seconds(t.pid), time.monotonic(), H.children_cpu_seconds(), H.machine_busy_seconds()
     runs, fetched = 0, []
     while runs < cfg["kcat_max_invocations"]:
         r = subprocess.run(["kcat", "-C", *common, "-o", "beginning", "-e"], env=env,
@@ -164,7 +167,9 @@ def run_kcat(t, topic: str, cfg: dict, env: dict, kfile: Path, lines: int) -> di
     fbytes = sum(fetched) * RECORD_KCAT
     out["fetch"] = {"records": sum(fetched), "invocations": runs, "seconds": w1 - w0, "bytes": fbytes,
                     "mb_per_s": fbytes / MB / (w1 - w0), "broker_cpu_s": c1 - c0,
-                    "cpu_s_per_gb": (c1 - c0) / (fbytes / GB)}
+                    "cpu_s_per_gb": (c1 - c0) / (fbytes / GB),
+                    "client_cpu_cores": (H.children_cpu_seconds() - k0) / (w1 - w0),
+                    "machine_busy_cores": (H.machine_busy_seconds() - m0) / (w1 - w0)}
     return out
 
 
@@ -333,7 +338,10 @@ FIGURES = [
     ("clients.cpu_s_per_million", "clients", ("cpu_s_per_million",), "CPU s / M records", False),
     ("clients_stress.records_per_s", "clients_stress", ("records_per_s",), "records/s", True),
     ("clients_stress.cpu_s_per_million", "clients_stress", ("cpu_s_per_million",), "CPU s / M records", False),
+    ("clients.machine_busy_cores", "clients", ("machine_busy_cores",), "cores (machine)", False),
     ("kcat.produce.mb_per_s", "kcat", ("produce", "mb_per_s"), "MB/s", True),
+    ("kcat.produce.client_cpu_cores", "kcat", ("produce", "client_cpu_cores"), "cores (kcat)", False),
+    ("kcat.produce.machine_busy_cores", "kcat", ("produce", "machine_busy_cores"), "cores (machine)", False),
     ("kcat.produce.cpu_s_per_gb", "kcat", ("produce", "cpu_s_per_gb"), "CPU s / GB", False),
     ("kcat.fetch.mb_per_s", "kcat", ("fetch", "mb_per_s"), "MB/s", True),
     ("kcat.fetch.cpu_s_per_gb", "kcat", ("fetch", "cpu_s_per_gb"), "CPU s / GB", False),
@@ -372,6 +380,8 @@ def aggregate(raw: dict, targets: list[str]) -> dict:
             if any(v is not None for v in vals):
                 figures[key][tg] = H.summary(vals)
         wl_targets = [tg for tg in targets if tg in figures[key]]
+        if unit.startswith("cores"):
+            continue        # what else ran: context for a figure, not one to compare across targets
         for tg in ("kbroker-shm", "kbroker-disk"):
             for den in ("tansu", "mock"):
                 if tg in wl_targets and den in wl_targets:

@@ -5,6 +5,9 @@ Library side (imported by ``broker_bench``):
   * ``summary(values)``: median with min and max, the shape every figure is reported in.
   * ``kcat_env()``: an environment that runs Debian's kcat with the newer librdkafka bundled in the
     confluent-kafka wheel (a private folder holding a ``librdkafka.so.1`` link, on LD_LIBRARY_PATH).
+  * ``machine_busy_seconds()``: busy CPU seconds of the whole machine (``/proc/stat``), to show what else ran.
+  * ``children_cpu_seconds()``: CPU of the waited-for child processes (the load generators kcat, ...).
+  * ``pin_process(pid, cpus)``: every thread of a process on a CPU set (client and broker apart).
   * ``machine_facts()``, ``progress()``.
   * the capacity client (``produce_frames`` / ``fetch_all``): raw sockets, the same code for the broker
     and for the in-memory baseline servers.
@@ -27,6 +30,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import resource
 import socket
 import statistics
 import struct
@@ -55,6 +59,30 @@ def cpu_seconds(pid: int) -> float:
     """utime + stime of the process, in seconds."""
     user, system = cpu_user_system(pid)
     return user + system
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds every core of the machine spent busy so far (``/proc/stat``: user, nice, system,
+    irq, softirq, steal); over a window, the machine's busy cores are its difference ÷ the wall time."""
+    with open("/proc/stat", "rb") as f:
+        fields = f.readline().split()
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+
+
+def children_cpu_seconds() -> float:
+    """CPU seconds of this process's children that have been waited for (e.g. each finished kcat run)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def pin_process(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` on ``cpus`` (threads it starts later inherit their creator's mask)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except (ProcessLookupError, FileNotFoundError):
+            pass            # the thread ended meanwhile
 
 
 def run_ns(pid: int) -> int:

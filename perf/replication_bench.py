@@ -26,6 +26,10 @@
 --rate 0 (default) runs the latency pair at half of RF=1's peak rate, measured first in the same run
 (acks=1, RF=1, --peak-records records of 100 B at full speed).
 
+Goals (printed with median and range over the pairs / rounds, and written with every per-round figure to
+--json PATH): acks=all minus acks=1 p99 at half of RF=1's peak <= 2 ms; the user-space CPU per GB that
+RF=3 adds on the leader (its utime per GB at RF=3 minus at RF=1, same round) <= 0.3 s/GB.
+
 --compare K=V[,K=V...] starts a second three-broker cluster with those broker settings (and
 --compare-env K=V,... with that environment, e.g. PYTHONPATH of a changed copy of the tree) beside the
 first (Kafka's defaults) and interleaves the two in every CPU round (A RF=3, A RF=1, B RF=3, B RF=1,
@@ -66,6 +70,13 @@ from kbroker.testing import LocalCluster, wait_until
 from kbroker.zk.local import start_zookeeper
 
 TICK = os.sysconf("SC_CLK_TCK")
+GOAL_ACKS_ALL_P99_MS = 2.0
+GOAL_ADDED_USER_S_PER_GB = 0.3
+
+
+def median_range(xs: list[float]) -> tuple[float, float, float]:
+    s = sorted(xs)
+    return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2, s[0], s[-1]
 
 
 def cpu_split(pid: int) -> tuple[float, float]:
@@ -931,8 +942,12 @@ def latency_pairs(clusters, rate, pairs, seconds):
                   f"p99 {diffs[label][-1][1]:+.2f} ms")
     for label, d in diffs.items():
         if d:
+            med, lo, hi = median_range([x[1] for x in d])
             print(f"acks=all minus acks=1{label} at {rate}/s, mean of {len(d)} pairs: "
-                  f"p50 {sum(x[0] for x in d) / len(d):+.2f} ms, p99 {sum(x[1] for x in d) / len(d):+.2f} ms")
+                  f"p50 {sum(x[0] for x in d) / len(d):+.2f} ms, p99 {sum(x[1] for x in d) / len(d):+.2f} ms; "
+                  f"p99 median {med:+.2f} ms (range {lo:+.2f} to {hi:+.2f}): goal <= {GOAL_ACKS_ALL_P99_MS} ms "
+                  f"{'met' if med <= GOAL_ACKS_ALL_P99_MS else 'MISSED'} "
+                  f"({sum(1 for x in d if x[1] <= GOAL_ACKS_ALL_P99_MS)}/{len(d)} pairs)")
     return diffs
 
 
@@ -947,6 +962,7 @@ def cpu_rounds(clusters, rounds, mb):
     # same-round ratios are compared; the median and the range are reported.
     ratios = {label: [] for label in clusters}
     cluster3 = {label: [] for label in clusters}
+    rows = {label: [] for label in clusters}
     runs = [(label, name) for label in clusters for name in ("cpu3", "cpu1")]
     for rnd in range(rounds):
         got, split = {}, {}
@@ -962,6 +978,10 @@ def cpu_rounds(clusters, rounds, mb):
             ratios[label].append(l3 / l1)
             cluster3[label].append(total3)
             s3, s1 = split[label, "cpu3"], split[label, "cpu1"]
+            rows[label].append({"leader_s_per_gb": {"rf3": l3, "rf1": l1}, "cluster_s_per_gb_rf3": total3,
+                                "leader_user_s_per_gb": {"rf3": s3[0], "rf1": s1[0]},
+                                "leader_system_s_per_gb": {"rf3": s3[1], "rf1": s1[1]},
+                                "added_user_s_per_gb": s3[0] - s1[0], "wall_s": {"rf3": wall3, "rf1": wall1}})
             print(f"round {rnd + 1}{label}: leader CPU per GB: RF=3 {l3:.2f} s, RF=1 {l1:.2f} s, ratio {l3 / l1:.2f} "
                   f"({mb} MB each, {wall3:.1f} s / {wall1:.1f} s); cluster CPU per GB: RF=3 {total3:.2f} s, "
                   f"RF=1 {total1:.2f} s; leader user/system per GB: RF=3 {s3[0]:.2f}/{s3[1]:.2f} s, "
@@ -972,6 +992,12 @@ def cpu_rounds(clusters, rounds, mb):
             print(f"leader CPU per GB RF=3 / RF=1{label} over {len(srt)} interleaved rounds: median "
                   f"{srt[len(srt) // 2]:.2f} (range {srt[0]:.2f}-{srt[-1]:.2f}); cluster CPU per GB at RF=3: "
                   f"median {sorted(cluster3[label])[len(srt) // 2]:.2f} s")
+            med, lo, hi = median_range([r["added_user_s_per_gb"] for r in rows[label]])
+            rf1 = median_range([r["leader_user_s_per_gb"]["rf1"] for r in rows[label]])
+            print(f"leader user-space CPU RF=3 adds{label} (RF=3 minus RF=1, same round): median {med:+.3f} s/GB "
+                  f"(range {lo:+.3f} to {hi:+.3f}; RF=1 leader user {rf1[0]:.2f} s/GB): goal <= "
+                  f"{GOAL_ADDED_USER_S_PER_GB} s/GB {'met' if med <= GOAL_ADDED_USER_S_PER_GB else 'MISSED'}")
+    cpu_rounds.rows = rows
     return ratios
 
 
@@ -1016,6 +1042,7 @@ def main(argv=None):
     ap.add_argument("--zombie-rounds", type=int, default=0,
                     help="zombie-leader cuts, each with fencing off then on, on fresh clusters (0: none)")
     ap.add_argument("--zombie-cut-s", type=float, default=20, help="length of each zombie cut (20 s)")
+    ap.add_argument("--json", default="", help="write the latency pairs' and CPU rounds' figures and goals there")
     args = ap.parse_args(argv)
     if (args.netns or args.netns_b) and (args.pairs or args.catchup_mb or args.failovers or args.zombie_rounds):
         raise SystemExit("--netns runs the CPU rounds only: add --pairs 0 --catchup-mb 0 --failovers 0 "
@@ -1044,10 +1071,25 @@ def main(argv=None):
             peak = peak_rate(c.bootstrap, "peak1", args.peak_records)
             rate = int(peak / 2)
             print(f"RF=1 peak (acks=1, 100 B, one producer): {peak:.0f} records/s; latency runs at half: {rate}/s")
+        result = {"command": "python -m kbroker.perf.replication_bench " + " ".join(argv or sys.argv[1:]),
+                  "rf1_peak_records_per_s": peak if args.rate <= 0 and args.pairs > 0 else None, "rate": rate}
         if args.pairs > 0:
-            latency_pairs(clusters, rate, args.pairs, args.seconds)
+            diffs = latency_pairs(clusters, rate, args.pairs, args.seconds)
+            result["acks_all_minus_acks1_ms"] = {label or "A": [{"p50": a, "p99": b} for a, b in d]
+                                                 for label, d in diffs.items()}
+            result["goal_acks_all_p99_ms"] = {label or "A": dict(zip(("median", "min", "max"),
+                                                                     median_range([b for _a, b in d])),
+                                                                 target=GOAL_ACKS_ALL_P99_MS)
+                                              for label, d in diffs.items() if d}
         if not args.skip_cpu:
             cpu_rounds(clusters, args.cpu_rounds, args.mb)
+            result["cpu_rounds"] = {label or "A": r for label, r in cpu_rounds.rows.items()}
+            result["goal_added_user_s_per_gb"] = {
+                label or "A": dict(zip(("median", "min", "max"), median_range([x["added_user_s_per_gb"] for x in r])),
+                                   target=GOAL_ADDED_USER_S_PER_GB) for label, r in cpu_rounds.rows.items() if r}
+        if args.json:
+            import json
+            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
         if args.perf_rounds > 0:
             perf_profile(clusters, args.perf_rounds, args.mb, Path(args.perf_dir or Path(root) / "perf"))
         if args.catchup_mb > 0:

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from . import broker_bench as BB
+from . import curve_latency as CL
 from . import harness as H
 
 S = H.summary
@@ -110,13 +111,8 @@ def summarize(doc: dict) -> dict:
     out["peak_rss_mib"] = {t: S([v / 1024 if v else None for v in vals]) for t, vals in raw["rss_kib"].items()}
     # helper curves
     helpers = {}
-    lat = {}
-    for t, runs in raw.get("latency", {}).items():
-        by = _curve_points(runs, "fraction")
-        lat[t] = {str(x): _fields(pts, ("offered_records_per_s", "achieved_records_per_s", "p50", "p99", "p99_9",
-                                        "max", "broker_cpu_cores")) for x, pts in sorted(by.items())}
-        lat[t]["peak_records_per_s"] = S([(r or {}).get("peak", {}).get("records_per_s") for r in runs])
-    helpers["latency"] = lat
+    # per target and point (fraction of its own peak, or fixed rate), and kbroker ÷ mock in the same round
+    helpers["latency"] = CL.summarize(raw.get("latency", {}))
     conn = {}
     for t, runs in raw.get("connections", {}).items():
         xkey = _xkey(runs, ("connections", "num_connections", "clients"))
@@ -152,6 +148,7 @@ def summarize(doc: dict) -> dict:
                           "value": sv["median"], "per_round_min": sv["min"], "per_round_max": sv["max"],
                           "met": None if any(m is None for m in mets) else all(mets),
                           "source": h, "rounds_met": f"{sum(1 for m in mets if m)}/{len(mets)}"})
+    goals.extend(helpers["latency"]["goals"])
     out["goals"] = goals
     return out
 
@@ -173,7 +170,7 @@ def _plt():
     return plt
 
 
-def _series(ax, xs, sums, label, marker="o"):
+def _series(ax, xs, sums, label, marker="o", **kw):
     pts = [(x, s) for x, s in zip(xs, sums) if s and s["median"] is not None]
     if not pts:
         return
@@ -181,7 +178,43 @@ def _series(ax, xs, sums, label, marker="o"):
     med = [p[1]["median"] for p in pts]
     lo = [p[1]["median"] - p[1]["min"] for p in pts]
     hi = [p[1]["max"] - p[1]["median"] for p in pts]
-    ax.errorbar(x, med, yerr=[lo, hi], marker=marker, capsize=3, label=label)
+    ax.errorbar(x, med, yerr=[lo, hi], marker=marker, capsize=3, label=label, **kw)
+
+
+def plot_latency(out: Path, lat: dict, date: str, name: str = "latency.png", title: str = "") -> bool:
+    """``curve_latency.summarize``'s output as two panels: percentiles vs the share of each target's own
+    peak, and end-to-end / produce-ack p99 vs the absolute offered rate (fractions and fixed rates)."""
+    targets = lat.get("targets") or {}
+    if not targets:
+        return False
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5))
+    for i, (t, tl) in enumerate(targets.items()):
+        color = f"C{i}"         # one colour per target, one line style per percentile
+        pts = tl["points"]
+        own = [x for x in pts if not x.endswith("/s")]
+        xs = [pts[x]["fraction"]["median"] * 100 for x in own]
+        for key, mk, ls in (("p50", "o", ":"), ("p99", "s", "-"), ("p99_9", "^", "--")):
+            _series(axes[0], xs, [pts[x][key] for x in own], f"{t} {key}", mk, color=color, linestyle=ls)
+        every = sorted(pts, key=lambda x: pts[x]["offered_records_per_s"]["median"] or 0)
+        xs = [pts[x]["offered_records_per_s"]["median"] for x in every]
+        _series(axes[1], xs, [pts[x]["p99"] for x in every], f"{t} end-to-end p99", "s", color=color)
+        _series(axes[1], xs, [pts[x]["ack_p99"] for x in every], f"{t} produce-ack p99", "x", color=color,
+                linestyle="--")
+    axes[0].set_xlabel("offered load (% of the target's own peak, 100 B records)")
+    axes[1].set_xlabel("offered load (records/s, 100 B): fractions and fixed rates")
+    for ax in axes:
+        ax.set_ylabel("latency (ms)")
+        ax.set_yscale("log")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[1].set_xscale("log")
+    fig.suptitle(title or f"End-to-end latency vs offered load, kbroker beside its peers "
+                          f"(median, min–max over rounds) — {date}")
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=90)
+    plt.close(fig)
+    return True
 
 
 def plot_curves(out: Path, doc: dict) -> list[str]:
@@ -228,23 +261,7 @@ def plot_curves(out: Path, doc: dict) -> list[str]:
         fig.savefig(out / "partitions.png", dpi=90)
         plt.close(fig)
         files.append("partitions.png")
-    lat = summ["helpers"].get("latency") or {}
-    if lat:
-        fig, ax = plt.subplots(figsize=(8, 5))
-        for t, pts in lat.items():
-            fr = [x for x in pts if x != "peak_records_per_s"]
-            xs = [pts[x]["offered_records_per_s"]["median"] for x in fr]
-            for key, mk in (("p50", "o"), ("p99", "s"), ("p99_9", "^")):
-                _series(ax, xs, [pts[x][key] for x in fr], f"{t} {key}", mk)
-        ax.set_xlabel("offered load (records/s, 100 B)")
-        ax.set_ylabel("end-to-end latency (ms)")
-        ax.set_yscale("log")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-        ax.set_title(f"End-to-end latency percentiles vs offered load — {date}")
-        fig.tight_layout()
-        fig.savefig(out / "latency.png", dpi=90)
-        plt.close(fig)
+    if plot_latency(out, summ["helpers"].get("latency") or {}, date):
         files.append("latency.png")
     conn = summ["helpers"].get("connections") or {}
     if conn:
@@ -405,22 +422,8 @@ def write_markdown(path: Path, doc: dict, notes: str, plots: list[str]) -> None:
         L.append(f"| {t} | {_cell(s)} |")
     # helpers
     L.append("\n## End-to-end latency vs offered load\n")
-    lat = summ["helpers"].get("latency") or {}
-    if lat:
-        L.append("| target | fraction of peak | offered rec/s | p50 ms | p99 ms | p99.9 ms | max ms | broker CPU cores |")
-        L.append("|---|---|---|---|---|---|---|---|")
-        for t, pts in lat.items():
-            for x, f in pts.items():
-                if x == "peak_records_per_s":
-                    continue
-                L.append(f"| {t} | {float(x):.0%} | {_cell(f['offered_records_per_s'], 'records/s')} | {_cell(f['p50'])} | "
-                         f"{_cell(f['p99'])} | {_cell(f['p99_9'])} | {_cell(f['max'])} | {_cell(f['broker_cpu_cores'])} |")
-            L.append(f"| {t} | peak (unthrottled) | {_cell(pts['peak_records_per_s'], 'records/s')} | | | | | |")
-        note = next((r.get("notes") for runs in raw.get("latency", {}).values() for r in runs if r), None)
-        if note:
-            L.append(f"\nMethod (from `curve_latency`): {note}\n")
-    else:
-        L.append(f"not run ({meta['helper_curves']['latency']})")
+    L.extend(latency_section(summ["helpers"].get("latency") or {}, raw.get("latency", {}),
+                             meta["helper_curves"]["latency"]))
     if "latency.png" in plots:
         L.append("\n![latency](latency.png)\n")
     L.append("\n## Connections\n")
@@ -450,6 +453,38 @@ def write_markdown(path: Path, doc: dict, notes: str, plots: list[str]) -> None:
         L.append("\n## Findings\n")
         L.append(notes)
     path.write_text("\n".join(L) + "\n")
+
+
+def latency_section(lat: dict, raw_lat: dict, not_run: str) -> list[str]:
+    """Markdown lines of ``curve_latency.summarize``'s output: one table row per target and point, then
+    the same-round ratios to the peer."""
+    L = []
+    targets = lat.get("targets") or {}
+    if not targets:
+        return [f"not run ({not_run})"]
+    L.append("| target | point | offered rec/s | p50 ms | p99 ms | p99.9 ms | produce-ack p99 ms | "
+             "broker cores | producer cores | consumer cores | other work, cores |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    for t, tl in targets.items():
+        for lab, f in tl["points"].items():
+            where = lab if lab.endswith("/s") else f"{lab} of own peak"
+            L.append(f"| {t} | {where} | {_cell(f['offered_records_per_s'], 'records/s')} | {_cell(f['p50'])} | "
+                     f"{_cell(f['p99'])} | {_cell(f['p99_9'])} | {_cell(f['ack_p99'])} | {_cell(f['broker_cpu_cores'])} | "
+                     f"{_cell(f['producer_cpu_cores'])} | {_cell(f['consumer_cpu_cores'])} | {_cell(f['others_cpu_cores'])} |")
+        L.append(f"| {t} | peak (unthrottled) | {_cell(tl['peak_records_per_s'], 'records/s')} | | | | | | | | |")
+    if lat.get("peer"):
+        L.append(f"\n| point | end-to-end p99, {CL.PRIMARY} ÷ {CL.PEER} | per-round range | produce-ack p99 ÷ | "
+                 "per-round range |\n|---|---|---|---|---|")
+        for lab, row in lat["peer"].items():
+            cells = []
+            for r in (row.get("p99"), row.get("ack_p99")):
+                cells += ([_fmt(r["of_medians"]), f"{_fmt(r['per_round_min'])}–{_fmt(r['per_round_max'])}"] if r
+                          else ["–", "–"])
+            L.append(f"| {lab} | " + " | ".join(cells) + " |")
+    note = next((r.get("notes") for runs in raw_lat.values() for r in runs if r), None)
+    if note:
+        L.append(f"\nMethod (from `curve_latency`, one target's run): {note}\n")
+    return L
 
 
 def method(meta: dict) -> str:

@@ -21,8 +21,10 @@ one SparkSession (local[2]), then for each record size:
   tuples; broker CPU-seconds per read of the topic.
 - write: the same rows written by the ``kbroker`` sink vs confluent-kafka producing them inside
   the same Spark tasks (acks=all, lz4 off), ratio kbroker / confluent-kafka.
-- throughput (``--throughput-gb 0.5,1,2 [--throughput-probe-gb 0.004]``): the throughput job at each
-  size, seconds and CPU-seconds per GB, spread and fit, and where each phase's fixed time goes.
+- throughput (``--throughput-gb 1,2,4,8 --throughput-probe-gb 0.004``): the throughput job at each
+  size, seconds and CPU-seconds per GB, spread and fit, and where each phase's fixed time goes; with the
+  probe, the marginal seconds per GB of each size with the probe of the same round subtracted, their
+  spread (goal <= 1.15) and the 1 TB capacity figures they give.
 - client fetch (``--client-fetch-mb``): kbroker's client alone reading one partition, optionally
   against an older connection.py in the same rounds (client CPU and wall time, old / new).
 """
@@ -440,6 +442,8 @@ def run_throughput(a) -> dict:
                 xs = [x[ph + key] for x in probe if x.get(ph + key) is not None]
                 if xs:
                     out["probe"][ph + key] = [round(statistics.median(xs), 3), round(min(xs), 3), round(max(xs), 3)]
+    if probe:
+        out.update(marginal_over_probe(runs, probe))
     # the parts of each phase that do not grow with the data (from the phase timelines), over all
     # runs: median [min, max]
     for ph in ("write", "read", "expected"):
@@ -448,6 +452,51 @@ def run_throughput(a) -> dict:
             if xs:
                 out.setdefault("fixed_parts", {}).setdefault(ph, {})[part] = \
                     [round(statistics.median(xs), 3), round(min(xs), 3), round(max(xs), 3)]
+    return out
+
+
+MARGINAL_GOAL_SPREAD = 1.15
+
+
+def marginal_over_probe(runs: dict, probe: list, cores: int = 2) -> dict:
+    """Per size and phase, (the phase's seconds - the probe's in the same round) / GB: the marginal cost
+    with the fixed cost measured, not fitted; the same for the CPU seconds of the local process tree
+    (``<phase>_cpu``: Spark, its Python workers and the broker), which other work on the machine
+    stretches less than wall time. Round r of every size pairs with probe r (each round runs the probe
+    first, then every size once). Median [min, max] over rounds, the spread of the medians across sizes
+    (max / min) against MARGINAL_GOAL_SPREAD, and for 1 TB: the seconds on this ``cores``-core host
+    (fixed + marginal x 1000), the MB/s per core the wall rate gives, and the core-seconds the CPU rate
+    gives."""
+    import statistics
+    out: dict = {"marginal_s_per_GB_over_probe": {}, "marginal_spread_over_probe": {}, "model_1TB": {}}
+    meds: dict = {}
+    for ph in ("write", "read", "expected"):
+        for key in (ph, ph + "_cpu"):
+            per_size = {}
+            for g, xs in runs.items():
+                vals = [(x[key] - pr[key]) / float(g) for x, pr in zip(xs, probe)
+                        if x.get(key) is not None and pr.get(key) is not None]
+                if vals:
+                    per_size[g] = [round(statistics.median(vals), 3), round(min(vals), 3), round(max(vals), 3)]
+            if not per_size:
+                continue
+            m = [v[0] for v in per_size.values()]
+            out["marginal_s_per_GB_over_probe"][key] = per_size
+            spread = round(max(m) / min(m), 3) if min(m) > 0 else None
+            out["marginal_spread_over_probe"][key] = {"spread": spread, "goal": f"<= {MARGINAL_GOAL_SPREAD}",
+                                                      "met": spread is not None and spread <= MARGINAL_GOAL_SPREAD}
+            meds[key] = statistics.median(m)
+        if ph not in meds:
+            continue
+        m = meds[ph]
+        fixed = statistics.median(pr[ph] for pr in probe if pr.get(ph) is not None)
+        model = {"marginal_s_per_GB": round(m, 3), "fixed_s": round(fixed, 3),
+                 "seconds_1TB_this_host": round(fixed + 1000 * m, 1),
+                 "mb_per_s_per_core": round(1000 / (m * cores), 1) if m > 0 else None}
+        if ph + "_cpu" in meds:
+            model["cpu_s_per_GB_marginal"] = round(meds[ph + "_cpu"], 3)
+            model["core_seconds_per_TB_cpu"] = round(1000 * meds[ph + "_cpu"], 1)
+        out["model_1TB"][ph] = model
     return out
 
 

@@ -41,10 +41,13 @@ from .targets import Target, make_targets
 LOCAL_TARGETS = ["kbroker-shm", "kbroker-disk", "tansu", "mock"]
 CURVE_TARGETS = {"record_size": ["kbroker-shm", "tansu"],
                  "partitions": ["kbroker-shm", "kbroker-disk", "tansu"],
-                 # Helper curves are long (tens of seconds per target): kbroker only by default; the Tansu
-                 # latency run received no records in a trial (see the report), which costs minutes of drain.
-                 "latency": ["kbroker-shm"],
+                 # The latency curve runs beside its peers (same client, same fractions and fixed rates,
+                 # in the same rounds): a tail the C mock shares is the machine's. Connections stay
+                 # kbroker-only (tens of seconds per target).
+                 "latency": ["kbroker-shm", "tansu", "mock"],
                  "connections": ["kbroker-shm"]}
+# --quick (the smoke test in the serial pass) runs the latency curve on kbroker only: each peer adds ~10 s
+QUICK_CURVE_TARGETS = dict(CURVE_TARGETS, latency=["kbroker-shm"])
 HELPER_CURVES = ("latency", "connections")
 LOG_DIR_FS = {"kbroker-shm": "/dev/shm", "kbroker-disk": "/var/tmp"}
 
@@ -112,6 +115,10 @@ def helper_module(name: str):
         raise
 
 
+def curve_targets(quick: bool) -> dict:
+    return QUICK_CURVE_TARGETS if quick else CURVE_TARGETS
+
+
 def plan(quick: bool, cfg: dict, names: list[str], extras: list[str], helpers: dict) -> list[dict]:
     """The points of one round with an estimate of the seconds each takes (setup included)."""
     all_names = names + extras
@@ -139,8 +146,9 @@ def plan(quick: bool, cfg: dict, names: list[str], extras: list[str], helpers: d
     for h, mod in helpers.items():
         if mod is None:
             continue
-        for n in [x for x in all_names if x in CURVE_TARGETS[h] or x in extras]:
-            pts.append({"point": f"{h} curve @ {n} (helper rounds only)", "est_s": 8 if quick else 40})
+        for n in [x for x in all_names if x in curve_targets(quick)[h] or x in extras]:
+            pts.append({"point": f"{h} curve @ {n} (helper rounds only)",
+                        "est_s": 8 if quick else (75 if h == "latency" else 40)})
     return pts
 
 
@@ -262,7 +270,7 @@ def run(args) -> dict:
                         if mod is None:
                             continue
                         for t in order:
-                            if t.name in CURVE_TARGETS[h] or t.name.startswith("extra-"):
+                            if t.name in curve_targets(quick)[h] or t.name.startswith("extra-"):
                                 res = timed(f"{h} @ {t.name}", lambda t=t, mod=mod: mod.run(t, quick), t)
                                 if res is not None:
                                     res["round"] = rnd
@@ -289,7 +297,7 @@ def run(args) -> dict:
                  "helper_curves": {h: ("run in rounds " + ",".join(str(r + 1) for r in sorted(helper_round_set))
                                        if m else "not run: module kbroker.perf.curve_" + h + " absent")
                                    for h, m in helpers.items()},
-                 "curve_targets": CURVE_TARGETS,
+                 "curve_targets": curve_targets(quick),
                  "config": {"foundation": fcfg, "record_size": CR.QUICK if quick else CR.FULL,
                             "record_size_points": CR.QUICK_POINTS if quick else CR.FULL_POINTS,
                             "partitions_points": CP.QUICK_POINTS if quick else CP.FULL_POINTS,
