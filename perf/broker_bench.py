@@ -197,6 +197,20 @@ def produce_frame_sets(topic: str, batch: bytes, nbatches: int) -> list[list[byt
     return sets
 
 
+def produce_partition_responses(responses):
+    """Each partition answer in the raw Produce v7 answers ``produce_frames`` collected (a list per
+    connection); RuntimeError at the first error code: a capacity figure counts only stored bytes."""
+    from kbroker.protocol.api import decode_response
+    for resps in responses:
+        for fr in resps:
+            _c, body = decode_response(0, 7, memoryview(fr))
+            for tr in body["responses"]:
+                for pr in tr["partition_responses"]:
+                    if pr["error_code"]:
+                        raise RuntimeError(f"produce error {pr['error_code']} on partition {pr['index']}")
+                    yield pr
+
+
 def start_sink(mode: str, replay: Path | None = None):
     cmd = [sys.executable, "-m", "kbroker.perf.harness", "sink", "--mode", mode, "--max-seconds", "600"]
     if replay is not None:
@@ -228,7 +242,6 @@ def _fetch_rep(addr, topic: str, plans: list, pid: int, cpu_key: str, expected: 
 
 
 def run_capacity(t, topic: str, cfg: dict, batch: bytes, per_batch: int, workdir: Path) -> dict:
-    from kbroker.protocol.api import decode_response
     how = t.create_topic(topic, PARTITIONS)
     nb = cfg["cap_batches"]
     sets = produce_frame_sets(topic, batch, nb)
@@ -239,14 +252,8 @@ def run_capacity(t, topic: str, cfg: dict, batch: bytes, per_batch: int, workdir
     prod = H.produce_frames(addr, sets, timeout=cfg["run_timeout"])
     c1 = H.cpu_seconds(t.pid)
     ends = {p: 0 for p in range(PARTITIONS)}
-    for resps in prod["responses"]:
-        for fr in resps:
-            _c, body = decode_response(0, 7, memoryview(fr))
-            for tr in body["responses"]:
-                for pr in tr["partition_responses"]:
-                    if pr["error_code"]:
-                        raise RuntimeError(f"produce error {pr['error_code']} on partition {pr['index']}")
-                    ends[pr["index"]] = max(ends[pr["index"]], pr["base_offset"] + per_batch)
+    for pr in produce_partition_responses(prod["responses"]):
+        ends[pr["index"]] = max(ends[pr["index"]], pr["base_offset"] + per_batch)
     # broker fetch: a first run records the response frames the replay baseline serves (it also warms
     # the broker's read path up), then the counted repetitions below, interleaved with the baseline's
     plans = [{0: ends[0], 1: ends[1]}, {2: ends[2], 3: ends[3]}]

@@ -80,7 +80,6 @@ def _create(cluster: LocalCluster, topic: str) -> list[int]:
 
 def _produce(cluster: LocalCluster, topic: str, leaders: list[int], batch: bytes, per_batch: int,
              nbatches: int) -> dict:
-    from kbroker.protocol.api import decode_response
     sets = BB.produce_frame_sets(topic, batch, nbatches)      # connection i writes partitions 2i and 2i+1
     addrs = [("127.0.0.1", cluster.brokers[leaders[2 * i]].port) for i in range(len(sets))]
     results, errors = [None] * len(sets), []
@@ -101,13 +100,8 @@ def _produce(cluster: LocalCluster, topic: str, leaders: list[int], batch: bytes
     if errors or any(r is None for r in results):
         raise RuntimeError(f"capacity produce failed: {errors[:1]!r}")
     for res in results:
-        for resps in res["responses"]:
-            for fr in resps:
-                _c, body = decode_response(0, 7, memoryview(fr))
-                for tr in body["responses"]:
-                    for pr in tr["partition_responses"]:
-                        if pr["error_code"]:
-                            raise RuntimeError(f"produce error {pr['error_code']} on partition {pr['index']}")
+        for _pr in BB.produce_partition_responses(res["responses"]):
+            pass
     nbytes = sum(r["bytes"] for r in results)
     return dict(w, bytes=nbytes, mb_per_s=nbytes / BB.MB / w["seconds"], records=per_batch * nbatches)
 
