@@ -134,7 +134,9 @@ def test_two_hosts_of_two_brokers_and_an_ensemble_survive_a_host_cut(tmp_path):
             b.extra = {"broker.rack": f"host-{BROKER_HOST[b.broker_id]}"}
         stack.enter_context(c)
         assert "127.0.0.1" not in c.bootstrap
-        admin = AdminClient({"bootstrap.servers": c.bootstrap})
+        # a request on a connection into the cut host gets no answer and no reset: give up on it after 5 s
+        # (as the load producer does) so the next Metadata goes to a broker that answers
+        admin = AdminClient({"bootstrap.servers": c.bootstrap, "socket.timeout.ms": 5000})
         admin.create_topics([NewTopic(TOPIC, PARTITIONS, 2, config={"min.insync.replicas": "1"})])[TOPIC].result(30)
         md = wait_until(lambda: (lambda m: m if len(m) == PARTITIONS and all(
             len(isr) == 2 for _l, _r, isr in m.values()) else None)(metadata(admin)), 30, "every ISR of 2")
