@@ -20,8 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_wheel_installs_and_runs_a_cluster(tmp_path):
     wheels = tmp_path / "wheels"
     # --no-build-isolation: build with this environment's pinned Cython/setuptools (no second download).
+    # -O0: the packaging is under test, not the code's speed (an -O3 build costs minutes of CPU).
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(wheels), str(ROOT)], check=True, timeout=600)
+                    "-w", str(wheels), str(ROOT)], check=True, timeout=600, env=dict(os.environ, KBROKER_OPT="-O0"))
     (wheel,) = wheels.glob("kbroker-*.whl")
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
