@@ -24,6 +24,7 @@ from kazoo.exceptions import NoNodeError
 
 from kbroker.testing import LocalCluster, wait_until
 from kbroker.zk import layout as L
+from checkers import RawConn
 from test_replication import state
 
 
@@ -105,6 +106,11 @@ def test_an_api_reassignment_resumes_after_the_controller_is_killed(cluster):
         fill(c, topic, 2000, 1000)
         # The new replica copies at 100 kB/s at most: the move is still running when the controller dies.
         throttle(admin, dst, topic, "100000", f"0:{dst}")
+        # dst learns the topic's throttled replicas from a ZooKeeper notification: start the move only
+        # once it answers with them, or its first fetches may copy the whole log unthrottled
+        wait_until(lambda: _config_on(c, dst, 2, topic).get("follower.replication.throttled.replicas") == f"0:{dst}",
+                   30, "the throttle known to the new replica's broker")
+        assert _config_on(c, dst, 4, str(dst)).get("follower.replication.throttled.rate") == "100000"
         tp = KpTopicPartition(topic, 0)
         target = [src, dst]
         kp = KafkaAdminClient(bootstrap_servers=c.bootstrap, request_timeout_ms=30000)
@@ -133,6 +139,15 @@ def test_an_api_reassignment_resumes_after_the_controller_is_killed(cluster):
         zk.close()
         if not c.brokers[ctl].running():
             c.start_broker(ctl)
+
+
+def _config_on(c, broker, resource_type, name) -> dict:
+    """{key: value} of a resource (2 topic, 4 broker) as broker ``broker`` itself describes it."""
+    with RawConn(f"127.0.0.1:{c.brokers[broker].port}") as conn:
+        got = conn.request(32, 1, {"resources": [{"resource_type": resource_type, "resource_name": name,
+                                                  "configuration_keys": None}], "include_synonyms": False})
+    (res,) = got["results"]
+    return {e["name"]: e["value"] for e in res["configs"]}
 
 
 def throttle(admin, broker, topic, rate, replicas):

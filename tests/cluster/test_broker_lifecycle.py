@@ -286,11 +286,11 @@ def test_accept_loop_survives_fd_exhaustion(tmp_path):
         roundtrip(c.bootstrap, 3)
         assert b.running()
         # asyncio reports EMFILE once per backlog slot per retry; the broker reports it once per episode
-        # (unfiltered this was thousands of tracebacks within seconds). Episodes: under CI load the
-        # closes arrive over several accept retries, and each accept that works in between ends one
-        # (4 and 13 reports seen), so the bound is on the flood, not on an exact count.
+        # (unfiltered this was thousands of tracebacks within seconds). Episodes: under load the closes
+        # arrive over several accept retries, and each accept that works in between ends one, so there
+        # are at most as many as connections came in (4, 13 and 30 reports seen): the bound is that.
         reports = b.log_path.read_text(errors="replace").count("Too many open files")
-        assert 1 <= reports <= 25, f"{reports} EMFILE reports in the broker log"
+        assert 1 <= reports <= len(socks) + 1, f"{reports} EMFILE reports in the broker log"
 
 
 def struct_api_versions(correlation_id: int) -> bytes:
