@@ -395,6 +395,9 @@ cdef enum:
     _PARKED = -1                # a row still waiting (DelayedProduce's UNDECIDED)
 
 
+cdef _Writer _parked_out = _Writer()
+
+
 cdef class ParkedProduce:
     """An acks=-1 Produce the native path appended to partitions whose ISR has followers, waiting for
     the high watermark: a waiter in ReplicaManager's protocol, DelayedProduce's twin for this path.
@@ -450,8 +453,10 @@ cdef class ParkedProduce:
 
     cdef bytes _encode(self):
         # encode_produce_response of the rows (each topic name as the request carried it: a name the
-        # fast path took was UTF-8, so encoding it gives the same bytes)
-        cdef _Writer w = _out
+        # fast path took was UTF-8, so encoding it gives the same bytes). Its own buffer: the last
+        # decide comes from a high-watermark move, which can happen inside a fast Fetch while that
+        # answer is being built in _out.
+        cdef _Writer w = _parked_out
         cdef int32_t t, j, k = 0
         w.pos = 0
         w.reserve(4 + 4 + 4)

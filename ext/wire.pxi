@@ -251,8 +251,9 @@ def parse_fetch(frame):
 
 
 cdef class _Writer:
-    """Grows a bytes-like buffer; reused by the encoder (one per module: the loop thread only). Fields
-    are declared in request.pxd."""
+    """Grows a bytes-like buffer; reused by the encoder (the loop thread only). Fields are declared in
+    request.pxd. An answer built in one may not call code that encodes into the same one before its
+    bytes are taken: ``_out`` serves the request paths, ParkedProduce (decided from inside them) its own."""
 
     def __cinit__(self):
         self.cap = 4096

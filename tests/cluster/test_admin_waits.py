@@ -104,13 +104,15 @@ def test_an_api_reassignment_resumes_after_the_controller_is_killed(cluster):
         admin = AdminClient({"bootstrap.servers": c.bootstrap})
         admin.create_topics([NewTopic(topic, 1, replica_assignment=[[src]])])[topic].result(30)
         fill(c, topic, 2000, 1000)
-        # The new replica copies at 100 kB/s at most: the move is still running when the controller dies.
-        throttle(admin, dst, topic, "100000", f"0:{dst}")
+        # The new replica copies at 10 kB/s: its first fetch (up to replica.fetch.max.bytes, 1 MiB) goes
+        # through, the quota's 11 one-second windows then hold it back for ~10 s, so the move of the 2 MB
+        # is still running when the controller dies.
+        throttle(admin, dst, topic, "10000", f"0:{dst}")
         # dst learns the topic's throttled replicas from a ZooKeeper notification: start the move only
         # once it answers with them, or its first fetches may copy the whole log unthrottled
         wait_until(lambda: _config_on(c, dst, 2, topic).get("follower.replication.throttled.replicas") == f"0:{dst}",
                    30, "the throttle known to the new replica's broker")
-        assert _config_on(c, dst, 4, str(dst)).get("follower.replication.throttled.rate") == "100000"
+        assert _config_on(c, dst, 4, str(dst)).get("follower.replication.throttled.rate") == "10000"
         tp = KpTopicPartition(topic, 0)
         target = [src, dst]
         kp = KafkaAdminClient(bootstrap_servers=c.bootstrap, request_timeout_ms=30000)

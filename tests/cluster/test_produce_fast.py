@@ -859,6 +859,32 @@ def test_rf3_confluent_default_acks_all_native(three):
 
 
 @pytest.mark.slow
+def test_rf3_acks_all_follower_answers_are_their_own(three):
+    """Invariant: every answer a follower reads on its fetch connection is the answer to its own request
+    (mismatched correlation ids counted in the followers' logs: 0). A follower's fast fetch that moves
+    the HW decides parked acks=all produces, whose answers are encoded meanwhile; when both shared one
+    buffer, the follower got the produce answer (seen: 3 mismatches and a 1 s fetch backoff each, in 3 s)."""
+    c, ports = three
+    topic = rf3_topic(c, min_isr=2)
+    n, step, per = 10000, 0.005, 25          # 5,000 records/s, one small request each few: followers park
+    acked = []
+    p = Producer({"bootstrap.servers": c.bootstrap, "linger.ms": 0, "acks": "all", "enable.idempotence": False})
+    assert p.list_topics(topic, timeout=10).topics[topic].error is None
+    due = time.monotonic()
+    for i in range(0, n, per):
+        for j in range(per):
+            p.produce(topic, value=b"own-%d" % (i + j), partition=0, on_delivery=lambda err, m: acked.append(err))
+        due += step
+        while (left := due - time.monotonic()) > 0:
+            p.poll(left)
+    assert p.flush(60) == 0
+    assert acked.count(None) == n, [a for a in acked if a is not None][:3]
+    mismatched = [line for bid in (1, 2) for line in c.brokers[bid].log_path.read_text(errors="replace").splitlines()
+                  if "correlation id" in line and "expected" in line]
+    assert mismatched == [], mismatched[:3]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("client", ["confluent", "kafka-python", "aiokafka"])
 def test_rf3_keyed_acks_all_several_partitions_native(three, client):
     """Keyed acks=all producers over 6 RF=3 partitions led by the three brokers in turn: every record
