@@ -638,6 +638,11 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     # KIP-612 (kbroker/security/connection_quotas.py): new connections per second on every listener but the
     # inter-broker one (unless it is the only one); over it accepting waits (listen backlog)
     _impl("max.connection.creation.rate", "int", INT_MAX, at_least(0)),
+    # a reloaded keystore's certificate against the one it replaces (kbroker/security/tlsreload.py)
+    _impl("ssl.allow.dn.changes", "boolean", False,
+          doc="a reloaded keystore may change the certificate's subject (per listener as the other ssl keys)"),
+    _impl("ssl.allow.san.changes", "boolean", False,
+          doc="a reloaded keystore may drop SubjectAltNames of the certificate it replaces"),
     # Kafka secures ZooKeeper through SASL (a JAAS Client section); Debian's ZooKeeper started by our
     # scripts has no SASL set up, so brokers authenticate with ZooKeeper's digest scheme instead.
     _impl("kbroker.zookeeper.digest.credentials", "password", None),
