@@ -643,6 +643,8 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
           doc="a reloaded keystore may change the certificate's subject (per listener as the other ssl keys)"),
     _impl("ssl.allow.san.changes", "boolean", False,
           doc="a reloaded keystore may drop SubjectAltNames of the certificate it replaces"),
+    _impl("zookeeper.ssl.endpoint.identification.algorithm", "string", "HTTPS",
+          doc="HTTPS: ZooKeeper's TLS certificate must name the host connected to; empty: not checked"),
     # Kafka secures ZooKeeper through SASL (a JAAS Client section); Debian's ZooKeeper started by our
     # scripts has no SASL set up, so brokers authenticate with ZooKeeper's digest scheme instead.
     _impl("kbroker.zookeeper.digest.credentials", "password", None),
