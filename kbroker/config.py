@@ -439,8 +439,6 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
            why="the listen backlog is fixed (128)"),
     _known("max.connections.per.ip.overrides", "string", "",
            why="only the one max.connections.per.ip limit is applied"),
-    _known("max.connection.creation.rate", "int", INT_MAX, at_least(0),
-           why="new connections are not rate-limited"),
     _impl("log.cleanup.policy", "list", ["delete"], list_of(*CLEANUP_POLICIES)),
     _impl("log.cleaner.enable", "boolean", True),
     _impl("log.cleaner.threads", "int", 1, at_least(0)),
@@ -491,10 +489,6 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _known("controller.quorum.fetch.timeout.ms", "int", 2000),
     _known("controller.quorum.request.timeout.ms", "int", 2000),
     _known("controller.quorum.retry.backoff.ms", "int", 20),
-    _known("controller.quota.window.num", "int", 11, at_least(1),
-           why="controller mutation quotas are not implemented"),
-    _known("controller.quota.window.size.seconds", "int", 1, at_least(1),
-           why="controller mutation quotas are not implemented"),
     _known("delegation.token.expiry.check.interval.ms", "long", 3600000, at_least(1)),
     _known("delegation.token.expiry.time.ms", "long", 86400000, at_least(1)),
     _known("delegation.token.master.key", "password", None),
@@ -638,6 +632,19 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _known("zookeeper.ssl.truststore.password", "password", None,
            why="kbroker's ZooKeeper truststore is a PEM file, which has no password"),
     _impl("zookeeper.ssl.truststore.type", "string", None, doc="PEM (unset: from the file name)"),
+    # controller_mutation_rate (KIP-599, kbroker/security/quotas.py): the token bucket holds this many windows' worth
+    _impl("controller.quota.window.num", "int", 11, at_least(1)),
+    _impl("controller.quota.window.size.seconds", "int", 1, at_least(1)),
+    # KIP-612 (kbroker/security/connection_quotas.py): new connections per second on every listener but the
+    # inter-broker one (unless it is the only one); over it accepting waits (listen backlog)
+    _impl("max.connection.creation.rate", "int", INT_MAX, at_least(0)),
+    # a reloaded keystore's certificate against the one it replaces (kbroker/security/tlsreload.py)
+    _impl("ssl.allow.dn.changes", "boolean", False,
+          doc="a reloaded keystore may change the certificate's subject (per listener as the other ssl keys)"),
+    _impl("ssl.allow.san.changes", "boolean", False,
+          doc="a reloaded keystore may drop SubjectAltNames of the certificate it replaces"),
+    _impl("zookeeper.ssl.endpoint.identification.algorithm", "string", "HTTPS",
+          doc="HTTPS: ZooKeeper's TLS certificate must name the host connected to; empty: not checked"),
     # Kafka secures ZooKeeper through SASL (a JAAS Client section); Debian's ZooKeeper started by our
     # scripts has no SASL set up, so brokers authenticate with ZooKeeper's digest scheme instead.
     _impl("kbroker.zookeeper.digest.credentials", "password", None),

@@ -146,8 +146,11 @@ def share_zookeeper(shared: SharedZooKeeper | None) -> None:
 class LocalCluster:
     def __init__(self, root, brokers: int = 1, overrides: dict | None = None, session_timeout_ms: int = 6000,
                  num_partitions: int = 1, env: dict | None = None, zookeeper_connect: str | None = None,
-                 own_zookeeper: bool = False):
+                 own_zookeeper: bool = False, zk_tls: dict[str, str] | None = None):
         self.root = Path(root)
+        # Kafka's zookeeper.ssl.* properties (with zookeeper.ssl.client.enable=true): every broker and the
+        # cluster's own ZooKeeper clients use them, so zookeeper_connect may name a TLS-only port
+        self.zk_tls = dict(zk_tls or {})
         # An ensemble (or proxy) the caller runs; None: a chroot on the process's shared ZooKeeper
         # (share_zookeeper) or, without one or with own_zookeeper, a standalone ZooKeeper of our own.
         self.external_zk = zookeeper_connect
@@ -202,6 +205,7 @@ class LocalCluster:
             "transaction.state.log.replication.factor": 1,
             "transaction.state.log.min.isr": 1,
         }
+        props.update(self.zk_tls)
         props.update(self.overrides)
         props.update(b.extra)
         props.update(extra or {})
@@ -232,10 +236,7 @@ class LocalCluster:
                 return "no controller in its metadata yet"
             return None
 
-        from kazoo.client import KazooClient
-
-        zk = KazooClient(hosts=self.zk_connect, timeout=5)
-        zk.start(timeout=5)
+        zk = self._kazoo()
         try:
             b.czxid = wait_broker_ready(zk, broker_id, exited, probe, b.czxid, timeout)
         except BrokerExited as e:
@@ -250,16 +251,26 @@ class LocalCluster:
 
     def registration_czxid(self, broker_id: int):
         """czxid of /brokers/ids/<id> (the broker epoch), or None when not registered."""
-        from kazoo.client import KazooClient
-
-        zk = KazooClient(hosts=self.zk_connect, timeout=5)
-        zk.start(timeout=5)
+        zk = self._kazoo()
         try:
             stat = zk.exists(f"/brokers/ids/{broker_id}")
             return None if stat is None else stat.czxid
         finally:
             zk.stop()
             zk.close()
+
+    def _kazoo(self):
+        """A started ZooKeeper client of the cluster's connect string (over TLS with ``zk_tls``)."""
+        from kazoo.client import KazooClient
+        from kbroker.zk.client import kazoo_tls_from_properties
+
+        zk = KazooClient(hosts=self.zk_connect, timeout=5, **(kazoo_tls_from_properties(self.zk_tls) or {}))
+        try:
+            zk.start(timeout=5)
+        except BaseException:
+            zk.close()
+            raise
+        return zk
 
     def kill(self, broker_id: int, sig=signal.SIGKILL):
         b = self.brokers[broker_id]

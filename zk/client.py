@@ -75,19 +75,78 @@ _STOP = "stop"
 NETTY_SOCKET = "org.apache.zookeeper.ClientCnxnSocketNetty"
 
 
+# Kafka's ZooKeeper client TLS keys a tool's --zk-tls-config-file is read for (others ignored; a PEM
+# truststore has no password)
+ZK_TLS_KEYS = ("zookeeper.ssl.client.enable", "zookeeper.clientCnxnSocket", "zookeeper.ssl.keystore.location",
+               "zookeeper.ssl.keystore.password", "zookeeper.ssl.keystore.type", "zookeeper.ssl.truststore.location",
+               "zookeeper.ssl.truststore.type", "zookeeper.ssl.endpoint.identification.algorithm")
+
+
+def kazoo_tls_from_properties(props: dict[str, str]) -> dict | None:
+    """kazoo_tls of Kafka properties as text (a tool's --zk-tls-config-file, a local cluster's settings);
+    keys other than ZK_TLS_KEYS are ignored, as Kafka's tools ignore them."""
+    def get(key):
+        value = props.get(key) if key in ZK_TLS_KEYS else None
+        if key == "zookeeper.ssl.client.enable":
+            return value is not None and str(value).strip().lower() == "true"
+        return value
+    return kazoo_tls(get)
+
+
+def tls_verification_failures(hosts: str, tls: dict, timeout_s: float = 5.0) -> list[str]:
+    """One TLS handshake with each ``host:port`` of a connect string (no chroot), as kazoo makes it with
+    ``tls`` (kazoo_tls): why each server whose certificate fails verification was refused. kazoo only
+    says "connection dropped" and retries, so this names the cause (a server that cannot be reached
+    is not listed: kazoo retries those)."""
+    import socket
+    import ssl
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = bool(tls.get("check_hostname"))
+    if tls.get("ca"):
+        ctx.load_verify_locations(tls["ca"])
+    else:
+        ctx.load_default_certs(ssl.Purpose.SERVER_AUTH)
+    if tls.get("certfile"):
+        ctx.load_cert_chain(tls["certfile"], tls.get("keyfile"), tls.get("keyfile_password"))
+    out = []
+    for hp in hosts.split(","):
+        host, _, port = hp.strip().rpartition(":")
+        host = host.strip("[]")
+        try:
+            with socket.create_connection((host, int(port)), timeout=timeout_s) as raw, \
+                    ctx.wrap_socket(raw, server_hostname=host):
+                pass
+        except ssl.SSLCertVerificationError as e:
+            why = e.verify_message or str(e)
+            # 62, 64: OpenSSL's host name and IP address mismatch
+            hint = (" (zookeeper.ssl.endpoint.identification.algorithm=HTTPS: the certificate must name the host "
+                    "as written in zookeeper.connect)" if ctx.check_hostname and e.verify_code in (62, 64) else "")
+            out.append(f"ZooKeeper at {host}:{port} presented a TLS certificate that failed verification: {why}{hint}")
+        except (OSError, ValueError):
+            continue
+    return out
+
+
 def kazoo_tls(get) -> dict | None:
     """kazoo's TLS arguments from Kafka's zookeeper.ssl.* keys (``get(key)`` reads a broker config), or
     None when zookeeper.ssl.client.enable is false. kazoo reads PEM files only: a keystore or truststore
     of another type (given, or as ZooKeeper guesses it from the file name) is refused, naming the key.
     ZooKeeper's server asks for a client certificate unless told otherwise, so the keystore is passed
-    whenever it is set. Raises ValueError with the key in its message."""
+    whenever it is set. ``zookeeper.ssl.endpoint.identification.algorithm`` HTTPS (the default) checks
+    the server's certificate against the host name or address of the connect string, as ZooKeeper's
+    hostnameVerification. Raises ValueError with the key in its message."""
     if not get("zookeeper.ssl.client.enable"):
         return None
     socket_class = get("zookeeper.clientCnxnSocket")
     if socket_class and socket_class != NETTY_SOCKET:
         raise ValueError(f"zookeeper.clientCnxnSocket must be {NETTY_SOCKET} with zookeeper.ssl.client.enable=true "
                          f"(kazoo speaks TLS itself), not {socket_class}")
-    out = {"use_ssl": True, "verify_certs": True}
+    algorithm = get("zookeeper.ssl.endpoint.identification.algorithm")
+    algorithm = "HTTPS" if algorithm is None else algorithm.strip()     # unset: Kafka's default
+    if algorithm.upper() not in ("HTTPS", ""):
+        raise ValueError(f"zookeeper.ssl.endpoint.identification.algorithm: HTTPS (check that ZooKeeper's "
+                         f"certificate names the host connected to) or empty (do not), not {algorithm}")
+    out = {"use_ssl": True, "verify_certs": True, "check_hostname": bool(algorithm)}
     for location_key, type_key, arg in (
             ("zookeeper.ssl.keystore.location", "zookeeper.ssl.keystore.type", "certfile"),
             ("zookeeper.ssl.truststore.location", "zookeeper.ssl.truststore.type", "ca")):
@@ -171,6 +230,12 @@ class BrokerZk:
 
     def start(self) -> None:
         hosts, _, chroot = self.connect_string.partition("/")
+        if self._tls:
+            refused = tls_verification_failures(hosts, self._tls, timeout_s=min(5.0, self.connect_timeout_s))
+            for why in refused:
+                log.error("%s", why)
+            if refused and len(refused) == len(hosts.split(",")):
+                raise ZkClientError(f"cannot connect to ZooKeeper at {self.connect_string}: {refused[0]}")
         if chroot:
             self._ensure_chroot(hosts, "/" + chroot)
         # Retry connecting forever: a broker waits out a ZooKeeper restart.

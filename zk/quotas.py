@@ -3,6 +3,7 @@
 
 - ``/config/users/<user>/clients/<client-id>``, ``/config/users/<user>``,
 - ``/config/clients/<client-id>``,
+- ``/config/ips/<ip>`` (KIP-612 connection rates; the address as written, or ``<default>``),
 
 with ``<default>`` as the name of a default entity, names sanitized as Kafka's Sanitizer does (URL
 encoding, ``*`` as ``%2A``), and every change announced by a ``/config/changes/config_change_<seq>``
@@ -99,3 +100,27 @@ def read_all(kazoo) -> dict[tuple[str | None, str | None], dict[str, str]]:
 def alter_entity(kazoo, user: str | None, client: str | None, set_: dict[str, str], delete=()) -> dict[str, str]:
     """Set and remove keys of the entity's config, announced by a change notification; the new config."""
     return alter_entity_config(kazoo, entity_path(user, client), set_, delete)
+
+
+def ip_entity(path: str) -> str | None:
+    """The address (or DEFAULT) of an ``ips/<ip>`` change notification's entity path, else None."""
+    kind, _, name = path.partition("/")
+    return name if kind == "ips" and name and "/" not in name else None
+
+
+def read_ip(kazoo, ip: str) -> dict[str, str]:
+    return _config(kazoo, f"ips/{ip}") or {}
+
+
+def read_ips(kazoo) -> dict[str, dict[str, str]]:
+    """Every ``ips/<ip>`` entity's config, by address (or DEFAULT)."""
+    out = {}
+    for ip in _children(kazoo, "ips"):
+        got = _config(kazoo, f"ips/{ip}")
+        if got is not None:
+            out[ip] = got
+    return out
+
+
+def alter_ip(kazoo, ip: str, set_: dict[str, str], delete=()) -> dict[str, str]:
+    return alter_entity_config(kazoo, f"ips/{ip}", set_, delete)

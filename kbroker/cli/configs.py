@@ -41,11 +41,11 @@ def register(subparsers) -> None:
     # Repeatable as kafka-configs.sh's: "--entity-type users --entity-name alice --entity-type clients
     # --entity-name app" is alice's quota with client-id app; names and defaults pair with types in order.
     p.add_argument("--entity-type", dest="entity_types", action="append", required=True,
-                   choices=("topics", "brokers", "users", "clients"), help="Type of entity.")
+                   choices=("topics", "brokers", "users", "clients", "ips"), help="Type of entity.")
     p.add_argument("--entity-name", dest="entity_names", action="append",
-                   help="Name of the entity (topic name / broker id / user / client-id).")
+                   help="Name of the entity (topic name / broker id / user / client-id / ip).")
     p.add_argument("--entity-default", dest="entity_names", action="append_const", const=None,
-                   help="The default entity (/config/brokers|users|clients/<default>).")
+                   help="The default entity (/config/brokers|users|clients|ips/<default>).")
     action = p.add_mutually_exclusive_group(required=True)
     action.add_argument("--describe", action="store_true", help="List configs for the given entity.")
     action.add_argument("--alter", action="store_true", help="Alter the configuration for the entity.")
@@ -147,7 +147,7 @@ async def run(args, out) -> int:
         raise ValueError("--entity-name or --entity-default is required")
     args.entity_type, args.entity_name = types[0], names[0]
     args.entity_default = names[0] is None
-    if types[0] in ("users", "clients"):
+    if types[0] in ("users", "clients", "ips"):
         from kbroker.cli.configs_quotas import is_quota_command, run_quotas
         from kbroker.cli.configs_users import run_users
         add = parse_add_config(args.add_config) if args.add_config else {}

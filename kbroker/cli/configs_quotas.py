@@ -1,5 +1,5 @@
-"""``kbroker configs --entity-type users|clients``: client quotas as kafka-configs.sh manages them over
-the admin API (DescribeClientQuotas / AlterClientQuotas).
+"""``kbroker configs --entity-type users|clients|ips``: client quotas as kafka-configs.sh manages them
+over the admin API (DescribeClientQuotas / AlterClientQuotas).
 
     --entity-type users --entity-name alice --alter --add-config producer_byte_rate=1048576
     --entity-type users --entity-name alice --entity-type clients --entity-name app --alter \\
@@ -7,6 +7,7 @@ the admin API (DescribeClientQuotas / AlterClientQuotas).
     --entity-type clients --entity-default --alter --delete-config producer_byte_rate
     --entity-type users --entity-name alice --describe
         ->  Quota configs for user-principal 'alice' are producer_byte_rate=1048576.0
+    --entity-type ips --entity-name 10.0.0.7 --alter --add-config connection_creation_rate=10
 
 An entity is the ordered pairs of --entity-type with --entity-name / --entity-default (a default is
 a null name on the wire, ``<default>`` in ZooKeeper).
@@ -18,8 +19,9 @@ from kbroker.client.connection import KafkaError
 
 DESCRIBE_CLIENT_QUOTAS, ALTER_CLIENT_QUOTAS = 48, 49
 QUOTA_KEYS = ("producer_byte_rate", "consumer_byte_rate", "request_percentage", "controller_mutation_rate")
-WIRE_TYPES = {"users": "user", "clients": "client-id"}
-_LABELS = {"user": "user-principal", "client-id": "client-id"}
+IP_KEYS = ("connection_creation_rate",)
+WIRE_TYPES = {"users": "user", "clients": "client-id", "ips": "ip"}
+_LABELS = {"user": "user-principal", "client-id": "client-id", "ip": "ip"}
 EXACT, DEFAULT = 0, 1
 
 
@@ -61,7 +63,8 @@ async def alter(admin, entity, add: dict[str, str], delete: list[str], out) -> i
     for e in resp["entries"]:
         if e["error_code"]:
             raise KafkaError(e["error_code"], e.get("error_message"), "alter client quotas")
-    names = ", ".join(f"{'user' if t == 'user' else 'client'} {'<default>' if n is None else n}" for t, n in entity)
+    kinds = {"user": "user", "client-id": "client", "ip": "ip"}
+    names = ", ".join(f"{kinds[t]} {'<default>' if n is None else n}" for t, n in entity)
     print(f"Completed updating config for {names}.", file=out)
     return 0
 
@@ -77,14 +80,16 @@ def is_quota_command(types, add: dict, delete: list) -> bool:
 async def run_quotas(admin, args, entity_types, entity_names, out) -> int:
     if len(entity_types) != len(entity_names):
         raise ValueError("each --entity-type needs its --entity-name or --entity-default")
-    if len(set(entity_types)) != len(entity_types) or any(t not in WIRE_TYPES for t in entity_types):
-        raise ValueError("a client quota entity is users, clients, or users then clients")
+    if len(set(entity_types)) != len(entity_types) or any(t not in WIRE_TYPES for t in entity_types) or \
+            ("ips" in entity_types and len(entity_types) > 1):
+        raise ValueError("a client quota entity is users, clients, users then clients, or ips")
     entity = [(WIRE_TYPES[t], n) for t, n in zip(entity_types, entity_names)]
     if args.describe:
         return await describe(admin, entity, out)
     add = parse_add_config(args.add_config) if args.add_config else {}
     delete = [k.strip() for k in args.delete_config.split(",") if k.strip()]
-    bad = [k for k in [*add, *delete] if k not in QUOTA_KEYS]
+    keys = IP_KEYS if entity_types == ["ips"] else QUOTA_KEYS
+    bad = [k for k in [*add, *delete] if k not in keys]
     if bad:
-        raise ValueError(f"{', '.join(bad)}: not a client quota ({', '.join(QUOTA_KEYS)})")
+        raise ValueError(f"{', '.join(bad)}: not a quota of this entity ({', '.join(keys)})")
     return await alter(admin, entity, add, delete, out)

@@ -37,7 +37,7 @@ import json
 import sys
 import time
 
-from kbroker.cli.tool import ToolError, run_tool, add_command_config, command_security
+from kbroker.cli.tool import ToolError, run_tool, add_command_config, add_zk_tls_config, command_security, zk_tls
 from kbroker.client.admin import DELETE, Admin, ConfigResource
 from kbroker.protocol.errors import Errors
 from kbroker.controller.assignment import AssignmentError, assign_replicas
@@ -50,6 +50,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("reassign-partitions", help="move partition replicas (kafka-reassign-partitions.sh)",
                               description="This tool helps to move topic partitions between replicas.")
     p.add_argument("--zookeeper", help="ZooKeeper connect string (host:port[/chroot]).")
+    add_zk_tls_config(p)
     p.add_argument("--bootstrap-server", help="The server(s) to use for bootstrapping.")
     add_command_config(p)
     action = p.add_mutually_exclusive_group(required=True)
@@ -178,7 +179,7 @@ def _cancel(zk: BrokerZk, wanted, out) -> list[tuple[str, int]]:
 
 
 def run(args, out) -> int:
-    zk = BrokerZk(args.zookeeper, -1)
+    zk = BrokerZk(args.zookeeper, -1, tls=zk_tls(args))
     zk.start()
     try:
         if args.generate:
@@ -436,7 +437,7 @@ def main(args: argparse.Namespace) -> int:
         return 1
     try:
         return run(args, sys.stdout)
-    except (AssignmentError, ZkClientError, TopicNotFoundError, ValueError, OSError, KeyError) as e:
+    except (AssignmentError, ZkClientError, TopicNotFoundError, ToolError, ValueError, OSError, KeyError) as e:
         message = e.message if isinstance(e, AssignmentError) else str(e)
         print(f"Error: {message}", file=sys.stderr)
         return 1

@@ -48,3 +48,29 @@ def command_security(args):
             raise ToolError(f"--command-config {path}: {e}") from None
     args._security = security
     return security
+
+
+def add_zk_tls_config(p) -> None:
+    """``--zk-tls-config-file FILE``: Kafka's zookeeper.ssl.* client properties for a tool that talks to
+    ZooKeeper itself (zookeeper.ssl.client.enable=true to use them)."""
+    p.add_argument("--zk-tls-config-file", dest="zk_tls_config_file", metavar="FILE",
+                   help="ZooKeeper client TLS properties (zookeeper.ssl.client.enable, zookeeper.clientCnxnSocket, "
+                        "zookeeper.ssl.keystore.*, zookeeper.ssl.truststore.*, "
+                        "zookeeper.ssl.endpoint.identification.algorithm); other keys are ignored")
+
+
+def zk_tls(args) -> dict | None:
+    """kazoo's TLS arguments from ``--zk-tls-config-file`` (None without one, or with TLS not enabled in
+    it); ToolError for a file that cannot be read or used."""
+    path = getattr(args, "zk_tls_config_file", None)
+    if not path:
+        return None
+    from kbroker.config import parse_properties
+    from kbroker.zk.client import kazoo_tls_from_properties
+    try:
+        with open(path, encoding="utf-8") as f:
+            return kazoo_tls_from_properties(parse_properties(f.read()))
+    except OSError as e:
+        raise ToolError(f"cannot read --zk-tls-config-file {path}: {e.strerror}") from None
+    except ValueError as e:
+        raise ToolError(f"--zk-tls-config-file {path}: {e}") from None

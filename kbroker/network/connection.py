@@ -686,6 +686,9 @@ class Connection(ConnState, asyncio.BufferedProtocol):
             result = result.body
         if self.quota is not None and result is not CLOSE:
             result = self.server.quotas.answer_out(self, self.quota, slot, result)
+            if type(result) is list:        # encoded already (a Fetch the quota had to size)
+                self._finish(slot, result)
+                return
         if result is NO_RESPONSE or result is CLOSE:
             self._finish(slot, result)
             return

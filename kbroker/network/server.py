@@ -4,6 +4,9 @@ Limits, with Kafka's semantics where Kafka has the key:
 - ``max.connections``: at the limit the broker stops accepting (new clients wait in the listen backlog)
   until a connection closes; the few that one accept burst takes beyond it are closed at once.
 - ``max.connections.per.ip``: a connection beyond its address's limit is closed right after accept.
+- ``max.connection.creation.rate`` and the ``connection_creation_rate`` of ``ips`` entities (KIP-612,
+  kbroker/security/connection_quotas.py): over the broker-wide rate a connection is served late and
+  accepting waits; over its address's rate it is closed after the throttle time, never served.
 - descriptors: accepting stops ``FD_RESERVE`` descriptors before RLIMIT_NOFILE (as set when the
   server starts), so the ZooKeeper session, segment rolls and checkpoints always find one (asyncio's
   accept loop would survive EMFILE, but everything else in the process would fail with it); new
@@ -91,6 +94,8 @@ class NetworkMetrics:
         self.stuck_requests_closed = 0
         self.connections_rejected = 0     # per-ip or max.connections overflow, closed at accept
         self.accept_pauses = 0
+        self.accept_delays = 0            # max.connection.creation.rate: accepting waited
+        self.connections_throttled = 0    # over their address's connection_creation_rate, closed late
         self.fetch_sendfile_calls = 0
         self.fetch_sendfile_bytes = 0
         self.fetch_copy_bytes = 0
@@ -139,6 +144,10 @@ class KafkaServer:
         self.port = self.listeners[0].port      # the first listener's (set once bound)
         self.authorizing = authorizing
         self.quotas = quotas
+        # KIP-612 connection creation rates (kbroker/security/connection_quotas.py); the inter-broker
+        # listener is not bound by the broker-wide one
+        self.connection_quotas = getattr(quotas, "connections", None)
+        self.protected_listener = getattr(quotas, "protected_listener", None)
         self.handlers = handlers
         # Produce v3-8 through the native request path (kbroker._native.request) when the broker
         # passes its handler; native_requests off keeps every request on the schema codec (the
@@ -364,20 +373,50 @@ class KafkaServer:
                 self._pause_accepting(retry_s=1.0)
                 return
             self._accept_failing = False
-            if selector and listener.ssl_context is None:
-                self.loop._make_socket_transport(conn, Connection(self, listener), extra={"peername": addr},
-                                                 server=listener.server)
-            else:
-                self._handshakes += 1
-                self.loop.create_task(self._adopt(conn, addr, listener))
-            if conn.fileno() >= self.fd_limit:
-                # this one is served; nothing more is accepted until descriptors are free again
-                log.warning("descriptors nearly exhausted (fd %d of %d): not accepting until some close",
-                            conn.fileno(), self.fd_limit + self.fd_reserve)
-                self._fd_paused = True
-                self._pause_accepting()
-                self.loop.call_later(0.5, self._recheck_fds)
+            rates = self.connection_quotas
+            if rates is not None and listener.name != self.protected_listener:
+                delay_ms = rates.broker_delay_ms()
+                if delay_ms > 0:
+                    # max.connection.creation.rate: this one is served late, and nothing is accepted meanwhile
+                    self.metrics.accept_delays += 1
+                    self._pause_accepting(retry_s=delay_ms / 1000)
+                    self.loop.call_later(delay_ms / 1000, self._serve_accepted, conn, addr, listener)
+                    return
+            if not self._serve_accepted(conn, addr, listener):
                 return
+
+    def _serve_accepted(self, conn: socket.socket, addr, listener: Listener) -> bool:
+        """An accepted socket becomes a connection (unless its address is over its connection rate);
+        False when accepting must stop (descriptors nearly exhausted)."""
+        if not self._serving:           # stopped while this one waited out the broker-wide rate
+            conn.close()
+            return False
+        rates = self.connection_quotas
+        if rates is not None:
+            hold_ms = rates.ip_throttle_ms(addr[0]) if isinstance(addr, tuple) else 0
+            if hold_ms > 0:
+                # KIP-612: not served, closed after the throttle time so the client does not retry at once
+                self.metrics.connections_throttled += 1
+                if self.metrics.connections_throttled % 1000 == 1:
+                    log.warning("closing new connection from %s in %d ms: over its connection_creation_rate "
+                                "(%d so far)", addr[0], hold_ms, self.metrics.connections_throttled)
+                self.loop.call_later(hold_ms / 1000, conn.close)
+                return True
+        if self.selector_loop and listener.ssl_context is None:
+            self.loop._make_socket_transport(conn, Connection(self, listener), extra={"peername": addr},
+                                             server=listener.server)
+        else:
+            self._handshakes += 1
+            self.loop.create_task(self._adopt(conn, addr, listener))
+        if conn.fileno() >= self.fd_limit:
+            # this one is served; nothing more is accepted until descriptors are free again
+            log.warning("descriptors nearly exhausted (fd %d of %d): not accepting until some close",
+                        conn.fileno(), self.fd_limit + self.fd_reserve)
+            self._fd_paused = True
+            self._pause_accepting()
+            self.loop.call_later(0.5, self._recheck_fds)
+            return False
+        return True
 
     def _pause_accepting(self, retry_s: float | None = None) -> None:
         if self._accepting and self._serving:

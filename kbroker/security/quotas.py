@@ -11,14 +11,22 @@ key on its own, the bound of a connection with user U and client-id C is the fir
 
 The rate is measured per matched entity *as named for this client*: a bound from ``users/<default>``
 is shared by all of U's client-ids but each user has its own; one from ``clients/C`` by every user of C.
-(``controller_mutation_rate`` is stored and described, not enforced: kbroker has no controller
-mutation quota.)
+``controller_mutation_rate`` (KIP-599) bounds the partitions a (user, client-id) creates or deletes
+per second (CreateTopics, CreatePartitions, DeleteTopics), with the same precedence; it is measured by
+``mutation`` per request, never on the Produce/Fetch path (below).
 
 Rates and throttle time. Each (key, user part, client part) has a ``SampledRate`` over
 ``quota.window.num`` windows of ``quota.window.size.seconds`` (Kafka's Rate, which counts at least
 ``num - 1`` windows of elapsed time: a fresh client may send about that many windows' worth of its
 bound at once). Over the bound, the throttle time is Kafka's ``(rate - bound) / bound x elapsed`` —
 the time until the average falls back to the bound if nothing more is sent.
+
+Controller mutations are measured with Kafka's TokenBucket over ``controller.quota.window.num`` x
+``controller.quota.window.size.seconds``: the bucket holds that many seconds' worth of the rate (the
+burst), refills at the rate, and each mutation takes its partitions from it. A request version that
+can answer THROTTLING_QUOTA_EXCEEDED is strict: a topic is refused while the bucket is below zero (one
+may take it below zero); an older one is permissive: every topic goes ahead and the answer is throttled
+by the debt. Either way the throttle time is the time the refill takes to bring the bucket back to zero.
 
 Threads: the event loop (configs loaded and reloaded from ZooKeeper on worker threads).
 """
@@ -104,18 +112,70 @@ class ClientQuota:
         return key in self.bounds
 
 
+class TokenBucket:
+    """Kafka's TokenBucket: full (the burst) at first, refilled at the rate, emptied by records; the
+    rate and burst are passed at each use, so a changed bound applies at once."""
+
+    __slots__ = ("tokens", "last")
+
+    def __init__(self, now: float):
+        self.tokens = float("inf")      # capped to the burst at the first refill
+        self.last = now
+
+    def measure(self, rate: float, burst: float, now: float) -> float:
+        self.tokens = min(burst, self.tokens + rate * max(now - self.last, 0.0))
+        self.last = now
+        return self.tokens
+
+    def record(self, n: float, rate: float, burst: float, now: float) -> None:
+        self.tokens = min(burst, self.measure(rate, burst, now) - n)
+
+
+class MutationQuota:
+    """One request's controller mutation quota (module docstring): ``admit`` each topic's partitions in
+    turn; ``throttle_ms`` is the answer's throttle time once they are all admitted or refused."""
+
+    __slots__ = ("rate", "burst", "bucket", "strict", "clock", "throttle_ms")
+
+    def __init__(self, rate: float, burst: float, bucket: TokenBucket, strict: bool, clock):
+        self.rate, self.burst, self.bucket, self.strict, self.clock = rate, burst, bucket, strict, clock
+        self.throttle_ms = 0
+
+    def _debt_ms(self, tokens: float) -> int:
+        return min(round(-tokens / self.rate * 1000), INT32_MAX)
+
+    def admit(self, partitions: int) -> bool:
+        """Whether ``partitions`` creations or deletions may go ahead now (recorded when they do)."""
+        now = self.clock()
+        if self.strict:
+            tokens = self.bucket.measure(self.rate, self.burst, now)
+            if tokens < 0:
+                self.throttle_ms = self._debt_ms(tokens)
+                return False
+            self.bucket.record(partitions, self.rate, self.burst, now)
+            return True
+        self.bucket.record(partitions, self.rate, self.burst, now)
+        if self.bucket.tokens < 0:
+            self.throttle_ms = self._debt_ms(self.bucket.tokens)
+        return True
+
+
 class QuotaManager:
     """Every entity's quotas (kept equal to ZooKeeper by the broker) and the shared rates."""
 
-    def __init__(self, samples: int = 11, window_s: float = 1.0, clock=time.monotonic):
+    def __init__(self, samples: int = 11, window_s: float = 1.0, clock=time.monotonic,
+                 mutation_samples: int = 11, mutation_window_s: float = 1.0):
         self.samples, self.window_s, self.clock = samples, window_s, clock
+        self.mutation_burst_s = mutation_samples * mutation_window_s
         self.entities: dict[tuple[str | None, str | None], dict[str, float]] = {}
         self._sensors: dict[tuple[str, str, str], SampledRate] = {}
         self.version = 0
 
     @classmethod
     def from_config(cls, get) -> "QuotaManager":
-        return cls(get("quota.window.num"), get("quota.window.size.seconds"))
+        return cls(get("quota.window.num"), get("quota.window.size.seconds"),
+                   mutation_samples=get("controller.quota.window.num"),
+                   mutation_window_s=get("controller.quota.window.size.seconds"))
 
     def set_entity(self, user: str | None, client: str | None, config: dict[str, str]) -> bool:
         """Make the entity's quotas those of ``config`` (its whole znode); True when they changed."""
@@ -142,6 +202,33 @@ class QuotaManager:
                 return quotas[key], entity
         return None
 
+    def _sensor(self, tags, make):
+        sensor = self._sensors.get(tags)
+        if sensor is None:
+            if len(self._sensors) >= MAX_SENSORS:
+                self._sensors.clear()
+            sensor = self._sensors[tags] = make()
+        return sensor
+
+    @staticmethod
+    def _tags(key: str, user: str, client: str, entity) -> tuple[str, str, str]:
+        """The rate a bound from ``entity`` is measured by, as the entity names this client."""
+        eu, ec = entity
+        return key, user if eu is not None else "", client if ec is not None else ""
+
+    def mutation(self, principal: str, client_id: str | None, strict: bool) -> MutationQuota | None:
+        """The controller mutation quota of one CreateTopics/CreatePartitions/DeleteTopics (None when no
+        bound applies)."""
+        if not self.entities:
+            return None
+        user, client = user_of(principal), client_id or ""
+        got = self.bound(user, client, MUTATION)
+        if got is None:
+            return None
+        rate, entity = got
+        bucket = self._sensor(self._tags(MUTATION, user, client, entity), lambda: TokenBucket(self.clock()))
+        return MutationQuota(rate, rate * self.mutation_burst_s, bucket, strict, self.clock)
+
     def lookup(self, principal: str, client_id: str | None) -> ClientQuota | None:
         """The connection's quotas (None when no bound applies to it)."""
         if not self.entities:
@@ -152,12 +239,7 @@ class QuotaManager:
             got = self.bound(user, client, key)
             if got is None:
                 continue
-            value, (eu, ec) = got
-            tags = (key, user if eu is not None else "", client if ec is not None else "")
-            sensor = self._sensors.get(tags)
-            if sensor is None:
-                if len(self._sensors) >= MAX_SENSORS:
-                    self._sensors.clear()
-                sensor = self._sensors[tags] = SampledRate(self.samples, self.window_s, self.clock)
-            bounds[key] = (value, sensor)
+            value, entity = got
+            bounds[key] = (value, self._sensor(self._tags(key, user, client, entity),
+                                               lambda: SampledRate(self.samples, self.window_s, self.clock)))
         return ClientQuota(bounds) if bounds else None

@@ -78,8 +78,8 @@ def _load_keystore(ctx: ssl.SSLContext, get) -> bool:
                                           "format: convert it with keytool -importkeystore -deststoretype PKCS12)")
 
 
-def _pkcs12_pem(location: str, password) -> tuple[bytes, bytes]:
-    from cryptography.hazmat.primitives import serialization
+def _pkcs12_entry(location: str, password):
+    """(key, certificate, extra certificates) of a PKCS12 keystore."""
     from cryptography.hazmat.primitives.serialization import pkcs12
     data = _read("ssl.keystore.location", location)
     try:
@@ -89,6 +89,30 @@ def _pkcs12_pem(location: str, password) -> tuple[bytes, bytes]:
                                                        f"opens: {e}") from None
     if key is None or cert is None:
         raise _bad("ssl.keystore.location", location, "the PKCS12 keystore holds no private key and certificate")
+    return key, cert, extra
+
+
+_PEM_CERT = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.S)
+
+
+def keystore_certificate(get):
+    """The certificate a keystore serves (``cryptography``'s x509.Certificate; the first of a PEM chain,
+    as OpenSSL takes it), or None when no keystore is configured."""
+    location = get("ssl.keystore.location")
+    if not location:
+        return None
+    from cryptography import x509
+    if (get("ssl.keystore.type") or "JKS").upper() == "PKCS12":
+        return _pkcs12_entry(location, get("ssl.keystore.password"))[1]
+    m = _PEM_CERT.search(_read("ssl.keystore.location", location))
+    if m is None:
+        raise _bad("ssl.keystore.location", location, "the PEM keystore holds no certificate")
+    return x509.load_pem_x509_certificate(m.group(0))
+
+
+def _pkcs12_pem(location: str, password) -> tuple[bytes, bytes]:
+    from cryptography.hazmat.primitives import serialization
+    key, cert, extra = _pkcs12_entry(location, password)
     key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption())
     chain = b"".join(c.public_bytes(serialization.Encoding.PEM) for c in [cert, *extra])

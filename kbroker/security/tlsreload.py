@@ -4,7 +4,12 @@
 SSL and SASL_SSL listeners. A listener's new connections get the new context; a connection keeps the
 context it was accepted with. A value for one listener is read before a value for all, a dynamic value
 before a static one of the same scope (Kafka's order: dynamic over static, then listener over
-broker-wide). Password values are stored encoded (kbroker/security/passwords.py)."""
+broker-wide). Password values are stored encoded (kbroker/security/passwords.py).
+
+A new keystore must serve a certificate of the same subject (DN) as the one it replaces and keep all of
+its SubjectAltNames (more are fine), unless ``ssl.allow.dn.changes`` / ``ssl.allow.san.changes``
+(per listener as the other ssl keys) allow the change: clients and brokers that check host names or
+map principals from the DN keep working, as Kafka's keystore update check."""
 from __future__ import annotations
 
 import logging
@@ -43,6 +48,7 @@ class DynamicTls:
         self.config = config
         self.secret = config.get("password.encoder.secret")
         self.dynamic: dict[tuple[str | None, str], str] = {}   # (listener or None, base) -> clear value
+        self.served: dict[str, object] = {}     # listener -> the certificate its new connections get
 
     def encode(self, key: str, value: str) -> str:
         """The stored form of a value being set: passwords encrypted, the rest as given."""
@@ -75,32 +81,78 @@ class DynamicTls:
             return cfg.get(key) if key in BROKER_CONFIGS else None
         return get
 
+    def _build(self, listeners, stored: dict[str, str]) -> dict[str, tuple]:
+        """(context, served certificate, key getter) of each TLS listener under ``stored``."""
+        dynamic = self._decoded(stored)
+        out = {}
+        for name, protocol in listeners:
+            if protocol in SECURE:
+                get = self.getter(name, dynamic)
+                out[name] = (tls.server_context(get), tls.keystore_certificate(get), get)
+        return out
+
     def contexts(self, listeners, stored: dict[str, str]) -> dict[str, object]:
         """New server contexts of the TLS listeners among ``listeners`` ((name, security protocol)
         pairs), by name, under the per-broker dynamic configs ``stored``; ConfigError (naming the key)
-        if one cannot be built."""
-        dynamic = self._decoded(stored)
-        return {name: tls.server_context(self.getter(name, dynamic))
-                for name, protocol in listeners if protocol in SECURE}
+        if one cannot be built or its certificate may not replace the one served."""
+        built = self._build(listeners, stored)
+        for name, (_ctx, cert, get) in built.items():
+            old = self.served.get(name)
+            if old is not None and cert is not None:
+                check_replacement(old, cert, get)
+        return {name: ctx for name, (ctx, _cert, _get) in built.items()}
 
     def load(self, listeners, stored: dict[str, str]) -> None:
         """At start: the stored dynamic values, unless they do not make a context (a keystore file gone
         since), in which case the static configs serve, as Kafka ignores an invalid dynamic config."""
-        try:
-            self.contexts(listeners, stored)
-        except ConfigError as e:
-            log.error("ignoring the dynamic TLS configs of this broker in /config/brokers: %s", e)
-            return
-        self.dynamic = self._decoded(stored)
+        built = None
+        if self._decoded(stored):
+            try:
+                built = self._build(listeners, stored)
+            except ConfigError as e:
+                log.error("ignoring the dynamic TLS configs of this broker in /config/brokers: %s", e)
+            else:
+                self.dynamic = self._decoded(stored)
+        if built is None:
+            built = self._build(listeners, {})
+        self.served = {name: cert for name, (_ctx, cert, _get) in built.items()}
 
     def apply(self, listeners, stored: dict[str, str]) -> None:
         """Serve new connections of the server's ``listeners`` (network.server.Listener) with contexts
         from ``stored``, which ``contexts`` validated before it was stored."""
-        contexts = self.contexts([(l.name, l.security_protocol) for l in listeners], stored)
+        built = self._build([(l.name, l.security_protocol) for l in listeners], stored)
         for l in listeners:
-            if l.name in contexts:
-                l.ssl_context = contexts[l.name]
+            if l.name in built:
+                l.ssl_context, self.served[l.name], _get = built[l.name]
         self.dynamic = self._decoded(stored)
-        if contexts:
+        if built:
             log.info("TLS listeners %s serve new connections with the dynamic keystore/truststore configs",
-                     ", ".join(sorted(contexts)))
+                     ", ".join(sorted(built)))
+
+
+def _alt_names(cert) -> frozenset:
+    from cryptography import x509
+    try:
+        return frozenset(cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value)
+    except x509.ExtensionNotFound:
+        return frozenset()
+
+
+def _show(names) -> str:
+    return "[" + ", ".join(sorted(f"{type(n).__name__}:{n.value}" for n in names)) + "]"
+
+
+def check_replacement(old, new, get) -> None:
+    """ConfigError naming the key that would allow it when certificate ``new`` may not replace ``old``:
+    a different subject (compared as names, or as RFC 2253 strings ignoring case), or a SubjectAltName
+    of ``old`` that ``new`` lacks."""
+    if not get("ssl.allow.dn.changes") and old.subject != new.subject and \
+            old.subject.rfc4514_string().lower() != new.subject.rfc4514_string().lower():
+        raise ConfigError(f"Keystore DistinguishedName does not match: existing={{DN={old.subject.rfc4514_string()}}}, "
+                          f"new={{DN={new.subject.rfc4514_string()}}} (ssl.allow.dn.changes is false)",
+                          "ssl.allow.dn.changes")
+    old_names, new_names = _alt_names(old), _alt_names(new)
+    if not get("ssl.allow.san.changes") and not old_names <= new_names:
+        raise ConfigError(f"Keystore SubjectAltNames do not match: existing={{SAN={_show(old_names)}}}, "
+                          f"new={{SAN={_show(new_names)}}} (ssl.allow.san.changes is false)",
+                          "ssl.allow.san.changes")

@@ -407,7 +407,7 @@ class Broker:
         names = sorted({name for kind, name in changes if kind == "topics"})
         if names:
             await self.refresh_metadata(names)
-        await self.quotas.reload([f"{kind}/{name}" for kind, name in changes if kind in ("users", "clients")])
+        await self.quotas.reload([f"{kind}/{name}" for kind, name in changes if kind in ("users", "clients", "ips")])
 
     async def refresh_metadata(self, names=None) -> None:
         """Re-read the config overrides of ``names`` (all cached topics if None) from ZooKeeper and

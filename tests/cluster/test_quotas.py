@@ -9,11 +9,17 @@ worth of its bound, then the average holds):
   least 3 times faster and its answers carry no throttle time;
 - a confluent-kafka consumer over its consumer_byte_rate likewise, beside an unthrottled consumer
   reading the same topic; its upper bound adds what the windows let through at once (one idle window's
-  worth and one whole fetch), since a fetch's bytes are counted only as its answer leaves.
+  worth and one whole fetch), since a fetch's bytes are counted only as its answer leaves;
+- a Fetch answer counts whole (correlation id and body), as Kafka records it;
+- controller_mutation_rate (KIP-599): the versions that can say so (CreateTopics v6+, CreatePartitions
+  v3+, DeleteTopics v5+) refuse a topic with THROTTLING_QUOTA_EXCEEDED once the token bucket is below
+  zero and answer the time it takes to refill; older versions (confluent-kafka's) create every topic
+  and are throttled by the debt.
 """
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import threading
@@ -38,7 +44,9 @@ FETCH_MAX = 65536
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    overrides = {"quota.window.num": str(WINDOWS[0]), "quota.window.size.seconds": str(WINDOWS[1])}
+    overrides = {"quota.window.num": str(WINDOWS[0]), "quota.window.size.seconds": str(WINDOWS[1]),
+                 "controller.quota.window.num": str(WINDOWS[0]),
+                 "controller.quota.window.size.seconds": str(WINDOWS[1])}
     with LocalCluster(tmp_path_factory.mktemp("quotas"), brokers=1, overrides=overrides) as c:
         yield c
 
@@ -249,3 +257,193 @@ def test_consumer_held_at_its_quota_beside_an_unthrottled_one(cluster):
     assert 0.85 * QUOTA <= held_rate <= upper, (held_rate, upper)
     # the unthrottled consumer read the whole topic, three times what the quota allows in that time
     assert free_bytes == total // len(VALUE) * len(VALUE)
+
+
+def _fetch_request(version, correlation, client_id, topic) -> bytes:
+    return api.encode_request(1, version, correlation, client_id, {
+        "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1 << 20, "isolation_level": 0, "session_id": 0,
+        "session_epoch": -1, "rack_id": "", "forgotten_topics_data": [],
+        "topics": [{"topic": topic, "partitions": [{"partition": 0, "fetch_offset": 0,
+                                                    "partition_max_bytes": 1 << 20}]}]})
+
+
+@pytest.mark.parametrize("newest", [False, True])
+def test_fetch_quota_counts_the_whole_answer(cluster, newest):
+    """Kafka records a Fetch answer's whole size (correlation id and body), not only its records. With a
+    bound of 1 B/s over 2 x 1 s windows, the first answer's throttle time is (size - 1 - dt) s for the few
+    ms dt between the client's first request and its answer, so it gives the size counted to the byte.
+    Fetch v4, and the newest version the broker serves that names topics (up to 12: flexible)."""
+    version = 4
+    if newest:
+        with RawConn(cluster.bootstrap) as c:
+            served = {k["api_key"]: k["max_version"] for k in c.request(18, 0, {})["api_keys"]}
+        version = min(served[1], 12)
+    topic = f"fsz-{uuid.uuid4().hex[:6]}"
+    p = Producer({"bootstrap.servers": cluster.bootstrap})
+    p.produce(topic, VALUE)
+    assert p.flush(30) == 0
+    with RawConn(cluster.bootstrap) as c:       # client-id "checkers": no quota, the answer in full
+        c.request(18, 0, {})
+        c.send(_fetch_request(version, 1, "checkers", topic))
+        frame = c.recv_frame()
+    _cid, full = api.decode_response(1, version, frame)
+    assert full["throttle_time_ms"] == 0 and full["responses"][0]["partitions"][0]["records"]
+    kafka_size = len(frame) - (1 if version >= 12 else 0)      # less the flexible header's tag buffer
+    client_id = f"one-byte-{version}-{uuid.uuid4().hex[:6]}"
+    _configs(cluster, "--entity-type", "clients", "--entity-name", client_id, "--alter",
+             "--add-config", "consumer_byte_rate=1")
+    with RawConn(cluster.bootstrap) as c:
+        c.send(_fetch_request(version, 1, client_id, topic))
+        _cid, throttled = api.decode_response(1, version, c.recv_frame())
+    assert throttled["responses"] == []         # throttled: answered empty, as Kafka
+    counted = math.ceil(throttled["throttle_time_ms"] / 1000 + 1)
+    assert abs(counted - kafka_size) <= 1, (counted, kafka_size)
+
+
+MUTATION_RATE = 10      # partitions/s: a token bucket of WINDOWS[0] x WINDOWS[1] s x 10 = 20
+
+
+def _raw(cluster, client_id, key, version, body, conn=None):
+    own = conn is None
+    conn = RawConn(cluster.bootstrap, timeout=60) if own else conn
+    try:
+        conn.send(api.encode_request(key, version, 1, client_id, body))
+        return api.decode_response(key, version, conn.recv_frame(timeout=60))[1]
+    finally:
+        if own:
+            conn.close()
+
+
+def _new_topic(name, partitions):
+    return {"name": name, "num_partitions": partitions, "replication_factor": 1, "assignments": [], "configs": []}
+
+
+def _mutation_quota(cluster, client_id):
+    _configs(cluster, "--entity-type", "clients", "--entity-name", client_id, "--alter",
+             "--add-config", f"controller_mutation_rate={MUTATION_RATE}")
+
+
+def test_strict_versions_refuse_topics_over_the_mutation_rate(cluster):
+    a, b, c = (f"mq-{uuid.uuid4().hex[:6]}-{i}" for i in range(3))
+    for cid in ("strict-creator", "strict-partitioner", "strict-deleter"):
+        _mutation_quota(cluster, cid)
+    # CreateTopics v6: 15 of 20 tokens, then 10 (the bucket goes below zero: allowed), then refused
+    with RawConn(cluster.bootstrap, timeout=60) as conn:
+        topics = [_new_topic(a, 15), _new_topic(b, 10), _new_topic(c, 1)]
+        resp = _raw(cluster, "strict-creator", 19, 6, {"topics": topics, "timeout_ms": 30000, "validate_only": False},
+                    conn)
+        assert [(t["name"], t["error_code"]) for t in resp["topics"]] == [(a, 0), (b, 0), (c, 89)]
+        assert resp["topics"][2]["error_message"] == "The throttling quota has been exceeded."
+        ms = resp["throttle_time_ms"]
+        assert 400 < ms <= 500, ms          # 5 partitions of debt at 10/s
+        t0 = time.monotonic()
+        assert _raw(cluster, "strict-creator", 18, 0, {}, conn)["error_code"] == 0
+        assert time.monotonic() - t0 >= 0.9 * ms / 1000       # the connection was muted meanwhile
+    with RawConn(cluster.bootstrap, timeout=60) as conn:        # no quota for client-id "checkers"
+        assert conn.request(19, 6, {"topics": [_new_topic(c, 1)], "timeout_ms": 30000,
+                                    "validate_only": False})["topics"][0]["error_code"] == 0
+    # CreatePartitions v3: +15, +10, then +1 refused
+    resp = _raw(cluster, "strict-partitioner", 37, 3, {"topics": [{"name": n, "count": k, "assignments": None}
+                                                                  for n, k in ((a, 30), (b, 20), (c, 2))],
+                                                       "timeout_ms": 30000, "validate_only": False})
+    assert [(r["name"], r["error_code"]) for r in resp["results"]] == [(a, 0), (b, 0), (c, 89)]
+    assert 400 < resp["throttle_time_ms"] <= 500
+    # DeleteTopics v5: a's 30 partitions take the bucket to -10; b and c refused
+    resp = _raw(cluster, "strict-deleter", 20, 5, {"topic_names": [a, b, c], "timeout_ms": 30000})
+    assert [(r["name"], r["error_code"]) for r in resp["responses"]] == [(a, 0), (b, 89), (c, 89)]
+    assert 900 < resp["throttle_time_ms"] <= 1000
+    with RawConn(cluster.bootstrap) as conn:
+        names = {t["name"] for t in conn.request(3, 8, {"topics": None, "allow_auto_topic_creation": False,
+                                                       "include_cluster_authorized_operations": False,
+                                                       "include_topic_authorized_operations": False})["topics"]}
+    assert a not in names and {b, c} <= names
+
+
+def test_older_versions_create_every_topic_and_are_throttled(cluster):
+    """confluent-kafka's CreateTopics (a version before 6): nothing refused, the answer throttled by the
+    debt (librdkafka reports it to throttle_cb) and the connection muted that long."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+    _mutation_quota(cluster, "lenient-creator")
+    throttles = []
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap, "client.id": "lenient-creator",
+                         "throttle_cb": lambda e: throttles.append(e.throttle_time)})
+    x, y = (f"mql-{uuid.uuid4().hex[:6]}-{i}" for i in range(2))
+    admin.create_topics([NewTopic(x, 25, 1)], operation_timeout=30)[x].result(60)     # 20 - 25: 5 of debt
+    answered = time.monotonic()
+    # below zero again: between 5 and 30 of debt, as the bucket held -5 to 20 (it refills while the first
+    # topic's leaders are elected: how far varies)
+    admin.create_topics([NewTopic(y, 25, 1)], operation_timeout=30)[y].result(60)
+    second = time.monotonic() - answered
+    # librdkafka also reports the end of a throttle (0)
+    wait_until(lambda: admin.poll(0.1) >= 0 and len([t for t in throttles if t > 0]) >= 2, timeout=10,
+               what="throttles reported")
+    first, again = [t for t in throttles if t > 0][:2]
+    assert 0.4 < first <= 0.5 and 0.5 <= again <= 3.0, throttles
+    assert second >= 0.9 * first     # muted from the first answer on (KIP-219)
+
+
+def _served(bootstrap, source) -> tuple[bool, float]:
+    """(whether a connection from ``source`` got its ApiVersions answer, seconds until answer or close)."""
+    t0 = time.monotonic()
+    try:
+        with RawConn(bootstrap, timeout=10, source=source) as c:
+            c.request(18, 0, {})
+        return True, time.monotonic() - t0
+    except OSError:             # ConnectionError included: closed without an answer
+        return False, time.monotonic() - t0
+
+
+def test_connection_rate_of_an_ip(cluster, zk):
+    """KIP-612: connection_creation_rate of ips/<ip>, set with kbroker configs --entity-type ips: within
+    the first second two connections from that address are served, the third is held for its throttle
+    time and closed unserved; another address is served; removed, the bound is gone at once."""
+    ip, other = "127.0.0.7", "127.0.0.8"
+    out = _configs(cluster, "--entity-type", "ips", "--entity-name", ip, "--alter",
+                   "--add-config", "connection_creation_rate=2")
+    assert f"Completed updating config for ip {ip}." in out
+    data, _ = zk.get(f"/config/ips/{ip}")
+    assert json.loads(data) == {"version": 1, "config": {"connection_creation_rate": "2"}}
+    assert f"Quota configs for ip '{ip}' are connection_creation_rate=2.0" in \
+        _configs(cluster, "--entity-type", "ips", "--entity-name", ip, "--describe")
+    try:
+        got = [_served(cluster.bootstrap, ip) for _ in range(3)]
+        assert [ok for ok, _s in got] == [True, True, False], got
+        assert got[2][1] >= 0.3, got        # held (about 500 ms), not closed at once
+        assert _served(cluster.bootstrap, other)[0]
+        # an ip entity takes no other key, and no user or client-id beside it (Kafka's answers)
+        with RawConn(cluster.bootstrap) as c:
+            resp = c.request(49, 1, {"entries": [
+                {"entity": [{"entity_type": "ip", "entity_name": ip}],
+                 "ops": [{"key": "producer_byte_rate", "value": 5.0, "remove": False}]},
+                {"entity": [{"entity_type": "ip", "entity_name": ip}, {"entity_type": "user", "entity_name": "u"}],
+                 "ops": [{"key": "connection_creation_rate", "value": 5.0, "remove": False}]},
+                {"entity": [{"entity_type": "ip", "entity_name": "not-an-ip"}],
+                 "ops": [{"key": "connection_creation_rate", "value": 5.0, "remove": False}]}],
+                "validate_only": True})
+            assert [e["error_code"] for e in resp["entries"]] == [42, 42, 42]
+            resp = c.request(48, 1, {"components": [{"entity_type": "ip", "match_type": 2, "match": None}],
+                                     "strict": False})
+            assert {"entity": [{"entity_type": "ip", "entity_name": ip}],
+                    "values": [{"key": "connection_creation_rate", "value": 2.0}]} in resp["entries"]
+    finally:
+        _configs(cluster, "--entity-type", "ips", "--entity-name", ip, "--alter",
+                 "--delete-config", "connection_creation_rate")
+    assert all(_served(cluster.bootstrap, ip)[0] for _ in range(4))
+
+
+@pytest.fixture(scope="module")
+def rate_limited(tmp_path_factory):
+    overrides = {"quota.window.num": "2", "quota.window.size.seconds": "1", "max.connection.creation.rate": "5"}
+    with LocalCluster(tmp_path_factory.mktemp("conn-rate"), brokers=1, overrides=overrides) as c:
+        yield c
+
+
+def test_broker_wide_connection_rate_delays_and_serves(rate_limited):
+    """max.connection.creation.rate=5: connections over it are served late, never refused; 12 connections
+    take at least (12 - 5) / 5 s beyond the first second's allowance to be served."""
+    t0 = time.monotonic()
+    got = [_served(rate_limited.bootstrap, None) for _ in range(12)]
+    spent = time.monotonic() - t0
+    assert all(ok for ok, _s in got), got
+    assert spent >= 1.0, spent
+    assert max(s for _ok, s in got) >= 0.15, got     # one of them waited its throttle time

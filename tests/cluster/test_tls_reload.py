@@ -41,7 +41,7 @@ def cluster(tmp_path):
     b.extra = {"listeners": f"PLAINTEXT://127.0.0.1:{b.port},SSL://127.0.0.1:{c.ssl_port}",
                "ssl.keystore.type": "PEM", "ssl.keystore.location": str(pki / "old.pem"),
                "ssl.key.password": "keypw"}
-    c.pki, c.serials = pki, certs
+    c.pki, c.serials, c.ca = pki, certs, ca
     with c:
         yield c
 
@@ -163,3 +163,40 @@ def test_keystore_is_per_broker(cluster):
     assert r["error_code"] == INVALID_REQUEST
     assert "broker id must be specified: ssl.keystore.location" in r["error_message"]
     assert served_serial(c) == c.serials["old"]
+
+
+def test_a_new_certificate_keeps_the_subject_and_names(cluster):
+    """As Kafka's keystore update check: a certificate of another subject, or one that drops a
+    SubjectAltName of the served one, is refused (INVALID_REQUEST naming the key that would allow it)
+    and nothing changes; one that adds a name is taken; with ssl.allow.dn.changes and
+    ssl.allow.san.changes set on the listener both changes are taken."""
+    from confluent_kafka import KafkaException
+    c = cluster
+    serials = {}
+    for name, dn, hosts in (("other-dn", "other", ["127.0.0.1", "localhost"]), ("fewer", "broker", ["127.0.0.1"]),
+                            ("more", "broker", ["127.0.0.1", "localhost", "broker.example"]),
+                            ("free", "other", ["127.0.0.1"])):
+        key, cert = c.ca.issue({"CN": dn}, hosts)
+        serials[name] = cert.serial_number
+        c.ca.write_pem_keystore(c.pki / f"{name}.pem", key, cert, password="keypw")
+
+    def reload(name):
+        incremental(c, {"listener.name.ssl.ssl.keystore.type": "PEM",
+                        "listener.name.ssl.ssl.keystore.location": str(c.pki / f"{name}.pem")})
+
+    for name, key in (("other-dn", "ssl.allow.dn.changes"), ("fewer", "ssl.allow.san.changes")):
+        with pytest.raises(KafkaException) as bad:
+            reload(name)
+        assert bad.value.args[0].code() == INVALID_REQUEST
+        assert key in bad.value.args[0].str(), bad.value.args[0].str()
+        assert served_serial(c) == c.serials["old"]
+    reload("more")
+    assert served_serial(c) == serials["more"]
+    round_trip(c)
+    c.stop_broker(0)
+    c.brokers[0].extra.update({"listener.name.ssl.ssl.allow.dn.changes": "true",
+                               "listener.name.ssl.ssl.allow.san.changes": "true"})
+    c.start_broker(0)
+    assert served_serial(c) == serials["more"]      # the dynamic keystore, read back at start
+    reload("free")
+    assert served_serial(c) == serials["free"]

@@ -21,6 +21,7 @@ from ...protocol.errors import Errors
 from ...zk.client import StaleVersionError, TopicExistsError, TopicNotFoundError
 from ..metadata import topic_name_error
 from . import authz
+from .quotas import THROTTLED_MESSAGE, mutation_answer, mutation_quota
 from ...topics import GROUP_METADATA_TOPIC, INTERNAL_TOPICS, TRANSACTION_STATE_TOPIC
 
 log = logging.getLogger(__name__)
@@ -195,6 +196,9 @@ async def create_topics(broker, conn, header, body):
         except AdminError as e:
             res["error_code"], res["error_message"] = e.code, e.message
 
+    quota = mutation_quota(broker, conn, header) if to_create and not validate_only else None
+    if quota is not None:
+        to_create = _admitted(quota, to_create, results, lambda plan: len(plan[1]))
     if to_create and not validate_only:
         done: set[str] = set()
 
@@ -227,7 +231,7 @@ async def create_topics(broker, conn, header, body):
     if header.api_version >= 5:
         _describe_created(broker, results, to_create)
     # error_message only exists from v1; the encoder leaves out fields the version lacks.
-    answer = {"throttle_time_ms": 0, "topics": [results[n] for n in order]}
+    answer = mutation_answer(conn, quota, {"throttle_time_ms": 0, "topics": [results[n] for n in order]})
     return EncodeOffLoop(answer) if len(order) > TOPICS_PER_TURN else answer
 
 
@@ -250,6 +254,18 @@ def _describe_created(broker, results: dict, planned) -> None:
 
 def _fail(res: dict, code: int, message: str) -> None:
     res["error_code"], res["error_message"] = int(code), message
+
+
+def _admitted(quota, plans: list, results: dict, partitions) -> list:
+    """The ``plans`` (name first) the controller mutation quota admits, in order; the others answered
+    THROTTLING_QUOTA_EXCEEDED."""
+    out = []
+    for plan in plans:
+        if quota.admit(partitions(plan)):
+            out.append(plan)
+        else:
+            _fail(results[plan[0]], Errors.THROTTLING_QUOTA_EXCEEDED, THROTTLED_MESSAGE)
+    return out
 
 
 # ZooKeeper refuses a znode larger than jute.maxbuffer (1 MiB by default), and the whole assignment
@@ -358,6 +374,10 @@ async def delete_topics(broker, conn, header, body):
             res["error_code"] = Errors.NOT_CONTROLLER
         else:
             to_delete.append(name)
+    quota = mutation_quota(broker, conn, header) if to_delete else None
+    if quota is not None:
+        to_delete = [p[0] for p in _admitted(quota, [(n,) for n in to_delete], responses,
+                                             lambda p: len(broker.metadata.topics[p[0]].partitions))]
 
     if to_delete:
         async def work():
@@ -379,7 +399,7 @@ async def delete_topics(broker, conn, header, body):
             for name in to_delete:
                 if responses[name]["error_code"] == 0:
                     responses[name]["error_code"] = Errors.REQUEST_TIMED_OUT
-    return {"throttle_time_ms": 0, "responses": [responses[n] for n in order]}
+    return mutation_answer(conn, quota, {"throttle_time_ms": 0, "responses": [responses[n] for n in order]})
 
 
 # ---- CreatePartitions (37) -----------------------------------------------------------------------
@@ -409,6 +429,9 @@ async def create_partitions(broker, conn, header, body):
         except AdminError as e:
             res["error_code"], res["error_message"] = e.code, e.message
 
+    quota = mutation_quota(broker, conn, header) if plans and not validate_only else None
+    if quota is not None:
+        plans = _admitted(quota, plans, results, lambda plan: len(plan[1]))
     if plans and not validate_only:
 
         async def work():
@@ -434,7 +457,7 @@ async def create_partitions(broker, conn, header, body):
                 if results[name]["error_code"] == 0:
                     _fail(results[name], Errors.REQUEST_TIMED_OUT,
                           f"Timed out waiting for the new partitions of {name}.")
-    return {"throttle_time_ms": 0, "results": [results[n] for n in order]}
+    return mutation_answer(conn, quota, {"throttle_time_ms": 0, "results": [results[n] for n in order]})
 
 
 def _plan_partitions(md, t, live: dict[int, str | None]) -> dict[int, list[int]]:

@@ -8,26 +8,31 @@
   connection is known (its first request, ApiVersions for every real client) it takes the reference
   path whenever any quota exists.
 - ``request_in``: a Produce's request bytes are recorded as it arrives (Kafka counts the request size).
-- ``answer_out``: as the answer leaves, the Fetch's records bytes and the request's handling time
+- ``answer_out``: as the answer leaves, the Fetch answer's size and the request's handling time
   (percent of one thread, Kafka's request quota) are recorded; the answer carries the largest throttle
   time of the client's quotas in ``throttle_time_ms`` (every answer that has the field), and the
   connection is muted that long (KIP-219: the broker stops reading it; the answer itself goes out at
   once). A throttled Fetch answers no data, its bytes un-recorded, as Kafka does. Follower fetches and
   the inter-broker, ApiVersions and SASL requests are exempt, as in Kafka.
 
-Quota configs are ZooKeeper's (zk/quotas.py): loaded at start, re-read for every ``users/...`` or
-``clients/...`` change notification under /config/changes (the broker's config-change watch), so every
-broker applies a change within a second.
+``connections`` (kbroker/security/connection_quotas.py) are the KIP-612 connection creation rates the
+network server applies at accept: ``max.connection.creation.rate`` and the ``ips`` entities.
+
+Quota configs are ZooKeeper's (zk/quotas.py): loaded at start, re-read for every ``users/...``,
+``clients/...`` or ``ips/...`` change notification under /config/changes (the broker's config-change
+watch), so every broker applies a change within a second.
 
 Threads: the event loop; ZooKeeper on worker threads.
 """
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 
+from ...protocol import api
 from ...protocol.errors import Errors
-from ...protocol.types import FileRegions
+from ...security import connection_quotas as CQ
 from ...security import quotas as Q
 from ...zk import quotas as ZQ
 from . import authz
@@ -37,21 +42,24 @@ log = logging.getLogger(__name__)
 _PRODUCE, _FETCH = 0, 1
 # Kafka answers these without throttling (inter-broker actions, the handshake and authentication).
 _EXEMPT = frozenset((4, 5, 6, 7, 17, 18, 27, 36))
-_ENTITY_TYPES = {"user": 0, "client-id": 1}
+_ENTITY_TYPES = {"user": 0, "client-id": 1, "ip": 2}
 
 
-def _records_size(records) -> int:
-    if records is None:
-        return 0
-    if type(records) is FileRegions:
-        return records.size
-    return len(records) if not isinstance(records, memoryview) else records.nbytes
+def _fetch_size(chunks, version: int) -> int:
+    """What Kafka counts of a Fetch answer: the whole response after its size prefix, less the
+    flexible header's tag buffer (Kafka sizes the correlation id and the body)."""
+    size = sum(len(c) for c in chunks) - 4
+    return size - 1 if api.RESPONSES[_FETCH].is_flexible(version) else size
 
 
 class Throttling:
     def __init__(self, broker, manager: Q.QuotaManager):
         self.broker = broker
         self.manager = manager
+        self.connections = CQ.ConnectionQuotas.from_config(broker.config.get)
+        # as Kafka: the inter-broker listener is exempt from the broker-wide rate when it is not the only one
+        cfg = broker.config
+        self.protected_listener = cfg.inter_broker_listener.listener_name if len(cfg.listeners) > 1 else None
 
     # ---- what the connection asks --------------------------------------------------------------
     def any(self) -> bool:
@@ -67,7 +75,10 @@ class Throttling:
 
     @staticmethod
     def answer_out(conn, quota: Q.ClientQuota, slot, result):
-        """The answer of ``slot`` (a response dict, NO_RESPONSE or CLOSE) with the throttle applied."""
+        """The answer of ``slot`` (a response dict, NO_RESPONSE or CLOSE) with the throttle applied.
+
+        A Fetch under a consumer_byte_rate is sized by encoding it: when it goes out unthrottled its
+        encoded chunks are returned (a list), so it is not encoded twice."""
         key = slot.api_key
         if key in _EXEMPT or slot.follower:
             return result
@@ -79,13 +90,19 @@ class Throttling:
         if key == _PRODUCE:
             ms = max(ms, quota.throttle_ms(Q.PRODUCE))
         elif key == _FETCH and is_dict and quota.has(Q.FETCH):
-            size = sum(_records_size(p.get("records")) for t in result.get("responses") or ()
-                       for p in t.get("partitions") or ())
+            h = slot.header
+            try:
+                chunks = api.encode_response(key, h.api_version, h.correlation_id, result)
+            except Exception:       # noqa: BLE001 - unencodable: the connection's own encode reports it
+                return result
+            size = _fetch_size(chunks, h.api_version)
             quota.record(Q.FETCH, size)
             fetch_ms = quota.throttle_ms(Q.FETCH)
-            if max(ms, fetch_ms) > 0:
-                quota.record(Q.FETCH, -size)
-                result = dict(result, responses=[])
+            if max(ms, fetch_ms) == 0:
+                return chunks       # throttle_time_ms stays 0, as encoded
+            # throttled: answered empty and not counted, whichever quota throttles (as Kafka)
+            quota.record(Q.FETCH, -size)
+            result = dict(result, responses=[])
             ms = max(ms, fetch_ms)
         if ms > 0:
             if is_dict:
@@ -99,33 +116,47 @@ class Throttling:
         control to clients: the broker calls this before its listeners open)."""
         for (user, client), config in ZQ.read_all(self.broker.zk.kazoo).items():
             self.manager.set_entity(user, client, config)
+        for ip, config in ZQ.read_ips(self.broker.zk.kazoo).items():
+            self.connections.set_ip(ip, config)
 
     async def reload_all(self) -> None:
+        kazoo = self.broker.zk.kazoo
         try:
-            got = await asyncio.to_thread(ZQ.read_all, self.broker.zk.kazoo)
+            got, ips = await asyncio.to_thread(lambda: (ZQ.read_all(kazoo), ZQ.read_ips(kazoo)))
         except Exception:
             log.exception("reading the client quotas failed")
             return
         known = {e: {} for e in self.manager.entities}      # entities gone from ZooKeeper: no bounds
         self.apply({**known, **got})
+        self.apply_ips({**{ip: {} for ip in self.connections.ips}, **ips})
 
     async def reload(self, paths) -> None:
         """Re-read the entities named by change notifications (``users/alice/clients/app``, ...)."""
-        entities = set()
+        entities, ips = set(), set()
         for path in paths:
+            ip = ZQ.ip_entity(path)
+            if ip is not None:
+                ips.add(ip)
+                continue
             try:
                 entities.add(ZQ.parse_entity_path(path))
             except ValueError:
                 continue        # a user's SCRAM-only path is an entity too; anything else is not ours
-        if not entities:
+        if not entities and not ips:
             return
         kazoo = self.broker.zk.kazoo
         try:
-            got = await asyncio.to_thread(lambda: {e: ZQ.read_entity(kazoo, *e) for e in entities})
+            got, got_ips = await asyncio.to_thread(lambda: ({e: ZQ.read_entity(kazoo, *e) for e in entities},
+                                                            {ip: ZQ.read_ip(kazoo, ip) for ip in ips}))
         except Exception:
             log.exception("reading changed client quotas failed")
             return
         self.apply(got)
+        self.apply_ips(got_ips)
+
+    def apply_ips(self, configs) -> None:
+        for ip, config in configs.items():
+            self.connections.set_ip(ip, config)
 
     def apply(self, configs) -> None:
         changed = False
@@ -134,6 +165,27 @@ class Throttling:
         if changed and self.broker.server is not None:
             for conn in list(self.broker.server.connections):
                 conn.refresh_quota()
+
+
+# ---- controller mutations (KIP-599): CreateTopics, CreatePartitions, DeleteTopics ------------------
+
+# The first version of each that can answer THROTTLING_QUOTA_EXCEEDED per topic (older: throttled only).
+STRICT_SINCE = {19: 6, 20: 5, 37: 3}
+THROTTLED_MESSAGE = "The throttling quota has been exceeded."
+
+
+def mutation_quota(broker, conn, header) -> Q.MutationQuota | None:
+    """The request's controller mutation quota, or None when no controller_mutation_rate applies."""
+    return broker.quotas.manager.mutation(conn.principal, header.client_id,
+                                          header.api_version >= STRICT_SINCE[header.api_key])
+
+
+def mutation_answer(conn, quota: Q.MutationQuota | None, answer: dict) -> dict:
+    """``answer`` with the quota's throttle time, the connection muted that long (KIP-219)."""
+    if quota is not None and quota.throttle_ms > 0:
+        answer["throttle_time_ms"] = max(answer.get("throttle_time_ms") or 0, quota.throttle_ms)
+        conn.throttle(quota.throttle_ms)
+    return answer
 
 
 # ---- DescribeClientQuotas (48) ---------------------------------------------------------------------
@@ -154,14 +206,19 @@ async def describe_client_quotas(broker, conn, header, body):
         etype, match_type, match = c["entity_type"], c["match_type"], c["match"]
         if etype not in _ENTITY_TYPES:
             return _describe_error(Errors.INVALID_REQUEST, f"Unsupported entity type {etype}: kbroker's "
-                                   "client quotas are per user and client-id")
+                                   "client quotas are per user, client-id and ip")
         if etype in filters:
             return _describe_error(Errors.INVALID_REQUEST, f"Duplicate {etype} filter component entity type")
         if match_type not in (0, 1, 2) or (match_type == 0) != (match is not None):
             return _describe_error(Errors.INVALID_REQUEST, f"Invalid match type {match_type} with match "
                                    f"{match!r} for entity type {etype}")
         filters[etype] = (match_type, match)
-    all_ = await asyncio.to_thread(ZQ.read_all, broker.zk.kazoo)
+    if "ip" in filters and len(filters) > 1:
+        return _describe_error(Errors.INVALID_REQUEST, "Invalid entity filter component combination, IP filter "
+                               "component should not be used with User or ClientId filter component.")
+    kazoo = broker.zk.kazoo
+    all_, ips = await asyncio.to_thread(lambda: ({} if "ip" in filters else ZQ.read_all(kazoo),
+                                                 ZQ.read_ips(kazoo) if "ip" in filters or not filters else {}))
     entries = []
     for (user, client), config in sorted(all_.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))):
         quotas = Q.parse_quotas(config)
@@ -175,6 +232,14 @@ async def describe_client_quotas(broker, conn, header, body):
         entries.append({
             "entity": [{"entity_type": t, "entity_name": _name_out(v)} for t, v in parts.items() if v is not None],
             "values": [{"key": k, "value": v} for k, v in sorted(quotas.items())]})
+    for ip, config in sorted(ips.items()):
+        rate = CQ.parse_rate(config)
+        if rate is None or (body["strict"] and not filters):
+            continue
+        if "ip" in filters and not _matches(ip, *filters["ip"]):
+            continue
+        entries.append({"entity": [{"entity_type": "ip", "entity_name": _name_out(ip)}],
+                        "values": [{"key": CQ.RATE_KEY, "value": float(rate)}]})
     return {"throttle_time_ms": 0, "error_code": 0, "error_message": None, "entries": entries}
 
 
@@ -196,7 +261,7 @@ def _entity_of(entity_data):
     for e in entity_data:
         etype = e["entity_type"]
         if etype not in _ENTITY_TYPES:
-            return None, f"Unsupported entity type {etype}: kbroker's client quotas are per user and client-id"
+            return None, f"Unsupported entity type {etype}: kbroker's client quotas are per user, client-id and ip"
         if etype in parts:
             return None, f"Duplicate {etype} entity type"
         name = e["entity_name"]
@@ -205,12 +270,31 @@ def _entity_of(entity_data):
         return None, "Invalid empty client quota entity"
     if "" in parts.values():
         return None, "Empty entity names are not allowed (a default entity has a null name)"
+    if "ip" in parts:
+        if len(parts) > 1:
+            return None, ("Invalid quota entity combination, IP entity should not be combined with User or "
+                          "ClientId entity.")
+        ip = parts["ip"]
+        if ip != Q.DEFAULT:
+            try:
+                ip = str(ipaddress.ip_address(ip))
+            except ValueError:
+                return None, f"{ip} is not a valid IP or resolvable host."
+        return ip, None
     return (parts.get("user"), parts.get("client-id")), None
+
+
+def _validate_ip_op(key: str, value: float) -> str | None:
+    if key != CQ.RATE_KEY:
+        return f"Invalid configuration key {key}: an ip entity has {CQ.RATE_KEY} only"
+    if value < 0 or value != int(value):
+        return f"Invalid quota value {value} for {key}: it must be a whole number of connections per second, at least 0"
+    return None
 
 
 async def alter_client_quotas(broker, conn, header, body):
     allowed = authz.cluster(broker, conn, authz.ALTER_CONFIGS)
-    out, applied = [], {}
+    out, applied, applied_ips = [], {}, {}
     kazoo = broker.zk.kazoo
     for entry in body["entries"]:
         entity_out = [{"entity_type": e["entity_type"], "entity_name": e["entity_name"]} for e in entry["entity"]]
@@ -225,14 +309,16 @@ async def alter_client_quotas(broker, conn, header, body):
         if entity is None:
             answer(Errors.INVALID_REQUEST, why)
             continue
+        is_ip = isinstance(entity, str)
+        keys = (CQ.RATE_KEY,) if is_ip else Q.KEYS
         set_, delete, bad = {}, [], None
         for op in entry["ops"]:
             k = op["key"]
             if op["remove"]:
-                bad = None if k in Q.KEYS else f"Invalid configuration key {k}"
+                bad = None if k in keys else f"Invalid configuration key {k}"
                 delete.append(k)
             else:
-                bad = Q.validate(k, op["value"])
+                bad = _validate_ip_op(k, op["value"]) if is_ip else Q.validate(k, op["value"])
                 set_[k] = _format(k, op["value"])
             if bad:
                 break
@@ -241,17 +327,23 @@ async def alter_client_quotas(broker, conn, header, body):
             continue
         if not body["validate_only"]:
             try:
-                applied[entity] = await asyncio.to_thread(ZQ.alter_entity, kazoo, *entity, set_, delete)
+                if is_ip:
+                    applied_ips[entity] = await asyncio.to_thread(ZQ.alter_ip, kazoo, entity, set_, delete)
+                else:
+                    applied[entity] = await asyncio.to_thread(ZQ.alter_entity, kazoo, *entity, set_, delete)
             except Exception as e:      # noqa: BLE001 - the entry fails, the others go on
                 log.warning("AlterClientQuotas %s failed: %s", entity, e)
                 answer(Errors.UNKNOWN_SERVER_ERROR, str(e))
                 continue
         answer(Errors.NONE)
+    # this broker at once; the others on the notification
     if applied:
-        broker.quotas.apply(applied)     # this broker at once; the others on the notification
+        broker.quotas.apply(applied)
+    if applied_ips:
+        broker.quotas.apply_ips(applied_ips)
     return {"throttle_time_ms": 0, "entries": out}
 
 
 def _format(key: str, value: float) -> str:
     """As Kafka stores it: byte rates as whole numbers, request_percentage as a double."""
-    return str(int(value)) if key in (Q.PRODUCE, Q.FETCH) else repr(float(value))
+    return str(int(value)) if key in (Q.PRODUCE, Q.FETCH, CQ.RATE_KEY) else repr(float(value))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kbroker.security.quotas import DEFAULT, FETCH, PRODUCE, REQUEST, QuotaManager, validate
+from kbroker.security.connection_quotas import ConnectionQuotas
+from kbroker.security.quotas import DEFAULT, FETCH, MUTATION, PRODUCE, REQUEST, QuotaManager, validate
 from kbroker.zk.quotas import entity_path, parse_entity_path
 
 LEVELS = [("alice", "app"), ("alice", DEFAULT), ("alice", None), (DEFAULT, "app"), (DEFAULT, DEFAULT),
@@ -67,3 +68,64 @@ def test_entity_paths_are_sanitized_and_read_back():
         assert parse_entity_path(entity_path(*entity)) == entity
     with pytest.raises(ValueError):
         parse_entity_path("topics/t")
+
+
+def _mutation_manager(t):
+    m = QuotaManager(2, 1.0, clock=lambda: t[0], mutation_samples=2, mutation_window_s=1.0)
+    m.set_entity(None, "app", {MUTATION: "10"})       # 10 partitions/s, a burst of 2 x 1 s x 10 = 20
+    return m
+
+
+def test_strict_mutations_refused_once_the_bucket_is_below_zero():
+    t = [50.0]
+    m = _mutation_manager(t)
+    assert m.mutation("User:a", "other", strict=True) is None
+    q = m.mutation("User:a", "app", strict=True)
+    assert q.admit(15) and q.admit(10)        # 20 -> 5 -> -5: the one that takes it below zero goes ahead
+    assert not q.admit(1)                     # refused, not recorded
+    assert q.throttle_ms == 500               # 5 partitions of debt at 10/s
+    t[0] += 0.25
+    q2 = m.mutation("User:b", "app", strict=True)     # clients/app: one bucket for every user of it
+    assert not q2.admit(1) and q2.throttle_ms == 250
+    t[0] += 0.5                               # refilled to +2.5
+    assert q2.admit(1) and q2.throttle_ms == 250      # the last refusal's time stays the answer's
+
+
+def test_permissive_mutations_always_go_ahead_and_throttle_by_the_debt():
+    t = [50.0]
+    m = _mutation_manager(t)
+    q = m.mutation("User:a", "app", strict=False)
+    assert q.admit(20) and q.throttle_ms == 0         # exactly the burst: no debt
+    assert q.admit(30) and q.throttle_ms == 3000
+    t[0] += 100                                       # refilled, but never above the burst
+    q = m.mutation("User:a", "app", strict=False)
+    assert q.admit(21) and q.throttle_ms == 100
+
+
+def test_mutation_quota_does_not_take_connections_off_the_native_path():
+    m = _mutation_manager([0.0])
+    assert m.lookup("User:a", "app") is None          # no Produce/Fetch/request bound
+
+
+def test_connection_rate_per_address_with_a_default():
+    t = [10.0]
+    cq = ConnectionQuotas(samples=2, window_s=1.0, clock=lambda: t[0])
+    cq.set_ip("10.0.0.1", {"connection_creation_rate": "2"})
+    # the third in the first second: (3 / 2 - 1) x 1 s; not recorded, so the fourth is held as long
+    assert [cq.ip_throttle_ms("10.0.0.1") for _ in range(4)] == [0, 0, 500, 500]
+    assert cq.ip_throttle_ms("10.0.0.2") == 0                 # no bound of its own, no default
+    cq.set_ip(DEFAULT, {"connection_creation_rate": "1"})
+    assert [cq.ip_throttle_ms("10.0.0.2") for _ in range(2)] == [0, 1000]     # at most one window
+    cq.set_ip("10.0.0.3", {"connection_creation_rate": "0"})  # no connections at all
+    assert cq.ip_throttle_ms("10.0.0.3") == 1000
+    t[0] += 1.5
+    assert cq.ip_throttle_ms("10.0.0.1") == 0                 # 3 in 1.5 s: back at the bound
+    assert cq.set_ip("10.0.0.1", {}) and cq.set_ip(DEFAULT, {})     # both removed: no bound
+    assert not cq.set_ip(DEFAULT, {}) and [cq.ip_throttle_ms("10.0.0.1") for _ in range(5)] == [0] * 5
+
+
+def test_broker_wide_connection_rate():
+    t = [10.0]
+    assert ConnectionQuotas(clock=lambda: t[0]).broker_delay_ms() == 0     # unbounded by default
+    cq = ConnectionQuotas(broker_rate=2, samples=2, window_s=1.0, clock=lambda: t[0])
+    assert [cq.broker_delay_ms() for _ in range(4)] == [0, 0, 500, 1000]   # each one recorded
