@@ -13,7 +13,7 @@ def dispatch_frames(ConnState conn not None, chunk, Py_ssize_t start, Py_ssize_t
                     dict supported, no_response, close):
     """Every complete frame of a receive chunk (kbroker.network.connection ``_parse_chunk``), from
     ``start`` up to ``end``, in one call per read, or the one frame of a buffer of its own (an mmap,
-    size prefix included: ``_complete_frame``): a Produce v3-8 / Fetch v4-11 frame whose version is
+    size prefix included: ``_complete_frame``): a Produce v3-11 / Fetch v4-17 frame whose version is
     advertised (``supported``, api.SUPPORTED) and has a handler (``produce``/``fetch``, None when the
     native path is off) is parsed, counted, handled and, when the handler returns its encoded answer,
     queued right here; any other frame, a malformed one included, goes to ``conn._dispatch`` (which

@@ -1,6 +1,6 @@
 # Included by request.pyx: the Fetch fast path and the follower high-watermark advance.
 
-# dispatch_frames serves a Fetch v4-11 frame here when it is the common consumer request: replica_id < 0,
+# dispatch_frames serves a Fetch v4-17 frame here when it is the common consumer request: replica_id < 0,
 # no fetch session, no forgotten topics, any rack id (an empty one with a replica selector set), any
 # number of topics and partitions, each partition's leader slot (FastLeader, the one the Produce path
 # uses: armed and disarmed by the ReplicaManager on leadership changes) armed, current_leader_epoch -1
@@ -14,7 +14,11 @@
 # one). The high watermark, log start offset, active segment and offline flag are read from the Log per
 # request (no copies to keep exact). Everything else is left untouched for the reference path
 # (fetch.handle_native -> _read -> Log.read), which stays the reference: the answer here must be the
-# same bytes (tests/test_native_differential.py, tests/test_fetch_fast.py).
+# same bytes (tests/test_native_differential.py, tests/test_fetch_fast.py). The flexible versions (v12+)
+# are taken when the request carries no tagged field (v15+: so never a follower's, whose id is in the
+# tagged replica_state); last_fetched_epoch is read past, as the reference path reads past it (kafka-python
+# sends its position's epoch); v13+'s topic ids are looked up in the broker's id -> name map (an unknown
+# id: the reference path answers UNKNOWN_TOPIC_ID).
 
 cdef enum:
     _UNDECIDED = -2                         # a read position the native path leaves to Python
@@ -35,10 +39,13 @@ cdef class FastFetch:
 
     def __init__(self, reference_path, rearm, dict leaders not None, dict bytes_out not None,
                  dict config_values not None, ReadBlocks blocks not None, int32_t local_id,
-                 dict topic_configs not None, complete, broker_metrics):
+                 dict topic_configs not None, complete, broker_metrics, dict topic_ids=None):
         self.reference_path, self.rearm, self.leaders, self.bytes_out = reference_path, rearm, leaders, bytes_out
         self.config_values, self.blocks, self.local_id = config_values, blocks, local_id
         self.topic_configs, self.complete, self.broker_metrics = topic_configs, complete, broker_metrics
+        # MetadataCache.topic_ids (id -> name; never replaced): v13+ fetches name topics by id. Without
+        # it those take the reference path.
+        self.topic_ids = topic_ids if topic_ids is not None else {}
 
     def reread(self, ConnState conn not None, bytes frame not None):
         """A long poll's read of a follower's fetch whose positions were recorded natively (fetch.py
@@ -140,9 +147,10 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
     read)."""
     cdef const unsigned char *f = p + begin
     cdef Py_ssize_t pos = 8, name_at, topics_at, part_len
-    cdef int16_t name_len, rack_len = 0
-    cdef int32_t version, correlation_id, replica_id, max_wait_ms, min_bytes, max_bytes, index
-    cdef int32_t leader_epoch = -1, part_max, session_epoch = -1, n_topics, n_parts, t, j
+    cdef int64_t name_len, rack_len = 0, n_topics, n_parts, t, j
+    cdef int32_t version, correlation_id, replica_id = -1, max_wait_ms, min_bytes, max_bytes, index
+    cdef int32_t leader_epoch = -1, part_max, session_epoch = -1
+    cdef bint flex, by_id
     cdef int8_t isolation
     cdef int64_t fetch_offset, hw, lso, log_start, start = 0, end, n, budget, limit, total = 0, topic_total
     cdef int64_t sendfile_min, rd_max
@@ -166,19 +174,25 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
         return 0
     version = <int16_t>load_be16(<const char *>f + 2)
     correlation_id = <int32_t>load_be32(<const char *>f + 4)
+    flex = version >= FETCH_FLEX
+    by_id = version >= FETCH_IDS
     client_id = _client_id(f, size, &pos)
     if client_id is _REFUSED:
         return 0
-    # replica_id, max_wait_ms, min_bytes, max_bytes, isolation_level, [session_id, session_epoch],
-    # the topic count
-    if size - pos < 17 + (8 if version >= 7 else 0) + 4:
+    if flex and not _no_tags_at(f, size, &pos):                  # the request header's tags
         return 0
-    replica_id = <int32_t>load_be32(<const char *>f + pos)
-    max_wait_ms = <int32_t>load_be32(<const char *>f + pos + 4)
-    min_bytes = <int32_t>load_be32(<const char *>f + pos + 8)
-    max_bytes = <int32_t>load_be32(<const char *>f + pos + 12)
-    isolation = <int8_t>f[pos + 16]
-    pos += 17
+    # [replica_id (before v15: then in the tagged replica_state)], max_wait_ms, min_bytes, max_bytes,
+    # isolation_level, [session_id, session_epoch], the topic count
+    if size - pos < (4 if version < FETCH_STATE else 0) + 13 + (8 if version >= 7 else 0) + 4:
+        return 0
+    if version < FETCH_STATE:
+        replica_id = <int32_t>load_be32(<const char *>f + pos)
+        pos += 4
+    max_wait_ms = <int32_t>load_be32(<const char *>f + pos)
+    min_bytes = <int32_t>load_be32(<const char *>f + pos + 4)
+    max_bytes = <int32_t>load_be32(<const char *>f + pos + 8)
+    isolation = <int8_t>f[pos + 12]
+    pos += 13
     follower = replica_id >= 0
     committed = not follower and isolation == 1
     if version >= 7:
@@ -186,46 +200,82 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
             return 0
         session_epoch = <int32_t>load_be32(<const char *>f + pos + 4)
         pos += 8
-    n_topics = <int32_t>load_be32(<const char *>f + pos)
-    pos += 4
+    if flex:
+        n_topics = _fuv(f, size, &pos) - 1
+    else:
+        n_topics = <int32_t>load_be32(<const char *>f + pos)
+        pos += 4
     topics_at = pos
     # The whole frame's layout first (nothing read before it is known to be the common request): each
-    # topic's name (UTF-8, not empty) and partitions (index, [current_leader_epoch], fetch_offset,
-    # [log_start_offset], max bytes), no forgotten topics, a rack id (UTF-8, any: no replica
-    # selector, so fetch.py ignores it, KIP-392's preferred read replica is always -1), nothing after.
-    part_len = 4 + (4 if version >= 9 else 0) + 8 + (8 if version >= 5 else 0) + 4
+    # topic's name (UTF-8, not empty; v13+: its id) and partitions (index, [current_leader_epoch],
+    # fetch_offset, [last_fetched_epoch], [log_start_offset], max bytes, [no tagged field]), no
+    # forgotten topics, a rack id (UTF-8, any: no replica selector, so fetch.py ignores it, KIP-392's
+    # preferred read replica is always -1), no tagged field (v15+: so no follower), nothing after.
+    part_len = 4 + (4 if version >= 9 else 0) + 8 + (4 if flex else 0) + (8 if version >= 5 else 0) + 4 + flex
     if n_topics < 0:
         return 0
     for t in range(n_topics):
-        if size - pos < 2:
+        if by_id:
+            if size - pos < 16:
+                return 0
+            pos += 16
+        elif flex:
+            name_len = _fuv(f, size, &pos) - 1
+            if name_len <= 0 or name_len > 0x7FFF or size - pos < name_len or not _valid_utf8(f + pos, name_len):
+                return 0
+            pos += name_len
+        else:
+            if size - pos < 2:
+                return 0
+            name_len = <int16_t>load_be16(<const char *>f + pos)
+            if name_len <= 0 or size - pos - 2 < name_len + 4 or not _valid_utf8(f + pos + 2, name_len):
+                return 0
+            pos += 2 + name_len
+        if flex:
+            n_parts = _fuv(f, size, &pos) - 1
+        else:
+            n_parts = <int32_t>load_be32(<const char *>f + pos)
+            pos += 4
+        if n_parts < 0 or n_parts * part_len > size - pos:
             return 0
-        name_len = <int16_t>load_be16(<const char *>f + pos)
-        if name_len <= 0 or size - pos - 2 < name_len + 4 or not _valid_utf8(f + pos + 2, name_len):
-            return 0
-        pos += 2 + name_len
-        n_parts = <int32_t>load_be32(<const char *>f + pos)
-        pos += 4
-        if n_parts < 0 or <int64_t>n_parts * part_len > size - pos:
-            return 0
-        pos += n_parts * part_len
+        if flex:
+            for j in range(n_parts):
+                if f[pos + part_len - 1] != 0:                  # the partition's tagged fields
+                    return 0
+                pos += part_len
+            if not _no_tags_at(f, size, &pos):                   # the topic's
+                return 0
+        else:
+            pos += n_parts * part_len
     if version >= 7:
-        if size - pos < 4 or <int32_t>load_be32(<const char *>f + pos) != 0:     # forgotten topics
-            return 0
-        pos += 4
+        if flex:
+            if size - pos < 1 or f[pos] != 1:                     # forgotten topics (compact: 1 is empty)
+                return 0
+            pos += 1
+        else:
+            if size - pos < 4 or <int32_t>load_be32(<const char *>f + pos) != 0:     # forgotten topics
+                return 0
+            pos += 4
     if version >= 11:
-        if size - pos < 2:
+        if flex:
+            rack_len = _fuv(f, size, &pos) - 1
+        elif size - pos < 2:
             return 0
-        rack_len = <int16_t>load_be16(<const char *>f + pos)
-        if rack_len < 0 or size - pos - 2 < rack_len:
+        else:
+            rack_len = <int16_t>load_be16(<const char *>f + pos)
+            pos += 2
+        if rack_len < 0 or size - pos < rack_len:
             return 0
         if rack_len:
             # KIP-392: with a replica selector the leader may name another replica: Python's answer
             if ff.config_values.get("replica.selector.class") is not None:
                 return 0
-            rack = _utf8(f + pos + 2, rack_len)
+            rack = _utf8(f + pos, rack_len)
             if rack is _REFUSED:
                 return 0
-        pos += 2 + rack_len
+        pos += rack_len
+    if flex and not _no_tags_at(f, size, &pos):                   # the request's (v15+: replica_state)
+        return 0
     if pos != size:
         return 0
     # fetch._read's budget: the request's max_bytes capped by fetch.max.bytes (a follower's:
@@ -254,12 +304,27 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
     _fetch_head(w, version, correlation_id, 0, n_topics)
     pos = topics_at
     for t in range(n_topics):
-        name_len = <int16_t>load_be16(<const char *>f + pos)
-        name_at = pos + 2
-        pos = name_at + name_len
-        n_parts = <int32_t>load_be32(<const char *>f + pos)
-        pos += 4
-        name = _utf8(f + name_at, name_len)
+        if by_id:
+            name_at = pos
+            name_len = 16
+            pos += 16
+            name = ff.topic_ids.get(PyBytes_FromStringAndSize(<const char *>f + name_at, 16))
+            if name is None:
+                return 0                # an unknown id: UNKNOWN_TOPIC_ID is the reference path's
+        else:
+            if flex:
+                name_len = _fuv(f, size, &pos) - 1
+                name_at = pos
+            else:
+                name_len = <int16_t>load_be16(<const char *>f + pos)
+                name_at = pos + 2
+            pos = name_at + name_len
+            name = _utf8(f + name_at, name_len)
+        if flex:
+            n_parts = _fuv(f, size, &pos) - 1
+        else:
+            n_parts = <int32_t>load_be32(<const char *>f + pos)
+            pos += 4
         tparts = ff.leaders.get(name)
         if tparts is None:
             return 0
@@ -273,11 +338,16 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
             tcfg = ff.topic_configs.get(name)
             if tcfg and tcfg.get("leader.replication.throttled.replicas"):
                 return 0
-        w.reserve(2 + name_len + 4)
-        w.i16(name_len)
+        # the topic as the request named it (its name's bytes, or its id)
+        w.reserve(5 + name_len + 5)
+        if not by_id:
+            if flex:
+                w.uvarint(<uint64_t>name_len + 1)
+            else:
+                w.i16(<int16_t>name_len)
         memcpy(w.p + w.pos, f + name_at, name_len)
         w.pos += name_len
-        w.i32(n_parts)
+        _count(w, flex, n_parts)
         topic_total = 0
         for j in range(n_parts):
             index = <int32_t>load_be32(<const char *>f + pos)
@@ -287,10 +357,12 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
                 pos += 4
             fetch_offset = <int64_t>load_be64(<const char *>f + pos)
             pos += 8
+            if flex:
+                pos += 4                                          # last_fetched_epoch: unused
             if version >= 5:
                 pos += 8                                          # the follower's log start: unused
             part_max = <int32_t>load_be32(<const char *>f + pos)
-            pos += 4
+            pos += 4 + flex                                       # [the partition's empty tag buffer]
             fl = (<dict>tparts).get(index)
             if fl is None or (leader_epoch >= 0 and leader_epoch != fl.epoch):
                 return 0                # epoch fencing (KIP-320): the reference path answers the error
@@ -353,7 +425,7 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
                 # fetch._read: the aborted transactions that may hold data in what is served
                 aborted = (<object>lg).aborted_transactions(fetch_offset, lso) if n else []
             _fetch_row(w, version, index, 0, hw, lso, log_start, aborted)
-            w.i32(<int32_t>n)
+            _records_len(w, flex, n)
             if n:
                 w.reserve(n)
                 memcpy(w.p + w.pos, PyBytes_AS_STRING(block.data) + (start - block.pos), n)
@@ -361,6 +433,9 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
                 budget -= n
                 topic_total += n
                 first = False
+            _no_tags(w, flex)                                     # the partition's
+        pos += flex                                               # the request topic's empty tag buffer
+        _no_tags(w, flex)                                         # the topic's
         if topic_total:
             if name0 is None:
                 name0 = name
@@ -369,6 +444,7 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
                 more = [(name, topic_total)]
             else:
                 more.append((name, topic_total))
+    _no_tags(w, flex)                                             # the answer's
     metrics = conn.server.metrics
     if reread is not None:
         # fetch._read's re-read in the long poll: its bookkeeping whatever the poll makes of it

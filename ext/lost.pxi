@@ -74,12 +74,107 @@ cdef object _lost_answer(int version, dict rows, chunks, no_response, close):
     if chunks is no_response:
         return close
     if type(chunks) is list and len(<list>chunks) == 1 and type((<list>chunks)[0]) is bytes:
+        if version >= PRODUCE_FLEX:
+            return [_rewrite_produce_flex((<list>chunks)[0], version, rows)]
         return [_rewrite_produce((<list>chunks)[0], version, rows)]
     return chunks
 
 
+cdef inline int64_t _uv(const unsigned char *s, Py_ssize_t n, Py_ssize_t *pos) except -1:
+    # an unsigned varint of an encoded answer at pos[0] (moved past it)
+    cdef int64_t v = 0
+    cdef int shift = 0
+    cdef unsigned char b
+    while True:
+        if pos[0] >= n or shift > 28:
+            raise ValueError("truncated Produce response")
+        b = s[pos[0]]
+        pos[0] += 1
+        v |= (<int64_t>(b & 0x7F)) << shift
+        if not b & 0x80:
+            return v
+        shift += 7
+
+
+cdef inline int _skip_answer_tags(const unsigned char *s, Py_ssize_t n, Py_ssize_t *pos) except -1:
+    cdef int64_t k = _uv(s, n, pos), i
+    for i in range(k):
+        _uv(s, n, pos)
+        pos[0] += _uv(s, n, pos)
+    if pos[0] > n:
+        raise ValueError("truncated Produce response")
+    return 0
+
+
+cdef bytes _rewrite_produce_flex(bytes answer, int version, dict rows):
+    # _rewrite_produce of a flexible (v9+) answer: compact lengths, each struct's tag buffer (skipped
+    # where a row is rewritten, copied elsewhere); the throttle time and the answer's tags copied
+    cdef const unsigned char *s = <const unsigned char *>PyBytes_AS_STRING(answer)
+    cdef Py_ssize_t n = len(answer), pos = 8, at, row
+    cdef int64_t t, j, e, n_topics, n_parts, n_errors, name_len, slen
+    cdef int32_t index
+    cdef int16_t code
+    cdef _Writer w = _out
+    _skip_answer_tags(s, n, &pos)                   # the response header's
+    n_topics = _uv(s, n, &pos) - 1
+    w.pos = 0
+    w.reserve(pos)
+    memcpy(w.p, s, pos)
+    w.pos = pos
+    for t in range(n_topics):
+        at = pos
+        name_len = _uv(s, n, &pos) - 1
+        if name_len < 0 or pos + name_len > n:
+            raise ValueError("truncated Produce response")
+        name = PyUnicode_DecodeUTF8(<const char *>s + pos, name_len, NULL)
+        pos += name_len
+        n_parts = _uv(s, n, &pos) - 1
+        w.reserve(pos - at)
+        memcpy(w.p + w.pos, s + at, pos - at)
+        w.pos += pos - at
+        for j in range(n_parts):
+            row = pos
+            if pos + 30 > n:
+                raise ValueError("truncated Produce response")
+            index = <int32_t>load_be32(<const char *>s + pos)
+            code = <int16_t>load_be16(<const char *>s + pos + 4)
+            pos += 30
+            n_errors = _uv(s, n, &pos) - 1
+            for e in range(n_errors):
+                pos += 4
+                slen = _uv(s, n, &pos) - 1
+                if slen > 0:
+                    pos += slen
+                _skip_answer_tags(s, n, &pos)
+            slen = _uv(s, n, &pos) - 1              # error_message
+            if slen > 0:
+                pos += slen
+            _skip_answer_tags(s, n, &pos)
+            if pos > n:
+                raise ValueError("truncated Produce response")
+            message = rows.get((name, index)) if code == 0 else None
+            if message is not None:
+                _produce_row(w, version, index, ERR_KAFKA_STORAGE_ERROR, -1, -1, -1, message)
+            else:
+                w.reserve(pos - row)
+                memcpy(w.p + w.pos, s + row, pos - row)
+                w.pos += pos - row
+        at = pos
+        _skip_answer_tags(s, n, &pos)               # the topic's
+        w.reserve(pos - at)
+        memcpy(w.p + w.pos, s + at, pos - at)
+        w.pos += pos - at
+    if n - pos < 5:
+        raise ValueError("not a Produce response")
+    w.reserve(n - pos)                              # throttle_time_ms and the answer's tags
+    memcpy(w.p + w.pos, s + pos, n - pos)
+    w.pos += n - pos
+    store_be32(w.p, <uint32_t>(w.pos - 4))
+    return PyBytes_FromStringAndSize(w.p, w.pos)
+
+
 cdef bytes _rewrite_produce(bytes answer, int version, dict rows):
-    # A Produce v3-8 response frame (size prefix included) with each row whose (topic, partition) is in
+    # A Produce v3-8 response frame (size prefix included; v9+: _rewrite_produce_flex) with each row whose (topic, partition) is in
     # ``rows`` and whose error code is 0 replaced by a failed append's row: KAFKA_STORAGE_ERROR, base
     # offset, append time and log start -1, no record errors, the message (v8). Other bytes copied.
     cdef const unsigned char *s = <const unsigned char *>PyBytes_AS_STRING(answer)
@@ -133,4 +228,4 @@ cdef bytes _rewrite_produce(bytes answer, int version, dict rows):
                 w.pos += pos - row
     if n - pos != 4:
         raise ValueError("not a Produce response")
-    return _produce_end(w)
+    return _produce_end(w, False)

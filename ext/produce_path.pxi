@@ -1,6 +1,7 @@
 # Included by request.pyx: the Produce fast path and its acks=all parking.
 
-# dispatch_frames serves a Produce v3-8 frame here when it is the common request: no transactional id,
+# dispatch_frames serves a Produce v3-11 frame here when it is the common request: no transactional id
+# (v9+: and no tagged field),
 # acks 0/1/-1 (-1 when each partition's ISR is this leader alone and min.insync.replicas <= 1, or has
 # followers and would be waited for by append_records: then parked, ParkedProduce), up to
 # FAST_PARTS partitions of any topics, each with an armed leader slot (FastLeader), none twice, and
@@ -148,8 +149,10 @@ cdef int _produce_parts(FastProduce fp, ConnState conn, object view, const unsig
                         close, chunk, _Parts *ps) except -1:
     cdef const unsigned char *f = p + begin
     cdef Py_ssize_t pos = 8, name_at
-    cdef int16_t n16, acks
-    cdef int32_t version, correlation_id, timeout_ms, index, rsize, n_topics, n_parts, count = 0
+    cdef int16_t acks
+    cdef int64_t n16, rsize, n_topics, n_parts
+    cdef int32_t version, correlation_id, timeout_ms, index, count = 0
+    cdef bint flex
     cdef int32_t t, j, k, failed = -1, waiting = 0
     cdef int64_t last, now
     cdef object client_id = None, name, parts, result, records, error = None
@@ -164,30 +167,48 @@ cdef int _produce_parts(FastProduce fp, ConnState conn, object view, const unsig
         return 0
     version = <int16_t>load_be16(<const char *>f + 2)
     correlation_id = <int32_t>load_be32(<const char *>f + 4)
+    flex = version >= PRODUCE_FLEX
     client_id = _client_id(f, size, &pos)
     if client_id is _REFUSED:
         return 0
-    if size - pos < 2 + 2 + 4 + 4:
-        return 0
-    if <int16_t>load_be16(<const char *>f + pos) != -1:           # a transactional id
-        return 0
-    acks = <int16_t>load_be16(<const char *>f + pos + 2)
-    timeout_ms = <int32_t>load_be32(<const char *>f + pos + 4)
-    n_topics = <int32_t>load_be32(<const char *>f + pos + 8)
+    if flex:
+        # header tags, transactional id (compact: 0 is null), acks, timeout, the topic count
+        if not _no_tags_at(f, size, &pos) or size - pos < 1 + 2 + 4 + 1 or f[pos] != 0:
+            return 0
+        acks = <int16_t>load_be16(<const char *>f + pos + 1)
+        timeout_ms = <int32_t>load_be32(<const char *>f + pos + 3)
+        pos += 7
+        n_topics = _fuv(f, size, &pos) - 1
+    else:
+        if size - pos < 2 + 2 + 4 + 4:
+            return 0
+        if <int16_t>load_be16(<const char *>f + pos) != -1:           # a transactional id
+            return 0
+        acks = <int16_t>load_be16(<const char *>f + pos + 2)
+        timeout_ms = <int32_t>load_be32(<const char *>f + pos + 4)
+        n_topics = <int32_t>load_be32(<const char *>f + pos + 8)
+        pos += 12
     if not (-1 <= acks <= 1) or not (1 <= n_topics <= FAST_PARTS) or fp.failing_dirs:
         return 0
-    pos += 12
     for t in range(n_topics):
-        if size - pos < 2 + 4:
-            return 0
-        n16 = <int16_t>load_be16(<const char *>f + pos)           # the topic's name
-        pos += 2
-        if n16 <= 0 or size - pos < n16 + 4:
-            return 0
-        name_at = pos
-        pos += n16
-        n_parts = <int32_t>load_be32(<const char *>f + pos)
-        pos += 4
+        if flex:
+            n16 = _fuv(f, size, &pos) - 1                           # the topic's name
+            if n16 <= 0 or n16 > 0x7FFF or size - pos < n16 + 1:
+                return 0
+            name_at = pos
+            pos += n16
+            n_parts = _fuv(f, size, &pos) - 1
+        else:
+            if size - pos < 2 + 4:
+                return 0
+            n16 = <int16_t>load_be16(<const char *>f + pos)           # the topic's name
+            pos += 2
+            if n16 <= 0 or size - pos < n16 + 4:
+                return 0
+            name_at = pos
+            pos += n16
+            n_parts = <int32_t>load_be32(<const char *>f + pos)
+            pos += 4
         if not (1 <= n_parts <= FAST_PARTS - ps.n):
             return 0
         name = _utf8(f + name_at, n16)
@@ -200,15 +221,19 @@ cdef int _produce_parts(FastProduce fp, ConnState conn, object view, const unsig
         ps.name[t] = _held(name)
         ps.n_topics = t + 1
         ps.t_at[t] = name_at
-        ps.t_len[t] = n16
-        ps.t_parts[t] = n_parts
+        ps.t_len[t] = <int16_t>n16
+        ps.t_parts[t] = <int32_t>n_parts
         ps.t_msgs[t] = ps.t_bytes[t] = 0
         for j in range(n_parts):
             if size - pos < 4 + 4:
                 return 0
             index = <int32_t>load_be32(<const char *>f + pos)
-            rsize = <int32_t>load_be32(<const char *>f + pos + 4)
-            pos += 8
+            if flex:
+                pos += 4
+                rsize = _fuv(f, size, &pos) - 1
+            else:
+                rsize = <int32_t>load_be32(<const char *>f + pos + 4)
+                pos += 8
             if rsize <= 0 or rsize > size - pos:
                 return 0
             fl = (<dict>parts).get(index)
@@ -238,11 +263,17 @@ cdef int _produce_parts(FastProduce fp, ConnState conn, object view, const unsig
             ps.leader[k] = _held(fl)
             ps.n = k + 1
             ps.at[k] = pos
-            ps.size[k] = rsize
+            ps.size[k] = <int32_t>rsize
             ps.index[k] = index
             ps.topic[k] = t
             pos += rsize
-    if pos != size:                                   # the last batch ends the frame
+            if flex and not _no_tags_at(f, size, &pos):     # the partition's
+                return 0
+        if flex and not _no_tags_at(f, size, &pos):         # the topic's
+            return 0
+    if flex and not _no_tags_at(f, size, &pos):             # the request's
+        return 0
+    if pos != size:                                   # the last batch (tag buffer) ends the frame
         return 0
     # every batch checked before any is appended (no effect: nothing stamped, written or counted)
     now = _now_ms()
@@ -373,21 +404,28 @@ cdef bytes _encode_rows(int version, int32_t correlation_id, const unsigned char
     # as the request carried them in the frame ``f``)
     cdef _Writer w = _out
     cdef int32_t t, j, k = 0
+    cdef bint flex = version >= PRODUCE_FLEX
     w.pos = 0
-    w.reserve(4 + 4 + 4)
+    w.reserve(4 + 4 + 1 + 5)
     w.pos = 4
     w.i32(correlation_id)
-    w.i32(ps.n_topics)
+    if flex:
+        w.uvarint(0)                # response header v1: no tagged fields
+    _count(w, flex, ps.n_topics)
     for t in range(ps.n_topics):
-        w.reserve(2 + ps.t_len[t] + 4)
-        w.i16(ps.t_len[t])
+        w.reserve(5 + ps.t_len[t] + 5)
+        if flex:
+            w.uvarint(<uint64_t>ps.t_len[t] + 1)
+        else:
+            w.i16(ps.t_len[t])
         memcpy(w.p + w.pos, f + ps.t_at[t], ps.t_len[t])
         w.pos += ps.t_len[t]
-        w.i32(ps.t_parts[t])
+        _count(w, flex, ps.t_parts[t])
         for j in range(ps.t_parts[t]):
             _produce_row(w, version, ps.index[k], 0, ps.base[k], ps.time[k], ps.start[k], None)
             k += 1
-    return _produce_end(w)
+        _no_tags(w, flex)
+    return _produce_end(w, flex)
 
 
 # ---- acks=all with followers: the request parked until the high watermark covers it ---------------
@@ -458,20 +496,27 @@ cdef class ParkedProduce:
         # answer is being built in _out.
         cdef _Writer w = _parked_out
         cdef int32_t t, j, k = 0
+        cdef bint flex = self.version >= PRODUCE_FLEX
         w.pos = 0
-        w.reserve(4 + 4 + 4)
+        w.reserve(4 + 4 + 1 + 5)
         w.pos = 4
         w.i32(self.correlation_id)
-        w.i32(self.n_topics)
+        if flex:
+            w.uvarint(0)
+        _count(w, flex, self.n_topics)
         for t in range(self.n_topics):
-            w.string(self.names[t], False)
-            w.reserve(4)
-            w.i32(self.t_parts[t])
+            if flex:
+                w.cstring(self.names[t], False)
+            else:
+                w.string(self.names[t], False)
+            w.reserve(5)
+            _count(w, flex, self.t_parts[t])
             for j in range(self.t_parts[t]):
                 _produce_row(w, self.version, self.index[k], self.code[k], self.base[k], self.time[k],
                              self.start[k], None)
                 k += 1
-        return _produce_end(w)
+            _no_tags(w, flex)
+        return _produce_end(w, flex)
 
 
 cdef object _park(FastProduce fp, ConnState conn, int version, int32_t correlation_id, int32_t timeout_ms, _Parts *ps,

@@ -1,6 +1,6 @@
 # kbroker._native.request: every cdef class it exports, by the include that implements it (request.pyx
 # lists the includes). Fields a class keeps private are still declared here: Cython needs one place.
-from libc.stdint cimport int8_t, int16_t, int32_t, int64_t
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint64_t
 
 from kbroker._native.segment cimport LeaderAppender, LogState, ReadBlocks, SegmentState
 
@@ -35,8 +35,13 @@ cdef class FetchRequest:
     cdef readonly int isolation_level
     cdef readonly int session_id
     cdef readonly int session_epoch
-    # [(topic, [(partition, current_leader_epoch, fetch_offset, log_start_offset, partition_max_bytes)])]
-    cdef readonly list topics
+    # [(topic, [(partition, current_leader_epoch, fetch_offset, log_start_offset, partition_max_bytes)])];
+    # v13+: the topic's id in place of its name until the Fetch handler resolves the ids (it sets
+    # ``topics`` by name, ``ids`` {name: id} and ``unknown`` [(id, [partition, ...])] of unknown ids)
+    cdef public list topics
+    cdef public dict ids
+    cdef public list unknown
+    cdef readonly list forgotten            # v7+: [(topic name, or v13+ id, [partition, ...]), ...]
     cdef readonly str rack_id
     # a follower's fetch whose positions the native path recorded (ReplicaManager.record_follower_fetch's
     # effect, nothing to read yet): the Fetch handler only long-polls it, recording nothing again
@@ -60,6 +65,11 @@ cdef class _Reader:
     cdef object string(self, bint nullable)
     # a non-null array's length, refused when ``elem_min`` bytes per element cannot fit in the rest
     cdef int32_t array_len(self, Py_ssize_t elem_min) except? -1
+    # the flexible versions' encodings: unsigned varint, compact string and array, a tag buffer skipped
+    cdef int64_t uvarint(self) except -1
+    cdef object cstring(self, bint nullable)
+    cdef int64_t carray_len(self, Py_ssize_t elem_min) except? -1
+    cdef int skip_tags(self) except -1
 
 
 cdef class _Writer:
@@ -72,6 +82,8 @@ cdef class _Writer:
     cdef inline void i32(self, int32_t x) noexcept
     cdef inline void i64(self, int64_t x) noexcept
     cdef int string(self, object s, bint nullable) except -1
+    cdef inline void uvarint(self, uint64_t v) noexcept
+    cdef int cstring(self, object s, bint nullable) except -1
 
 
 # ---- reqstats.pxi: request metrics ------------------------------------------------------------------
@@ -176,6 +188,7 @@ cdef class FastFetch:
     cdef dict topic_configs                 # LogManager.topic_configs (topic -> overrides; never replaced)
     cdef object complete                    # ReplicaManager._complete: a follower's fetch moved the HW
     cdef object broker_metrics              # BrokerMetrics (replication_bytes_out)
+    cdef dict topic_ids                     # MetadataCache.topic_ids: v13+ topics by id (never replaced)
     cdef readonly long long fast, reference # requests served natively / through ``reference_path``
     # followers' fetches: answered here / positions recorded here, then Python's long poll / all Python
     cdef readonly long long follower_fast, follower_polled, follower_reference

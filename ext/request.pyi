@@ -35,14 +35,17 @@ class FetchRequest:
     isolation_level: int
     session_id: int
     session_epoch: int
-    topics: list[tuple[str, list[tuple[int, int, int, int, int]]]]
+    topics: list[tuple[str | bytes, list[tuple[int, int, int, int, int]]]]   # v13+: ids until resolved
+    ids: dict[str, bytes] | None            # v13+: name -> id of the known ids (set by the Fetch handler)
+    unknown: list[tuple[bytes, list[int]]] | None   # v13+: the ids this broker does not know
+    forgotten: list[tuple[str | bytes, list[int]]]  # v7+: forgotten_topics_data
     recorded: bool          # a follower's fetch whose positions the native path recorded (long poll only)
     frame: bytes | None     # a recorded fetch's frame (FastFetch.reread)
     rack_id: str
 
 def parse_fetch(frame: Any) -> FetchRequest: ...
 def encode_fetch_response(version: int, correlation_id: int, error_code: int, topics: list,
-                          inline_max: int) -> tuple[list, int]: ...
+                          inline_max: int, ids: dict[str, bytes] | None = None) -> tuple[list, int]: ...
 
 # ---- reqstats.pxi
 BOUNDS_S: tuple[float, ...]

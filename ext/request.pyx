@@ -1,4 +1,4 @@
-"""Native request path: Produce (v3-8) and Fetch (v4-11) parsed straight from the request frame, served
+"""Native request path: Produce (v3-11) and Fetch (v4-17) parsed straight from the request frame, served
 natively when they are the common request, and the connection's read loop that dispatches them
 (kbroker.network.connection). Every other request and version goes through the generic schema codec,
 which stays the reference (tests/test_native_*).
@@ -21,9 +21,10 @@ never copied. Malformed input (truncation, a length past the frame, a negative n
 invalid UTF-8, an array longer than the bytes left could hold, trailing bytes) raises
 ``ProtocolError``, on which the connection closes exactly as on the reference path.
 
-Produce v3-8 are non-flexible (Kafka's Produce is flexible from v9): int16-length strings,
-int32-length arrays and records, request header v1 (client_id nullable string), response header
-v0 (correlation id only).
+Produce v3-8 and Fetch v4-11 are non-flexible: int16-length strings, int32-length arrays and records,
+request header v1 (client_id nullable string), response header v0 (correlation id only). Produce v9+ and
+Fetch v12+ are flexible: request header v2 (its tag buffer after client_id), compact strings, arrays and
+records, a tag buffer after every struct, response header v1 (wire.pxi).
 """
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.ref cimport PyObject, Py_DECREF, Py_INCREF

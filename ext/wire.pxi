@@ -1,19 +1,30 @@
-# Included by request.pyx: the wire codec of Produce v3-8 / Fetch v4-11 (parse, encode) and the frame
-# helpers both fast paths share.
+# Included by request.pyx: the wire codec of Produce v3-11 / Fetch v4-17 (parse, encode) and the frame
+# helpers both fast paths share. Produce v9+ and Fetch v12+ are flexible (KIP-482): request header v2
+# (its tagged fields after client_id), compact strings, arrays and records (unsigned varint length + 1,
+# 0 for null) and a tag buffer closing every struct; their answers start with response header v1 (the
+# correlation id and an empty tag buffer). Fetch v13+ names topics by id (16 bytes), v15+ carries a
+# follower's id in the tagged replica_state instead of replica_id.
 
 PRODUCE_MIN = 3
-PRODUCE_MAX = 8
+PRODUCE_MAX = 11
 FETCH_MIN = 4
-FETCH_MAX = 11
+FETCH_MAX = 17
 
 cdef enum:
     PRODUCE = 0
     FETCH = 1
     # the versions parsed here, as C constants (PRODUCE_MIN.. above are the module's Python names)
     C_PRODUCE_MIN = 3
-    C_PRODUCE_MAX = 8
+    C_PRODUCE_MAX = 11
     C_FETCH_MIN = 4
-    C_FETCH_MAX = 11
+    C_FETCH_MAX = 17
+    # the first flexible versions; Fetch's first by topic id, first with replica_state, first with
+    # replica_directory_id
+    PRODUCE_FLEX = 9
+    FETCH_FLEX = 12
+    FETCH_IDS = 13
+    FETCH_STATE = 15
+    FETCH_DIR_ID = 17
     # Fetch: a topic (int16 name + int32 count); a partition (v4: int32 + int64 + int32, more later)
     MIN_FETCH_TOPIC = 6
     MIN_FORGOTTEN_TOPIC = 6
@@ -24,7 +35,7 @@ cdef enum:
 
 
 cdef class ProduceRequest:
-    """A parsed Produce request (v3-8). Also serves as the request header for the network layer
+    """A parsed Produce request (v3-11). Also serves as the request header for the network layer
     (api_key, api_version, correlation_id, client_id). Fields are declared in request.pxd."""
 
     def __repr__(self):
@@ -33,8 +44,10 @@ cdef class ProduceRequest:
 
 
 cdef class FetchRequest:
-    """A parsed Fetch request (v4-11); also the request header for the network layer. Fields are
-    declared in request.pxd."""
+    """A parsed Fetch request (v4-17); also the request header for the network layer. Fields are
+    declared in request.pxd. v13+ names topics by id: ``topics`` holds each topic's 16-byte id in
+    place of its name until the Fetch handler resolves them (kbroker/server/apis/fetch.py), which sets
+    ``topics`` by name, ``ids`` and ``unknown``."""
 
     def __repr__(self):
         return (f"FetchRequest(v{self.api_version}, correlation_id={self.correlation_id}, "
@@ -126,6 +139,58 @@ cdef class _Reader:
             raise ProtocolError(f"array of {n} elements cannot fit in {self.end - self.pos} bytes")
         return n
 
+    cdef int64_t uvarint(self) except -1:
+        # an unsigned varint of at most 5 bytes (the reference codec's limit: up to 2^35 - 1)
+        cdef int64_t v = 0
+        cdef int shift = 0
+        cdef unsigned char b
+        while True:
+            if self.pos >= self.end:
+                raise ProtocolError("truncated varint")
+            b = self.p[self.pos]
+            self.pos += 1
+            v |= (<int64_t>(b & 0x7F)) << shift
+            if not b & 0x80:
+                return v
+            shift += 7
+            if shift > 28:
+                raise ProtocolError("unsigned varint longer than 5 bytes")
+
+    cdef object cstring(self, bint nullable):
+        # a compact string: uvarint length + 1 (0: null)
+        cdef int64_t n = self.uvarint()
+        if n == 0:
+            if nullable:
+                return None
+            raise ProtocolError("null in non-nullable compact string")
+        n -= 1
+        self.need(n)
+        cdef Py_ssize_t start = self.pos
+        self.pos += n
+        try:
+            return _decode_str(self.p + start, n)
+        except UnicodeDecodeError as e:
+            raise ProtocolError(f"invalid UTF-8 string: {e}") from None
+
+    cdef int64_t carray_len(self, Py_ssize_t elem_min) except? -1:
+        # a non-null compact array's length (uvarint length + 1), refused as array_len refuses
+        cdef int64_t n = self.uvarint() - 1
+        if n < 0:
+            raise ProtocolError("null in non-nullable array")
+        if n * elem_min > self.end - self.pos:
+            raise ProtocolError(f"array of {n} elements cannot fit in {self.end - self.pos} bytes")
+        return n
+
+    cdef int skip_tags(self) except -1:
+        # a tag buffer whose fields are all unknown here (skipped, as the reference codec skips them)
+        cdef int64_t n = self.uvarint(), i, size
+        for i in range(n):
+            self.uvarint()
+            size = self.uvarint()
+            self.need(size)
+            self.pos += size
+        return 0
+
 
 def peek_key_version(frame):
     """-> (api_key, api_version) of a frame, or (-1, -1) if it is shorter than 4 bytes."""
@@ -151,7 +216,7 @@ cdef _Reader _frame_reader(frame):
 
 
 def parse_produce(frame):
-    """Parse a whole Produce v3-8 request frame (size prefix removed). -> ProduceRequest.
+    """Parse a whole Produce v3-11 request frame (size prefix removed). -> ProduceRequest.
     Raises ProtocolError on malformed input or another API/version."""
     cdef _Reader r = _frame_reader(frame)
     cdef ProduceRequest req = ProduceRequest.__new__(ProduceRequest)
@@ -160,30 +225,48 @@ def parse_produce(frame):
     req.correlation_id = r.i32()
     if req.api_key != PRODUCE or not PRODUCE_MIN <= req.api_version <= PRODUCE_MAX:
         raise ProtocolError(f"not a Produce v{PRODUCE_MIN}-{PRODUCE_MAX} request")
+    cdef bint flex = req.api_version >= PRODUCE_FLEX
     req.client_id = r.string(True)
-    req.transactional_id = r.string(True)
+    if flex:
+        r.skip_tags()                                # request header v2
+        req.transactional_id = r.cstring(True)
+    else:
+        req.transactional_id = r.string(True)
     req.acks = r.i16()
     req.timeout_ms = r.i32()
-    cdef int32_t n_topics = r.array_len(MIN_TOPIC)
-    cdef int32_t n_parts, i, j, index, size
+    # a flexible topic: name, partition count, tag buffer (1 byte each at least); a partition: index,
+    # records length, tag buffer
+    cdef int64_t n_topics = r.carray_len(3) if flex else r.array_len(MIN_TOPIC)
+    cdef int64_t n_parts, i, j, size
+    cdef int32_t index
     cdef list topics = []
     cdef list parts
     cdef object name, records
     for i in range(n_topics):
-        name = r.string(False)
-        n_parts = r.array_len(MIN_PARTITION)
+        if flex:
+            name = r.cstring(False)
+            n_parts = r.carray_len(6)
+        else:
+            name = r.string(False)
+            n_parts = r.array_len(MIN_PARTITION)
         parts = []
         for j in range(n_parts):
             index = r.i32()
-            size = r.i32()
+            size = (r.uvarint() - 1) if flex else r.i32()
             if size < 0:
                 records = None
             else:
                 r.need(size)
                 records = frame[r.pos:r.pos + size]
                 r.pos += size
+            if flex:
+                r.skip_tags()
             parts.append((index, records))
+        if flex:
+            r.skip_tags()
         topics.append((name, parts))
+    if flex:
+        r.skip_tags()
     if r.pos != r.end:
         raise ProtocolError(f"ProduceRequest v{req.api_version}: {r.end - r.pos} trailing bytes")
     req.topics = topics
@@ -191,10 +274,12 @@ def parse_produce(frame):
 
 
 def parse_fetch(frame):
-    """Parse a whole Fetch v4-11 request frame (size prefix removed). -> FetchRequest with
+    """Parse a whole Fetch v4-17 request frame (size prefix removed). -> FetchRequest with
     ``topics`` = [(name, [(partition, current_leader_epoch, fetch_offset, log_start_offset,
-    partition_max_bytes), ...]), ...] (-1 for fields a version lacks, as the codec's defaults).
-    forgotten_topics_data (v7+) is checked and dropped (we hand out no sessions); rack_id (v11) kept.
+    partition_max_bytes), ...]), ...] (-1 for fields a version lacks, as the codec's defaults; v13+: the
+    topic's 16-byte id in place of its name), ``forgotten`` = [(name or id, [partition, ...]), ...]
+    (v7+), rack_id (v11+), v15+'s replica id from the tagged replica_state. last_fetched_epoch (v12+),
+    cluster_id and replica_directory_id are checked and dropped (the Fetch handler reads none of them).
     Raises ProtocolError on malformed input or another API/version."""
     cdef _Reader r = _frame_reader(frame)
     cdef FetchRequest req = FetchRequest.__new__(FetchRequest)
@@ -204,8 +289,11 @@ def parse_fetch(frame):
     cdef int version = req.api_version
     if req.api_key != FETCH or not FETCH_MIN <= version <= FETCH_MAX:
         raise ProtocolError(f"not a Fetch v{FETCH_MIN}-{FETCH_MAX} request")
+    cdef bint flex = version >= FETCH_FLEX, by_id = version >= FETCH_IDS
     req.client_id = r.string(True)
-    req.replica_id = r.i32()
+    if flex:
+        r.skip_tags()                                # request header v2
+    req.replica_id = r.i32() if version < FETCH_STATE else -1
     req.max_wait_ms = r.i32()
     req.min_bytes = r.i32()
     req.max_bytes = r.i32()
@@ -216,38 +304,122 @@ def parse_fetch(frame):
     else:
         req.session_id = 0
         req.session_epoch = -1
-    # partition: index, [current_leader_epoch v9+], fetch_offset, [log_start_offset v5+], max_bytes
-    cdef Py_ssize_t min_part = 4 + 8 + 4 + (4 if version >= 9 else 0) + (8 if version >= 5 else 0)
-    cdef int32_t n_topics = r.array_len(MIN_FETCH_TOPIC)
-    cdef int32_t n_parts, i, j, partition, leader_epoch, part_max
+    # partition: index, [current_leader_epoch v9+], fetch_offset, [last_fetched_epoch v12+],
+    # [log_start_offset v5+], max_bytes, [tag buffer v12+]
+    cdef Py_ssize_t min_part = (4 + 8 + 4 + (4 if version >= 9 else 0) + (8 if version >= 5 else 0)
+                                + (5 if flex else 0))
+    # a topic: its name (or id), its partition count, [tag buffer]
+    cdef Py_ssize_t min_topic = (18 if by_id else 3) if flex else MIN_FETCH_TOPIC
+    cdef int64_t n_topics = r.carray_len(min_topic) if flex else r.array_len(MIN_FETCH_TOPIC)
+    cdef int64_t n_parts, i, j
+    cdef int32_t partition, leader_epoch, part_max
     cdef int64_t fetch_offset, log_start
     cdef list topics = []
-    cdef list parts
+    cdef list parts, forgotten = []
     cdef object name
     for i in range(n_topics):
-        name = r.string(False)
-        n_parts = r.array_len(min_part)
+        name = _fetch_topic(r, flex, by_id)
+        n_parts = r.carray_len(min_part) if flex else r.array_len(min_part)
         parts = []
         for j in range(n_parts):
             partition = r.i32()
             leader_epoch = r.i32() if version >= 9 else -1
             fetch_offset = r.i64()
+            if flex:
+                r.i32()                              # last_fetched_epoch
             log_start = r.i64() if version >= 5 else -1
             part_max = r.i32()
+            if flex:
+                _partition_tags(r, version)
             parts.append((partition, leader_epoch, fetch_offset, log_start, part_max))
+        if flex:
+            r.skip_tags()
         topics.append((name, parts))
     req.topics = topics
     if version >= 7:
-        n_topics = r.array_len(MIN_FORGOTTEN_TOPIC)
+        n_topics = r.carray_len(min_topic) if flex else r.array_len(MIN_FORGOTTEN_TOPIC)
         for i in range(n_topics):
-            r.string(False)
-            n_parts = r.array_len(4)
-            r.need(4 * <Py_ssize_t>n_parts)
-            r.pos += 4 * <Py_ssize_t>n_parts
-    req.rack_id = r.string(False) if version >= 11 else ""
+            name = _fetch_topic(r, flex, by_id)
+            n_parts = r.carray_len(4) if flex else r.array_len(4)
+            r.need(4 * n_parts)
+            parts = []
+            for j in range(n_parts):
+                parts.append(r.i32())
+            forgotten.append((name, parts))
+            if flex:
+                r.skip_tags()
+    req.forgotten = forgotten
+    if version >= 11:
+        req.rack_id = r.cstring(False) if flex else r.string(False)
+    else:
+        req.rack_id = ""
+    if flex:
+        _fetch_tags(r, req)
     if r.pos != r.end:
         raise ProtocolError(f"FetchRequest v{version}: {r.end - r.pos} trailing bytes")
     return req
+
+
+cdef object _fetch_topic(_Reader r, bint flex, bint by_id):
+    # a Fetch topic's name, or its id (v13+: 16 bytes)
+    cdef object tid
+    if by_id:
+        r.need(16)
+        tid = PyBytes_FromStringAndSize(<const char *>r.p + r.pos, 16)
+        r.pos += 16
+        return tid
+    return r.cstring(False) if flex else r.string(False)
+
+
+cdef inline int _tag_end(_Reader r, Py_ssize_t end, str name) except -1:
+    # a known tagged field must fill its announced size exactly (as the reference codec checks)
+    if r.pos != end:
+        raise ProtocolError(f"tagged field {name} size mismatch")
+    return 0
+
+
+cdef int _partition_tags(_Reader r, int version) except -1:
+    # a Fetch partition's tag buffer: v17's replica_directory_id (tag 0, a uuid) checked, others skipped
+    cdef int64_t n = r.uvarint(), i, tag, size
+    cdef Py_ssize_t end
+    for i in range(n):
+        tag = r.uvarint()
+        size = r.uvarint()
+        r.need(size)
+        end = r.pos + size
+        if tag == 0 and version >= FETCH_DIR_ID:
+            if size < 16:
+                raise ProtocolError("truncated replica_directory_id")
+            r.pos += 16
+            _tag_end(r, end, "replica_directory_id")
+        r.pos = end
+    return 0
+
+
+cdef int _fetch_tags(_Reader r, FetchRequest req) except -1:
+    # a Fetch request's own tag buffer: cluster_id (tag 0) checked, v15+'s replica_state (tag 1: the
+    # follower's id and epoch, its own tag buffer) read, others skipped
+    cdef int64_t n = r.uvarint(), i, tag, size
+    cdef Py_ssize_t end, saved = r.end
+    for i in range(n):
+        tag = r.uvarint()
+        size = r.uvarint()
+        r.need(size)
+        end = r.pos + size
+        r.end = end                     # a known field reads inside its own bytes only
+        try:
+            if tag == 0:
+                r.cstring(True)
+                _tag_end(r, end, "cluster_id")
+            elif tag == 1 and req.api_version >= FETCH_STATE:
+                req.replica_id = r.i32()
+                r.i64()                 # replica_epoch
+                r.skip_tags()
+                _tag_end(r, end, "replica_state")
+        finally:
+            r.end = saved
+        r.pos = end
+    return 0
 
 
 cdef class _Writer:
@@ -283,6 +455,32 @@ cdef class _Writer:
         store_be64(self.p + self.pos, <uint64_t>x)
         self.pos += 8
 
+    cdef inline void uvarint(self, uint64_t v) noexcept:
+        # an unsigned varint (room reserved by the caller: at most 10 bytes)
+        while v >= 0x80:
+            self.p[self.pos] = <char>((v & 0x7F) | 0x80)
+            v >>= 7
+            self.pos += 1
+        self.p[self.pos] = <char>v
+        self.pos += 1
+
+    cdef int cstring(self, object s, bint nullable) except -1:
+        # a compact string (uvarint length + 1; 0 for null)
+        cdef bytes b
+        if s is None:
+            if not nullable:
+                raise ValueError("null in non-nullable string")
+            self.reserve(1)
+            self.uvarint(0)
+            return 0
+        b = (<str>s).encode("utf-8")
+        cdef Py_ssize_t n = len(b)
+        self.reserve(5 + n)
+        self.uvarint(<uint64_t>n + 1)
+        memcpy(self.p + self.pos, PyBytes_AS_STRING(b), n)
+        self.pos += n
+        return 0
+
     cdef int string(self, object s, bint nullable) except -1:
         cdef bytes b
         if s is None:
@@ -306,28 +504,53 @@ cdef _Writer _out = _Writer()
 
 
 def encode_produce_response(int version, int32_t correlation_id, list topics):
-    """The whole Produce v3-8 response frame (size prefix included) as bytes.
+    """The whole Produce v3-11 response frame (size prefix included) as bytes.
 
     ``topics``: [(name, [[index, error_code, base_offset, log_append_time_ms, log_start_offset,
-    error_message], ...]), ...] in request order; throttle_time_ms is 0 (no quotas yet)."""
+    error_message], ...]), ...] in request order; throttle_time_ms is 0; no tagged fields (v10+'s
+    leader hints are the reference encoder's: kbroker/server/apis/produce.py)."""
     if not PRODUCE_MIN <= version <= PRODUCE_MAX:
         raise ValueError(f"Produce v{version} is not encoded natively")
+    cdef bint flex = version >= PRODUCE_FLEX
     cdef _Writer w = _out
     w.pos = 0
-    w.reserve(12)
+    w.reserve(4 + 4 + 1 + 5)
     w.pos = 4                       # size prefix, filled in last
     w.i32(correlation_id)
-    w.i32(<int32_t>len(topics))
+    if flex:
+        w.uvarint(0)                # response header v1: no tagged fields
+    _count(w, flex, len(topics))
     cdef list parts, res
     cdef object name
     for name, parts in topics:
-        w.string(name, False)
-        w.reserve(4)
-        w.i32(<int32_t>len(parts))
+        if flex:
+            w.cstring(name, False)
+        else:
+            w.string(name, False)
+        w.reserve(5)
+        _count(w, flex, len(parts))
         for res in parts:
             _produce_row(w, version, <int32_t>res[0], <int16_t>res[1], <int64_t>res[2], <int64_t>res[3],
                          <int64_t>res[4], res[5])
-    return _produce_end(w)
+        _no_tags(w, flex)
+    return _produce_end(w, flex)
+
+
+cdef inline void _count(_Writer w, bint flex, Py_ssize_t n) noexcept:
+    # an array's element count (room reserved by the caller: 5 bytes): compact (n + 1) or int32
+    if flex:
+        w.uvarint(<uint64_t>n + 1)
+    else:
+        w.i32(<int32_t>n)
+
+
+cdef inline int _no_tags(_Writer w, bint flex) except -1:
+    # a flexible struct's empty tag buffer
+    if flex:
+        w.reserve(1)
+        w.p[w.pos] = 0
+        w.pos += 1
+    return 0
 
 
 cdef inline void _row_head(_Writer w, int version, int32_t index, int16_t error_code, int64_t a, int64_t b,
@@ -345,19 +568,25 @@ cdef inline void _row_head(_Writer w, int version, int32_t index, int16_t error_
 
 cdef int _produce_row(_Writer w, int version, int32_t index, int16_t error_code, int64_t base_offset,
                       int64_t log_append_time_ms, int64_t log_start_offset, object error_message) except -1:
-    # one partition's row of a Produce v3-8 response (the layout both Produce encoders write)
+    # one partition's row of a Produce v3-11 response (the layout every Produce encoder writes)
     w.reserve(4 + 2 + 8 + 8 + 8 + 4)
     _row_head(w, version, index, error_code, base_offset, log_append_time_ms, log_start_offset)
-    if version >= 8:
+    if version >= PRODUCE_FLEX:
+        w.uvarint(1)                    # record_errors: none (a compact array)
+        w.cstring(error_message, True)
+        _no_tags(w, True)
+    elif version >= 8:
         w.i32(0)                        # record_errors: none
         w.string(error_message, True)
     return 0
 
 
-cdef bytes _produce_end(_Writer w):
-    # throttle_time_ms (0: no quotas yet), the size prefix, the frame as bytes
-    w.reserve(4)
+cdef bytes _produce_end(_Writer w, bint flex):
+    # throttle_time_ms (0), the tag buffer of a flexible answer, the size prefix, the frame as bytes
+    w.reserve(5)
     w.i32(0)
+    if flex:
+        w.uvarint(0)
     store_be32(w.p, <uint32_t>(w.pos - 4))
     return PyBytes_FromStringAndSize(w.p, w.pos)
 
@@ -384,73 +613,115 @@ cdef int _inline_region(_Writer w, object region) except -1:
 
 
 cdef int _fetch_head(_Writer w, int version, int32_t correlation_id, int16_t error_code,
-                     int32_t n_topics) except -1:
-    # a Fetch v4-11 response from its start up to the topic count (the size prefix left to fill in)
+                     Py_ssize_t n_topics) except -1:
+    # a Fetch v4-17 response from its start up to the topic count (the size prefix left to fill in)
+    cdef bint flex = version >= FETCH_FLEX
     w.pos = 0
-    w.reserve(4 + 4 + 4 + 2 + 4 + 4)
+    w.reserve(4 + 4 + 1 + 4 + 2 + 4 + 5)
     w.pos = 4
     w.i32(correlation_id)
+    if flex:
+        w.uvarint(0)                                 # response header v1: no tagged fields
     w.i32(0)                                         # throttle_time_ms
     if version >= 7:
         w.i16(error_code)
         w.i32(0)                                     # session_id
-    w.i32(n_topics)
+    _count(w, flex, n_topics)
+    return 0
+
+
+cdef int _fetch_topic_out(_Writer w, int version, object name, dict ids) except -1:
+    # a Fetch answer's topic: its name, or from v13 its id (``ids[name]``; a 16-byte ``name`` is an id
+    # itself: an unknown id's row), and room for its partition count
+    cdef object tid
+    if version >= FETCH_IDS:
+        tid = ids.get(name) if ids is not None else None
+        if tid is None:
+            tid = name
+        if not isinstance(tid, bytes) or len(<bytes>tid) != 16:
+            raise ValueError(f"no topic id for {name!r}")
+        w.reserve(16 + 5)
+        memcpy(w.p + w.pos, PyBytes_AS_STRING(tid), 16)
+        w.pos += 16
+    elif version >= FETCH_FLEX:
+        w.cstring(name, False)
+        w.reserve(5)
+    else:
+        w.string(name, False)
+        w.reserve(5)
     return 0
 
 
 cdef int _fetch_row(_Writer w, int version, int32_t index, int16_t error_code, int64_t high_watermark,
                     int64_t last_stable_offset, int64_t log_start_offset, object aborted) except -1:
-    # one partition's row of a Fetch v4-11 response up to its records (the layout both Fetch encoders
-    # write); room is reserved for the records' length too. ``aborted``: None (null: read_uncommitted,
-    # followers) or the aborted transactions of a read_committed row, (producer_id, first_offset, ...) each
+    # one partition's row of a Fetch v4-17 response up to its records (the layout both Fetch encoders
+    # write); room is reserved for the records' length too (_records_len). ``aborted``: None (null:
+    # read_uncommitted, followers) or the aborted transactions of a read_committed row,
+    # (producer_id, first_offset, ...) each
+    cdef bint flex = version >= FETCH_FLEX
     cdef Py_ssize_t n = 0 if aborted is None else len(<list>aborted)
-    w.reserve(4 + 2 + 8 + 8 + 8 + 4 + 16 * n + 4 + 4)
+    w.reserve(4 + 2 + 8 + 8 + 8 + 5 + 17 * n + 4 + 5)
     _row_head(w, version, index, error_code, high_watermark, last_stable_offset, log_start_offset)
     if aborted is None:
-        w.i32(-1)                                    # aborted_transactions: null
+        if flex:
+            w.uvarint(0)                             # aborted_transactions: null
+        else:
+            w.i32(-1)
     else:
-        w.i32(<int32_t>n)
+        _count(w, flex, n)
         for e in <list>aborted:
             w.i64(e[0])
             w.i64(e[1])
+            if flex:
+                w.uvarint(0)
     if version >= 11:
         w.i32(-1)                                    # preferred_read_replica
     return 0
 
 
+cdef inline void _records_len(_Writer w, bint flex, int64_t n) noexcept:
+    # a Fetch row's records length (room reserved by _fetch_row): n >= 0, or -1 for null
+    if flex:
+        w.uvarint(<uint64_t>(n + 1))
+    else:
+        w.i32(<int32_t>n)
+
+
 def encode_fetch_response(int version, int32_t correlation_id, int16_t error_code, list topics,
-                          Py_ssize_t inline_max):
-    """The whole Fetch v4-11 response (size prefix included) -> (chunks, bytes copied inline).
+                          Py_ssize_t inline_max, dict ids=None):
+    """The whole Fetch v4-17 response (size prefix included) -> (chunks, bytes copied inline).
 
     ``topics``: [(name, [[partition_index, error_code, high_watermark, last_stable_offset,
     log_start_offset, records(, aborted_transactions)], ...]), ...]; ``records`` is bytes or a FileRegions;
-    ``aborted_transactions`` (read_committed rows only) [(producer_id, first_offset, ...)]. A partition's
-    regions smaller than ``inline_max`` bytes in total are read into the response (one chunk, written
-    with the other responses of the read) while the response's copied bytes stay within
+    ``aborted_transactions`` (read_committed rows only) [(producer_id, first_offset, ...)]. v13+ writes each
+    topic's id: ``ids[name]``, or ``name`` itself when it is a 16-byte id (an unknown id's rows). A
+    partition's regions smaller than ``inline_max`` bytes in total are read into the response (one chunk,
+    written with the other responses of the read) while the response's copied bytes stay within
     ``inline_max`` too (a many-partition answer of small ranges is not copied whole: copying was
     measured cheaper than sendfile only up to that size); the others stay FileRegions chunks for
     sendfile, splitting the response into [bytes, FileRegions, bytes, ...] as the generic encoder does. throttle_time_ms 0,
-    session_id 0, aborted_transactions null unless given, preferred_read_replica -1 (v11)."""
+    session_id 0, aborted_transactions null unless given, preferred_read_replica -1 (v11), no tagged
+    fields (v12+)."""
     if not FETCH_MIN <= version <= FETCH_MAX:
         raise ValueError(f"Fetch v{version} is not encoded natively")
+    cdef bint flex = version >= FETCH_FLEX
     cdef _Writer w = _out
     cdef list chunks = []
     cdef Py_ssize_t size = 0, copied = 0, rsize
     cdef list parts, res
     cdef object name, records, region
     cdef Py_buffer raw                               # bytes records (a segment read block's slice)
-    _fetch_head(w, version, correlation_id, error_code, <int32_t>len(topics))
+    _fetch_head(w, version, correlation_id, error_code, len(topics))
     for name, parts in topics:
-        w.string(name, False)
-        w.reserve(4)
-        w.i32(<int32_t>len(parts))
+        _fetch_topic_out(w, version, name, ids)
+        _count(w, flex, len(parts))
         for res in parts:
             _fetch_row(w, version, <int32_t>res[0], <int16_t>res[1], <int64_t>res[2], <int64_t>res[3],
                        <int64_t>res[4], res[6] if len(res) > 6 else None)
             records = res[5]
             if isinstance(records, FileRegions):
                 rsize = records.size
-                w.i32(<int32_t>rsize)
+                _records_len(w, flex, rsize)
                 if rsize < inline_max and copied + rsize <= inline_max:
                     for region in records.regions:
                         _inline_region(w, region)
@@ -462,19 +733,22 @@ def encode_fetch_response(int version, int32_t correlation_id, int16_t error_cod
                     size += rsize
                     w.pos = 0
             elif records is None:
-                w.i32(-1)
+                _records_len(w, flex, -1)
             else:
                 # the plain buffer protocol: a typed memoryview costs ~1,500 instructions to set up
                 PyObject_GetBuffer(records, &raw, PyBUF_SIMPLE)
                 try:
                     rsize = raw.len
-                    w.i32(<int32_t>rsize)
+                    _records_len(w, flex, rsize)
                     if rsize:
                         w.reserve(rsize)
                         memcpy(w.p + w.pos, raw.buf, rsize)
                         w.pos += rsize
                 finally:
                     PyBuffer_Release(&raw)
+            _no_tags(w, flex)                        # the partition's
+        _no_tags(w, flex)                            # the topic's
+    _no_tags(w, flex)                                # the answer's
     if not chunks:                                   # the common small answer: one chunk, no copy
         if w.pos - 4 > 0x7FFFFFFF:
             raise ValueError("Fetch response over 2^31-1 bytes")
@@ -491,6 +765,31 @@ def encode_fetch_response(int version, int32_t correlation_id, int16_t error_cod
     store_be32(<char *>first, <uint32_t>size)
     chunks[0] = first
     return chunks, copied
+
+cdef inline int64_t _fuv(const unsigned char *f, Py_ssize_t size, Py_ssize_t *pos) noexcept:
+    """The fast paths' unsigned varint at ``pos[0]`` (moved past it): at most 5 bytes, as the codec
+    reads one, or -1 when it runs past ``size`` or is longer (the frame is then not one they take)."""
+    cdef int64_t v = 0
+    cdef int shift = 0
+    cdef unsigned char b
+    while pos[0] < size and shift <= 28:
+        b = f[pos[0]]
+        pos[0] += 1
+        v |= (<int64_t>(b & 0x7F)) << shift
+        if not b & 0x80:
+            return v
+        shift += 7
+    return -1
+
+
+cdef inline bint _no_tags_at(const unsigned char *f, Py_ssize_t size, Py_ssize_t *pos) noexcept:
+    """An empty tag buffer at ``pos[0]`` (moved past it): the fast paths take a flexible request
+    only when it carries no tagged field (the parse decides the others)."""
+    if pos[0] >= size or f[pos[0]] != 0:
+        return False
+    pos[0] += 1
+    return True
+
 
 cdef object _REFUSED = object()      # _client_id: the frame is not one a fast path takes
 

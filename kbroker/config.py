@@ -384,10 +384,6 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
     _impl("kbroker.log.writer.offload.bytes", "int", 1 << 20, at_least(0),
           doc="a producer batch of at least this size is written by its log dir's writer thread while the "
               "loop goes on receiving; its offsets are visible (and acknowledged) once written. 0 = never"),
-    _impl("kbroker.protocol.flexible.data.versions.enable", "boolean", False,
-          doc="advertise Produce v9-11 and Fetch v12-17 (Kafka 3.9's newest: topic ids, KIP-951 leader hints); "
-              "they are served by the Python reference path, not the native one, so clients that pick them "
-              "cost more CPU per request. false = Produce up to v8 and Fetch up to v11"),
     _impl("kbroker.zookeeper.session.fencing.enable", "boolean", True,
           doc="kbroker's own (Kafka has none): a broker cut from ZooKeeper for about its session timeout "
               "stops leading its partitions (clients get NOT_LEADER_OR_FOLLOWER and find the new leader) until "

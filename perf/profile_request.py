@@ -8,6 +8,8 @@ of one kbroker broker serving request_bench's producer (linger.ms=0, batch.num.m
         [--persist write-shm --persist splice-shm --persist write-disk ...] [--storage shm|disk] [--no-profile]
     ... [--workload fetch]: small Fetch v11 requests with 1 in flight (request_bench's fetch, one ~170 B
     batch per answer) over records written first, instead of Produce requests
+    ... --raw --version V / --workload fetch --version V: the raw frames (produce) or the one-partition
+    fetch (as --partitions 1) at request version V (default 7 / 11; Fetch v13+ names the topic by its id)
     callgrind --workload fetch --partitions N [--data-partitions K]: each Fetch names N partitions of one
     topic, K of them (default N) with one batch to read per answer, the others at their high watermark
 
@@ -183,8 +185,9 @@ def _topic(c: LocalCluster, partitions: int = 1) -> str:
     return topic
 
 
-def _raw_produce(bootstrap: str, topic: str, partitions: int, count: int, max_s: float, seq: int = -1) -> int:
-    """``count`` Produce v7 requests (acks=1) each carrying ``partitions`` partitions x one 100 B record,
+def _raw_produce(bootstrap: str, topic: str, partitions: int, count: int, max_s: float, seq: int = -1,
+                 version: int = 7) -> int:
+    """``count`` Produce v``version`` requests (acks=1) each carrying ``partitions`` partitions x one 100 B record,
     one in flight over a raw socket (librdkafka sends one partition per request) -> requests answered
     without error. The same frame every time (the broker stamps its own receive buffer), unless ``seq``
     >= 0: then idempotent batches (producer id 1, epoch 0) at sequences ``seq``, ``seq`` + 1, ... (each
@@ -199,7 +202,7 @@ def _raw_produce(bootstrap: str, topic: str, partitions: int, count: int, max_s:
     batch = b.build()
     body = {"transactional_id": None, "acks": 1, "timeout_ms": 30000, "topic_data": [
         {"name": topic, "partition_data": [{"index": p, "records": batch} for p in range(partitions)]}]}
-    frame = api.encode_request(0, 7, 1, "kbroker-perf-request", body)
+    frame = api.encode_request(0, version, 1, "kbroker-perf-request", body)
     if seq >= 0:
         from kbroker._native.crc import crc32c
         frame = bytearray(frame)
@@ -219,7 +222,7 @@ def _raw_produce(bootstrap: str, topic: str, partitions: int, count: int, max_s:
             s.sendall(frame)
             head = s.recv(4, socket.MSG_WAITALL)
             data = s.recv(struct.unpack(">i", head)[0], socket.MSG_WAITALL)
-            _cid, resp = api.decode_response(0, 7, data)
+            _cid, resp = api.decode_response(0, version, data)
             if all(p["error_code"] == 0 for t in resp["responses"] for p in t["partition_responses"]):
                 ok += 1
             if time.monotonic() > deadline:
@@ -313,8 +316,9 @@ def _fill_partitions(c: LocalCluster, topic: str, parts: int, count: int) -> Non
 
 
 def _fetch_partitions(c: LocalCluster, topic: str, parts: int, data_parts: int, count: int, warmup: int,
-                      max_s: float) -> int:
-    """``warmup`` then ``count`` Fetch v11 requests (1 in flight) each naming partitions 0..parts-1: the
+                      max_s: float, version: int = 0) -> int:
+    """``warmup`` then ``count`` Fetch requests (v11, or ``version``; v13+ by the topic's id; 1 in flight)
+    each naming partitions 0..parts-1: the
     first ``data_parts`` (filled by ``_fill_partitions``) at the next offset, one batch each (partition
     limit 1.5 batches: the first partition's batch whole as KIP-74, each later one's within its limit),
     the others at their high watermark (empty rows, as most partitions of a consumer's fetch).
@@ -324,16 +328,19 @@ def _fetch_partitions(c: LocalCluster, topic: str, parts: int, data_parts: int, 
     from .request_bench import FETCH_VERSION
 
     b = c.brokers[0]
+    version = version or FETCH_VERSION
     sock = H.connect("127.0.0.1", b.port, timeout=max_s)
     head = bytearray(4)
+    topic_id = _topic_id(f"127.0.0.1:{b.port}", topic) if version >= 13 else None
 
     def frame(corr: int, offset: int, limit: int) -> bytes:
-        return encode_request(1, FETCH_VERSION, corr, "kbroker-perf-request", {
+        return encode_request(1, version, corr, "kbroker-perf-request", {
             "replica_id": -1, "max_wait_ms": 500, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0,
             "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "",
-            "topics": [{"topic": topic, "partitions": [{
+            "topics": [{"topic": topic, "topic_id": topic_id, "partitions": [{
                 "partition": k, "current_leader_epoch": -1, "fetch_offset": offset if k < data_parts else 0,
-                "log_start_offset": -1, "partition_max_bytes": limit} for k in range(parts)]}]})
+                "last_fetched_epoch": -1, "log_start_offset": -1, "partition_max_bytes": limit}
+                for k in range(parts)]}]})
 
     def answer(corr: int) -> list:
         resp = H.recv_frame(sock, head)
@@ -342,7 +349,7 @@ def _fetch_partitions(c: LocalCluster, topic: str, parts: int, data_parts: int, 
         return resp
 
     def check(resp, offset: int) -> None:
-        _, body = decode_response(1, FETCH_VERSION, memoryview(resp))
+        _, body = decode_response(1, version, memoryview(resp))
         rows = body["responses"][0]["partitions"]
         got = [(r["error_code"], [(x.base_offset, x.record_count) for x in iter_batches(r["records"] or b"")])
                for r in rows]
@@ -353,7 +360,7 @@ def _fetch_partitions(c: LocalCluster, topic: str, parts: int, data_parts: int, 
 
     try:
         sock.sendall(frame(0, 0, 1))
-        _, body = decode_response(1, FETCH_VERSION, memoryview(answer(0)))
+        _, body = decode_response(1, version, memoryview(answer(0)))
         size = len(body["responses"][0]["partitions"][0]["records"] or b"")
         if not size:
             raise RuntimeError("fetch profile: partition 0 holds no batch")
@@ -374,21 +381,38 @@ def _fetch_partitions(c: LocalCluster, topic: str, parts: int, data_parts: int, 
     return count
 
 
+def _topic_id(bootstrap: str, topic: str) -> bytes:
+    """The topic's id (Metadata v12)."""
+    import socket
+    import struct
+
+    from kbroker.protocol import api
+    host, port = bootstrap.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=60) as s:
+        s.sendall(api.encode_request(3, 12, 1, "kbroker-perf-request", {"topics": [{"name": topic,
+                                                                                   "topic_id": bytes(16)}]}))
+        head = s.recv(4, socket.MSG_WAITALL)
+        _cid, resp = api.decode_response(3, 12, s.recv(struct.unpack(">i", head)[0], socket.MSG_WAITALL))
+    return bytes(resp["topics"][0]["topic_id"])
+
+
 def _instrument(state: str, pid: int) -> None:
     subprocess.run([shutil.which("callgrind_control"), "-i", state, str(pid)], check=True, capture_output=True,
                    timeout=120)
 
 
-def _what(workload: str, partitions: int = 1, raw: bool = False, data_parts: int = 1, acks: str = "1") -> str:
+def _what(workload: str, partitions: int = 1, raw: bool = False, data_parts: int = 1, acks: str = "1",
+          version: int = 0) -> str:
     if workload == "fetch":
+        v = version or 11
         if partitions > 1:
-            return (f"small Fetch v11 requests naming {partitions} partitions, 1 in flight ({data_parts} of them "
+            return (f"small Fetch v{v} requests naming {partitions} partitions, 1 in flight ({data_parts} of them "
                     f"with one ~170 B batch each per answer"
                     + (", the others at their high watermark)" if data_parts < partitions else ")"))
-        return "small Fetch v11 requests, 1 in flight (one ~170 B batch per answer)"
+        return f"small Fetch v{v} requests, 1 in flight (one ~170 B batch per answer)"
     if partitions > 1 or raw:
-        return (f"Produce v7 requests of {partitions} partitions x one 100 B record (acks=1, 1 in flight, "
-                "raw socket)")
+        return (f"Produce v{version or 7} requests of {partitions} partitions x one 100 B record (acks=1, 1 in "
+                "flight, raw socket)")
     if acks != "1":
         return ("one-record Produce requests (acks=all, 1 in flight: each answered once both followers "
                 "fetched it, two follower fetches per request)")
@@ -473,7 +497,7 @@ def pyspy(out: Path, requests: int, seconds: float, workload: str = "produce") -
 
 def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = False, depth: int = 1,
               partitions: int = 1, raw: bool = False, data_parts: int = 0, idempotent: bool = False,
-              acks: str = "1", env: dict | None = None, acls: int = 0) -> str:
+              acks: str = "1", env: dict | None = None, acls: int = 0, version: int = 0) -> str:
     vg, ctl, ann = shutil.which("valgrind"), shutil.which("callgrind_control"), shutil.which("callgrind_annotate")
     if not (vg and ctl and ann):
         raise SystemExit("valgrind (with callgrind_control, callgrind_annotate) is not installed")
@@ -484,7 +508,8 @@ def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = F
             + (f"-{partitions}p" if workload == "produce" and (partitions != 1 or raw) else "")
             + ("-idempotent" if workload == "produce" and idempotent else "")
             + (f"-p{partitions}d{data_parts}" if workload == "fetch" and partitions > 1 else "")
-            + (f"-acls{acls}" if acls else ""))
+            + (f"-acls{acls}" if acls else "")
+            + (f"-v{version}" if version else ""))
     for old in out.glob(f"{name}.out*"):
         old.unlink()
     cg_out = out / f"{name}.out"
@@ -499,13 +524,14 @@ def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = F
                 _seed_acls(c, topic, acls)
             if workload == "produce" and (partitions > 1 or raw or idempotent):
                 # warm-up, not instrumented (idempotent: the new producer id's first batch among them)
-                _raw_produce(c.bootstrap, topic, partitions, 500, 600, 0 if idempotent else -1)
+                _raw_produce(c.bootstrap, topic, partitions, 500, 600, 0 if idempotent else -1, version or 7)
                 _instrument("on", pid)
-                n = _raw_produce(c.bootstrap, topic, partitions, requests, 900, 500 if idempotent else -1)
+                n = _raw_produce(c.bootstrap, topic, partitions, requests, 900, 500 if idempotent else -1,
+                                 version or 7)
                 _instrument("off", pid)
-            elif workload == "fetch" and partitions > 1:
+            elif workload == "fetch" and (partitions > 1 or version):
                 _fill_partitions(c, topic, data_parts, requests + 210)
-                n = _fetch_partitions(c, topic, partitions, data_parts, requests, 200, 1800)
+                n = _fetch_partitions(c, topic, partitions, data_parts, requests, 200, 1800, version)
             elif workload == "produce" and acks != "1":
                 n = _acks_all_one_in_flight(c, topic, requests, pid, ctl)
             elif workload == "produce":
@@ -540,7 +566,8 @@ def callgrind(out: Path, requests: int, workload: str = "produce", rf3: bool = F
     incl_t = subprocess.run([ann, "--inclusive=yes", "--threshold=99", str(outs[0])], capture_output=True,
                             text=True, timeout=300).stdout
     n = max(1, n)
-    head = (f"callgrind of the broker while it served {n:,} {_what(workload, partitions, raw or idempotent, data_parts, acks)}"
+    head = (f"callgrind of the broker while it served {n:,} "
+            f"{_what(workload, partitions, raw or idempotent, data_parts, acks, version)}"
             + (" (idempotent: producer id 1, each batch the next sequence)" if idempotent else "")
             + (" as the leader of an RF=3 partition (followers running, not profiled)" if rf3 else "")
             + (f" ({depth} in flight, not 1)" if depth != 1 else "")
@@ -1048,6 +1075,9 @@ def main(argv=None) -> int:
     ap.add_argument("--data-partitions", type=int, default=0,
                     help="callgrind --workload fetch --partitions N: how many of them have a batch to read in "
                          "every answer (default all N; the others sit at their high watermark)")
+    ap.add_argument("--version", type=int, default=0,
+                    help="callgrind: the request version (--raw produce frames, default 7; --workload fetch, "
+                         "default 11: the one-partition fetch as --partitions 1)")
     ap.add_argument("--batches", type=int, default=1024, help="capacity: Produce requests per run (~512 KiB each)")
     ap.add_argument("--rounds", type=int, default=3, help="capacity: interleaved broker/sink rounds")
     ap.add_argument("--variant", action="append", help="capacity: a broker to run side by side, "
@@ -1077,7 +1107,7 @@ def main(argv=None) -> int:
     else:
         env = dict(kv.split("=", 1) for kv in a.broker_env.split(",") if kv) if a.broker_env else None
         text = callgrind(out, a.requests or 3_000, a.workload, a.rf3, a.depth, a.partitions, a.raw,
-                         a.data_partitions, a.idempotent, a.acks, env, a.acls)
+                         a.data_partitions, a.idempotent, a.acks, env, a.acls, a.version)
     print(text)
     H.progress(f"{a.tool} done in {time.monotonic() - t0:.0f} s; output in {out}")
     return 0

@@ -187,7 +187,7 @@ class ReplicaManager:
         self.fast_fetch_handler = FastFetch(reference_path, self._fast_rearm, self._fast_leaders,
                                             self.broker.metrics.bytes_out, self.broker.config.values,
                                             segment.read_blocks, self.broker_id, self.logs.topic_configs,
-                                            self._complete, self.broker.metrics)
+                                            self._complete, self.broker.metrics, self.broker.metadata.topic_ids)
         self._fast_refresh_all()
         return self.fast_fetch_handler
 

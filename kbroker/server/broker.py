@@ -50,7 +50,6 @@ from ..coordinator.transaction.coordinator import TransactionCoordinator  # noqa
 class Broker:
     def __init__(self, config: BrokerConfig):
         self.config = config
-        apis.advertise_newest(config.get("kbroker.protocol.flexible.data.versions.enable"))
         self.broker_id = config.broker_id
         self.cluster_id: str | None = None
         self.metadata = MetadataCache()
@@ -152,7 +151,7 @@ class Broker:
             frame_timeout_ms=cfg.get("kbroker.socket.request.frame.timeout.ms"),
             authorizing=self.authorizer is not None,
             quotas=self.quotas,
-            # Produce v3-8 and Fetch v4-11 parsed and answered natively (same policy as the table's
+            # Produce v3-11 and Fetch v4-17 parsed and answered natively (same policy as the table's
             # handlers: kbroker/server/apis/produce.py, fetch.py).
             # The common one-partition Produce is served without a Python frame (ReplicaManager.fast_produce).
             native_handlers={int(api.ApiKey.PRODUCE): self.replica_manager.fast_produce(

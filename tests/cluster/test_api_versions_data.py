@@ -19,8 +19,6 @@ ZERO_ID = bytes(16)
 TOPIC = "data-t"
 # Three batches of 3 records, timestamps T0.., with the largest timestamp in the middle batch's last record.
 STAMPS = [T0, T0 + 50, T0 + 20]
-# Produce v9-11 and Fetch v12-17 are advertised only with this key (served by the reference path)
-NEWEST_ON = {"kbroker.protocol.flexible.data.versions.enable": "true"}
 
 
 def _produce(raw, topic, partition, buf):
@@ -33,7 +31,7 @@ def _produce(raw, topic, partition, buf):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    with LocalCluster(tmp_path_factory.mktemp("data-versions"), brokers=1, overrides=NEWEST_ON) as c:
+    with LocalCluster(tmp_path_factory.mktemp("data-versions"), brokers=1) as c:
         create_topic(c.bootstrap, TOPIC, 2)
         with RawConn(c.bootstrap) as raw:
             for ts in STAMPS:
@@ -52,12 +50,11 @@ def test_ranges_are_kafka_39s():
         K.LIST_OFFSETS: (0, 9), K.METADATA: (0, 12)}
 
 
-def test_newest_produce_and_fetch_advertised_with_the_key(cluster):
+def test_newest_produce_and_fetch_advertised(cluster):
     with RawConn(cluster.bootstrap) as raw:
         r = raw.request(K.API_VERSIONS, 3, {"client_software_name": "t", "client_software_version": "1"})
     got = {k["api_key"]: (k["min_version"], k["max_version"]) for k in r["api_keys"]}
-    assert (got[K.PRODUCE], got[K.FETCH]) == ((0, 11), (0, 17))
-    assert (_range(K.PRODUCE), _range(K.FETCH)) == ((0, 8), (0, 11))      # without it (TABLE)
+    assert (got[K.PRODUCE], got[K.FETCH]) == ((0, 11), (0, 17)) == (_range(K.PRODUCE), _range(K.FETCH))
 
 
 @pytest.mark.parametrize("version", range(6))
@@ -243,7 +240,7 @@ def test_produce_every_version(cluster, version):
 def test_not_leader_answers_name_the_leader(tmp_path_factory):
     """KIP-951: Produce v10+ and Fetch v16+ sent to a broker that does not lead the partition name the
     leader (tagged current_leader) and its address (tagged node_endpoints); older versions do not."""
-    with LocalCluster(tmp_path_factory.mktemp("kip951"), brokers=2, overrides=NEWEST_ON) as c:
+    with LocalCluster(tmp_path_factory.mktemp("kip951"), brokers=2) as c:
         create_topic(c.bootstrap, "led", 1)
         with RawConn(c.bootstrap) as raw:
             t = raw.request(K.METADATA, 12, {"topics": [{"name": "led", "topic_id": ZERO_ID}]})["topics"][0]

@@ -1,7 +1,8 @@
 """The native request path against the pure-Python reference.
 
-Three levels, the same seeded request generator for all (valid Produce v3-8 and Fetch v4-11 requests
-built with kbroker.protocol, plus truncated, byte-flipped and length-mutated ones):
+Three levels, the same seeded request generator for all (valid Produce v3-11 and Fetch v4-17 requests
+built with kbroker.protocol, plus truncated, byte-flipped and length-mutated ones; Fetch v13+ names
+each topic by a stand-in id that ``_Client`` swaps for each broker's own id, both ways):
 1. parse: ``_native.request.parse_produce`` / ``parse_fetch`` and the generic codec
    (``parse_request_header`` + ``decode_request``) agree on every frame — the same fields, or both
    refuse it (ProtocolError);
@@ -17,6 +18,7 @@ The comparison helper is shown to catch a single differing byte and a close/answ
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import random
 import signal
@@ -103,7 +105,25 @@ def fetch_body(rng):
 
 def fetch_frame(rng, correlation, version=None) -> bytes:
     version = rng.choice(FETCH_VERSIONS) if version is None else version
-    return api.encode_request(FETCH, version, correlation, rng.choice(("diff", None)), fetch_body(rng))
+    return fetch_request(version, correlation, rng.choice(("diff", None)), fetch_body(rng))
+
+
+def stand_in_id(name: str) -> bytes:
+    """The 16 bytes a v13+ Fetch of these tests names topic ``name`` by (_Client puts the broker's id
+    of the topic in its place; a topic the broker lacks keeps it: an unknown id)."""
+    return hashlib.md5(name.encode()).digest()
+
+
+def fetch_request(version, correlation, client, body) -> bytes:
+    """A Fetch frame of any version from a body naming topics: v13+ by stand-in ids, v15+ with the
+    replica id in replica_state."""
+    if version >= 13:
+        body = dict(body, topics=[dict(t, topic_id=stand_in_id(t["topic"])) for t in body["topics"]],
+                    forgotten_topics_data=[dict(t, topic_id=stand_in_id(t["topic"]))
+                                           for t in body.get("forgotten_topics_data", [])])
+    if version >= 15:
+        body = dict(body, replica_state={"replica_id": body.get("replica_id", -1), "replica_epoch": -1})
+    return api.encode_request(FETCH, version, correlation, client, body)
 
 
 def mutate(rng, frame: bytes) -> bytes:
@@ -125,6 +145,19 @@ def mutate(rng, frame: bytes) -> bytes:
     return struct.pack(">i", len(body)) + bytes(body)
 
 
+def mutate_fetch(rng, frame: bytes) -> bytes:
+    """``mutate`` of a Fetch frame, again while the result is a valid Fetch that waits longer than 1 s (a
+    long poll of up to 2^31 ms on both brokers: a lost request to the comparison, not a difference)."""
+    while True:
+        out = mutate(rng, frame)
+        try:
+            hdr, pos = api.parse_request_header(memoryview(out)[4:])
+            if api.decode_request(hdr.api_key, hdr.api_version, memoryview(out)[4:], pos)["max_wait_ms"] <= 1000:
+                return out
+        except (ProtocolError, KeyError):
+            return out
+
+
 # ---- 1. parse -------------------------------------------------------------------------------------
 def _reference_parse(frame):
     header, pos = api.parse_request_header(frame)
@@ -144,17 +177,21 @@ def _native_parse(frame):
 def _reference_parse_fetch(frame):
     header, pos = api.parse_request_header(frame)
     b = api.decode_request(header.api_key, header.api_version, frame, pos)
-    return (header.api_key, header.api_version, header.correlation_id, header.client_id, b["replica_id"],
+    v = header.api_version
+    name = "topic_id" if v >= 13 else "topic"
+    return (header.api_key, header.api_version, header.correlation_id, header.client_id,
+            b["replica_state"]["replica_id"] if v >= 15 else b["replica_id"],
             b["max_wait_ms"], b["min_bytes"], b["max_bytes"], b["isolation_level"], b["session_id"],
             b["session_epoch"], b["rack_id"],
-            [(t["topic"], [(p["partition"], p["current_leader_epoch"], p["fetch_offset"], p["log_start_offset"],
-                            p["partition_max_bytes"]) for p in t["partitions"]]) for t in b["topics"]])
+            [(t[name], [(p["partition"], p["current_leader_epoch"], p["fetch_offset"], p["log_start_offset"],
+                         p["partition_max_bytes"]) for p in t["partitions"]]) for t in b["topics"]],
+            [(t[name], list(t["partitions"])) for t in b["forgotten_topics_data"]])
 
 
 def _native_parse_fetch(frame):
     r = native.parse_fetch(frame)
     return (r.api_key, r.api_version, r.correlation_id, r.client_id, r.replica_id, r.max_wait_ms, r.min_bytes,
-            r.max_bytes, r.isolation_level, r.session_id, r.session_epoch, r.rack_id, r.topics)
+            r.max_bytes, r.isolation_level, r.session_id, r.session_epoch, r.rack_id, r.topics, r.forgotten)
 
 
 def test_fetch_parse_agrees_with_reference():
@@ -279,8 +316,13 @@ def test_fetch_encode_agrees_with_reference(tmp_path):
                 rows.append((rng.choice(TOPICS), parts))
             code, cid = rng.choice((0, 0, 70)), rng.randint(-2**31, 2**31 - 1)
             inline_max = rng.choice((0, 4096, 1 << 30))
-            chunks, copied = native.encode_fetch_response(version, cid, code, rows, inline_max)
-            ref = api.encode_response(FETCH, version, cid, _as_dict((code, rows)))
+            ids = {name: stand_in_id(name) for name in TOPICS}
+            chunks, copied = native.encode_fetch_response(version, cid, code, rows, inline_max, ids)
+            body = _as_dict((code, rows))
+            if version >= 13:
+                for t in body["responses"]:
+                    t["topic_id"] = ids[t.pop("topic")]
+            ref = api.encode_response(FETCH, version, cid, body)
             assert _wire(chunks) == _wire(ref), i
             inlined = 0            # ranges below inline_max, while the response's copied total fits in it
             for _n, ps in rows:
@@ -312,18 +354,36 @@ def test_compare_sees_a_difference():
     assert [d[0] for d in compare(same, closed_instead)] == [0]
 
 
+ID_TOPICS = ("d0", "d1", "d2", "m4", "r0")     # the topics the tests create: v13+ fetches name them by id
+
+
 class _Client:
-    """One raw connection to a broker; reconnects after the broker closed it."""
+    """One raw connection to a broker; reconnects after the broker closed it. A v13+ Fetch's stand-in
+    ids (stand_in_id) are replaced by the broker's own topic ids in the request, and back in the answer."""
 
     def __init__(self, bootstrap):
         self.bootstrap = bootstrap
         self.conn = None
+        self.ids = {}           # stand-in -> this broker's id (None: the broker has no such topic)
+
+    def _swap(self, data: bytes, to_broker: bool) -> bytes:
+        for name in ID_TOPICS:
+            stand_in = stand_in_id(name)
+            if to_broker and stand_in in data and stand_in not in self.ids:
+                with RawConn(self.bootstrap, timeout=10) as c:
+                    t = c.request(METADATA, 12, {"topics": [{"name": name, "topic_id": bytes(16)}]})["topics"][0]
+                self.ids[stand_in] = bytes(t["topic_id"]) if t["error_code"] == 0 else None
+            real = self.ids.get(stand_in)
+            if real is not None:
+                data = data.replace(stand_in, real) if to_broker else data.replace(real, stand_in)
+        return data
 
     def run(self, frame: bytes, answered: bool):
         """-> ("answer", bytes) | ("closed",) | ("none",) (acks=0: no answer, connection still open)."""
         if self.conn is None:
             self.conn = RawConn(self.bootstrap, timeout=10)
         c = self.conn
+        frame = self._swap(frame, True)
         probe = api.encode_request(API_VERSIONS, 0, 0x7EADBEEF, "probe", {})
         try:
             # acks=0 requests are followed by a probe: its answer proves the request was taken
@@ -339,7 +399,7 @@ class _Client:
         if not answered:
             assert data[:4] == struct.pack(">i", 0x7EADBEEF), data[:8].hex()
             return ("none",)
-        return ("answer", data)
+        return ("answer", self._swap(data, False))
 
 
 def _requests(seed, n):
@@ -351,7 +411,7 @@ def _requests(seed, n):
         if i % 3 == 2:
             frame = fetch_frame(rng, i + 1)
             if rng.random() < 0.3:
-                frame = mutate(rng, frame)
+                frame = mutate_fetch(rng, frame)
             out.append((frame, True))
             continue
         if i % 10 == 9:      # a clean acks=0 request now and then (random ones mostly fail and close)
@@ -712,7 +772,7 @@ def _fill_requests(seed, n):
 
 
 def _fast_fetch_requests(seed, n, ends):
-    """Mostly the fast path's common request (one partition, any version 4-11) at offsets the fast
+    """Mostly the fast path's common request (one partition, any version 4-17) at offsets the fast
     path must judge: log start, inside the log, HW-1, HW, beyond; partition limits that cut between
     batches or below one; leader epochs current, older, newer; with malformed frames, followers,
     sessions, several partitions, a non-empty rack and long polls at the HW in between.
@@ -735,9 +795,9 @@ def _fast_fetch_requests(seed, n, ends):
                         "partition": index, "current_leader_epoch": rng.choice((-1, -1, 0, 0, 1)),
                         "fetch_offset": offset, "log_start_offset": -1,
                         "partition_max_bytes": rng.choice((1, 100, 150, 400, 1000, 1 << 20))}]}]}
-            frame = api.encode_request(FETCH, version, i + 1, rng.choice(("fast", None, "", "ü-client")), body)
+            frame = fetch_request(version, i + 1, rng.choice(("fast", None, "", "ü-client")), body)
         if rng.random() < 0.1:
-            frame = mutate(rng, frame)
+            frame = mutate_fetch(rng, frame)
         out.append((frame, True))
     return out
 
@@ -800,7 +860,7 @@ def _multi_fetch_requests(seed, n, ends):
     partition now and then twice): offsets with data, at the HW, past it, out of range, in a closed
     segment (d2); an unknown partition or topic; partition limits that cut between batches or below
     one; max_bytes used up part-way through; min_bytes met or not (long polls of 5 ms); any rack id;
-    versions 4-11. ``ends``: {(topic, partition): high watermark}. [(frame, answered)]"""
+    versions 4-17. ``ends``: {(topic, partition): high watermark}. [(frame, answered)]"""
     rng = random.Random(seed)
     tps = sorted(ends)
     out = []
@@ -832,9 +892,9 @@ def _multi_fetch_requests(seed, n, ends):
                 "isolation_level": rng.choice((0, 1)), "session_id": 0, "session_epoch": rng.choice((-1, 0)),
                 "forgotten_topics_data": [], "rack_id": rng.choice(("", "", "rack-a", "ü-rack")),
                 "topics": topics}
-        frame = api.encode_request(FETCH, version, i + 1, rng.choice(("fast", None, "ü-client")), body)
+        frame = fetch_request(version, i + 1, rng.choice(("fast", None, "ü-client")), body)
         if rng.random() < 0.05:
-            frame = mutate(rng, frame)
+            frame = mutate_fetch(rng, frame)
         out.append((frame, True))
     return out
 
@@ -928,7 +988,7 @@ def _follower_fetch(version, correlation, replica, max_wait, min_bytes, max_byte
     body = {"replica_id": replica, "max_wait_ms": max_wait, "min_bytes": min_bytes, "max_bytes": max_bytes,
             "isolation_level": 0, "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [],
             "rack_id": "", "topics": topics}
-    return api.encode_request(FETCH, version, correlation, "follower", body)
+    return fetch_request(version, correlation, "follower", body)
 
 
 def _isr(bootstrap, topic):
@@ -991,11 +1051,12 @@ def _follower_requests(seed, n):
                 pos[key] = offset
             parts.append(("r0" if rng.random() > 0.03 else "nope", index, rng.choice((-1, 0, 0, 0, 0, 1)), offset,
                           rng.choice((1, 100, 300, 1000, 1 << 20))))
-        version = rng.choice((11, 11, 11) + tuple(FETCH_VERSIONS))
+        # below v16: v16+'s leader hints (KIP-951) carry each broker's own port, which differ here
+        version = rng.choice((11, 11, 11) + tuple(v for v in FETCH_VERSIONS if v < 16))
         frame = _follower_fetch(version, c, replica, rng.choice((0, 0, 5)), rng.choice((0, 1, 1, 5000)),
                                 rng.choice((0x7FFFFFFF, 0x7FFFFFFF, 1000, 50)), parts)
         if rng.random() < 0.03:
-            frame = mutate(rng, frame)
+            frame = mutate_fetch(rng, frame)
         out.append((frame, True))
         # what the follower's next fetch asks for: the end of what it got (whole batches: any
         # offset in a batch is served from the batch's start, so its log end is simulated loosely)

@@ -59,7 +59,7 @@ def test_random_bytes_never_crash(data):
 
 
 @settings(max_examples=1500, deadline=None)
-@given(st.integers(min_value=4, max_value=11), st.binary(min_size=0, max_size=256))
+@given(st.integers(min_value=4, max_value=17), st.binary(min_size=0, max_size=256))
 def test_fetch_valid_header_random_body(version, body):
     _check_fetch(struct.pack(">hhih", 1, version, 1, 1) + b"c" + body)
 
@@ -73,7 +73,7 @@ def test_mutated_fetch_seeded():
 
 
 @settings(max_examples=1500, deadline=None)
-@given(st.integers(min_value=3, max_value=8), st.binary(min_size=0, max_size=256))
+@given(st.integers(min_value=3, max_value=11), st.binary(min_size=0, max_size=256))
 def test_valid_header_random_body(version, body):
     _check(struct.pack(">hhih", 0, version, 1, 1) + b"c" + body)
 

@@ -61,11 +61,9 @@ K = ApiKey
 TABLE: tuple[Api, ...] = (
     # Advertised from v0 (librdkafka 2.0 disables compression when Produce min > 0); requests below
     # api.PRODUCE_MIN_SERVED (v3, the first to carry magic-2 batches) get UNSUPPORTED_VERSION.
-    # Produce v9-11 / Fetch v12-17 (flexible) are served by the reference path only: advertised when
-    # kbroker.protocol.flexible.data.versions.enable is set (NEWEST below), so clients keep the native path.
-    Api(K.PRODUCE, 0, 8, produce.handle),
+    Api(K.PRODUCE, 0, 11, produce.handle),
     # v0-3 answers would need magic 0/1 message sets: each partition gets UNSUPPORTED_VERSION (fetch.py).
-    Api(K.FETCH, 0, 11, fetch.handle),
+    Api(K.FETCH, 0, 17, fetch.handle),
     Api(K.LIST_OFFSETS, 0, 9, fetch.handle_list_offsets),
     Api(K.METADATA, 0, 12, core.metadata),
     # Controller -> broker (ZooKeeper mode): the versions our controller sends.
@@ -142,17 +140,6 @@ def index(rows) -> dict[ApiKey, Api]:
 APIS: dict[ApiKey, Api] = index(TABLE)
 api.SUPPORTED.clear()
 api.SUPPORTED.update({row.key: (row.min_version, row.max_version) for row in TABLE})
-
-
-# The newest versions Kafka 3.9 serves of the APIs whose TABLE row stops at what the native path parses.
-NEWEST: dict[ApiKey, int] = {ApiKey.PRODUCE: 11, ApiKey.FETCH: 17}
-
-
-def advertise_newest(enabled: bool) -> None:
-    """At broker start: advertise (and accept) NEWEST's versions too, or only TABLE's."""
-    for key, newest in NEWEST.items():
-        row = APIS[key]
-        api.SUPPORTED[key] = (row.min_version, newest if enabled else row.max_version)
 
 
 def dispatch(broker) -> dict[int, Callable]:

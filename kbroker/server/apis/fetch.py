@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import time
 
 from ..._native.request import encode_fetch_response
@@ -27,6 +28,7 @@ from . import authz, leader_hints, offset_queries, replica_selector
 LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -1, -2, -3, -4, -5
 _DENIED = int(Errors.TOPIC_AUTHORIZATION_FAILED)
 _NOT_LEADER = Errors.NOT_LEADER_OR_FOLLOWER
+_UNKNOWN_ID = int(Errors.UNKNOWN_TOPIC_ID)
 
 
 # The API table's handlers (kbroker/server/apis/__init__.py).
@@ -167,11 +169,15 @@ def _row_dict(res):
 
 
 def handle_native(broker, conn, req):
-    """Fetch v4-11 parsed natively (kbroker._native.request.FetchRequest) -> the encoded response
+    """Fetch v4-17 parsed natively (kbroker._native.request.FetchRequest) -> the encoded response
     chunks, or a future of them (long poll). Same policy as ``fetch`` (``execute``); record
     ranges below the server's sendfile threshold are copied into the response so that small fetches
     leave in one write with the other responses of their read. A consumer's fetch answered at once
     (the common small fetch) is read and encoded here, without ``execute`` and ``_encode`` frames."""
+    if req.api_version >= 13 and req.ids is None:
+        _by_name(req, broker.metadata.topic_ids)
+    # v16+ rows refused as not led here name the current leader (KIP-951): the broker's metadata
+    encode = _encode if req.api_version < 16 else functools.partial(_encode, broker=broker)
     if req.recorded:
         # A follower's fetch the native path (ext/request.pyx _fetch_fast) checked and recorded
         # (record_follower_fetch's effect) with nothing to read: execute's long poll, nothing again.
@@ -180,20 +186,42 @@ def handle_native(broker, conn, req):
         refused = _refused(broker, conn, req)
         rows, size, errors = _read(broker, req, False, refused, conn)
         if size >= req.min_bytes or req.max_wait_ms <= 0 or errors:
-            return _encode(conn, req, (0, rows))
-        return _poll(broker, req, False, _encode, conn, refused)
-    out = execute(broker, req, _encode, conn, conn)
+            return encode(conn, req, (0, rows))
+        return _poll(broker, req, False, encode, conn, refused)
+    out = execute(broker, req, encode, conn, conn)
     if type(out) is tuple:
-        return _encode(conn, req, out)
+        return encode(conn, req, out)
     return out
 
 
-def _encode(conn, req, out):
-    if req.rack_id and any(len(res) > 7 for _name, parts in out[1] for res in parts):
-        # KIP-392 rows name a preferred read replica, which the native encoder leaves at -1
-        return api.encode_response(api.ApiKey.FETCH, req.api_version, req.correlation_id, _as_dict(out))
-    chunks, copied = encode_fetch_response(req.api_version, req.correlation_id, out[0], out[1],
-                                           conn.server.sendfile_min_bytes)
+def _by_name(req, topic_ids):
+    """v13+: the request's topics named (``req.topics``), ``req.ids`` {name: id} and ``req.unknown``
+    [(id, [partition, ...])] of the ids this broker does not know, as ``_Args`` resolves them."""
+    ids, unknown, known = {}, [], []
+    for tid, parts in req.topics:
+        name = topic_ids.get(tid)
+        if name is None:
+            unknown.append((tid, [p[0] for p in parts]))
+        else:
+            ids[name] = tid
+            known.append((name, parts))
+    req.topics, req.ids, req.unknown = known, ids, unknown
+
+
+def _encode(conn, req, out, broker=None):
+    version = req.api_version
+    if (req.rack_id and any(len(res) > 7 for _name, parts in out[1] for res in parts)) or \
+            (broker is not None and any(res[1] in leader_hints.FETCH_CODES for _name, parts in out[1] for res in parts)):
+        # KIP-392 rows name a preferred read replica, which the native encoder leaves at -1; KIP-951
+        # rows the current leader (v16+, ``broker`` given), a tagged field it does not write
+        body = _as_dict(out) if version < 13 else \
+            _as_dict_by_id(broker, getattr(conn, "listener_name", None), version, req, out)
+        return api.encode_response(api.ApiKey.FETCH, version, req.correlation_id, body)
+    rows = out[1]
+    if version >= 13 and req.unknown:
+        rows = rows + [(tid, [[p, _UNKNOWN_ID, -1, -1, -1, b""] for p in parts]) for tid, parts in req.unknown]
+    chunks, copied = encode_fetch_response(version, req.correlation_id, out[0], rows,
+                                           conn.server.sendfile_min_bytes, req.ids)
     if copied:
         conn.server.metrics.fetch_copy_bytes += copied
     return chunks

@@ -35,7 +35,7 @@ def handle(broker, conn, header, body):
 
 
 def handle_native(broker, conn, req):
-    """Produce v3-8 parsed natively (kbroker._native.request.ProduceRequest) -> the encoded response
+    """Produce v3-11 parsed natively (kbroker._native.request.ProduceRequest) -> the encoded response
     as [bytes], NO_RESPONSE, CLOSE, or an awaitable of one of them (acks=all). The same policy as
     ``produce`` (``execute``); only parsing and encoding differ, and tests/test_native_differential.py
     holds both to the same bytes."""
@@ -43,15 +43,24 @@ def handle_native(broker, conn, req):
     if out is NO_RESPONSE or out is CLOSE:
         return out
     if not isinstance(out, list):
-        return _encode_later(req.api_version, req.correlation_id, out)
-    return [encode_produce_response(req.api_version, req.correlation_id, out)]
+        return _encode_later(broker, conn, req.api_version, req.correlation_id, out)
+    return _encode(broker, conn, req.api_version, req.correlation_id, out)
 
 
-async def _encode_later(version, correlation_id, awaitable):
+def _encode(broker, conn, version, correlation_id, out):
+    """The answer rows encoded natively; v10+ rows that name the current leader (KIP-951's tagged
+    fields) through the reference encoder."""
+    if version >= 10 and any(res[1] in leader_hints.PRODUCE_CODES for _name, parts in out for res in parts):
+        return api.encode_response(api.ApiKey.PRODUCE, version, correlation_id,
+                                   _as_dict(out, (broker, getattr(conn, "listener_name", None))))
+    return [encode_produce_response(version, correlation_id, out)]
+
+
+async def _encode_later(broker, conn, version, correlation_id, awaitable):
     out = await awaitable
     if out is NO_RESPONSE or out is CLOSE:        # acks=0 whose appends were queued off the loop
         return out
-    return [encode_produce_response(version, correlation_id, out)]
+    return _encode(broker, conn, version, correlation_id, out)
 
 
 def fast_write_failed(broker, conn, leader, error, version, correlation_id, acks, timeout_ms, out, row, slots,
@@ -85,12 +94,12 @@ def fast_write_failed(broker, conn, leader, error, version, correlation_id, acks
     if rest:
         waits.append((rm.append_records(rest, acks, timeout_ms, source=conn), slots))
     if any(not isinstance(results, dict) for results, _slots in waits):
-        return _encode_later(version, correlation_id, _finish_all(broker, waits, out, acks))
+        return _encode_later(broker, conn, version, correlation_id, _finish_all(broker, waits, out, acks))
     for results, part in waits:
         _fill(broker, results, part)
     if acks == 0:
         return CLOSE
-    return [encode_produce_response(version, correlation_id, out)]
+    return _encode(broker, conn, version, correlation_id, out)
 
 
 def produce(broker, header, body, conn=None):
