@@ -1,5 +1,7 @@
 import pytest
 
+pytest_plugins = ["cpu_by_file"]       # --cpu-by-file=N (tests/support/cpu_by_file.py)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def shared_zookeeper(tmp_path_factory):
@@ -14,8 +16,10 @@ def shared_zookeeper(tmp_path_factory):
     try:
         yield shared
     finally:
+        from cpu_by_file import counted_apart
         testing.share_zookeeper(None)
-        shared.stop()
+        with counted_apart():
+            shared.stop()
 
 
 @pytest.fixture(scope="session")
@@ -31,8 +35,14 @@ def kafka_cluster(tmp_path_factory):
     Auto-created topics get 3 partitions. Fault tests start their own LocalCluster."""
     from kbroker.testing import LocalCluster
 
-    with LocalCluster(tmp_path_factory.mktemp("cluster"), brokers=1, num_partitions=3) as cluster:
+    cluster = LocalCluster(tmp_path_factory.mktemp("cluster"), brokers=1, num_partitions=3)
+    cluster.start()
+    try:
         yield cluster
+    finally:
+        from cpu_by_file import counted_apart
+        with counted_apart():
+            cluster.stop()
 
 
 @pytest.fixture
