@@ -16,10 +16,10 @@ cdef class SegmentState:
     the last index entry, whether an index is full, and the recent batches' (last offset, position)
     list that tail reads search. LogSegment keeps ``size`` and ``next_offset`` as its own attributes
     too (readers use them on every fetch); every native change writes both back to the owner. So
-    that a read the list cannot answer costs no call, the owner also holds ``_tail_floor`` (the last
-    offset before the list, INT64_MAX when it is empty) and ``_tail_start`` (its first position,
-    INT64_MAX when empty), rewritten when they change (after an empty list, and every
-    ``tail_batches`` appends when the older half is dropped).
+    that a read the list cannot answer costs no call, the owner also holds the list's bounds (the last
+    offset before the list and its first position, INT64_MAX when it is empty), set through its
+    ``set_tail_bounds`` when they change (after an empty list, and every ``tail_batches`` appends when
+    the older half is dropped).
 
     Index entries are added through the owner's OffsetIndex/TimeIndex objects (once per
     index.interval.bytes, so their Python cost is spread over many appends); ``index_full`` is a
@@ -103,13 +103,12 @@ cdef class SegmentState:
         return 0
 
     cdef int publish_tail(self) except -1:
-        owner = self.owner
+        # the owner's copy of the list's bounds (LogSegment.set_tail_bounds), rewritten only when they
+        # move: after an empty list and when the older half is dropped (once per tail_half appends)
         if self.tail_n:
-            owner._tail_floor = self.tail_floor
-            owner._tail_start = self.tail_pos[0]
+            self.owner.set_tail_bounds(self.tail_floor, self.tail_pos[0])
         else:
-            owner._tail_floor = _I64_MAX
-            owner._tail_start = _I64_MAX
+            self.owner.set_tail_bounds(_I64_MAX, _I64_MAX)
         return 0
 
     cdef int committed(self, int64_t position, int64_t n, int64_t last_offset,

@@ -1,5 +1,7 @@
 import pytest
 
+pytest_plugins = ["cpu_by_file"]       # --cpu-by-file=N (tests/support/cpu_by_file.py)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def shared_zookeeper(tmp_path_factory):
@@ -14,8 +16,10 @@ def shared_zookeeper(tmp_path_factory):
     try:
         yield shared
     finally:
+        from cpu_by_file import counted_apart
         testing.share_zookeeper(None)
-        shared.stop()
+        with counted_apart():
+            shared.stop()
 
 
 @pytest.fixture(scope="session")
@@ -31,8 +35,14 @@ def kafka_cluster(tmp_path_factory):
     Auto-created topics get 3 partitions. Fault tests start their own LocalCluster."""
     from kbroker.testing import LocalCluster
 
-    with LocalCluster(tmp_path_factory.mktemp("cluster"), brokers=1, num_partitions=3) as cluster:
+    cluster = LocalCluster(tmp_path_factory.mktemp("cluster"), brokers=1, num_partitions=3)
+    cluster.start()
+    try:
         yield cluster
+    finally:
+        from cpu_by_file import counted_apart
+        with counted_apart():
+            cluster.stop()
 
 
 @pytest.fixture
@@ -42,8 +52,7 @@ def bootstrap(kafka_cluster):
 
 # Timing-sensitive tests: on a busy machine they would measure the other workers, so scripts/test.sh
 # runs them alone, last (marker `serial`).
-SERIAL = ("tests/cluster/test_network_looplag.py",
-          "tests/cluster/test_event_loop_clients.py", "tests/unit/perf/test_latency_limiter.py",
+SERIAL = ("tests/cluster/test_network_looplag.py", "tests/unit/perf/test_latency_limiter.py",
           # event-loop stall bounds, idle percentage, replication throttle rates
           "tests/cluster/test_broker_fetch.py::test_huge_list_offsets_does_not_hold_the_loop",
           "tests/cluster/test_broker_fetch.py::test_huge_admin_requests_do_not_hold_the_loop",
@@ -59,11 +68,13 @@ SERIAL = ("tests/cluster/test_network_looplag.py",
           # quota rates held within 15%, a quota change applied within 1 s, a muted channel's duration
           "tests/cluster/test_quotas.py")
 
-# CPU-heavy tests that assert no timing: the benchmark tools' smoke runs and the Spark jobs (each a JVM
-# with its own worker threads). Spread over the four workers of the parallel run they took up to 3.5
-# times their time alone; scripts/test.sh runs them on two workers, a file each (marker `heavy`).
+# CPU-heavy tests that assert no timing: the benchmark tools' smoke runs, the Spark jobs (each a JVM
+# with its own worker threads) and the client round trips on the other event loop (a pytest run of its
+# own). Spread over the four workers of the parallel run they took up to 3.5 times their time alone;
+# scripts/test.sh runs them on two workers, a file each (marker `heavy`).
 HEAVY = ("tests/perf/", "tests/spark/test_spark_batch.py", "tests/spark/test_spark_jobs.py",
-         "tests/spark/test_spark_stream.py", "tests/spark/test_spark_txn")
+         "tests/spark/test_spark_stream.py", "tests/spark/test_spark_txn",
+         "tests/cluster/test_event_loop_clients.py")
 
 
 def pytest_addoption(parser):

@@ -181,6 +181,12 @@ class LogSegment:
         last_offsets = self._st.tail()[0][:len(positions)]
         self._st.set_tail(last_offsets + [0] * (len(positions) - len(last_offsets)), list(positions))
 
+    def set_tail_bounds(self, floor: int, start: int) -> None:
+        """The native state's recent-batch list changed: ``floor`` is the last offset before it and
+        ``start`` its first position (both INT64_MAX when the list is empty)."""
+        self._tail_floor = floor
+        self._tail_start = start
+
     @property
     def active(self) -> bool:
         return self._append_fd >= 0

@@ -14,7 +14,7 @@ import pytest
 from kbroker.fuzz import FUZZ_BROKER, Fuzzer, _answer_or_close, make_batch, mutate_bytes
 from kbroker.testing import LocalCluster
 
-CI_SECONDS = 60
+CI_SECONDS = 30
 RSS_BOUND_MIB = 256     # the broker's default pool is 400 MiB; fuzz frames are small, so growth stays far below
 
 

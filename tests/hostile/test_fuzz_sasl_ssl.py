@@ -19,7 +19,7 @@ from kbroker.security.sasl.scram import ScramCredential
 from kbroker.testing import LocalCluster, free_port
 from kbroker.zk.credentials import alter_user_config
 
-SECONDS = 30
+SECONDS = 20
 RSS_BOUND_MIB = 256
 MECHANISM, USER, PASSWORD = "SCRAM-SHA-512", "fuzzer", "fuzzer-pw"
 

@@ -8,6 +8,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# The JVMs of these tests (drivers, executors, standalone daemons) live for seconds to a minute and
+# move little data: JIT compilation by C2 and parallel GC threads cost more CPU than they save there.
+# C1 only and the serial collector change no Spark behaviour.
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+def jvm_env(env: dict) -> dict:
+    """``env`` with TEST_JVM_OPTIONS for every JVM started under it (the java launcher reads
+    JDK_JAVA_OPTIONS and notes it on stderr)."""
+    return dict(env, JDK_JAVA_OPTIONS=TEST_JVM_OPTIONS)
+
 
 def make_session(app: str, master: str = "local[2]", extra: dict | None = None):
     from kbroker.spark import ensure_python_env
@@ -26,7 +37,8 @@ def make_session(app: str, master: str = "local[2]", extra: dict | None = None):
              .config("spark.sql.shuffle.partitions", "2")
              .config("spark.driver.memory", "1g")
              .config("spark.sql.session.timeZone", "UTC")
-             .config("spark.python.worker.reuse", "true"))
+             .config("spark.python.worker.reuse", "true")
+             .config("spark.driver.extraJavaOptions", TEST_JVM_OPTIONS))
         for k, v in (extra or {}).items():
             b = b.config(k, v)
         return b.getOrCreate()

@@ -1,7 +1,7 @@
 """The kbroker Spark data source in batch mode against a real broker: reads equal confluent-kafka's
 for the same ranges (every column, headers included), writes land where Kafka's partitioner puts
-them, bad options fail naming the option. One SparkSession (local[2], task retries allowed) for
-the module."""
+them, bad options fail naming the option. The SparkSession is the `spark` fixture of
+tests/spark/conftest.py (local[2], task retries allowed)."""
 from __future__ import annotations
 
 import datetime
@@ -11,18 +11,9 @@ import uuid
 import pytest
 
 from checkers import murmur2_partition
-from spark_util import consume_all, create_topic, make_session, produce
+from spark_util import consume_all, create_topic, produce
 
 pytestmark = pytest.mark.timeout(600)
-
-
-@pytest.fixture(scope="module")
-def spark():
-    # local[2,2]: two cores, a failed task is retried once (the retry test needs that).
-    s = make_session("kbroker-batch-tests", master="local[2,2]",
-                     extra={"spark.sql.execution.arrow.maxRecordsPerBatch": "500"})
-    yield s
-    s.stop()
 
 
 def _topic(prefix):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kbroker.testing import free_port, wait_until
-from spark_util import create_topic, produce
+from spark_util import create_topic, jvm_env, produce
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(900)
@@ -25,7 +25,7 @@ def _env():
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
                SPARK_LOCAL_IP="127.0.0.1", PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    return env
+    return jvm_env(env)
 
 
 def test_bulk_load_to_parquet_with_count_check(bootstrap, tmp_path):

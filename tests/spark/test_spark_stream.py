@@ -23,10 +23,10 @@ HERE = Path(__file__).resolve().parent
 pytestmark = [pytest.mark.timeout(600)]
 
 
-def _start_driver(bootstrap, topic, checkpoint, out, max_offsets, slow, log):
+def _start_driver(bootstrap, topic, checkpoint, out, max_offsets, slow, slow_from, log):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.Popen([sys.executable, str(HERE / "spark_stream_driver.py"), bootstrap, topic,
-                             str(checkpoint), str(out), str(max_offsets), str(slow)],
+                             str(checkpoint), str(out), str(max_offsets), str(slow), str(slow_from)],
                             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
@@ -59,14 +59,14 @@ def test_driver_sigkill_and_task_failure_then_restart_exactly_once(bootstrap, tm
     import pyarrow.parquet as pq
     topic = f"sstream-{uuid.uuid4().hex[:8]}"
     create_topic(bootstrap, topic, 3)
-    n1 = produce(bootstrap, topic, ((i % 3, None, b"a%d" % i, None) for i in range(6000)))
+    n1 = produce(bootstrap, topic, ((i % 3, None, b"a%d" % i, None) for i in range(1500)))
     checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
     markers = out / "_markers"
     log_path = tmp_path / "driver.log"
     with open(log_path, "ab") as log:
-        # Run 1: ~300 offsets per micro-batch, 3 s of extra work per batch; SIGKILL once batch 2
+        # Run 1: ~300 offsets per micro-batch, 3 s of extra work in batch 2; SIGKILL once batch 2
         # has started (its offsets are logged, its output not committed).
-        proc = _start_driver(bootstrap, topic, checkpoint, out, 300, 3, log)
+        proc = _start_driver(bootstrap, topic, checkpoint, out, 300, 3, 2, log)
         try:
             wait_until(lambda: (markers / "started-2").exists() or proc.poll() is not None, timeout=240,
                        interval=0.2)
@@ -83,8 +83,9 @@ def test_driver_sigkill_and_task_failure_then_restart_exactly_once(bootstrap, tm
         from kbroker.spark.options import ClientConfig
         wait_until(lambda: wait_for_partitions(ClientConfig(bootstrap), topic) == 5, timeout=30)
         n2 = produce(bootstrap, topic, ((i % 5, None, b"b%d" % i, None) for i in range(1000)))
-        # Run 2: restart from the checkpoint, Trigger.AvailableNow runs to the end and stops.
-        proc = _start_driver(bootstrap, topic, checkpoint, out, 2000, 0, log)
+        # Run 2: restart from the checkpoint (batch 2 again, then two more), Trigger.AvailableNow runs
+        # to the end and stops.
+        proc = _start_driver(bootstrap, topic, checkpoint, out, 1000, 0, 0, log)
         try:
             assert proc.wait(300) == 0, log_path.read_text()[-3000:]
         finally:

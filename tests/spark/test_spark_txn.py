@@ -8,16 +8,9 @@ import uuid
 import confluent_kafka as ck
 import pytest
 
-from spark_util import create_topic, make_session
+from spark_util import create_topic
 
 pytestmark = pytest.mark.timeout(600)
-
-
-@pytest.fixture(scope="module")
-def spark():
-    s = make_session("kbroker-txn-tests", master="local[2]")
-    yield s
-    s.stop()
 
 
 def _txn(bootstrap, tid, topic, values, commit: bool | None):
