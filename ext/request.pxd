@@ -37,6 +37,7 @@ cdef class FetchRequest:
     cdef readonly int session_epoch
     # [(topic, [(partition, current_leader_epoch, fetch_offset, log_start_offset, partition_max_bytes)])]
     cdef readonly list topics
+    cdef readonly list forgotten            # forgotten_topics_data: [(topic, [partition, ...])]
     cdef readonly str rack_id
     # a follower's fetch whose positions the native path recorded (ReplicaManager.record_follower_fetch's
     # effect, nothing to read yet): the Fetch handler only long-polls it, recording nothing again

@@ -36,6 +36,7 @@ class FetchRequest:
     session_id: int
     session_epoch: int
     topics: list[tuple[str, list[tuple[int, int, int, int, int]]]]
+    forgotten: list[tuple[str, list[int]]] | None    # forgotten_topics_data (parse_fetch)
     recorded: bool          # a follower's fetch whose positions the native path recorded (long poll only)
     frame: bytes | None     # a recorded fetch's frame (FastFetch.reread)
     rack_id: str

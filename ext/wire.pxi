@@ -194,7 +194,8 @@ def parse_fetch(frame):
     """Parse a whole Fetch v4-11 request frame (size prefix removed). -> FetchRequest with
     ``topics`` = [(name, [(partition, current_leader_epoch, fetch_offset, log_start_offset,
     partition_max_bytes), ...]), ...] (-1 for fields a version lacks, as the codec's defaults).
-    forgotten_topics_data (v7+) is checked and dropped (we hand out no sessions); rack_id (v11) kept.
+    forgotten_topics_data (v7+) in ``forgotten`` = [(name, [partition, ...]), ...] (fetch sessions);
+    rack_id (v11) kept.
     Raises ProtocolError on malformed input or another API/version."""
     cdef _Reader r = _frame_reader(frame)
     cdef FetchRequest req = FetchRequest.__new__(FetchRequest)
@@ -237,13 +238,13 @@ def parse_fetch(frame):
             parts.append((partition, leader_epoch, fetch_offset, log_start, part_max))
         topics.append((name, parts))
     req.topics = topics
+    req.forgotten = []
     if version >= 7:
         n_topics = r.array_len(MIN_FORGOTTEN_TOPIC)
         for i in range(n_topics):
-            r.string(False)
+            name = r.string(False)
             n_parts = r.array_len(4)
-            r.need(4 * <Py_ssize_t>n_parts)
-            r.pos += 4 * <Py_ssize_t>n_parts
+            req.forgotten.append((name, [r.i32() for j in range(n_parts)]))
     req.rack_id = r.string(False) if version >= 11 else ""
     if r.pos != r.end:
         raise ProtocolError(f"FetchRequest v{version}: {r.end - r.pos} trailing bytes")
