@@ -196,9 +196,10 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
     follower = replica_id >= 0
     committed = not follower and isolation == 1
     if version >= 7:
-        if <int32_t>load_be32(<const char *>f + pos) != 0:       # a fetch session
-            return 0
         session_epoch = <int32_t>load_be32(<const char *>f + pos + 4)
+        # a fetch session (an id, or an epoch other than -1: 0 asks for one) is fetch.py's
+        if <int32_t>load_be32(<const char *>f + pos) != 0 or session_epoch != -1:
+            return 0
         pos += 8
     if flex:
         n_topics = _fuv(f, size, &pos) - 1

@@ -602,8 +602,8 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
            why="idempotent producers' state is kept until the log no longer holds their batches"),
     _known("producer.id.expiration.check.interval.ms", "int", 600000, at_least(1),
            why="idempotent producers' state is kept until the log no longer holds their batches"),
-    _known("max.incremental.fetch.session.cache.slots", "int", 1000, at_least(0),
-           why="fetch sessions (KIP-227) are not implemented: every fetch lists its partitions"),
+    # fetch sessions (KIP-227, server/fetch_sessions.py): how many the broker keeps at once
+    _impl("max.incremental.fetch.session.cache.slots", "int", 1000, at_least(0)),
     _known("metric.reporters", "list", []),
     _known("metrics.num.samples", "int", 2, at_least(1)),
     _known("metrics.sample.window.ms", "long", 30000, at_least(1)),

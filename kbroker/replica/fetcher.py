@@ -18,6 +18,14 @@ the leader's high watermark at its last fetch (Kafka's isReplicaInSync); the byt
 throttled partitions count against the quota. When only throttled partitions are left, the
 fetcher waits THROTTLE_WAIT_S and looks again.
 
+Fetch session (KIP-227, ``FetchSession`` below, as Kafka's follower keeps one per leader) when the
+follower fetches SESSION_MIN_PARTITIONS or more partitions from the leader: the first
+Fetch is full (session epoch 0) and the leader answers with a session id; later ones are incremental,
+naming only the partitions whose fetch fields changed (offset, log start, leader epoch) and those no
+longer fetched (parked, truncating, moved: ``forgotten_topics_data``), and the leader answers only the
+partitions with something new. FETCH_SESSION_ID_NOT_FOUND (e.g. the leader restarted) starts a new
+session; any other session error, or a failed connection, closes it and fetches in full again.
+
 Errors: connection failures back off replica.fetch.backoff.ms; FENCED_LEADER_EPOCH,
 UNKNOWN_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER park the partition for the backoff (a LeaderAndIsr
 will move it); OFFSET_OUT_OF_RANGE truncates again (or restarts the log at the leader's log start).
@@ -41,6 +49,63 @@ FETCH_VERSION = 11            # replica_id in the body, current_leader_epoch, no
 OFFSET_FOR_LEADER_EPOCH_VERSION = 3
 MAX_EPOCH_ROUNDS = 16
 THROTTLE_WAIT_S = 0.05
+# A follower with fewer partitions from a leader fetches sessionless: the leader's native path answers
+# such a fetch (records, positions, HW) without Python, cheaper than a session's Python bookkeeping; with
+# more, the session's incremental fetches (only what changed, both ways) cost the leader less.
+SESSION_MIN_PARTITIONS = 32
+
+
+class FetchSession:
+    """The follower's side of its fetch session with one leader: what the leader's session holds for
+    each partition (``sent``), and the id and epoch of the next request. Below ``min_partitions``
+    partitions the follower fetches sessionless (session epoch -1): the leader's native path serves
+    such a fetch for less than the session's bookkeeping costs it."""
+    __slots__ = ("id", "epoch", "sent", "min_partitions", "sessionless")
+
+    def __init__(self, min_partitions: int = 0):
+        self.id = 0
+        self.epoch = 0          # 0: the next fetch is full (and asks for a session)
+        self.sent: dict = {}    # tp -> (fetch_offset, current_leader_epoch, log_start_offset, max_bytes)
+        self.min_partitions = min_partitions
+        self.sessionless = False    # the request being answered had no session
+
+    def next(self, wanted: dict) -> tuple[dict, list, int, int]:
+        """The partitions to fetch (tp -> fields) -> (the ones this request lists, the ones it forgets,
+        its session id, its session epoch)."""
+        self.sessionless = len(wanted) < self.min_partitions
+        if self.sessionless:
+            sid, self.id, self.epoch, self.sent = self.id, 0, 0, {}
+            return wanted, [], sid, -1          # (an id with epoch -1 ends that session)
+        if self.epoch == 0:
+            self.sent = wanted
+            return wanted, [], self.id, 0
+        sent = self.sent
+        changed = {tp: f for tp, f in wanted.items() if sent.get(tp) != f}
+        forgotten = [tp for tp in sent if tp not in wanted]
+        self.sent = wanted
+        return changed, forgotten, self.id, self.epoch
+
+    def answered(self, error_code: int, session_id: int) -> bool:
+        """The answer's top-level error code and session id -> whether its partitions are to be used."""
+        if error_code:
+            if error_code == Errors.FETCH_SESSION_ID_NOT_FOUND:
+                self.id = 0
+            self.epoch = 0
+            return False
+        if self.sessionless:
+            pass
+        elif self.epoch == 0:
+            self.id = session_id
+            self.epoch = 1 if session_id else 0
+        elif session_id == 0:
+            self.id = self.epoch = 0        # the leader ended the session
+        else:
+            self.epoch = 1 if self.epoch == 0x7FFFFFFF else self.epoch + 1
+        return True
+
+    def close(self) -> None:
+        """After a failure: the next fetch is full, and ends the session the leader may still hold."""
+        self.epoch = 0
 
 
 class _State:
@@ -75,6 +140,7 @@ class ReplicaFetcher:
         self._wake = asyncio.Event()
         self._task = None
         self._conn = None
+        self.session = FetchSession(SESSION_MIN_PARTITIONS)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -128,6 +194,7 @@ class ReplicaFetcher:
                 raise
             except Exception as e:
                 log.warning("fetcher from broker %d: %s; retrying in %.1f s", self.source_id, e, backoff)
+                self.session.close()
                 self._close()
                 await asyncio.sleep(backoff)
 
@@ -207,10 +274,11 @@ class ReplicaFetcher:
         rm = self.rm
         quota = rm.follower_quota
         now = time.monotonic()
-        by_topic = {}
+        wanted = {}
         sent = {}
         throttled = set()
         held_back = False
+        max_bytes = rm.fetch_max_bytes
         for tp, s in self.partitions.items():
             if s.truncating or s.parked_until > now:
                 continue
@@ -224,20 +292,37 @@ class ReplicaFetcher:
                     continue
                 throttled.add(tp)
             lg = p.log
-            sent[tp] = (p, p.leader_epoch, lg.log_end_offset)
-            by_topic.setdefault(tp[0], []).append({
-                "partition": tp[1], "current_leader_epoch": p.leader_epoch, "fetch_offset": lg.log_end_offset,
-                "log_start_offset": lg.log_start_offset, "partition_max_bytes": rm.fetch_max_bytes})
+            leo = lg.log_end_offset
+            sent[tp] = (p, p.leader_epoch, leo)
+            wanted[tp] = (leo, p.leader_epoch, lg.log_start_offset, max_bytes)
         if not sent:
             return None if held_back else False
+        session = self.session
+        listed, forgotten, session_id, session_epoch = session.next(wanted)
+        by_topic = {}
+        for (t, i), (offset, epoch, start, most) in listed.items():
+            by_topic.setdefault(t, []).append({"partition": i, "current_leader_epoch": epoch, "fetch_offset": offset,
+                                               "log_start_offset": start, "partition_max_bytes": most})
+        gone = {}
+        for t, i in forgotten:
+            gone.setdefault(t, []).append(i)
         body = {"replica_id": rm.broker_id, "max_wait_ms": rm.fetch_wait_ms, "min_bytes": rm.fetch_min_bytes,
-                "max_bytes": rm.fetch_response_max_bytes, "isolation_level": 0, "session_id": 0,
-                "session_epoch": -1, "topics": [{"topic": t, "partitions": ps} for t, ps in by_topic.items()],
-                "forgotten_topics_data": [], "rack_id": ""}
-        _v, resp = await self._conn.send(FETCH, body, FETCH_VERSION,
-                                         timeout=(rm.fetch_wait_ms + rm.socket_timeout_ms) / 1000)
-        if resp.get("error_code"):
-            raise ConnectionError(f"fetch failed with error {resp['error_code']}")
+                "max_bytes": rm.fetch_response_max_bytes, "isolation_level": 0, "session_id": session_id,
+                "session_epoch": session_epoch, "topics": [{"topic": t, "partitions": ps} for t, ps in by_topic.items()],
+                "forgotten_topics_data": [{"topic": t, "partitions": ps} for t, ps in gone.items()], "rack_id": ""}
+        try:
+            _v, resp = await self._conn.send(FETCH, body, FETCH_VERSION,
+                                             timeout=(rm.fetch_wait_ms + rm.socket_timeout_ms) / 1000)
+        except BaseException:
+            session.close()     # the leader may or may not have taken this epoch
+            raise
+        code = resp.get("error_code") or 0
+        if not session.answered(code, resp.get("session_id") or 0):
+            if code in (Errors.FETCH_SESSION_ID_NOT_FOUND, Errors.INVALID_FETCH_SESSION_EPOCH,
+                        Errors.FETCH_SESSION_TOPIC_ID_ERROR):
+                log.info("fetcher from broker %d: fetch session error %d; fetching in full", self.source_id, code)
+                return True
+            raise ConnectionError(f"fetch failed with error {code}")
         for t in resp["responses"]:
             for r in t["partitions"]:
                 tp = (t["topic"], r["partition_index"])

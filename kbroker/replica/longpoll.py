@@ -101,3 +101,33 @@ def long_poll(notifier, tps, waiter, max_wait_s: float, read, enough, answer=Non
     result.add_done_callback(poll.dropped)
     waiter.add_done_callback(poll.attempt)
     return result
+
+
+class StandingWaiter:
+    """A waiter that stays on its notifier key: what AppendNotifier.appended does with a waiter
+    (``done()``, then ``set_result(None)``, the key's list dropped) registers this one again and calls
+    ``woken(tp)``. A fetch session (server/fetch_sessions.py) learns so of every append and high
+    watermark move of its partitions without registering a future per partition and poll; and the
+    native Produce path, which calls ``appended`` only for keys with waiters, keeps telling it."""
+    __slots__ = ("waiters", "key", "tp", "woken")
+
+    def __init__(self, waiters: dict, key, tp, woken):
+        self.waiters, self.key, self.tp, self.woken = waiters, key, tp, woken
+        waiters.setdefault(key, []).append(self)
+
+    def done(self) -> bool:
+        return False
+
+    def set_result(self, _result) -> None:
+        self.waiters.setdefault(self.key, []).append(self)
+        self.woken(self.tp)
+
+    def cancel(self) -> None:
+        lst = self.waiters.get(self.key)
+        if lst:
+            try:
+                lst.remove(self)
+            except ValueError:
+                pass
+            if not lst:
+                del self.waiters[self.key]

@@ -444,8 +444,9 @@ def _consume_all(c, port, topic, want):
 
     from kafka import KafkaConsumer
     from kafka import TopicPartition as KTP
+    # sessionless: a fetch session's fetches are Python's (tests/cluster/test_fetch_sessions.py)
     kc = KafkaConsumer(bootstrap_servers=c.bootstrap, enable_auto_commit=False, max_partition_fetch_bytes=256,
-                       consumer_timeout_ms=5000)
+                       consumer_timeout_ms=5000, enable_incremental_fetch_sessions=False)
     pairs = []
     with Fetches(port) as d:
         try:
@@ -499,8 +500,8 @@ def test_consumers_of_six_partitions_read_natively(single):
     """Each real client assigned all six partitions reads everything in order per partition, its
     multi-partition fetches served natively: more fast than reference for every client (before several
     partitions per Fetch were served, all of them took the reference path), confluent-kafka's with a rack id
-    (client.rack). The counts are printed: every client's fetches come with session_id 0 (kafka-python
-    asks for a session, epoch 0, and is told none: session_id 0 in every answer, so it stays sessionless)."""
+    (client.rack). The counts are printed. kafka-python runs without fetch sessions here (the native path
+    leaves a session's fetches to Python)."""
     c, port = single
     topic, want = spread_topic(c)
     counts = _consume_all(c, port, topic, want)

@@ -1,7 +1,8 @@
 """Fetch (long-poll, KIP-74, sendfile), ListOffsets and OffsetForLeaderEpoch.
 
-A Fetch answer lists every requested partition (sessionless clients such as kafka-python discard an
-answer that does not) and carries each partition's data as ``FileRegions`` into segment files: the
+A sessionless Fetch answer lists every requested partition (a client discards an answer that does not);
+a fetch session's (KIP-227: the cache in server/fetch_sessions.py, the policy in ``_session_fetch``) lists
+only what changed. An answer carries each partition's data as ``FileRegions`` into segment files: the
 network layer sends them with ``sendfile``. When less than ``min_bytes`` is available the request waits,
 without blocking anything else, until an append to one of its partitions or ``max_wait_ms``.
 """
@@ -21,6 +22,7 @@ from ...protocol.types import FileRegions
 from ...record import BatchError
 from ...replica.longpoll import long_poll
 from ...replica.partition import follower_key
+from .. import fetch_sessions as fs
 from . import authz, leader_hints, offset_queries, replica_selector
 
 # ListOffsets' special timestamps; earliest-local (KIP-405) and latest-tiered (KIP-1005) answer as a broker
@@ -29,6 +31,10 @@ LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -1, -2, -3, -4,
 _DENIED = int(Errors.TOPIC_AUTHORIZATION_FAILED)
 _NOT_LEADER = Errors.NOT_LEADER_OR_FOLLOWER
 _UNKNOWN_ID = int(Errors.UNKNOWN_TOPIC_ID)
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
 
 
 # The API table's handlers (kbroker/server/apis/__init__.py).
@@ -75,8 +81,8 @@ class _Args:
     maps the names of known ids back to them, ``unknown`` lists the request's topics whose id this broker
     does not know, (topic_id, [partition, ...]) each."""
 
-    __slots__ = ("replica_id", "max_wait_ms", "min_bytes", "max_bytes", "isolation_level", "session_id", "topics",
-                 "ids", "unknown", "api_version", "rack_id")
+    __slots__ = ("replica_id", "max_wait_ms", "min_bytes", "max_bytes", "isolation_level", "session_id",
+                 "session_epoch", "topics", "forgotten", "ids", "unknown", "api_version", "rack_id")
 
     def __init__(self, body, version=11, topic_ids=None):
         # v15+ carries the follower's id in replica_state (KIP-903)
@@ -86,11 +92,19 @@ class _Args:
         self.max_bytes = body.get("max_bytes", 0x7FFFFFFF)
         self.isolation_level = body.get("isolation_level", 0)
         self.session_id = body["session_id"]
+        self.session_epoch = body.get("session_epoch", -1)
         self.api_version = version
         self.rack_id = body.get("rack_id", "")
         self.ids = {}
         self.unknown = []
         topics = body["topics"]
+        # forgotten_topics_data (v7+): [(name, [partition, ...]), ...]; an unknown id forgets nothing
+        forgotten = body.get("forgotten_topics_data") or ()
+        if version >= 13:
+            self.forgotten = [(topic_ids[bytes(t["topic_id"])], t["partitions"]) for t in forgotten
+                              if bytes(t["topic_id"]) in topic_ids]
+        else:
+            self.forgotten = [(t["topic"], t["partitions"]) for t in forgotten]
         if version >= 13:
             known = []
             for t in topics:
@@ -134,8 +148,9 @@ def fetch(broker, header, body, conn=None):
 
 
 def _as_dict(out):
-    code, rows = out
-    return {"throttle_time_ms": 0, "error_code": code, "session_id": 0, "responses": [
+    """(error_code, rows[, session_id]) -> the response dict."""
+    code, rows = out[0], out[1]
+    return {"throttle_time_ms": 0, "error_code": code, "session_id": out[2] if len(out) > 2 else 0, "responses": [
         {"topic": name, "partitions": [_row_dict(res) for res in parts]} for name, parts in rows]}
 
 
@@ -146,7 +161,7 @@ def _as_dict_by_id(broker, listener, version, args, out):
     leaders = set()
     for t in body["responses"]:
         name = t.pop("topic")
-        t["topic_id"] = args.ids[name]
+        t["topic_id"] = args.ids[name]          # a session's topics not in this request: added by _answer_ids
         if version >= 16:
             for row in t["partitions"]:
                 if row["error_code"] in leader_hints.FETCH_CODES:
@@ -182,7 +197,7 @@ def handle_native(broker, conn, req):
         # A follower's fetch the native path (ext/request.pyx _fetch_fast) checked and recorded
         # (record_follower_fetch's effect) with nothing to read: execute's long poll, nothing again.
         return _poll_recorded(broker, req, conn)
-    if req.session_id == 0 and req.replica_id < 0:
+    if req.session_id == 0 and req.session_epoch == -1 and req.replica_id < 0:
         refused = _refused(broker, conn, req)
         rows, size, errors = _read(broker, req, False, refused, conn)
         if size >= req.min_bytes or req.max_wait_ms <= 0 or errors:
@@ -237,10 +252,16 @@ def execute(broker, req, answer=None, conn=None, refused_by=None):
     ``answer``) when the request long-polls: the long poll's answer is built (encoded, for the native
     path) in the poll's last callback, with no coroutine around it. (Passing ``conn`` rather than a
     closure over it: no function object is made for the fetches that are answered at once.)
-    ``refused_by``: the connection whose ACLs decide (the reference path has no ``conn``)."""
-    if req.session_id != 0:
-        # We never hand out fetch sessions (KIP-227 lets a broker answer every fetch in full).
-        return (int(Errors.FETCH_SESSION_ID_NOT_FOUND), [])
+    ``refused_by``: the connection whose ACLs decide (the reference path has no ``conn``).
+    A request with fetch session metadata (an id, or an epoch other than -1) is ``_session_fetch``'s,
+    which may encode its answer itself (with the session id); a tuple it returns is encoded by the caller."""
+    if req.session_id != 0 or req.session_epoch != fs.FINAL_EPOCH:
+        return _session_fetch(broker, req, answer, conn, refused_by)
+    return _execute(broker, req, answer, conn, refused_by)
+
+
+def _execute(broker, req, answer, conn, refused_by):
+    """``execute`` of a sessionless fetch: every partition listed is read and answered."""
     follower = req.replica_id >= 0
     refused = _refused(broker, refused_by, req)
     # A follower's fetch offset is its log end offset: the first read records it (HW and ISR
@@ -251,26 +272,245 @@ def execute(broker, req, answer=None, conn=None, refused_by=None):
     return _poll(broker, req, follower, answer, conn, refused)
 
 
-def _poll(broker, req, follower, answer, conn, refused=_NONE):
-    """``execute``'s long poll: less than min_bytes is available, no error, max_wait_ms > 0."""
+def _poll(broker, req, follower, answer, conn, refused=_NONE, finish=None):
+    """``execute``'s long poll: less than min_bytes is available, no error, max_wait_ms > 0.
+    ``finish(rows)`` -> the answer's (error_code, rows[, session_id]) (default: (0, rows))."""
     # Register for wake-ups now: the poll's first attempt runs only on a later loop turn, and an
     # append (or HW move) in between must not leave this fetch asleep for max_wait_ms.
     if follower:            # a follower waits for appends, a consumer for the high watermark
         tps = [follower_key(name, p[0]) for name, parts in req.topics for p in parts]
     else:
         tps = [(name, p[0]) for name, parts in req.topics for p in parts]
+    return _wait(broker.notifier, tps, req, lambda: _read(broker, req, False, refused, conn), finish, answer, conn)
+
+
+def _plain(rows):
+    return (0, rows)
+
+
+def _wait(notifier, tps, req, read, finish, answer, conn):
+    """A long poll of ``read()`` (-> rows, bytes, any error) woken by ``notifier``'s waiters on ``tps``,
+    answered with ``finish(rows)`` (encoded by ``answer`` as ``execute`` describes)."""
     min_bytes = req.min_bytes
+    if finish is None:
+        finish = _plain
     if answer is None:
         def done(res):
-            return (0, res[0])
+            return finish(res[0])
     elif conn is not None:
         def done(res):
-            return answer(conn, req, (0, res[0]))
+            return answer(conn, req, finish(res[0]))
     else:
         def done(res):
-            return answer((0, res[0]))
-    return long_poll(broker.notifier, tps, broker.notifier.waiter(tps), req.max_wait_ms / 1000,
-                     lambda: _read(broker, req, False, refused, conn), lambda res: res[1] >= min_bytes or res[2], done)
+            return answer(finish(res[0]))
+    return long_poll(notifier, tps, notifier.waiter(tps), req.max_wait_ms / 1000, read,
+                     lambda res: res[1] >= min_bytes or res[2], done)
+
+
+# ---- fetch sessions (KIP-227; the cache: server/fetch_sessions.py) ----------------------------------------
+
+def _sessions(broker) -> fs.FetchSessionCache:
+    """The broker's session cache, made at its first session fetch (sessions live as long as the
+    process: a restart loses them)."""
+    cache = getattr(broker, "fetch_sessions", None)
+    if cache is None:
+        cfg = broker.config
+        loop = asyncio.get_running_loop()
+        cache = broker.fetch_sessions = fs.FetchSessionCache(
+            cfg.get("max.incremental.fetch.session.cache.slots"), broker.notifier.waiters, loop,
+            cfg.get("replica.lag.time.max.ms") // 4)
+
+        def check():
+            cache.check_dormant(_now_ms())
+            loop.call_later(fs.DORMANT_MS / 2000, check)
+        loop.call_later(fs.DORMANT_MS / 2000, check)
+    return cache
+
+
+def _session_fetch(broker, req, answer, conn, refused_by):
+    """``execute`` for a request with session metadata: epoch -1 closes the session named (the fetch is
+    sessionless), epoch 0 is a full fetch that creates a session (closing the one named), any other
+    epoch an incremental fetch of the session named. The answer is encoded here (``answer``), or a
+    future of it; ``(error_code, rows, session_id)`` without ``answer``."""
+    cache = _sessions(broker)
+    sid, epoch = req.session_id, req.session_epoch
+    if epoch == fs.FINAL_EPOCH or epoch == fs.INITIAL_EPOCH:
+        if sid:
+            cache.remove(sid)
+        if epoch == fs.FINAL_EPOCH or cache.slots <= 0:
+            return _execute(broker, req, answer, conn, refused_by)
+        return _full_fetch(broker, cache, req, answer, conn, refused_by)
+    s = cache.get(sid)
+    if s is None:
+        return _respond(req, (int(Errors.FETCH_SESSION_ID_NOT_FOUND), [], 0), answer, conn)
+    if s.epoch != epoch:
+        return _respond(req, (int(Errors.INVALID_FETCH_SESSION_EPOCH), [], 0), answer, conn)
+    if s.uses_topic_ids != (req.api_version >= 13):
+        return _respond(req, (int(Errors.FETCH_SESSION_TOPIC_ID_ERROR), [], 0), answer, conn)
+    ids = getattr(req, "ids", None) or {}
+    for name, parts in req.topics:
+        for fields in parts:
+            s.add(name, fields, ids.get(name))
+    for name, indexes in req.forgotten or ():
+        for index in indexes:
+            s.drop((name, index))
+    if not s.parts:
+        # everything forgotten: the session ends, and the fetch is sessionless (of nothing)
+        cache.remove(sid)
+        return _respond(req, (0, [], 0), answer, conn)
+    now = _now_ms()
+    cache.touch(s, now)
+    s.epoch = fs.next_epoch(s.epoch)
+    if s.dormant:
+        s.resume()
+        s.swept_ms = now - s.sweep_ms       # its waiters were away: every partition is read
+    return _incremental_fetch(broker, s, req, answer, conn, refused_by, now)
+
+
+class _View:
+    """What ``_read`` and ``_refused`` take of a request, with the topics of a session's read."""
+    __slots__ = ("replica_id", "max_bytes", "isolation_level", "topics", "api_version", "rack_id")
+
+    def __init__(self, req, topics):
+        self.replica_id, self.max_bytes, self.isolation_level = req.replica_id, req.max_bytes, req.isolation_level
+        self.api_version, self.rack_id = req.api_version, req.rack_id
+        self.topics = topics
+
+
+def _respond(req, out, answer, conn):
+    """``out`` answered as ``execute``'s callers expect (a tuple when they encode it themselves)."""
+    if answer is None:
+        return out
+    if conn is not None:
+        return _with_session_id(answer(conn, req, out), req.api_version, out[2] if len(out) > 2 else 0)
+    return answer(out)
+
+
+def _session_answer(answer, conn):
+    """``answer`` for a session's long poll: the native encoding with the session id written in."""
+    if answer is None or conn is None:
+        return answer
+
+    def encode(conn, req, out):
+        return _with_session_id(answer(conn, req, out), req.api_version, out[2] if len(out) > 2 else 0)
+    return encode
+
+
+def _with_session_id(chunks, version, session_id):
+    """The native encoder (encode_fetch_response) writes session_id 0: the session's id replaces it
+    in the first chunk (after the size, correlation id, v12+ header tags, throttle time, error code)."""
+    if session_id and type(chunks) is list:
+        at = 15 if version >= 12 else 14
+        head = chunks[0]
+        chunks[0] = b"".join((head[:at], session_id.to_bytes(4, "big"), head[at + 4:]))
+    return chunks
+
+
+def _full_fetch(broker, cache, req, answer, conn, refused_by):
+    """Session epoch 0: read as a sessionless fetch; the answer creates the session (when the cache
+    has a slot) with every partition listed, remembering what the answer told the client."""
+    follower = req.replica_id >= 0
+    refused = _refused(broker, refused_by, req)
+    rows, size, errors = _read(broker, req, follower, refused, refused_by)
+    ids = getattr(req, "ids", None) or {}
+    n = sum(len(parts) for _name, parts in req.topics)
+
+    def finish(rows):
+        s = cache.create(follower, n, req.api_version >= 13, _now_ms())
+        if s is None:
+            return (0, rows, 0)
+        read = []
+        for name, parts in req.topics:
+            for fields in parts:
+                s.add(name, fields, ids.get(name))
+                read.append(s.parts[(name, fields[0])])
+        s.dirty.clear()                 # just read
+        s.metadata_updates = broker.metadata.updates
+        s.refused = refused
+        s.settle(read, rows, _bound(broker, follower), full=True)
+        return (0, rows, s.id)
+    if size >= req.min_bytes or req.max_wait_ms <= 0 or errors:
+        return _respond(req, finish(rows), answer, conn)
+    return _poll(broker, req, follower, _session_answer(answer, conn), conn, refused, finish)
+
+
+def _bound(broker, follower):
+    """The offset up to which a session's partition can be read now, from its answer row: a
+    follower's, the log end; a consumer's, the row's last stable offset (= HW unless read_committed)."""
+    if not follower:
+        return _row_bound
+    partitions = broker.replica_manager.partitions
+
+    def leo(cp, row):
+        p = partitions.get((cp.topic, cp.index))
+        return -1 if p is None else p.log.log_end_offset
+    return leo
+
+
+def _row_bound(cp, row):
+    return row[3]
+
+
+def _incremental_fetch(broker, s, req, answer, conn, refused_by, now):
+    """An incremental fetch of session ``s`` (updated by the request): reads the partitions it lists,
+    those told of an append / HW move and those left unread or in error (``FetchSession.candidates``;
+    every partition when the metadata or the refused topics changed, or the session's sweep is due);
+    the answer lists the partitions with something to say (FetchSession.settle)."""
+    follower = req.replica_id >= 0
+    expected = s.epoch
+    refused = _NONE
+    if broker.authorizer is not None:
+        refused = _refused(broker, refused_by, _View(req, [(name, ()) for name in s.names]))
+    updates = broker.metadata.updates
+    full = updates != s.metadata_updates or refused != s.refused or now - s.swept_ms >= s.sweep_ms
+    if full:
+        s.metadata_updates, s.refused, s.swept_ms = updates, refused, now
+    view = _View(req, [])
+    read = {}                           # tp -> CachedPartition read by this fetch (grows while it polls)
+    state = [full, True]                # [read every partition, record a follower's positions]
+    bound = _bound(broker, follower)
+
+    def read_once():
+        for cp in s.candidates(state[0]):
+            read[(cp.topic, cp.index)] = cp
+        state[0] = False
+        held = s.parts
+        parts = [cp for cp in read.values() if held.get((cp.topic, cp.index)) is cp]   # none dropped meanwhile
+        if len(parts) > 1:
+            parts.sort(key=fs.SEQ)
+        topics = view.topics = []
+        last = None
+        for cp in parts:
+            if cp.topic != last:
+                last = cp.topic
+                group = []
+                topics.append((last, group))
+            group.append(cp.request_fields())
+        record, state[1] = state[1] and follower, False
+        rows, size, errors = _read(broker, view, record, refused, refused_by)
+        return (rows, parts), size, errors
+
+    def finish(got):
+        rows, parts = got
+        if s.epoch != expected:         # another request of this session came meanwhile (Kafka's check)
+            return (int(Errors.INVALID_FETCH_SESSION_EPOCH), [], s.id)
+        rows = s.settle(parts, rows, bound)
+        if rows and getattr(req, "ids", None) is not None:
+            _answer_ids(req.ids, s, rows)
+        return (0, rows, s.id)
+    got, size, errors = read_once()
+    if size >= req.min_bytes or req.max_wait_ms <= 0 or errors:
+        return _respond(req, finish(got), answer, conn)
+    return _wait(s, None, req, read_once, finish, _session_answer(answer, conn), conn)
+
+
+def _answer_ids(ids, s, rows):
+    """v13+: the topic ids of the answer's topics the request did not name (a session's)."""
+    for name, prows in rows:
+        if name not in ids:
+            cp = s.parts.get((name, prows[0][0]))
+            if cp is not None and cp.topic_id is not None:
+                ids[name] = cp.topic_id
 
 
 def _poll_recorded(broker, req, conn):
