@@ -483,7 +483,8 @@ def test_broker_api_versions_cli_output(cluster):
         assert all(line.endswith(",") for line in body[:-1]) and not body[-1].endswith(",")
         keys = [int(line.split("(")[1].split(")")[0]) for line in body]
         assert keys == sorted(keys)
-        assert "\tProduce(0): 0 to 8 [usable: 8]," in body
+        assert "\tProduce(0): 0 to 11 [usable: 11]," in body
+        assert "\tFetch(1): 0 to 17 [usable: 17]," in body
         assert "\tDeleteRecords(21): 0 to 2 [usable: 2]," in body
         assert "\tOffsetDelete(47): 0 [usable: 0]," in body
         assert "\tDescribeCluster(60): 0 to 2 [usable: 2]," in body
