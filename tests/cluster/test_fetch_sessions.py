@@ -38,15 +38,31 @@ def topic_of(c, partitions):
 
 
 def fetch(conn, session_id, epoch, topics=(), forgotten=(), max_wait_ms=0, min_bytes=1, replica_id=-1,
-          timeout=30):
-    """``topics``: [(topic, [(partition, fetch_offset), ...])]; ``forgotten``: [(topic, [partition])]."""
+          timeout=30, version=V, ids=None):
+    """``topics``: [(topic, [(partition, fetch_offset), ...])]; ``forgotten``: [(topic, [partition])];
+    from v13 topics go by id (``ids``: {name: id})."""
+    def named(t):
+        return {"topic": t, "topic_id": ids[t]} if version >= 13 else {"topic": t}
     body = {"replica_id": replica_id, "max_wait_ms": max_wait_ms, "min_bytes": min_bytes, "max_bytes": 1 << 20,
             "isolation_level": 0, "session_id": session_id, "session_epoch": epoch,
-            "topics": [{"topic": t, "partitions": [
-                {"partition": p, "current_leader_epoch": -1, "fetch_offset": o, "log_start_offset": -1,
-                 "partition_max_bytes": 1 << 20} for p, o in parts]} for t, parts in topics],
-            "forgotten_topics_data": [{"topic": t, "partitions": list(ps)} for t, ps in forgotten], "rack_id": ""}
-    return conn.request(FETCH, V, body, timeout=timeout)
+            "topics": [dict(named(t), partitions=[
+                {"partition": p, "current_leader_epoch": -1, "fetch_offset": o, "last_fetched_epoch": -1,
+                 "log_start_offset": -1, "partition_max_bytes": 1 << 20} for p, o in parts]) for t, parts in topics],
+            "forgotten_topics_data": [dict(named(t), partitions=list(ps)) for t, ps in forgotten], "rack_id": ""}
+    resp = conn.request(FETCH, version, body, timeout=timeout)
+    if version >= 13:
+        names = {i: t for t, i in ids.items()}
+        for t in resp["responses"]:
+            t["topic"] = names[t["topic_id"]]
+    return resp
+
+
+def session_of(conn, version, topic):
+    """(fetch as ``version`` speaks it, {topic: id}): v17 names topics by the id Metadata v12 gives."""
+    ids = None
+    if version >= 13:
+        ids = {topic: conn.request(3, 12, {"topics": [{"name": topic, "topic_id": bytes(16)}]})["topics"][0]["topic_id"]}
+    return lambda conn, *a, **kw: fetch(conn, *a, version=version, ids=ids, **kw)
 
 
 def rows(resp):
@@ -55,10 +71,12 @@ def rows(resp):
             for t in resp["responses"] for p in t["partitions"]}
 
 
-def test_a_session_answers_only_what_changed_and_refuses_wrong_ids_and_epochs(single):
+@pytest.mark.parametrize("version", [V, 17])
+def test_a_session_answers_only_what_changed_and_refuses_wrong_ids_and_epochs(single, version):
     c = single
     topic = topic_of(c, 3)
     with RawConn(c.bootstrap, timeout=30) as conn:
+        fetch = session_of(conn, version, topic)
         full = fetch(conn, 0, 0, [(topic, [(0, 0), (1, 0), (2, 0)])])
         sid = full["session_id"]
         assert full["error_code"] == 0 and sid > 0
@@ -82,10 +100,12 @@ def test_a_session_answers_only_what_changed_and_refuses_wrong_ids_and_epochs(si
         assert fetch(conn, sid, 5)["error_code"] == Errors.FETCH_SESSION_ID_NOT_FOUND
 
 
-def test_forgotten_partitions_leave_the_session_and_the_last_one_ends_it(single):
+@pytest.mark.parametrize("version", [V, 17])
+def test_forgotten_partitions_leave_the_session_and_the_last_one_ends_it(single, version):
     c = single
     topic = topic_of(c, 2)
     with RawConn(c.bootstrap, timeout=30) as conn:
+        fetch = session_of(conn, version, topic)
         sid = fetch(conn, 0, 0, [(topic, [(0, 0), (1, 0)])])["session_id"]
         assert rows(fetch(conn, sid, 1, forgotten=[(topic, [0])])) == {}
         for p in (0, 1):

@@ -211,7 +211,8 @@ def handle_native(broker, conn, req):
 
 def _by_name(req, topic_ids):
     """v13+: the request's topics named (``req.topics``), ``req.ids`` {name: id} and ``req.unknown``
-    [(id, [partition, ...])] of the ids this broker does not know, as ``_Args`` resolves them."""
+    [(id, [partition, ...])] of the ids this broker does not know, and its forgotten topics named, as
+    ``_Args`` resolves them."""
     ids, unknown, known = {}, [], []
     for tid, parts in req.topics:
         name = topic_ids.get(tid)
@@ -221,6 +222,9 @@ def _by_name(req, topic_ids):
             ids[name] = tid
             known.append((name, parts))
     req.topics, req.ids, req.unknown = known, ids, unknown
+    if req.forgotten:
+        # forgotten_topics_data by id too (the list is the request's own): an unknown id forgets nothing
+        req.forgotten[:] = [(topic_ids[tid], parts) for tid, parts in req.forgotten if tid in topic_ids]
 
 
 def _encode(conn, req, out, broker=None):
