@@ -962,7 +962,10 @@ def test_rf3_leadership_moves_while_parked(three):
     with leader_conn(c, 0) as conn:
         wait_until(lambda: produce_raw(conn, topic, one(), acks=-1)["error_code"] == 0, 30, "broker 0 leads")
         wait_until(lambda: isr_of(c, topic) == [0, 1, 2], 60, "a full ISR")
-        admin = AdminClient({"bootstrap.servers": c.bootstrap})
+        # the admin knows only the controller: a bootstrap or metadata request to the paused broker
+        # would wait out librdkafka's socket timeout (60 s) past the election's 30 s
+        admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{c.brokers[controller].port}"})
+        assert admin.list_topics(timeout=10).controller_id == controller
         os.kill(c.brokers[2].pid, 19)           # SIGSTOP
         try:
             with Delta(ports[0]) as d:
