@@ -92,7 +92,12 @@ def test_isr_shrink_is_a_fenced_write_and_fails_waiters_below_min_isr(node):
         assert res[TP].error_code == Errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND
         state, version = node.zk.get_partition_state(*TP)
         assert state.isr == [0] and state.leader_epoch == 4 and version == 1 == p.partition_epoch
-        notes = node.zk.kazoo.get_children(L.ISR_CHANGE_NOTIFICATION)
+        # The waiters fail as soon as the shrink is written; the notification follows it.
+        for _ in range(200):
+            notes = node.zk.kazoo.get_children(L.ISR_CHANGE_NOTIFICATION)
+            if notes:
+                break
+            await asyncio.sleep(0.05)
         assert len(notes) == 1
         assert L.decode_partition_list(node.zk.kazoo.get(f"{L.ISR_CHANGE_NOTIFICATION}/{notes[0]}")[0]) == [TP]
         assert rm.isr_shrinks == 1 and rm.under_min_isr() == 1

@@ -104,7 +104,7 @@ class Loop:
         self.confirmed = {p: 0 for p in range(PARTITIONS)}   # offsets of the last confirmed commit
         self.next = dict(self.confirmed)                      # the consumer's position as we read
         self.txns = self.committed_txns = self.aborted_txns = self.fatal = 0
-        self.offsets_lost = 0
+        self.offsets_lost = self.consumer_errors = 0
         self.last_error = None
         self.before_commit = None     # run once inside the next transaction, before its EndTxn
         self._new_producer()
@@ -120,6 +120,17 @@ class Loop:
         self.cons.close()
         if self.prod is not None:
             self.prod.flush(10)
+
+    def describe(self) -> str:
+        """What the loop saw, for a failure message: the consumer's positions and errors, the group's offsets."""
+        tps = [ck.TopicPartition(SRC, p) for p in range(PARTITIONS)]
+        try:
+            committed = [tp.offset for tp in self.cons.committed(tps, 10)]
+        except ck.KafkaException as e:
+            committed = repr(e.args[0])
+        positions = [tp.offset for tp in self.cons.position(tps)]
+        return (f"positions {positions}, committed {committed}, {self.consumer_errors} consumer errors, "
+                f"last error {self.last_error}")
 
     def done(self, ends: dict) -> bool:
         return all(self.confirmed[p] >= ends[p] for p in ends)
@@ -137,7 +148,11 @@ class Loop:
 
     def one(self) -> bool:
         """One transaction (or nothing when no input came); True when it committed."""
-        msgs = [m for m in self.cons.consume(TXN_RECORDS, 0.5) if not m.error()]
+        got = self.cons.consume(TXN_RECORDS, 0.5)
+        msgs = [m for m in got if not m.error()]
+        self.consumer_errors += len(got) - len(msgs)
+        if len(msgs) < len(got):
+            self.last_error = next(m.error() for m in got if m.error())
         if not msgs:
             return False
         self.txns += 1
@@ -224,7 +239,7 @@ def test_consume_transform_produce_exactly_once_under_kill_9(cluster):
             deadline = time.monotonic() + 90
             while loop.committed_txns < target and not loop.done(ends):
                 assert time.monotonic() < deadline, (f"no progress {what}: {loop.committed_txns} < {target} "
-                                                    f"({loop.txns} transactions, {loop.fatal} fatal, {loop.last_error})")
+                                                    f"({loop.txns} transactions, {loop.fatal} fatal, {loop.describe()})")
                 loop.one()
             assert not loop.done(ends), f"the input ran out {what}: too few records for the fault schedule"
 
