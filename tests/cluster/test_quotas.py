@@ -180,6 +180,47 @@ def test_request_percentage_throttles_every_answer_that_can_say_so(cluster, zk):
         alter_entity(zk, None, "busy", {}, ["request_percentage"])
 
 
+def _list_offsets(n: int) -> tuple[int, int, dict]:
+    return 2, 4, {"replica_id": -1, "isolation_level": 0, "topics": [
+        {"name": "no-such-topic", "partitions": [{"partition_index": i, "current_leader_epoch": -1, "timestamp": -1}
+                                                  for i in range(n)]}]}
+
+
+# (API key, version, request body) of answers built in slices over loop turns and encoded on the heavy thread
+# (ListOffsets over 2,000 partitions, CreateTopics over 500 topics, DescribeConfigs over 20 resources),
+# and a ListOffsets over 256 KiB (decoded and answered off the loop as a whole)
+OFF_LOOP = {
+    "list_offsets_sliced": _list_offsets(2500),
+    "list_offsets_large_request": _list_offsets(20000),
+    "create_topics": (19, 4, {"topics": [{"name": f"never-{i}", "num_partitions": 1, "replication_factor": 1,
+                                       "assignments": [], "configs": []} for i in range(600)],
+                           "timeout_ms": 10000, "validate_only": True}),
+    "describe_configs": (32, 3, {"resources": [{"resource_type": 2, "resource_name": f"no-topic-{i}",
+                                             "configuration_keys": None} for i in range(200)],
+                              "include_synonyms": True, "include_documentation": False}),
+}
+
+
+@pytest.mark.parametrize("what", sorted(OFF_LOOP))
+def test_request_percentage_counts_answers_made_off_the_loop(cluster, zk, what):
+    """The handling time of an answer built over several loop turns and encoded on the heavy thread
+    counts in the request quota: a client sending only such requests under request_percentage=1 (10 ms
+    of handling per second; their first call on the loop takes microseconds) gets throttle_time_ms > 0.
+    Before, those answers skipped the quota and always said 0."""
+    key, version, body = OFF_LOOP[what]
+    client = f"offloop-{uuid.uuid4().hex[:6]}"
+    alter_entity(zk, None, client, {"request_percentage": "1"})
+
+    def throttle_ms():
+        with RawConn(cluster.bootstrap, timeout=30) as c:    # a fresh connection: never a muted one
+            c.send(api.encode_request(key, version, 7, client, body))
+            return api.decode_response(key, version, c.recv_frame(timeout=30))[1]["throttle_time_ms"]
+    try:
+        wait_until(lambda: throttle_ms() > 0, timeout=15, what=f"a throttled {what} answer")
+    finally:
+        alter_entity(zk, None, client, {}, ["request_percentage"])
+
+
 def test_producer_held_at_its_quota_beside_an_unthrottled_one(cluster):
     topic = f"pq-{uuid.uuid4().hex[:6]}"
     _configs(cluster, "--entity-type", "clients", "--entity-name", "throttled-producer", "--alter",
@@ -447,3 +488,4 @@ def test_broker_wide_connection_rate_delays_and_serves(rate_limited):
     assert all(ok for ok, _s in got), got
     assert spent >= 1.0, spent
     assert max(s for _ok, s in got) >= 0.15, got     # one of them waited its throttle time
+

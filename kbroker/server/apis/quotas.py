@@ -9,7 +9,10 @@
   path whenever any quota exists.
 - ``request_in``: a Produce's request bytes are recorded as it arrives (Kafka counts the request size).
 - ``answer_out``: as the answer leaves, the Fetch answer's size and the request's handling time
-  (percent of one thread, Kafka's request quota) are recorded; the answer carries the largest throttle
+  (percent of one thread, Kafka's request quota) are recorded. The handling time is the handler's call,
+  then, for a handler that awaits, each later step of it on the loop (``timed``: a sliced answer is built
+  over many turns), and the decoding and encoding done on the server's heavy thread for large requests
+  and answers (``offloop``, recorded as it ends); the answer carries the largest throttle
   time of the client's quotas in ``throttle_time_ms`` (every answer that has the field), and the
   connection is muted that long (KIP-219: the broker stops reading it; the answer itself goes out at
   once). A throttled Fetch answers no data, its bytes un-recorded, as Kafka does. Follower fetches and
@@ -29,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import time
 
 from ...protocol import api
 from ...protocol.errors import Errors
@@ -52,6 +56,35 @@ def _fetch_size(chunks, version: int) -> int:
     return size - 1 if api.RESPONSES[_FETCH].is_flexible(version) else size
 
 
+class _TimedSteps:
+    """Awaiting it runs the wrapped awaitable, its time between suspensions recorded in the quota."""
+
+    __slots__ = ("awaitable", "quota")
+
+    def __init__(self, awaitable, quota: Q.ClientQuota):
+        self.awaitable = awaitable
+        self.quota = quota
+
+    def __await__(self):
+        steps = self.awaitable.__await__()
+        send, error = None, None
+        while True:
+            t0 = time.perf_counter()
+            try:
+                out = steps.send(send) if error is None else steps.throw(error)
+            except StopIteration as done:
+                self.quota.record(Q.REQUEST, (time.perf_counter() - t0) * 100.0)
+                return done.value
+            except BaseException:
+                self.quota.record(Q.REQUEST, (time.perf_counter() - t0) * 100.0)
+                raise
+            self.quota.record(Q.REQUEST, (time.perf_counter() - t0) * 100.0)
+            try:
+                send, error = (yield out), None
+            except BaseException as e:     # noqa: BLE001 - thrown in (a cancellation): passed on to the steps
+                send, error = None, e
+
+
 class Throttling:
     def __init__(self, broker, manager: Q.QuotaManager):
         self.broker = broker
@@ -72,6 +105,20 @@ class Throttling:
     def request_in(quota: Q.ClientQuota, key: int, size: int) -> None:
         if key == _PRODUCE:
             quota.record(Q.PRODUCE, size)
+
+    @staticmethod
+    def timed(quota: Q.ClientQuota, slot, awaitable):
+        """``awaitable`` (a handler's answer to wait on) with the loop time of each of its steps
+        recorded in the request quota as it runs; the handler's first call is ``slot.local``."""
+        if slot.api_key in _EXEMPT or slot.follower or not quota.has(Q.REQUEST):
+            return awaitable
+        return _TimedSteps(awaitable, quota)
+
+    @staticmethod
+    def offloop(quota: Q.ClientQuota, slot, seconds: float) -> None:
+        """``seconds`` of decoding or encoding the request of ``slot`` on the heavy thread."""
+        if slot.api_key not in _EXEMPT and not slot.follower:
+            quota.record(Q.REQUEST, seconds * 100.0)
 
     @staticmethod
     def answer_out(conn, quota: Q.ClientQuota, slot, result):
