@@ -19,7 +19,10 @@
   the inter-broker, ApiVersions and SASL requests are exempt, as in Kafka.
 
 ``connections`` (kbroker/security/connection_quotas.py) are the KIP-612 connection creation rates the
-network server applies at accept: ``max.connection.creation.rate`` and the ``ips`` entities.
+network server applies at accept: ``max.connection.creation.rate``, ``listener.name.<l>.max.connection.
+creation.rate`` and the ``ips`` entities. The first two are dynamic broker configs (AlterConfigs of this
+broker or ``<default>``): ``apply_broker_configs`` follows /config/brokers as the broker's dynamic-config
+watcher reads it; per-broker value, else the cluster default, else server.properties.
 
 Quota configs are ZooKeeper's (zk/quotas.py): loaded at start, re-read for every ``users/...``,
 ``clients/...`` or ``ips/...`` change notification under /config/changes (the broker's config-change
@@ -34,6 +37,7 @@ import ipaddress
 import logging
 import time
 
+from ...config import BROKER_CONFIGS, LISTENER_PREFIX, ConfigError
 from ...protocol import api
 from ...protocol.errors import Errors
 from ...security import connection_quotas as CQ
@@ -47,6 +51,19 @@ _PRODUCE, _FETCH = 0, 1
 # Kafka answers these without throttling (inter-broker actions, the handshake and authentication).
 _EXEMPT = frozenset((4, 5, 6, 7, 17, 18, 27, 36))
 _ENTITY_TYPES = {"user": 0, "client-id": 1, "ip": 2}
+CONNECTION_RATE = "max.connection.creation.rate"
+
+
+def listener_rate_key(listener: str) -> str:
+    """Kafka's per-listener key of the connection creation rate (the listener name in lower case)."""
+    return f"{LISTENER_PREFIX}{listener.lower()}.{CONNECTION_RATE}"
+
+
+def is_listener_rate_key(key: str) -> bool:
+    if not key.startswith(LISTENER_PREFIX):
+        return False
+    listener, _, base = key[len(LISTENER_PREFIX):].partition(".")
+    return bool(listener) and base == CONNECTION_RATE
 
 
 def _fetch_size(chunks, version: int) -> int:
@@ -90,6 +107,7 @@ class Throttling:
         self.broker = broker
         self.manager = manager
         self.connections = CQ.ConnectionQuotas.from_config(broker.config.get)
+        self.apply_broker_configs({}, {})
         # as Kafka: the inter-broker listener is exempt from the broker-wide rate when it is not the only one
         cfg = broker.config
         self.protected_listener = cfg.inter_broker_listener.listener_name if len(cfg.listeners) > 1 else None
@@ -158,6 +176,29 @@ class Throttling:
         return result
 
     # ---- configs ---------------------------------------------------------------------------------
+    def apply_broker_configs(self, mine: dict[str, str], default: dict[str, str]) -> None:
+        """The connection creation rates of /config/brokers/<id> (``mine``) and <default> over the static
+        config; a value that does not parse keeps the one below it (logged)."""
+        cfg = self.broker.config
+        spec = BROKER_CONFIGS[CONNECTION_RATE]
+
+        def value(key, static):
+            text = mine.get(key, default.get(key))
+            if text is None:
+                return static
+            try:
+                return spec.parse(text)
+            except ConfigError as e:
+                log.warning("ignoring dynamic %s=%r: %s", key, text, e)
+                return static
+        listeners = {}
+        for e in cfg.listeners:
+            rate = value(listener_rate_key(e.listener_name),
+                         cfg.listener_overrides(e.listener_name).get(CONNECTION_RATE))
+            if rate is not None:
+                listeners[e.listener_name] = rate
+        self.connections.set_rates(value(CONNECTION_RATE, cfg.get(CONNECTION_RATE)), listeners)
+
     def start(self) -> None:
         """Every quota entity from ZooKeeper (worker thread; applied on the loop before it returns
         control to clients: the broker calls this before its listeners open)."""
