@@ -132,7 +132,7 @@ class Broker:
         watcher = self.replica_manager.throttle_watcher
         if watcher is not None:     # dynamic connection creation rates follow /config/brokers too
             watcher.on_reload.append(self.quotas.apply_broker_configs)
-            self.quotas.apply_broker_configs(watcher.broker_configs, watcher.default_configs)
+            await watcher.reload()      # applied before the listeners open
         self.logs.on_dir_failure = self._log_dir_failed
 
         # The TLS listeners' keystores as AlterConfigs last set them for this broker (a restart keeps them).

@@ -578,3 +578,18 @@ def test_connection_rates_altered_at_run_time(rate_limited):
                 pass
     got = described()
     assert static.items() <= got.items() and client_key not in got
+
+
+def test_dynamic_connection_rate_kept_across_a_restart(rate_limited):
+    """A dynamic listener rate stored in /config/brokers/<default> binds the listener of a restarted broker
+    (read back at start), and its removal frees it."""
+    c = rate_limited
+    key = "listener.name.replication.max.connection.creation.rate"
+    _configs(c, "--entity-type", "brokers", "--entity-default", "--alter", "--add-config", f"{key}=1")
+    try:
+        c.stop_broker(0)
+        c.start_broker(0)
+        assert _serve_many(c.replication, 4) >= 2.0
+    finally:
+        _configs(c, "--entity-type", "brokers", "--entity-default", "--alter", "--delete-config", key)
+    wait_until(lambda: _serve_many(c.replication, 4) < 1.0, timeout=10, what="the default rate removed")
