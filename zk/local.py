@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 from dataclasses import dataclass
@@ -57,9 +58,12 @@ class ZooKeeperStartError(RuntimeError):
     """The server died during start-up or did not become ready in time."""
 
 
-def four_letter_word(port: int, word: str, host: str = LOOPBACK, timeout: float = 1.0) -> str:
-    """Send a four-letter command (``srvr``, ``ruok``, ``conf``...) and return the reply text."""
-    with socket.create_connection((host, port), timeout=timeout) as sock:
+def four_letter_word(port: int, word: str, host: str = LOOPBACK, timeout: float = 1.0,
+                     tls: ssl.SSLContext | None = None) -> str:
+    """Send a four-letter command (``srvr``, ``ruok``, ``conf``...) and return the reply text; ``tls``:
+    over TLS (ZooKeeper's Netty server answers them on its secure port too)."""
+    with socket.create_connection((host, port), timeout=timeout) as raw:
+        sock = tls.wrap_socket(raw, server_hostname=host) if tls is not None else raw
         sock.sendall(word.encode("ascii"))
         chunks = []
         while True:
@@ -74,10 +78,24 @@ def four_letter_word(port: int, word: str, host: str = LOOPBACK, timeout: float 
 class ServerTls:
     """A TLS client port next to the plaintext one: ``keystore`` a PEM file with the server's key
     (unencrypted) and certificate chain, ``truststore`` a PEM file of the CAs client certificates are
-    checked with; ``client_auth`` is ZooKeeper's ssl.clientAuth (need, want or none)."""
+    checked with; ``client_auth`` is ZooKeeper's ssl.clientAuth (need, want or none).
+
+    ``probe_keystore`` (a PEM client key and certificate from that CA) makes the TLS port the only one:
+    no plaintext client port is bound, and this module's own readiness checks go over TLS with it."""
     keystore: str
     truststore: str
     client_auth: str = "need"
+    probe_keystore: str | None = None
+
+    @property
+    def tls_only(self) -> bool:
+        return self.probe_keystore is not None
+
+    def probe_context(self) -> ssl.SSLContext:
+        """The client side of this module's four-letter-word probes on the TLS port."""
+        ctx = ssl.create_default_context(cafile=self.truststore)
+        ctx.load_cert_chain(self.probe_keystore)
+        return ctx
 
     def config_lines(self, port: int) -> str:
         return (f"secureClientPort={port}\n"
@@ -177,7 +195,11 @@ def find_running(data_dir: str | os.PathLike) -> ZkProcess | None:
     if not _pid_is_our_server(pid, data_dir):
         return None
     cfg = _read_cfg(data_dir / CONFIG_FILE)
-    return ZkProcess(pid, int(cfg["clientPort"]), data_dir, int(cfg.get("tickTime", 2000)))
+    secure = int(cfg["secureClientPort"]) if "secureClientPort" in cfg else None
+    # a TLS-only server (ServerTls.tls_only) has no clientPort: its clients use the secure one
+    proc = ZkProcess(pid, int(cfg.get("clientPort", secure)), data_dir, int(cfg.get("tickTime", 2000)))
+    proc.secure_port = secure
+    return proc
 
 
 def start_zookeeper(data_dir: str | os.PathLike, port: int = 0, tick_time_ms: int = 2000, *,
@@ -194,7 +216,8 @@ def start_zookeeper(data_dir: str | os.PathLike, port: int = 0, tick_time_ms: in
     but has not bound yet); as the pick can race with another process binding it, a start that dies
     on a taken port is retried with a new one.
 
-    ``tls``: also serve TLS clients on a free port (``secure_port`` of the answer).
+    ``tls``: also serve TLS clients on a free port (``secure_port`` of the answer); with
+    ``tls.tls_only``, serve them only, on ``port`` (``port`` and ``secure_port`` are then the same).
     """
     java = java or _find_java()
     if not os.path.isfile(zookeeper_jar):
@@ -219,9 +242,12 @@ def start_zookeeper(data_dir: str | os.PathLike, port: int = 0, tick_time_ms: in
         if port and port_in_use(port):
             raise ZooKeeperStartError(f"port {port} on {LOOPBACK} is already in use")
         try:
-            secure = None
-            while tls is not None and (secure is None or secure in avoid_ports or secure == chosen):
-                secure = free_port()
+            if tls is not None and tls.tls_only:
+                secure = chosen
+            else:
+                secure = None
+                while tls is not None and (secure is None or secure in avoid_ports or secure == chosen):
+                    secure = free_port()
             return _start_once(java, zookeeper_jar, data_dir, chosen, tick_time_ms, ready_timeout,
                                die_with_parent, tls, secure)
         except _PortTaken:
@@ -240,11 +266,11 @@ def _start_once(java: str, jar: str, data_dir: Path, port: int, tick_time_ms: in
                 ready_timeout: float, die_with_parent: bool = False, tls: ServerTls | None = None,
                 secure_port: int | None = None) -> ZkProcess:
     cfg_path = data_dir / CONFIG_FILE
+    plain = "" if tls is not None and tls.tls_only else f"clientPort={port}\nclientPortAddress={LOOPBACK}\n"
     cfg_path.write_text(
         f"tickTime={tick_time_ms}\n"
         f"dataDir={data_dir}\n"
-        f"clientPort={port}\n"
-        f"clientPortAddress={LOOPBACK}\n"
+        + plain +
         "maxClientCnxns=0\n"
         # Otherwise an admin HTTP server grabs port 8080.
         "admin.enableServer=false\n"
@@ -269,6 +295,7 @@ def _start_once(java: str, jar: str, data_dir: Path, port: int, tick_time_ms: in
     proc = ZkProcess(popen.pid, port, data_dir, tick_time_ms, popen)
     proc.secure_port = secure_port if tls else None
 
+    probe = tls.probe_context() if tls is not None and tls.tls_only else None
     deadline = time.monotonic() + ready_timeout
     while True:
         if popen.poll() is not None:
@@ -281,7 +308,7 @@ def _start_once(java: str, jar: str, data_dir: Path, port: int, tick_time_ms: in
                 f"ZooKeeper exited with status {popen.returncode} during start-up; "
                 f"{log_path} ends with:\n{tail}")
         # the secure port is bound after the plaintext one answers
-        if _is_ready(port, data_dir) and (not secure_port or port_in_use(secure_port)):
+        if _is_ready(port, data_dir, probe) and (not secure_port or port_in_use(secure_port)):
             return proc
         if time.monotonic() > deadline:
             proc.stop()
@@ -291,12 +318,12 @@ def _start_once(java: str, jar: str, data_dir: Path, port: int, tick_time_ms: in
         time.sleep(0.05)  # poll interval of the readiness check
 
 
-def _is_ready(port: int, data_dir: Path) -> bool:
+def _is_ready(port: int, data_dir: Path, tls: ssl.SSLContext | None = None) -> bool:
     try:
-        if "Mode: standalone" not in four_letter_word(port, "srvr"):
+        if "Mode: standalone" not in four_letter_word(port, "srvr", tls=tls):
             return False
         # Make sure the answer comes from *our* server, not another one on that port.
-        return f"dataDir={data_dir}/version-2\n" in four_letter_word(port, "conf")
+        return f"dataDir={data_dir}/version-2\n" in four_letter_word(port, "conf", tls=tls)
     except OSError:
         return False
 

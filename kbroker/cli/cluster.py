@@ -11,6 +11,7 @@ Layout of DIR::
     broker-<id>/data/             log.dirs
 
 Broker ids are 0..N-1 (Kafka's sample config uses broker.id=0). Everything binds to 127.0.0.1.
+With ``--security`` ZooKeeper serves TLS clients only, on the ZooKeeper port (cli/cluster_security.py).
 
 ``up`` returns once every broker is registered in ZooKeeper (a fresh ``/brokers/ids/<id>`` node),
 answers an ApiVersions v0 request, and has heard from the controller about every broker of the
@@ -139,6 +140,7 @@ def broker_properties(layout: Layout, slot: BrokerSlot) -> str:
         *cluster_security.broker_lines(layout.root, layout.security, slot.port),
         f"log.dirs={layout.broker_dir(slot.id) / 'data'}",
         f"zookeeper.connect={layout.zk_connect}",
+        *(f"{k}={v}" for k, v in cluster_security.zk_tls_properties(layout.root).items()),
         f"zookeeper.session.timeout.ms={LOCAL_SESSION_TIMEOUT_MS}",
         f"num.partitions={layout.num_partitions}",
         # Topics are replicated as on a production cluster (RF 3, acks=all needs 2 in sync), capped at
@@ -270,8 +272,9 @@ def wait_ready(zk, layout: Layout, s: Started, timeout: float) -> None:
 # --------------------------------------------------------------------------------------------------
 # ZooKeeper
 
-def ensure_zookeeper(zk_dir: Path, port: int):
-    """Re-attach to the cluster's ZooKeeper or start it; returns (ZkProcess, started_now)."""
+def ensure_zookeeper(zk_dir: Path, port: int, tls=None):
+    """Re-attach to the cluster's ZooKeeper or start it (``tls``: a kbroker.zk.local.ServerTls);
+    returns (ZkProcess, started_now)."""
     from kbroker.zk import local
 
     running = local.find_running(zk_dir)
@@ -280,7 +283,7 @@ def ensure_zookeeper(zk_dir: Path, port: int):
             raise ClusterError(f"ZooKeeper in {zk_dir} runs on port {running.port}, the cluster expects {port}")
         return running, False
     try:
-        return local.start_zookeeper(zk_dir, port=port), True
+        return local.start_zookeeper(zk_dir, port=port, tls=tls), True
     except (local.ZooKeeperStartError, local.ZooKeeperNotInstalled) as e:
         raise ClusterError(f"cannot start ZooKeeper: {e}") from None
 
@@ -302,6 +305,13 @@ def ensure_ensemble(layout: Layout) -> tuple[str, bool]:
     return layout.zk_connect, bool(missing)
 
 
+def _zk_tls_note(root: Path) -> str:
+    if not cluster_security.zk_tls_properties(root):
+        return ""
+    return (f" (TLS only; ZooKeeper tools: --zk-tls-config-file "
+            f"{root / cluster_security.ZK_TLS_PROPERTIES})")
+
+
 def _ensemble_ports(n: int, zk_port: int | None) -> list[tuple[int, int, int]]:
     if zk_port == 0:
         ports = free_ports(3 * n)
@@ -310,11 +320,12 @@ def _ensemble_ports(n: int, zk_port: int | None) -> list[tuple[int, int, int]]:
     return [(base + i, 2888 + i, 3888 + i) for i in range(n)]
 
 
-def _kazoo(connect: str, timeout: float = 10.0):
+def _kazoo(connect: str, timeout: float = 10.0, tls: dict | None = None):
+    """A started client; ``tls``: kazoo's TLS arguments (cluster_security.kazoo_tls)."""
     from kazoo.client import KazooClient
     from kazoo.handlers.threading import KazooTimeoutError
 
-    client = KazooClient(hosts=connect, timeout=timeout)
+    client = KazooClient(hosts=connect, timeout=timeout, **(tls or {}))
     try:
         client.start(timeout=timeout)
     except KazooTimeoutError:
@@ -354,7 +365,8 @@ def cluster_up(root: Path, brokers: int | None, zk_port: int | None, base_port: 
         if n < 1:
             raise ClusterError("--brokers must be at least 1")
         root.mkdir(parents=True, exist_ok=True)
-        zk, _ = ensure_zookeeper(root / "zookeeper", DEFAULT_ZK_PORT if zk_port is None else zk_port)
+        zk, _ = ensure_zookeeper(root / "zookeeper", DEFAULT_ZK_PORT if zk_port is None else zk_port,
+                                 cluster_security.zookeeper_tls(root))
         try:
             base = DEFAULT_BASE_PORT if base_port is None else base_port
             ports = free_ports(n) if base == 0 else list(range(base, base + n))
@@ -366,15 +378,15 @@ def cluster_up(root: Path, brokers: int | None, zk_port: int | None, base_port: 
         except BaseException:
             zk.stop()  # nothing records it yet: do not leave it orphaned
             raise
-        print(f"ZooKeeper started: pid {zk.pid}, {zk.connect_string}", file=out, flush=True)
+        print(f"ZooKeeper started: pid {zk.pid}, {zk.connect_string}{_zk_tls_note(root)}", file=out, flush=True)
     else:
         _check_same(layout, brokers, zk_port, base_port, partitions)
-        zk, started = ensure_zookeeper(layout.zk_dir, layout.zk_port)
+        zk, started = ensure_zookeeper(layout.zk_dir, layout.zk_port, cluster_security.zookeeper_tls(root))
         if layout.zk_port != zk.port:  # a layout saved before its ZooKeeper port was known
             layout.zk_port = zk.port
             layout.save()
-        print(f"ZooKeeper {'started' if started else 'already running'}: pid {zk.pid}, {zk.connect_string}",
-              file=out, flush=True)
+        print(f"ZooKeeper {'started' if started else 'already running'}: pid {zk.pid}, {zk.connect_string}"
+              f"{_zk_tls_note(root)}", file=out, flush=True)
     return _start_brokers(layout, zk.connect_string, timeout, out)
 
 
@@ -418,7 +430,7 @@ def _start_brokers(layout: Layout, zk_connect: str, timeout: float, out) -> Layo
         except ConfigError as e:
             raise ClusterError(f"{cfg}: {e}") from None
 
-    client = _kazoo(zk_connect)
+    client = _kazoo(zk_connect, tls=cluster_security.kazoo_tls(layout.root))
     try:
         cluster_security.register_admin(client, layout.root, layout.security)
         started: list[Started] = []
@@ -509,7 +521,7 @@ def cluster_status(root: Path, out=sys.stdout) -> bool:
     zk = None if not all(nodes) else nodes[0]   # "running" = every node of the ensemble runs
     registered: set[str] | None = None
     if zk is not None:
-        client = _kazoo(layout.zk_connect, timeout=5.0)
+        client = _kazoo(layout.zk_connect, timeout=5.0, tls=cluster_security.kazoo_tls(layout.root))
         try:
             registered = set(client.get_children("/brokers/ids")) if client.exists("/brokers/ids") else set()
         finally:
@@ -569,7 +581,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "--zk-port on, peer/election ports 2888+/3888+; --zk-port 0 = free ports)")
     up.add_argument("--security", choices=cluster_security.MODES,
                     help="the brokers' listener (default plaintext); ssl, sasl_plaintext and sasl_ssl make a CA, "
-                         "certificates and an admin super user, written to DIR/client.properties")
+                         "certificates and an admin super user, written to DIR/client.properties, and serve "
+                         "ZooKeeper over TLS only (DIR/zk-tls.properties for --zk-tls-config-file)")
     up.add_argument("--timeout", type=float, default=READY_TIMEOUT_S,
                     help=f"seconds each broker may take to become ready (default {READY_TIMEOUT_S:.0f})")
     up.set_defaults(func=_run_up)

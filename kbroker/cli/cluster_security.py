@@ -8,11 +8,17 @@ Files in DIR, made once (a later ``up`` reuses them):
     admin.pem            the admin's client certificate and key (CN=admin) - ssl mode (mTLS)
     client.properties    Kafka client properties for the admin (security.protocol, sasl.mechanism,
                          sasl.jaas.config, ssl.truststore.type=PEM, ssl.truststore.location=DIR/ca.pem)
+    zookeeper.pem        ZooKeeper's key and certificate (127.0.0.1, localhost): it serves TLS clients only
+    zk-client.pem        the client certificate and key every ZooKeeper client of the cluster presents
+                         (brokers, cluster up/status, tools), as ZooKeeper's ssl.clientAuth=need asks
+    zk-tls.properties    Kafka's zookeeper.ssl.* client keys for those: the brokers' server.properties carry
+                         them, tools take the file as --zk-tls-config-file
 
 The admin is a super user (``super.users=User:admin``): SCRAM-SHA-512 credentials in ZooKeeper
 (``/config/users/admin``) in the SASL modes, the certificate's CN through ssl.principal.mapping.rules
 in ssl mode. Brokers talk to each other over the same secured listener, as the admin (SASL) or with
-their certificate (ssl; User:broker is a super user too).
+their certificate (ssl; User:broker is a super user too). In every secured mode (sasl_plaintext too)
+ZooKeeper has no plaintext port, so only holders of a certificate from the cluster's CA reach it.
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ MODES = ("plaintext", "ssl", "sasl_plaintext", "sasl_ssl")
 ADMIN = "admin"
 MECHANISM = "SCRAM-SHA-512"
 CLIENT_PROPERTIES = "client.properties"
+ZK_TLS_PROPERTIES = "zk-tls.properties"
 AUTHORIZER = "kafka.security.authorizer.AclAuthorizer"
 
 
@@ -37,10 +44,20 @@ def prepare(root: Path, mode: str) -> None:
     if mode == "plaintext" or (root / CLIENT_PROPERTIES).exists():
         return
     from kbroker.security.certs import CA
+    from kbroker.zk.client import NETTY_SOCKET
     props = [f"security.protocol={mode.upper()}"]
+    ca = CA.create("kbroker local cluster CA")
+    (root / "ca.pem").write_bytes(ca.pem())
+    key, cert = ca.issue({"CN": "zookeeper"}, ["127.0.0.1", "localhost"])
+    ca.write_pem_keystore(root / "zookeeper.pem", key, cert)
+    key, cert = ca.issue({"CN": "zookeeper-client"}, client=True)
+    ca.write_pem_keystore(root / "zk-client.pem", key, cert)
+    (root / ZK_TLS_PROPERTIES).write_text(
+        "# ZooKeeper client TLS of the local cluster (brokers' server.properties, tools' --zk-tls-config-file).\n"
+        f"zookeeper.ssl.client.enable=true\nzookeeper.clientCnxnSocket={NETTY_SOCKET}\n"
+        f"zookeeper.ssl.keystore.type=PEM\nzookeeper.ssl.keystore.location={root / 'zk-client.pem'}\n"
+        f"zookeeper.ssl.truststore.type=PEM\nzookeeper.ssl.truststore.location={root / 'ca.pem'}\n")
     if "ssl" in mode:
-        ca = CA.create("kbroker local cluster CA")
-        (root / "ca.pem").write_bytes(ca.pem())
         key, cert = ca.issue({"CN": "broker"}, ["127.0.0.1", "localhost"])
         ca.write_pem_keystore(root / "broker.pem", key, cert)
         props += ["ssl.truststore.type=PEM", f"ssl.truststore.location={root / 'ca.pem'}"]
@@ -60,6 +77,30 @@ def prepare(root: Path, mode: str) -> None:
 def client_properties(root: Path) -> dict[str, str]:
     from kbroker.config import parse_properties
     return parse_properties((root / CLIENT_PROPERTIES).read_text(encoding="utf-8"))
+
+
+def zk_tls_properties(root: Path) -> dict[str, str]:
+    """The zookeeper.ssl.* client keys of a secured cluster ({} for a plaintext one, or one made before
+    its ZooKeeper served TLS)."""
+    from kbroker.config import parse_properties
+    try:
+        return parse_properties((root / ZK_TLS_PROPERTIES).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+
+
+def zookeeper_tls(root: Path):
+    """ZooKeeper's TLS-only client port (kbroker.zk.local.ServerTls), None without zk_tls_properties."""
+    if not zk_tls_properties(root):
+        return None
+    from kbroker.zk.local import ServerTls
+    return ServerTls(str(root / "zookeeper.pem"), str(root / "ca.pem"), probe_keystore=str(root / "zk-client.pem"))
+
+
+def kazoo_tls(root: Path) -> dict:
+    """kazoo's keyword arguments for the cluster's ZooKeeper ({}: plaintext)."""
+    from kbroker.zk.client import kazoo_tls_from_properties
+    return kazoo_tls_from_properties(zk_tls_properties(root)) or {}
 
 
 def admin_password(root: Path) -> str:

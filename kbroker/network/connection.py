@@ -106,6 +106,13 @@ CLOSE = object()            # handler asks to close the connection (e.g. acks=0 
 bind_read(_SUPPORTED, NO_RESPONSE, CLOSE, _MIN_TAIL)
 
 
+def _timed_call(fn, *args):
+    """(fn(*args), the seconds it took): work the heavy thread does for a request, for its quota."""
+    t0 = time.perf_counter()
+    out = fn(*args)
+    return out, time.perf_counter() - t0
+
+
 class EncodeOffLoop:
     """A response body a handler knows to be large (an answer it built in slices: ListOffsets,
     DescribeConfigs, CreateTopics naming thousands of entries). The connection encodes it on the
@@ -609,6 +616,8 @@ class Connection(ConnState, asyncio.BufferedProtocol):
         if self.quota is not None:
             server.quotas.request_in(self.quota, key, len(frame))
         if inspect.isawaitable(result):
+            if self.quota is not None:
+                result = server.quotas.timed(self.quota, slot, result)
             self.loop.create_task(self._await(slot, result, release))
         else:
             release()
@@ -639,22 +648,25 @@ class Connection(ConnState, asyncio.BufferedProtocol):
         name = api.API_NAMES[key]
         try:
             try:
-                body = await self.loop.run_in_executor(server.heavy_executor, api.decode_request,
-                                                       key, version, frame, pos)
+                body, spent = await self.loop.run_in_executor(server.heavy_executor, _timed_call,
+                                                              api.decode_request, key, version, frame, pos)
             except ProtocolError as e:
                 self._refuse("malformed %s v%d: %s", name, version, e)
                 return
+            if self.quota is not None:
+                server.quotas.offloop(self.quota, slot, spent)
             server.metrics.count_request(key, version)
             slot.started = t0 = _now()
             result = server.handlers[key](self, header, body)
             slot.local = _now() - t0
             if inspect.isawaitable(result):
+                if self.quota is not None:
+                    result = server.quotas.timed(self.quota, slot, result)
                 result = await result
             if type(result) is EncodeOffLoop:
                 result = result.body
             if result is not NO_RESPONSE and result is not CLOSE:
-                result = await self.loop.run_in_executor(server.heavy_executor, api.encode_response,
-                                                         key, version, header.correlation_id, result)
+                result = await self._encode_off_loop(slot, result)
         except Exception:
             hostile_log(logging.ERROR, "error handling %s v%d from %s; closing", name, version, self.peer,
                         exc_info=True)
@@ -668,9 +680,7 @@ class Connection(ConnState, asyncio.BufferedProtocol):
         try:
             result = await awaitable
             if type(result) is EncodeOffLoop:
-                h = slot.header
-                result = await self.loop.run_in_executor(self.server.heavy_executor, api.encode_response,
-                                                         h.api_key, h.api_version, h.correlation_id, result.body)
+                result = await self._encode_off_loop(slot, result.body)
                 encoded = True
         except Exception:
             result = self._handler_failed(slot)
@@ -680,6 +690,21 @@ class Connection(ConnState, asyncio.BufferedProtocol):
             self._finish(slot, result)
         else:
             self._complete(slot, result)
+
+    async def _encode_off_loop(self, slot, body):
+        """A large answer encoded on the server's heavy thread. Under a client quota it is throttled
+        first, as every answer is, and the encoding counts as handling time."""
+        quotas = self.server.quotas if self.quota is not None else None
+        if quotas is not None:
+            body = quotas.answer_out(self, self.quota, slot, body)
+            if type(body) is list:          # encoded already (a Fetch the quota had to size)
+                return body
+        h = slot.header
+        chunks, spent = await self.loop.run_in_executor(self.server.heavy_executor, _timed_call, api.encode_response,
+                                                        h.api_key, h.api_version, h.correlation_id, body)
+        if quotas is not None and self.quota is not None:
+            quotas.offloop(self.quota, slot, spent)
+        return chunks
 
     def _complete(self, slot, result):
         if type(result) is EncodeOffLoop:     # returned without awaiting: encoded here all the same

@@ -4,9 +4,11 @@ Limits, with Kafka's semantics where Kafka has the key:
 - ``max.connections``: at the limit the broker stops accepting (new clients wait in the listen backlog)
   until a connection closes; the few that one accept burst takes beyond it are closed at once.
 - ``max.connections.per.ip``: a connection beyond its address's limit is closed right after accept.
-- ``max.connection.creation.rate`` and the ``connection_creation_rate`` of ``ips`` entities (KIP-612,
-  kbroker/security/connection_quotas.py): over the broker-wide rate a connection is served late and
-  accepting waits; over its address's rate it is closed after the throttle time, never served.
+- ``max.connection.creation.rate``, ``listener.name.<l>.max.connection.creation.rate`` and the
+  ``connection_creation_rate`` of ``ips`` entities (KIP-612, kbroker/security/connection_quotas.py): over
+  the broker-wide rate a connection is served late and accepting waits, over its listener's rate it is
+  served late and that listener's accepting waits; over its address's rate it is closed after the
+  throttle time, never served.
 - descriptors: accepting stops ``FD_RESERVE`` descriptors before RLIMIT_NOFILE (as set when the
   server starts), so the ZooKeeper session, segment rolls and checkpoints always find one (asyncio's
   accept loop would survive EMFILE, but everything else in the process would fail with it); new
@@ -169,6 +171,8 @@ class KafkaServer:
         self.frame_timeout_ms = frame_timeout_ms
         self.per_ip: dict[str, int] = {}
         self._accepting = True
+        # listener name -> loop time until which it does not accept (a connection creation rate is over)
+        self._held: dict[str, float] = {}
         soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         self.fd_reserve = min(FD_RESERVE, soft // 4)
         self.fd_limit = soft - self.fd_reserve if soft != resource.RLIM_INFINITY else 2**31
@@ -374,13 +378,21 @@ class KafkaServer:
                 return
             self._accept_failing = False
             rates = self.connection_quotas
-            if rates is not None and listener.name != self.protected_listener:
-                delay_ms = rates.broker_delay_ms()
-                if delay_ms > 0:
+            if rates is not None:
+                broker_ms, listener_ms = rates.accept_delay_ms(listener.name, listener.name == self.protected_listener)
+                if broker_ms or listener_ms:
                     # max.connection.creation.rate: this one is served late, and nothing is accepted meanwhile
+                    # (on every listener but the inter-broker one for the broker-wide rate, as Kafka's
+                    # acceptors wait; on this one for its own)
                     self.metrics.accept_delays += 1
-                    self._pause_accepting(retry_s=delay_ms / 1000)
-                    self.loop.call_later(delay_ms / 1000, self._serve_accepted, conn, addr, listener)
+                    for held in self.listeners:
+                        ms = listener_ms if held is listener else 0
+                        if broker_ms and held.name != self.protected_listener:
+                            ms = max(ms, broker_ms)
+                        if ms:
+                            self._hold_listener(held, ms / 1000)
+                    self.loop.call_later(max(broker_ms, listener_ms) / 1000, self._serve_accepted, conn, addr,
+                                         listener)
                     return
             if not self._serve_accepted(conn, addr, listener):
                 return
@@ -428,6 +440,28 @@ class KafkaServer:
         if retry_s is not None:
             self.loop.call_later(retry_s, self._resume_accepting)
 
+    def _hold_listener(self, listener: Listener, seconds: float) -> None:
+        """Stop accepting on one listener for ``seconds`` (a connection creation rate is over)."""
+        until = self.loop.time() + seconds
+        if listener.name in self._held:
+            if until <= self._held[listener.name]:
+                return
+        elif self._accepting and self._serving:
+            remove = self.loop._remove_reader if self.selector_loop else self.loop.remove_reader
+            for sock in listener.socks:
+                remove(sock.fileno())
+        self._held[listener.name] = until
+        self.loop.call_at(until, self._release_listener, listener, until)
+
+    def _release_listener(self, listener: Listener, until: float) -> None:
+        if self._held.get(listener.name) != until:
+            return      # released already, or held longer since
+        del self._held[listener.name]
+        if self._accepting and self._serving:
+            add = self.loop._add_reader if self.selector_loop else self.loop.add_reader
+            for sock in listener.socks:
+                add(sock.fileno(), self._accept_ready, sock, listener)
+
     def _recheck_fds(self) -> None:
         try:
             open_fds = len(os.listdir("/proc/self/fd"))
@@ -448,7 +482,8 @@ class KafkaServer:
         self._accepting = True
         add = self.loop._add_reader if self.selector_loop else self.loop.add_reader
         for sock, listener in self._listen:
-            add(sock.fileno(), self._accept_ready, sock, listener)
+            if listener.name not in self._held:
+                add(sock.fileno(), self._accept_ready, sock, listener)
 
     async def _sweep(self):
         """connections.max.idle.ms: a connection with no request for that long is closed, and so is one

@@ -184,6 +184,8 @@ class ThrottleConfigWatcher:
         # DynamicBrokerConfig does): /config/brokers/<id> and /config/brokers/<default>.
         self.broker_configs: dict[str, str] = {}
         self.default_configs: dict[str, str] = {}
+        # Other followers of these dynamic configs, called (on the loop) with both after each read.
+        self.on_reload: list = []
 
     def start(self) -> None:
         self.active = True
@@ -220,6 +222,8 @@ class ThrottleConfigWatcher:
             log.warning("cannot read the replication throttle configs: %r", e)
             return
         self.broker_configs, self.default_configs = mine, default
+        for follower in self.on_reload:
+            follower(mine, default)
         for key, quota in self.quotas.items():
             text = mine.get(key, default.get(key))
             try:

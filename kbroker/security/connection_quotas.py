@@ -8,6 +8,11 @@
   not the only listener). A
   connection over it is served late: it waits the throttle time, and nothing more is accepted meanwhile
   (new clients wait in the listen backlog), as Kafka's acceptor waits.
+- Per listener: ``listener.name.<l>.max.connection.creation.rate`` over that listener's connections (the
+  inter-broker one too). A connection over it is served late likewise, and that listener alone stops
+  accepting meanwhile (Kafka's acceptor of that listener waits). A connection is counted in both rates;
+  it waits the longer of the two throttle times.
+- Both bounds follow the dynamic broker configs (``set_rates``): already counted connections stay counted.
 
 Rates are measured over ``quota.window.num`` windows of ``quota.window.size.seconds`` (Kafka's Rate), the
 throttle time is Kafka's ``(rate - bound) / bound x elapsed``, at most one window.
@@ -43,12 +48,22 @@ class ConnectionQuotas:
         self.samples, self.window_s, self.clock = samples, window_s, clock
         self.broker_rate = broker_rate
         self._broker = SampledRate(samples, window_s, clock)
+        self.listener_rates: dict[str, int] = {}        # listener name (upper case) -> bound
+        self._listeners: dict[str, SampledRate] = {}
         self.ips: dict[str, int] = {}           # address or DEFAULT -> bound
         self._rates: dict[str, SampledRate] = {}
 
     @classmethod
     def from_config(cls, get) -> "ConnectionQuotas":
         return cls(get("max.connection.creation.rate"), get("quota.window.num"), get("quota.window.size.seconds"))
+
+    def set_rates(self, broker_rate: int, listener_rates: dict[str, int]) -> None:
+        """The broker-wide bound and the listeners' (a listener not named has none)."""
+        self.broker_rate = broker_rate
+        self.listener_rates = dict(listener_rates)
+        for name in list(self._listeners):
+            if name not in self.listener_rates:
+                del self._listeners[name]
 
     def set_ip(self, ip: str, config: dict[str, str]) -> bool:
         """Make the address's (or DEFAULT's) bound that of ``config``; True when it changed."""
@@ -90,11 +105,20 @@ class ConnectionQuotas:
             sensor.record(-1, now)
         return ms
 
-    def broker_delay_ms(self) -> int:
-        """A new connection on a listener other than the inter-broker one: recorded, and how long it
-        (and accepting) must wait for the broker-wide rate to be back at its bound."""
-        if self.broker_rate >= UNBOUNDED:
-            return 0
+    def accept_delay_ms(self, listener: str, protected: bool) -> tuple[int, int]:
+        """A new connection on ``listener``: recorded, and how long it must wait for the broker-wide
+        rate (0 for the ``protected`` inter-broker listener: accepting on every listener waits that
+        long) and for its listener's rate (that listener's accepting waits) to be back at their bounds."""
         now = self.clock()
+        listener_ms = 0
+        bound = self.listener_rates.get(listener)
+        if bound is not None and bound < UNBOUNDED:
+            sensor = self._listeners.get(listener)
+            if sensor is None:
+                sensor = self._listeners[listener] = SampledRate(self.samples, self.window_s, self.clock)
+            sensor.record(1, now)
+            listener_ms = self._throttle_ms(sensor, bound, now)
+        if protected or self.broker_rate >= UNBOUNDED:
+            return 0, listener_ms
         self._broker.record(1, now)
-        return self._throttle_ms(self._broker, self.broker_rate, now)
+        return self._throttle_ms(self._broker, self.broker_rate, now), listener_ms

@@ -129,6 +129,10 @@ class Broker:
         if cfg.get("transaction.partition.verification.enable"):
             self.replica_manager.txn_verifier = self.txn_coordinator.verify_for_leader
         self.replica_manager.start()
+        watcher = self.replica_manager.throttle_watcher
+        if watcher is not None:     # dynamic connection creation rates follow /config/brokers too
+            watcher.on_reload.append(self.quotas.apply_broker_configs)
+            await watcher.reload()      # applied before the listeners open
         self.logs.on_dir_failure = self._log_dir_failed
 
         # The TLS listeners' keystores as AlterConfigs last set them for this broker (a restart keeps them).

@@ -12,6 +12,7 @@ import pytest
 
 from kbroker.client.security import jaas_options
 from kbroker.config import parse_properties
+from checkers import tcp_ports
 
 TIMEOUT_S = 120
 
@@ -152,3 +153,63 @@ def test_scram_credentials_through_configs(sasl_ssl):
     assert not login("bob-pw")
     r = kbroker("configs", *cc, "--alter", "--delete-config", "SCRAM-SHA-512")
     assert r.returncode == 1 and b"RESOURCE_NOT_FOUND" in r.stderr
+
+
+def test_zookeeper_serves_tls_only(sasl_ssl, tmp_path):
+    """The cluster's ZooKeeper listens on one client port, its TLS one: the brokers registered through it
+    (their sessions are TLS), a plaintext client and a TLS client without the cluster's client certificate
+    get no session, kazoo with DIR/zk-tls.properties does, and so does a ZooKeeper tool given the file as
+    --zk-tls-config-file; `cluster status` reads the registrations over TLS."""
+    import json
+
+    from kazoo.client import KazooClient
+    from kazoo.retry import KazooRetry
+
+    from kbroker.zk.client import kazoo_tls_from_properties
+    from kbroker.zk.local import find_running
+
+    root, _ = sasl_ssl
+    zk = find_running(root / "zookeeper")
+    assert zk is not None and zk.secure_port == zk.port
+    assert tcp_ports(zk.pid, "0A") == {zk.port}     # LISTEN
+    cfg = (root / "zookeeper" / "zoo.cfg").read_text()
+    assert "secureClientPort=" in cfg and "\nclientPort=" not in cfg
+    server = parse_properties((root / "broker-0" / "server.properties").read_text())
+    assert server["zookeeper.connect"] == f"127.0.0.1:{zk.port}"
+    assert server["zookeeper.ssl.client.enable"] == "true"
+    assert server["zookeeper.ssl.truststore.location"] == str(root / "ca.pem")
+
+    def session(**kw) -> KazooClient | None:
+        z = KazooClient(hosts=zk.connect_string, timeout=3, connection_retry=KazooRetry(max_tries=1), **kw)
+        try:
+            z.start(timeout=5)
+            return z
+        except Exception:
+            z.stop()
+            z.close()
+            return None
+
+    assert session() is None
+    assert session(use_ssl=True, ca=str(root / "ca.pem")) is None
+    tls = parse_properties((root / "zk-tls.properties").read_text())
+    z = session(**kazoo_tls_from_properties(tls))
+    assert z is not None
+    try:
+        assert sorted(z.get_children("/brokers/ids")) == ["0", "1"]
+    finally:
+        z.stop()
+        z.close()
+    status = kbroker("cluster", "status", "--dir", str(root))
+    assert status.returncode == 0 and b"registered" in status.stdout, status.stdout + status.stderr
+    topic = f"zk-{uuid.uuid4().hex[:8]}"
+    cc = ["--command-config", str(root / "client.properties")]
+    r = kbroker("topics", "--bootstrap-server", sasl_ssl[1], *cc, "--create", "--topic", topic,
+                "--partitions", "1", "--replication-factor", "2")
+    assert r.returncode == 0, r.stderr
+    moves = tmp_path / "move.json"
+    moves.write_text(json.dumps({"version": 1, "topics": [{"topic": topic}]}))
+    r = kbroker("reassign-partitions", "--zookeeper", zk.connect_string, "--zk-tls-config-file",
+                str(root / "zk-tls.properties"), "--generate", "--topics-to-move-json-file", str(moves),
+                "--broker-list", "0,1")
+    assert r.returncode == 0, r.stderr
+    assert b"Current partition replica assignment" in r.stdout and topic.encode() in r.stdout

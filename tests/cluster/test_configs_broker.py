@@ -217,8 +217,9 @@ def test_incremental_alter_per_broker_and_default(cluster, admin, kp_admin, zk):
 def test_kafka_python_describe_and_alter(cluster, kp_admin, zk):
     res = kp_admin.describe_configs([KpConfigResource(ConfigResourceType.BROKER, "1")],
                                     config_filter="dynamic")["broker"]["1"]
-    # what AlterConfigs may change: the throttle rates and the TLS keystore / truststore keys
-    assert set(res) == {LEADER_RATE, FOLLOWER_RATE} | RELOADABLE
+    # what AlterConfigs may change: the throttle rates, the connection creation rate and the TLS keystore /
+    # truststore keys
+    assert set(res) == {LEADER_RATE, FOLLOWER_RATE, "max.connection.creation.rate"} | RELOADABLE
     # Non-incremental AlterConfigs: the request is the whole per-broker set.
     out = kp_admin.alter_configs([KpConfigResource(ConfigResourceType.BROKER, "1",
                                                    configs={LEADER_RATE: "3000000"})], incremental=False)

@@ -19,6 +19,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 
 from kbroker.testing import LocalCluster, free_port, wait_until
+from checkers import tcp_ports
 
 EXTERNAL_HOST = "127.0.0.2"
 TIMEOUT_S = 30
@@ -145,28 +146,6 @@ def test_replication_over_the_inter_broker_listener(cluster):
     assert got == [b"v%d" % i for i in range(100)]
 
 
-def _remote_ports(pid: int) -> set[int]:
-    """Remote ports of the established TCP connections process ``pid`` holds (its socket inodes
-    matched in /proc/net/tcp)."""
-    import os
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inodes.add(link[8:-1])
-    ports = set()
-    with open("/proc/net/tcp") as f:
-        next(f)
-        for line in f:
-            cols = line.split()
-            if cols[3] == "01" and cols[9] in inodes:      # ESTABLISHED
-                ports.add(int(cols[2].split(":")[1], 16))
-    return ports
-
-
 def test_brokers_talk_over_the_internal_listener(cluster):
     """Follower fetches and controller requests leave each broker for the other broker's INTERNAL port,
     never for its EXTERNAL one (checked on the sockets the broker processes hold)."""
@@ -175,6 +154,6 @@ def test_brokers_talk_over_the_internal_listener(cluster):
     admin.create_topics([NewTopic(topic, 2, 2)])[topic].result(TIMEOUT_S)
     for bid, b in cluster.brokers.items():
         other = cluster.brokers[1 - bid]
-        ports = wait_until(lambda: (lambda p: p if other.port in p else None)(_remote_ports(b.pid)), TIMEOUT_S,
+        ports = wait_until(lambda: (lambda p: p if other.port in p else None)(tcp_ports(b.pid, "01", remote=True)), TIMEOUT_S,
                            f"broker {bid} connected to broker {other.broker_id}'s internal listener")
         assert cluster.external[other.broker_id] not in ports

@@ -204,6 +204,29 @@ def host_port(bootstrap: str):
     return host, int(port)
 
 
+def tcp_ports(pid: int, state: str, remote: bool = False) -> set[int]:
+    """Ports of the TCP sockets process ``pid`` holds in ``state`` (/proc/net/tcp's code: "0A" LISTEN,
+    "01" ESTABLISHED): their local ports, or with ``remote`` their peers' (socket inodes of its
+    descriptors matched in /proc/net/tcp and tcp6)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            next(f)
+            for line in f:
+                cols = line.split()
+                if cols[3] == state and cols[9] in inodes:
+                    ports.add(int(cols[2 if remote else 1].rsplit(":", 1)[1], 16))
+    return ports
+
+
 class RawConn:
     """A plain socket speaking Kafka frames; for hostile input and exact request control."""
 

@@ -8,7 +8,8 @@ Broker configs as Kafka's ZooKeeper mode keeps them (kafka-configs.sh --entity-t
 value is /config/brokers/<id> (DYNAMIC_BROKER_CONFIG), else /config/brokers/<default>
 (DYNAMIC_DEFAULT_BROKER_CONFIG), else server.properties (STATIC_BROKER_CONFIG), else Kafka's default.
 Only the keys kbroker follows at runtime can be altered: DYNAMIC_BROKER_KEYS (the replication throttle
-rates, replica/throttle.py's watcher) and, per broker only, the TLS keystore and truststore keys
+rates, replica/throttle.py's watcher; max.connection.creation.rate, followed by apis/quotas.py through
+that watcher), listener.name.<l>.max.connection.creation.rate (per broker or the default, as Kafka) and, per broker only, the TLS keystore and truststore keys
 (security/tlsreload.py: validated by building the new contexts, then new TLS connections use them); the resource name is this broker's id or "" for the
 cluster-wide default, and another broker's id is refused with INVALID_REQUEST, as Kafka does (its
 clients send a broker resource to that broker).
@@ -28,6 +29,7 @@ from ...zk.layout import DEFAULT_BROKER_ENTITY
 from ...zk.client import TopicNotFoundError
 from ..metadata import topic_name_error
 from .admin import AdminError, check_config_consistency
+from .quotas import CONNECTION_RATE, is_listener_rate_key
 from . import authz
 
 log = logging.getLogger(__name__)
@@ -39,7 +41,7 @@ DYNAMIC_TOPIC_CONFIG, DYNAMIC_BROKER_CONFIG, DYNAMIC_DEFAULT_BROKER_CONFIG = 1, 
 STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 4, 5
 # Broker keys that AlterConfigs may set in /config/brokers: the ones kbroker applies while running
 # (a key listed here must have a follower, or an altered value would be shown but never used).
-DYNAMIC_BROKER_KEYS = frozenset({LEADER_RATE, FOLLOWER_RATE})
+DYNAMIC_BROKER_KEYS = frozenset({LEADER_RATE, FOLLOWER_RATE, CONNECTION_RATE})
 # DescribeConfigs v3 config_type ids.
 _CONFIG_TYPES = {"boolean": 1, "string": 2, "int": 3, "short": 4, "long": 5, "double": 6, "list": 7,
                  "class": 8, "password": 9}
@@ -126,6 +128,10 @@ def _broker_synonyms(broker, keys) -> list[dict]:
     out = []
     for key in keys:
         spec = BROKER_CONFIGS.get(key)
+        if spec is None and is_listener_rate_key(key) and key in cfg.originals:
+            listener = key[len("listener.name."):].partition(".")[0]
+            out.append({"name": key, "value": format_value(cfg.listener_overrides(listener)[CONNECTION_RATE]),
+                        "source": STATIC_BROKER_CONFIG})
         if spec is None:
             continue
         if cfg.is_set(key):
@@ -221,6 +227,8 @@ def _broker_entry(broker, key, mine, default, per_broker: bool) -> dict:
     spec = BROKER_CONFIGS.get(key)
     if spec is None and tlsreload.split(key) is not None:
         spec = BROKER_CONFIGS[tlsreload.split(key)[1]]   # listener.name.<l>.ssl.*: its base key's type
+    elif spec is None and is_listener_rate_key(key):
+        spec = BROKER_CONFIGS[CONNECTION_RATE]
     type_ = spec.type if spec is not None else "string"
     sensitive = type_ == "password"
     syns = _broker_key_synonyms(broker, key, mine, default, per_broker)
@@ -232,7 +240,7 @@ def _broker_entry(broker, key, mine, default, per_broker: bool) -> dict:
         value = format_value(spec.default)
     source = syns[0]["source"] if syns else DEFAULT_CONFIG
     return _entry(key, value, source, syns, type_,
-                  read_only=key not in DYNAMIC_BROKER_KEYS and tlsreload.split(key) is None,
+                  read_only=not _dynamic_key(key),
                   sensitive=sensitive, doc=spec.doc if spec is not None else None)
 
 
@@ -242,9 +250,20 @@ def _broker_entries(broker, name) -> list[dict]:
         # The cluster-wide default resource lists only what /config/brokers/<default> sets.
         return [_broker_entry(broker, key, mine, default, per_broker=False) for key in sorted(default)]
     _broker_id_of(broker, name)
-    # Kafka lists a broker's dynamic listener.name.<l>.* keys too (tools check them against this list)
-    prefixed = sorted(k for k in mine if k not in BROKER_CONFIGS and tlsreload.split(k) is not None)
+    # Kafka lists a broker's dynamic listener.name.<l>.* keys too (tools check them against this list), and
+    # its static ones (originals)
+    prefixed = sorted({k for k in mine if k not in BROKER_CONFIGS and tlsreload.split(k) is not None}
+                      | {k for k in [*mine, *default, *_static_listener_rate_keys(broker)] if is_listener_rate_key(k)})
     return [_broker_entry(broker, key, mine, default, per_broker=True) for key in sorted(BROKER_CONFIGS) + prefixed]
+
+
+def _dynamic_key(key: str) -> bool:
+    return key in DYNAMIC_BROKER_KEYS or tlsreload.split(key) is not None or is_listener_rate_key(key)
+
+
+def _static_listener_rate_keys(broker) -> list[str]:
+    cfg = broker.config
+    return [k for k in cfg.originals if is_listener_rate_key(k)]
 
 
 # ---- AlterConfigs (33) and IncrementalAlterConfigs (44) ------------------------------------------
@@ -356,17 +375,18 @@ def _check_broker_configs(resource: str, new: dict[str, str], touched) -> None:
     def refuse(why: str):
         raise AdminError(Errors.INVALID_REQUEST, f"Invalid config value for resource {resource}: {why}")
     keys = sorted(k for k in new if k in touched)
-    unknown = [k for k in keys if k not in BROKER_CONFIGS and tlsreload.split(k) is None]
+    unknown = [k for k in keys if k not in BROKER_CONFIGS and tlsreload.split(k) is None and not is_listener_rate_key(k)]
     if unknown:
         refuse(f"Unknown broker configs: {', '.join(unknown)}")
-    static = [k for k in keys if k not in DYNAMIC_BROKER_KEYS and tlsreload.split(k) is None]
+    static = [k for k in keys if not _dynamic_key(k)]
     if static:
         refuse(f"Cannot update these configs dynamically: {', '.join(static)} (kbroker updates only "
                f"{', '.join(sorted(DYNAMIC_BROKER_KEYS))} at runtime; set the others in server.properties "
                f"and restart the broker)")
     for k in keys:
+        base = k if k in BROKER_CONFIGS else CONNECTION_RATE if is_listener_rate_key(k) else tlsreload.split(k)[1]
         try:
-            BROKER_CONFIGS[k if k in BROKER_CONFIGS else tlsreload.split(k)[1]].parse(new[k])
+            BROKER_CONFIGS[base].parse(new[k])
         except ConfigError as e:
             refuse(str(e))
 

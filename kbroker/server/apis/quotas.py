@@ -9,14 +9,20 @@
   path whenever any quota exists.
 - ``request_in``: a Produce's request bytes are recorded as it arrives (Kafka counts the request size).
 - ``answer_out``: as the answer leaves, the Fetch answer's size and the request's handling time
-  (percent of one thread, Kafka's request quota) are recorded; the answer carries the largest throttle
+  (percent of one thread, Kafka's request quota) are recorded. The handling time is the handler's call,
+  then, for a handler that awaits, each later step of it on the loop (``timed``: a sliced answer is built
+  over many turns), and the decoding and encoding done on the server's heavy thread for large requests
+  and answers (``offloop``, recorded as it ends); the answer carries the largest throttle
   time of the client's quotas in ``throttle_time_ms`` (every answer that has the field), and the
   connection is muted that long (KIP-219: the broker stops reading it; the answer itself goes out at
   once). A throttled Fetch answers no data, its bytes un-recorded, as Kafka does. Follower fetches and
   the inter-broker, ApiVersions and SASL requests are exempt, as in Kafka.
 
 ``connections`` (kbroker/security/connection_quotas.py) are the KIP-612 connection creation rates the
-network server applies at accept: ``max.connection.creation.rate`` and the ``ips`` entities.
+network server applies at accept: ``max.connection.creation.rate``, ``listener.name.<l>.max.connection.
+creation.rate`` and the ``ips`` entities. The first two are dynamic broker configs (AlterConfigs of this
+broker or ``<default>``): ``apply_broker_configs`` follows /config/brokers as the broker's dynamic-config
+watcher reads it; per-broker value, else the cluster default, else server.properties.
 
 Quota configs are ZooKeeper's (zk/quotas.py): loaded at start, re-read for every ``users/...``,
 ``clients/...`` or ``ips/...`` change notification under /config/changes (the broker's config-change
@@ -29,7 +35,9 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import time
 
+from ...config import BROKER_CONFIGS, LISTENER_PREFIX, ConfigError
 from ...protocol import api
 from ...protocol.errors import Errors
 from ...security import connection_quotas as CQ
@@ -43,6 +51,19 @@ _PRODUCE, _FETCH = 0, 1
 # Kafka answers these without throttling (inter-broker actions, the handshake and authentication).
 _EXEMPT = frozenset((4, 5, 6, 7, 17, 18, 27, 36))
 _ENTITY_TYPES = {"user": 0, "client-id": 1, "ip": 2}
+CONNECTION_RATE = "max.connection.creation.rate"
+
+
+def listener_rate_key(listener: str) -> str:
+    """Kafka's per-listener key of the connection creation rate (the listener name in lower case)."""
+    return f"{LISTENER_PREFIX}{listener.lower()}.{CONNECTION_RATE}"
+
+
+def is_listener_rate_key(key: str) -> bool:
+    if not key.startswith(LISTENER_PREFIX):
+        return False
+    listener, _, base = key[len(LISTENER_PREFIX):].partition(".")
+    return bool(listener) and base == CONNECTION_RATE
 
 
 def _fetch_size(chunks, version: int) -> int:
@@ -52,11 +73,41 @@ def _fetch_size(chunks, version: int) -> int:
     return size - 1 if api.RESPONSES[_FETCH].is_flexible(version) else size
 
 
+class _TimedSteps:
+    """Awaiting it runs the wrapped awaitable, its time between suspensions recorded in the quota."""
+
+    __slots__ = ("awaitable", "quota")
+
+    def __init__(self, awaitable, quota: Q.ClientQuota):
+        self.awaitable = awaitable
+        self.quota = quota
+
+    def __await__(self):
+        steps = self.awaitable.__await__()
+        send, error = None, None
+        while True:
+            t0 = time.perf_counter()
+            try:
+                out = steps.send(send) if error is None else steps.throw(error)
+            except StopIteration as done:
+                self.quota.record(Q.REQUEST, (time.perf_counter() - t0) * 100.0)
+                return done.value
+            except BaseException:
+                self.quota.record(Q.REQUEST, (time.perf_counter() - t0) * 100.0)
+                raise
+            self.quota.record(Q.REQUEST, (time.perf_counter() - t0) * 100.0)
+            try:
+                send, error = (yield out), None
+            except BaseException as e:     # noqa: BLE001 - thrown in (a cancellation): passed on to the steps
+                send, error = None, e
+
+
 class Throttling:
     def __init__(self, broker, manager: Q.QuotaManager):
         self.broker = broker
         self.manager = manager
         self.connections = CQ.ConnectionQuotas.from_config(broker.config.get)
+        self.apply_broker_configs({}, {})
         # as Kafka: the inter-broker listener is exempt from the broker-wide rate when it is not the only one
         cfg = broker.config
         self.protected_listener = cfg.inter_broker_listener.listener_name if len(cfg.listeners) > 1 else None
@@ -72,6 +123,20 @@ class Throttling:
     def request_in(quota: Q.ClientQuota, key: int, size: int) -> None:
         if key == _PRODUCE:
             quota.record(Q.PRODUCE, size)
+
+    @staticmethod
+    def timed(quota: Q.ClientQuota, slot, awaitable):
+        """``awaitable`` (a handler's answer to wait on) with the loop time of each of its steps
+        recorded in the request quota as it runs; the handler's first call is ``slot.local``."""
+        if slot.api_key in _EXEMPT or slot.follower or not quota.has(Q.REQUEST):
+            return awaitable
+        return _TimedSteps(awaitable, quota)
+
+    @staticmethod
+    def offloop(quota: Q.ClientQuota, slot, seconds: float) -> None:
+        """``seconds`` of decoding or encoding the request of ``slot`` on the heavy thread."""
+        if slot.api_key not in _EXEMPT and not slot.follower:
+            quota.record(Q.REQUEST, seconds * 100.0)
 
     @staticmethod
     def answer_out(conn, quota: Q.ClientQuota, slot, result):
@@ -111,6 +176,29 @@ class Throttling:
         return result
 
     # ---- configs ---------------------------------------------------------------------------------
+    def apply_broker_configs(self, mine: dict[str, str], default: dict[str, str]) -> None:
+        """The connection creation rates of /config/brokers/<id> (``mine``) and <default> over the static
+        config; a value that does not parse keeps the one below it (logged)."""
+        cfg = self.broker.config
+        spec = BROKER_CONFIGS[CONNECTION_RATE]
+
+        def value(key, static):
+            text = mine.get(key, default.get(key))
+            if text is None:
+                return static
+            try:
+                return spec.parse(text)
+            except ConfigError as e:
+                log.warning("ignoring dynamic %s=%r: %s", key, text, e)
+                return static
+        listeners = {}
+        for e in cfg.listeners:
+            rate = value(listener_rate_key(e.listener_name),
+                         cfg.listener_overrides(e.listener_name).get(CONNECTION_RATE))
+            if rate is not None:
+                listeners[e.listener_name] = rate
+        self.connections.set_rates(value(CONNECTION_RATE, cfg.get(CONNECTION_RATE)), listeners)
+
     def start(self) -> None:
         """Every quota entity from ZooKeeper (worker thread; applied on the loop before it returns
         control to clients: the broker calls this before its listeners open)."""

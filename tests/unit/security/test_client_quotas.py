@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kbroker.security.connection_quotas import ConnectionQuotas
+from kbroker.security.connection_quotas import UNBOUNDED, ConnectionQuotas
 from kbroker.security.quotas import DEFAULT, FETCH, MUTATION, PRODUCE, REQUEST, QuotaManager, validate
 from kbroker.zk.quotas import entity_path, parse_entity_path
 
@@ -126,6 +126,22 @@ def test_connection_rate_per_address_with_a_default():
 
 def test_broker_wide_connection_rate():
     t = [10.0]
-    assert ConnectionQuotas(clock=lambda: t[0]).broker_delay_ms() == 0     # unbounded by default
+    assert ConnectionQuotas(clock=lambda: t[0]).accept_delay_ms("PLAINTEXT", False) == (0, 0)   # unbounded
     cq = ConnectionQuotas(broker_rate=2, samples=2, window_s=1.0, clock=lambda: t[0])
-    assert [cq.broker_delay_ms() for _ in range(4)] == [0, 0, 500, 1000]   # each one recorded
+    assert [cq.accept_delay_ms("PLAINTEXT", False)[0] for _ in range(4)] == [0, 0, 500, 1000]   # each recorded
+    assert cq.accept_delay_ms("REPLICATION", True) == (0, 0)     # the inter-broker listener is not bound by it
+
+
+def test_listener_connection_rate():
+    """listener.name.<l>.max.connection.creation.rate: each listener's own rate, the inter-broker one's
+    too; a connection is counted in the broker-wide rate as well; set_rates applies new bounds at once."""
+    t = [10.0]
+    cq = ConnectionQuotas(samples=2, window_s=1.0, clock=lambda: t[0])
+    cq.set_rates(4, {"EXTERNAL": 2, "REPLICATION": 1})
+    assert [cq.accept_delay_ms("EXTERNAL", False) for _ in range(3)] == [(0, 0), (0, 0), (0, 500)]
+    assert [cq.accept_delay_ms("REPLICATION", True) for _ in range(2)] == [(0, 0), (0, 1000)]
+    assert cq.accept_delay_ms("INTERNAL", False) == (0, 0)          # no bound of its own; 4 in the broker's rate
+    assert cq.accept_delay_ms("INTERNAL", False) == (250, 0)
+    cq.set_rates(UNBOUNDED, {"EXTERNAL": 100})
+    assert cq.accept_delay_ms("EXTERNAL", False) == (0, 0) and cq.accept_delay_ms("REPLICATION", True) == (0, 0)
+    assert set(cq._listeners) == {"EXTERNAL"}                        # the dropped bound's rate is gone
