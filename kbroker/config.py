@@ -616,7 +616,9 @@ BROKER_CONFIGS: dict[str, ConfigKey] = _table(
           one_of("", "kafka.security.authorizer.AclAuthorizer", "kafka.security.auth.SimpleAclAuthorizer")),
     _impl("super.users", "string", None),
     _impl("allow.everyone.if.no.acl.found", "boolean", False),
-    _impl("zookeeper.set.acl", "boolean", False),
+    _impl("zookeeper.set.acl", "boolean", False,
+          doc="znodes a broker makes are changed only by its ZooKeeper identity: the TLS client certificate "
+              "(zookeeper.ssl.keystore.location) or kbroker.zookeeper.digest.credentials"),
     # --- ZooKeeper client TLS (zk/client.py kazoo_tls): kazoo reads PEM files only ---
     _impl("zookeeper.ssl.client.enable", "boolean", False, doc="connect to ZooKeeper's secureClientPort over TLS"),
     _impl("zookeeper.clientCnxnSocket", "string", None,

@@ -191,13 +191,15 @@ class BrokerZk:
 
     def __init__(self, connect_string: str, broker_id: int, session_timeout_ms: int = 18000,
                  loop: asyncio.AbstractEventLoop | None = None, *, connect_timeout_s: float = 15.0,
-                 digest: str | None = None, tls: dict | None = None):
+                 digest: str | None = None, tls: dict | None = None, secure_acls: bool | None = None):
         self.connect_string = connect_string
         # ZooKeeper client TLS: kazoo's keyword arguments (kazoo_tls), or None for plaintext
         self._tls = dict(tls or {})
-        # zookeeper.set.acl: "user:password" of ZooKeeper's digest scheme; every znode this client
-        # creates may then be changed only by that identity (zk/acls.py secure_acls)
+        # zookeeper.set.acl: every znode this client creates may be changed only by its identity
+        # (zk/acls.py secure_acls): "user:password" of ZooKeeper's digest scheme, or the TLS client
+        # certificate, which ZooKeeper's x509 scheme authenticates on connect. Default: on with a digest.
         self._auth = zk_acls.digest_auth(digest) if digest else None
+        self._secure = bool(digest) if secure_acls is None else secure_acls
         self.broker_id = int(broker_id)
         self.session_timeout_ms = int(session_timeout_ms)
         self.loop = loop
@@ -241,7 +243,7 @@ class BrokerZk:
         # Retry connecting forever: a broker waits out a ZooKeeper restart.
         self.lease = SessionLease(self.session_timeout_ms)
         self._zk = KazooClient(hosts=self.connect_string, timeout=self.session_timeout_ms / 1000.0,
-                               auth_data=self._auth, **self._tls, default_acl=zk_acls.secure_acls() if self._auth else None,
+                               auth_data=self._auth, **self._tls, default_acl=zk_acls.secure_acls() if self._secure else None,
                                connection_retry=KazooRetry(max_tries=-1, max_delay=2.0),
                                command_retry=KazooRetry(max_tries=5, max_delay=2.0),
                                logger=NegotiatedTimeoutLogger(logging.getLogger("kazoo.client"), self.lease))
@@ -255,7 +257,7 @@ class BrokerZk:
                                 f"within {self.connect_timeout_s}s: {exc!r}") from exc
         for path in L.PERSISTENT_PATHS:
             self._zk.retry(self._zk.ensure_path, path)
-        if self._auth:
+        if self._secure:
             if not chroot:
                 log.warning("zookeeper.set.acl without a chroot in zookeeper.connect: ZooKeeper's own / stays "
                             "open, so anyone may delete /controller (an ephemeral; a new election follows)")
@@ -327,7 +329,7 @@ class BrokerZk:
 
     def _ensure_chroot(self, hosts: str, chroot: str) -> None:
         zk = KazooClient(hosts=hosts, timeout=self.session_timeout_ms / 1000.0, auth_data=self._auth, **self._tls,
-                         default_acl=zk_acls.secure_acls() if self._auth else None)
+                         default_acl=zk_acls.secure_acls() if self._secure else None)
         try:
             zk.start(timeout=self.connect_timeout_s)
             zk.ensure_path(chroot)

@@ -140,7 +140,7 @@ def broker_properties(layout: Layout, slot: BrokerSlot) -> str:
         *cluster_security.broker_lines(layout.root, layout.security, slot.port),
         f"log.dirs={layout.broker_dir(slot.id) / 'data'}",
         f"zookeeper.connect={layout.zk_connect}",
-        *(f"{k}={v}" for k, v in cluster_security.zk_tls_properties(layout.root).items()),
+        *cluster_security.zookeeper_lines(layout.root),
         f"zookeeper.session.timeout.ms={LOCAL_SESSION_TIMEOUT_MS}",
         f"num.partitions={layout.num_partitions}",
         # Topics are replicated as on a production cluster (RF 3, acks=all needs 2 in sync), capped at

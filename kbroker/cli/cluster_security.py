@@ -18,7 +18,9 @@ The admin is a super user (``super.users=User:admin``): SCRAM-SHA-512 credential
 (``/config/users/admin``) in the SASL modes, the certificate's CN through ssl.principal.mapping.rules
 in ssl mode. Brokers talk to each other over the same secured listener, as the admin (SASL) or with
 their certificate (ssl; User:broker is a super user too). In every secured mode (sasl_plaintext too)
-ZooKeeper has no plaintext port, so only holders of a certificate from the cluster's CA reach it.
+ZooKeeper has no plaintext port, so only holders of a certificate from the cluster's CA reach it, and
+the brokers set ZooKeeper ACLs (zookeeper.set.acl) naming zk-client.pem's identity: another
+certificate of the CA reads what is not secret and changes nothing.
 """
 from __future__ import annotations
 
@@ -87,6 +89,15 @@ def zk_tls_properties(root: Path) -> dict[str, str]:
         return parse_properties((root / ZK_TLS_PROPERTIES).read_text(encoding="utf-8"))
     except FileNotFoundError:
         return {}
+
+
+def zookeeper_lines(root: Path) -> list[str]:
+    """The server.properties lines for the cluster's ZooKeeper: its TLS client keys and, with them,
+    zookeeper.set.acl: every znode a broker makes can then be changed only by the holder of the
+    cluster's ZooKeeper client certificate (ZooKeeper's x509 identity), others may read the
+    non-secret ones."""
+    props = zk_tls_properties(root)
+    return [f"{k}={v}" for k, v in props.items()] + (["zookeeper.set.acl=true"] if props else [])
 
 
 def zookeeper_tls(root: Path):

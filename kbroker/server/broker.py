@@ -96,16 +96,21 @@ class Broker:
         cfg = self.config
         if self.broker_id < 0:
             raise RuntimeError("broker.id must be set (automatic broker id generation is not implemented)")
-        digest = cfg.get("kbroker.zookeeper.digest.credentials") if cfg.get("zookeeper.set.acl") else None
-        if cfg.get("zookeeper.set.acl") and not digest:
-            raise RuntimeError("zookeeper.set.acl=true needs kbroker.zookeeper.digest.credentials=user:password")
         try:
             zk_tls = kazoo_tls(cfg.get)
         except ValueError as e:
             raise ConfigError(str(e), str(e).split(":", 1)[0]) from None
+        secure = cfg.get("zookeeper.set.acl")
+        digest = cfg.get("kbroker.zookeeper.digest.credentials") if secure else None
+        # As Kafka: the znodes' ACLs name the identity this broker has in ZooKeeper, its TLS client
+        # certificate (ZooKeeper's x509 scheme) or its digest credentials; without either there is none.
+        if secure and not digest and not (zk_tls and zk_tls.get("certfile")):
+            raise ConfigError("zookeeper.set.acl=true needs an identity in ZooKeeper: a TLS client certificate "
+                              "(zookeeper.ssl.client.enable=true with zookeeper.ssl.keystore.location) or "
+                              "kbroker.zookeeper.digest.credentials=user:password", "zookeeper.set.acl")
         self.zk = BrokerZk(cfg.zookeeper_connect, self.broker_id, cfg.zookeeper_session_timeout_ms,
                            loop=self.loop, connect_timeout_s=cfg.zookeeper_connection_timeout_ms / 1000,
-                           digest=digest, tls=zk_tls)
+                           digest=digest, tls=zk_tls, secure_acls=bool(secure))
         self.zk.on_reregistered = lambda epoch: log.info("re-registered in ZooKeeper, broker epoch %d", epoch)
         self.zk.on_session_lost = lambda: log.warning("ZooKeeper session expired; re-registering")
         self.zk.on_controller_change = self._on_controller_change

@@ -159,7 +159,8 @@ def test_zookeeper_serves_tls_only(sasl_ssl, tmp_path):
     """The cluster's ZooKeeper listens on one client port, its TLS one: the brokers registered through it
     (their sessions are TLS), a plaintext client and a TLS client without the cluster's client certificate
     get no session, kazoo with DIR/zk-tls.properties does, and so does a ZooKeeper tool given the file as
-    --zk-tls-config-file; `cluster status` reads the registrations over TLS."""
+    --zk-tls-config-file; `cluster status` reads the registrations over TLS. The brokers' znodes carry
+    ZooKeeper ACLs: all for that client certificate's x509 identity, read for others except on secrets."""
     import json
 
     from kazoo.client import KazooClient
@@ -196,6 +197,16 @@ def test_zookeeper_serves_tls_only(sasl_ssl, tmp_path):
     assert z is not None
     try:
         assert sorted(z.get_children("/brokers/ids")) == ["0", "1"]
+        # zookeeper.set.acl: what a broker made is changed only by the client certificate's identity
+        # (ZooKeeper's x509 scheme); secrets are not even readable by others
+        assert server["zookeeper.set.acl"] == "true"
+        for path, others in (("/brokers/ids/0", {"world:anyone:1"}), ("/brokers/topics", {"world:anyone:1"}),
+                             ("/controller", {"world:anyone:1"}), ("/config/users", set())):
+            acls = {f"{a.id.scheme}:{a.id.id}:{a.perms}" for a in z.get_acls(path)[0]}
+            mine = {a for a in acls if a.startswith("x509:") and a.endswith(":31")}
+            assert len(mine) == 1 and "CN=zookeeper-client" in mine.pop() and acls - others - \
+                {a for a in acls if a.startswith("x509:")} == set(), (path, acls)
+            assert {a for a in acls if not a.startswith("x509:")} == others, (path, acls)
     finally:
         z.stop()
         z.close()
