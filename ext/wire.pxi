@@ -630,7 +630,7 @@ cdef int _inline_region(_Writer w, object region) except -1:
 
 
 cdef int _fetch_head(_Writer w, int version, int32_t correlation_id, int16_t error_code,
-                     Py_ssize_t n_topics) except -1:
+                     Py_ssize_t n_topics, int32_t session_id=0) except -1:
     # a Fetch v4-17 response from its start up to the topic count (the size prefix left to fill in)
     cdef bint flex = version >= FETCH_FLEX
     w.pos = 0
@@ -642,7 +642,7 @@ cdef int _fetch_head(_Writer w, int version, int32_t correlation_id, int16_t err
     w.i32(0)                                         # throttle_time_ms
     if version >= 7:
         w.i16(error_code)
-        w.i32(0)                                     # session_id
+        w.i32(session_id)
     _count(w, flex, n_topics)
     return 0
 
@@ -705,7 +705,7 @@ cdef inline void _records_len(_Writer w, bint flex, int64_t n) noexcept:
 
 
 def encode_fetch_response(int version, int32_t correlation_id, int16_t error_code, list topics,
-                          Py_ssize_t inline_max, dict ids=None):
+                          Py_ssize_t inline_max, dict ids=None, int32_t session_id=0):
     """The whole Fetch v4-17 response (size prefix included) -> (chunks, bytes copied inline).
 
     ``topics``: [(name, [[partition_index, error_code, high_watermark, last_stable_offset,
@@ -717,7 +717,7 @@ def encode_fetch_response(int version, int32_t correlation_id, int16_t error_cod
     ``inline_max`` too (a many-partition answer of small ranges is not copied whole: copying was
     measured cheaper than sendfile only up to that size); the others stay FileRegions chunks for
     sendfile, splitting the response into [bytes, FileRegions, bytes, ...] as the generic encoder does. throttle_time_ms 0,
-    session_id 0, aborted_transactions null unless given, preferred_read_replica -1 (v11), no tagged
+    ``session_id`` (v7+: the fetch session's id, 0 for none), aborted_transactions null unless given, preferred_read_replica -1 (v11), no tagged
     fields (v12+)."""
     if not FETCH_MIN <= version <= FETCH_MAX:
         raise ValueError(f"Fetch v{version} is not encoded natively")
@@ -728,7 +728,7 @@ def encode_fetch_response(int version, int32_t correlation_id, int16_t error_cod
     cdef list parts, res
     cdef object name, records, region
     cdef Py_buffer raw                               # bytes records (a segment read block's slice)
-    _fetch_head(w, version, correlation_id, error_code, len(topics))
+    _fetch_head(w, version, correlation_id, error_code, len(topics), session_id)
     for name, parts in topics:
         _fetch_topic_out(w, version, name, ids)
         _count(w, flex, len(parts))

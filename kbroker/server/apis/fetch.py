@@ -240,7 +240,7 @@ def _encode(conn, req, out, broker=None):
     if version >= 13 and req.unknown:
         rows = rows + [(tid, [[p, _UNKNOWN_ID, -1, -1, -1, b""] for p in parts]) for tid, parts in req.unknown]
     chunks, copied = encode_fetch_response(version, req.correlation_id, out[0], rows,
-                                           conn.server.sendfile_min_bytes, req.ids)
+                                           conn.server.sendfile_min_bytes, req.ids, out[2] if len(out) > 2 else 0)
     if copied:
         conn.server.metrics.fetch_copy_bytes += copied
     return chunks
@@ -386,28 +386,8 @@ def _respond(req, out, answer, conn):
     if answer is None:
         return out
     if conn is not None:
-        return _with_session_id(answer(conn, req, out), req.api_version, out[2] if len(out) > 2 else 0)
+        return answer(conn, req, out)
     return answer(out)
-
-
-def _session_answer(answer, conn):
-    """``answer`` for a session's long poll: the native encoding with the session id written in."""
-    if answer is None or conn is None:
-        return answer
-
-    def encode(conn, req, out):
-        return _with_session_id(answer(conn, req, out), req.api_version, out[2] if len(out) > 2 else 0)
-    return encode
-
-
-def _with_session_id(chunks, version, session_id):
-    """The native encoder (encode_fetch_response) writes session_id 0: the session's id replaces it
-    in the first chunk (after the size, correlation id, v12+ header tags, throttle time, error code)."""
-    if session_id and type(chunks) is list:
-        at = 15 if version >= 12 else 14
-        head = chunks[0]
-        chunks[0] = b"".join((head[:at], session_id.to_bytes(4, "big"), head[at + 4:]))
-    return chunks
 
 
 def _full_fetch(broker, cache, req, answer, conn, refused_by):
@@ -435,7 +415,7 @@ def _full_fetch(broker, cache, req, answer, conn, refused_by):
         return (0, rows, s.id)
     if size >= req.min_bytes or req.max_wait_ms <= 0 or errors:
         return _respond(req, finish(rows), answer, conn)
-    return _poll(broker, req, follower, _session_answer(answer, conn), conn, refused, finish)
+    return _poll(broker, req, follower, answer, conn, refused, finish)
 
 
 def _bound(broker, follower):
@@ -505,7 +485,7 @@ def _incremental_fetch(broker, s, req, answer, conn, refused_by, now):
     got, size, errors = read_once()
     if size >= req.min_bytes or req.max_wait_ms <= 0 or errors:
         return _respond(req, finish(got), answer, conn)
-    return _wait(s, None, req, read_once, finish, _session_answer(answer, conn), conn)
+    return _wait(s, None, req, read_once, finish, answer, conn)
 
 
 def _answer_ids(ids, s, rows):
