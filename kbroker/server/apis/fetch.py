@@ -33,8 +33,7 @@ _NOT_LEADER = Errors.NOT_LEADER_OR_FOLLOWER
 _UNKNOWN_ID = int(Errors.UNKNOWN_TOPIC_ID)
 
 
-def _now_ms() -> int:
-    return int(time.monotonic() * 1000)
+_now_ms = fs.now_ms
 
 
 # The API table's handlers (kbroker/server/apis/__init__.py).
@@ -313,30 +312,12 @@ def _wait(notifier, tps, req, read, finish, answer, conn):
 
 # ---- fetch sessions (KIP-227; the cache: server/fetch_sessions.py) ----------------------------------------
 
-def _sessions(broker) -> fs.FetchSessionCache:
-    """The broker's session cache, made at its first session fetch (sessions live as long as the
-    process: a restart loses them)."""
-    cache = getattr(broker, "fetch_sessions", None)
-    if cache is None:
-        cfg = broker.config
-        loop = asyncio.get_running_loop()
-        cache = broker.fetch_sessions = fs.FetchSessionCache(
-            cfg.get("max.incremental.fetch.session.cache.slots"), broker.notifier.waiters, loop,
-            cfg.get("replica.lag.time.max.ms") // 4)
-
-        def check():
-            cache.check_dormant(_now_ms())
-            loop.call_later(fs.DORMANT_MS / 2000, check)
-        loop.call_later(fs.DORMANT_MS / 2000, check)
-    return cache
-
-
 def _session_fetch(broker, req, answer, conn, refused_by):
     """``execute`` for a request with session metadata: epoch -1 closes the session named (the fetch is
     sessionless), epoch 0 is a full fetch that creates a session (closing the one named), any other
     epoch an incremental fetch of the session named. The answer is encoded here (``answer``), or a
     future of it; ``(error_code, rows, session_id)`` without ``answer``."""
-    cache = _sessions(broker)
+    cache = broker.fetch_sessions       # the broker's (built at its start)
     sid, epoch = req.session_id, req.session_epoch
     if epoch == fs.FINAL_EPOCH or epoch == fs.INITIAL_EPOCH:
         if sid:
