@@ -83,7 +83,7 @@ class CachedPartition:
 class FetchSession:
     __slots__ = ("id", "privileged", "uses_topic_ids", "creation_ms", "last_used_ms", "epoch", "parts",
                  "dirty", "carry", "_waiter", "metadata_updates", "refused", "swept_ms", "notify", "loop", "_seq",
-                 "names", "sweep_ms", "dormant")
+                 "names", "sweep_ms", "dormant", "fresh")
 
     def __init__(self, session_id, privileged, uses_topic_ids, now_ms, notify, loop, sweep_ms):
         self.id = session_id
@@ -103,6 +103,7 @@ class FetchSession:
         self.names: dict = {}           # topic -> how many of its partitions the session has
         self.sweep_ms = sweep_ms        # every partition is read at least this often
         self.dormant = False            # standing waiters dropped (DORMANT_MS unused)
+        self.fresh = True               # no incremental fetch yet: only the full fetch's answer names it
 
     def __len__(self) -> int:
         return len(self.parts)
@@ -302,7 +303,9 @@ class FetchSessionCache:
         return s
 
     def touch(self, session: FetchSession, now_ms: int) -> None:
+        """An incremental fetch uses ``session``."""
         session.last_used_ms = now_ms
+        session.fresh = False
 
     def check_dormant(self, now_ms: int) -> int:
         """Put the sessions unused for DORMANT_MS, with no fetch waiting, to sleep -> how many."""

@@ -312,6 +312,19 @@ def _wait(notifier, tps, req, read, finish, answer, conn):
 
 # ---- fetch sessions (KIP-227; the cache: server/fetch_sessions.py) ----------------------------------------
 
+def throttled_answer(broker, answer: dict) -> dict:
+    """A Fetch answer its client's quota throttles, as Kafka answers one: no partitions. A full fetch
+    (epoch 0) makes no session: the one its answer made is removed and the answer says session id 0;
+    an incremental fetch keeps its session (its id answered, its epoch moved on)."""
+    sid = answer.get("session_id") or 0
+    if sid:
+        s = broker.fetch_sessions.get(sid)
+        if s is not None and s.fresh:
+            broker.fetch_sessions.remove(sid)
+            sid = 0
+    return dict(answer, responses=[], session_id=sid)
+
+
 def _session_fetch(broker, req, answer, conn, refused_by):
     """``execute`` for a request with session metadata: epoch -1 closes the session named (the fetch is
     sessionless), epoch 0 is a full fetch that creates a session (closing the one named), any other
