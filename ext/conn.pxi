@@ -78,7 +78,7 @@ cdef object _dispatch_frames(ConnState conn, chunk, const unsigned char *p, Py_s
     cdef Py_ssize_t begin
     cdef int32_t size
     cdef int key, version
-    cdef object handler, parse, frame, sv, result
+    cdef object handler, parse, frame, sv, result, req
     cdef Slot slot
     cdef FastProduce fast = produce if type(produce) is FastProduce else None
     cdef FastFetch ffast = fetch if type(fetch) is FastFetch else None
@@ -118,13 +118,20 @@ cdef object _dispatch_frames(ConnState conn, chunk, const unsigned char *p, Py_s
                 conn._dispatch(view[begin:begin + size], chunk)
                 continue
         done = False
+        req = None
         try:
             if key == PRODUCE:
                 if fast is not None:
-                    done = _produce_fast(fast, conn, view, p, begin, size, start, end, run, no_response, close,
-                                         chunk)
+                    # the frame walked once: served (None), or parsed for the handler
+                    req = _produce_fast(fast, conn, view, p, begin, size, start, end, run, no_response, close,
+                                        chunk)
+                    done = req is None
             elif ffast is not None:
-                done = _fetch_fast(ffast, conn, p, begin, size, no_response, close)
+                req = _fetch_fast(ffast, conn, view, p, begin, size, no_response, close)
+                done = req is None
+        except ProtocolError:
+            conn._dispatch(view[begin:begin + size], chunk)     # malformed: the generic outcome
+            continue
         except Exception:
             # as a raising handler: logged, the connection closed (the slot only names the request)
             conn._handler_raised(_new_slot(_header(key, version), key, version, False, conn._pending,
@@ -134,17 +141,20 @@ cdef object _dispatch_frames(ConnState conn, chunk, const unsigned char *p, Py_s
         if done == 1:
             _answered(conn, run, no_response, close)
             continue
-        frame = view[begin:begin + size]
-        try:
-            slot = _begin_native(frame, parse, conn._pending, conn._request_counts, conn.last_active,
-                                 conn._read_at)
-        except ProtocolError:
-            conn._dispatch(frame, chunk)        # malformed: the generic outcome (nothing was queued)
-            continue
-        if done == 2:
-            # _fetch_fast recorded its follower's positions: the long poll's reads take the frame again
-            (<FetchRequest>slot.header).recorded = True
-            (<FetchRequest>slot.header).frame = bytes(frame)
+        if req is not None:
+            # the request the fast path's walk parsed (a Fetch's ``recorded``: its follower's positions
+            # were recorded, the long poll's reads take the frame again)
+            slot = _new_slot(req, key, version, key == FETCH and (<FetchRequest>req).replica_id >= 0,
+                             conn._pending, conn._request_counts, conn.last_active, conn._read_at, _monotonic())
+        else:
+            # no fast path: parsed here
+            frame = view[begin:begin + size]
+            try:
+                slot = _begin_native(frame, parse, conn._pending, conn._request_counts, conn.last_active,
+                                     conn._read_at)
+            except ProtocolError:
+                conn._dispatch(frame, chunk)        # malformed: the generic outcome (nothing was queued)
+                continue
         if key == PRODUCE and not run[0] and _frame_follows(p, start, end):
             # a run only when another frame of the chunk follows: a lone request (one in flight) is
             # written as it is handled, so a failing disk still answers it KAFKA_STORAGE_ERROR

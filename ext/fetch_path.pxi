@@ -52,8 +52,8 @@ cdef class FastFetch:
         ``_poll_recorded``; ``frame``: FetchRequest.frame) -> [the answer's chunks, its records' size],
         or None: Python's read (fetch._read) this time."""
         cdef list out = []
-        if _fetch_fast(self, conn, <const unsigned char *>PyBytes_AS_STRING(frame), 0, len(frame), None, None,
-                       out):
+        if _fetch_fast(self, conn, frame, <const unsigned char *>PyBytes_AS_STRING(frame), 0, len(frame), None,
+                       None, out) is None:
             return out
         return None
 
@@ -135,18 +135,19 @@ cdef inline bint _valid_utf8(const unsigned char *s, Py_ssize_t n):
     return True
 
 
-cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ssize_t begin, Py_ssize_t size,
-                     no_response, close, list reread=None) except -1:
-    """The frame at ``begin`` (``size`` bytes) served natively -> 1 (its Slot queued with the answer),
-    2: a follower's fetch with nothing to read whose positions were recorded here (the caller's path
-    long-polls it, FetchRequest.recorded), or 0: not the common request (nothing was done but read
-    blocks read and their cursors moved as the reference path reads and moves them: the caller's path
-    takes the request from scratch). ``reread``: a long poll's read of a follower's fetch recorded
-    before (FastFetch.reread): nothing recorded, no Slot; 1 with [the answer's chunks, its records'
-    size] appended to ``reread`` (whether or not that is min_bytes: the poll decides), or 0 (Python's
-    read)."""
+cdef object _fetch_fast(FastFetch ff, ConnState conn, object view, const unsigned char *p, Py_ssize_t begin,
+                        Py_ssize_t size, no_response, close, list reread=None):
+    """The frame at ``begin`` (``size`` bytes; ``view``: a buffer holding it) walked once -> None:
+    served natively (its Slot queued with the answer); or the FetchRequest parse_fetch would give, for
+    the caller's path: a follower's fetch with nothing to read whose positions were recorded here
+    (FetchRequest.recorded: the caller's path long-polls it), or not the common request (nothing was
+    done but read blocks read and their cursors moved as the reference path reads and moves them). A
+    malformed frame raises ProtocolError as parse_fetch does. ``reread``: a long poll's read of a
+    follower's fetch recorded before (FastFetch.reread): nothing recorded, no Slot; None with [the
+    answer's chunks, its records' size] appended to ``reread`` (whether or not that is min_bytes: the
+    poll decides), or _REFUSED (Python's read)."""
     cdef const unsigned char *f = p + begin
-    cdef Py_ssize_t pos = 8, name_at, topics_at, part_len
+    cdef Py_ssize_t pos = 8, name_at, topics_at, count_at, part_len
     cdef int64_t name_len, rack_len = 0, n_topics, n_parts, t, j
     cdef int32_t version, correlation_id, replica_id = -1, max_wait_ms, min_bytes, max_bytes, index
     cdef int32_t leader_epoch = -1, part_max, session_epoch = -1
@@ -171,20 +172,20 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
     cdef _Writer w
     cdef double started = _monotonic()
     if size < pos + 2:
-        return 0
+        return _fetch_declined(view, f, begin, size, None, -1, -1, reread)
     version = <int16_t>load_be16(<const char *>f + 2)
     correlation_id = <int32_t>load_be32(<const char *>f + 4)
     flex = version >= FETCH_FLEX
     by_id = version >= FETCH_IDS
     client_id = _client_id(f, size, &pos)
     if client_id is _REFUSED:
-        return 0
+        return _fetch_declined(view, f, begin, size, None, -1, -1, reread)
     if flex and not _no_tags_at(f, size, &pos):                  # the request header's tags
-        return 0
+        return _fetch_declined(view, f, begin, size, None, -1, -1, reread)
     # [replica_id (before v15: then in the tagged replica_state)], max_wait_ms, min_bytes, max_bytes,
     # isolation_level, [session_id, session_epoch], the topic count
     if size - pos < (4 if version < FETCH_STATE else 0) + 13 + (8 if version >= 7 else 0) + 4:
-        return 0
+        return _fetch_declined(view, f, begin, size, None, -1, -1, reread)
     if version < FETCH_STATE:
         replica_id = <int32_t>load_be32(<const char *>f + pos)
         pos += 4
@@ -195,12 +196,26 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
     pos += 13
     follower = replica_id >= 0
     committed = not follower and isolation == 1
+    req = FetchRequest.__new__(FetchRequest)
+    req.api_key = FETCH
+    req.api_version = version
+    req.correlation_id = correlation_id
+    req.client_id = client_id
+    req.replica_id = replica_id
+    req.max_wait_ms = max_wait_ms
+    req.min_bytes = min_bytes
+    req.max_bytes = max_bytes
+    req.isolation_level = isolation
+    req.session_epoch = -1
     if version >= 7:
         session_epoch = <int32_t>load_be32(<const char *>f + pos + 4)
-        # a fetch session (an id, or an epoch other than -1: 0 asks for one) is fetch.py's
-        if <int32_t>load_be32(<const char *>f + pos) != 0 or session_epoch != -1:
-            return 0
+        req.session_id = <int32_t>load_be32(<const char *>f + pos)
+        req.session_epoch = session_epoch
         pos += 8
+        # a fetch session (an id, or an epoch other than -1: 0 asks for one) is fetch.py's
+        if req.session_id != 0 or session_epoch != -1:
+            return _fetch_declined(view, f, begin, size, req, pos, -1, reread)
+    count_at = pos
     if flex:
         n_topics = _fuv(f, size, &pos) - 1
     else:
@@ -214,23 +229,23 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
     # preferred read replica is always -1), no tagged field (v15+: so no follower), nothing after.
     part_len = 4 + (4 if version >= 9 else 0) + 8 + (4 if flex else 0) + (8 if version >= 5 else 0) + 4 + flex
     if n_topics < 0:
-        return 0
+        return _fetch_declined(view, f, begin, size, req, count_at, -1, reread)
     for t in range(n_topics):
         if by_id:
             if size - pos < 16:
-                return 0
+                return _fetch_declined(view, f, begin, size, req, count_at, -1, reread)
             pos += 16
         elif flex:
             name_len = _fuv(f, size, &pos) - 1
             if name_len <= 0 or name_len > 0x7FFF or size - pos < name_len or not _valid_utf8(f + pos, name_len):
-                return 0
+                return _fetch_declined(view, f, begin, size, req, count_at, -1, reread)
             pos += name_len
         else:
             if size - pos < 2:
-                return 0
+                return _fetch_declined(view, f, begin, size, req, count_at, -1, reread)
             name_len = <int16_t>load_be16(<const char *>f + pos)
             if name_len <= 0 or size - pos - 2 < name_len + 4 or not _valid_utf8(f + pos + 2, name_len):
-                return 0
+                return _fetch_declined(view, f, begin, size, req, count_at, -1, reread)
             pos += 2 + name_len
         if flex:
             n_parts = _fuv(f, size, &pos) - 1
@@ -238,52 +253,53 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
             n_parts = <int32_t>load_be32(<const char *>f + pos)
             pos += 4
         if n_parts < 0 or n_parts * part_len > size - pos:
-            return 0
+            return _fetch_declined(view, f, begin, size, req, count_at, -1, reread)
         if flex:
             for j in range(n_parts):
                 if f[pos + part_len - 1] != 0:                  # the partition's tagged fields
-                    return 0
+                    return _fetch_declined(view, f, begin, size, req, count_at, -1, reread)
                 pos += part_len
             if not _no_tags_at(f, size, &pos):                   # the topic's
-                return 0
+                return _fetch_declined(view, f, begin, size, req, count_at, -1, reread)
         else:
             pos += n_parts * part_len
     if version >= 7:
         if flex:
             if size - pos < 1 or f[pos] != 1:                     # forgotten topics (compact: 1 is empty)
-                return 0
+                return _fetch_declined(view, f, begin, size, req, count_at, -1, reread)
             pos += 1
         else:
             if size - pos < 4 or <int32_t>load_be32(<const char *>f + pos) != 0:     # forgotten topics
-                return 0
+                return _fetch_declined(view, f, begin, size, req, count_at, -1, reread)
             pos += 4
     if version >= 11:
         if flex:
             rack_len = _fuv(f, size, &pos) - 1
         elif size - pos < 2:
-            return 0
+            return _fetch_declined(view, f, begin, size, req, count_at, -1, reread)
         else:
             rack_len = <int16_t>load_be16(<const char *>f + pos)
             pos += 2
         if rack_len < 0 or size - pos < rack_len:
-            return 0
+            return _fetch_declined(view, f, begin, size, req, count_at, -1, reread)
         if rack_len:
             # KIP-392: with a replica selector the leader may name another replica: Python's answer
             if ff.config_values.get("replica.selector.class") is not None:
-                return 0
+                return _fetch_declined(view, f, begin, size, req, count_at, -1, reread)
             rack = _utf8(f + pos, rack_len)
             if rack is _REFUSED:
-                return 0
+                return _fetch_declined(view, f, begin, size, req, count_at, -1, reread)
         pos += rack_len
     if flex and not _no_tags_at(f, size, &pos):                   # the request's (v15+: replica_state)
-        return 0
+        return _fetch_declined(view, f, begin, size, req, count_at, -1, reread)
     if pos != size:
-        return 0
+        return _fetch_declined(view, f, begin, size, req, count_at, -1, reread)
+    req.rack_id = rack
     # fetch._read's budget: the request's max_bytes capped by fetch.max.bytes (a follower's:
     # replica.fetch.response.max.bytes) and the data ceiling
     cap = ff.config_values.get("replica.fetch.response.max.bytes" if follower else "fetch.max.bytes")
     if cap is None:
-        return 0
+        return _fetch_declined(view, f, begin, size, req, topics_at, n_topics, reread)
     budget = cap
     if max_bytes < budget:
         budget = max_bytes
@@ -300,7 +316,7 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
         if reread is None:
             recs = []
     elif reread is not None:
-        return 0
+        return _fetch_declined(view, f, begin, size, req, topics_at, n_topics, reread)
     w = _out
     _fetch_head(w, version, correlation_id, 0, n_topics)
     pos = topics_at
@@ -311,7 +327,7 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
             pos += 16
             name = ff.topic_ids.get(PyBytes_FromStringAndSize(<const char *>f + name_at, 16))
             if name is None:
-                return 0                # an unknown id: UNKNOWN_TOPIC_ID is the reference path's
+                return _fetch_declined(view, f, begin, size, req, topics_at, n_topics, reread)                # an unknown id: UNKNOWN_TOPIC_ID is the reference path's
         else:
             if flex:
                 name_len = _fuv(f, size, &pos) - 1
@@ -328,17 +344,17 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
             pos += 4
         tparts = ff.leaders.get(name)
         if tparts is None:
-            return 0
+            return _fetch_declined(view, f, begin, size, req, topics_at, n_topics, reread)
         # authorization hook: a topic not yet allowed Read (a follower: no ClusterAction yet) on this
         # connection takes the reference path
         if conn._acl_read is not None and not (conn._acl_cluster if follower else name in <set>conn._acl_read):
-            return 0
+            return _fetch_declined(view, f, begin, size, req, topics_at, n_topics, reread)
         if follower:
             # leader.replication.throttled.replicas set for the topic: the leader quota's counting
             # (ReplicaManager.record_leader_bytes) is Python's
             tcfg = ff.topic_configs.get(name)
             if tcfg and tcfg.get("leader.replication.throttled.replicas"):
-                return 0
+                return _fetch_declined(view, f, begin, size, req, topics_at, n_topics, reread)
         # the topic as the request named it (its name's bytes, or its id)
         w.reserve(5 + name_len + 5)
         if not by_id:
@@ -366,27 +382,27 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
             pos += 4 + flex                                       # [the partition's empty tag buffer]
             fl = (<dict>tparts).get(index)
             if fl is None or (leader_epoch >= 0 and leader_epoch != fl.epoch):
-                return 0                # epoch fencing (KIP-320): the reference path answers the error
+                return _fetch_declined(view, f, begin, size, req, topics_at, n_topics, reread)                # epoch fencing (KIP-320): the reference path answers the error
             if fl.partition.leader_epoch != fl.epoch:
                 ff.rearm(fl.tp)         # a leadership change a re-arm missed: the next request sees the new slot
-                return 0
+                return _fetch_declined(view, f, begin, size, req, topics_at, n_topics, reread)
             if fl.partition.leader_id != ff.local_id:
-                return 0
+                return _fetch_declined(view, f, begin, size, req, topics_at, n_topics, reread)
             if follower:
                 # record_follower_fetch's common case only: an ISR follower (no expansion, never
                 # throttled: ReplicaManager.leader_throttled), known, of a leader whose ISR writes stand
                 if fl.partition.stale or rid not in fl.partition.isr:
-                    return 0
+                    return _fetch_declined(view, f, begin, size, req, topics_at, n_topics, reread)
                 fs = fl.partition.followers.get(rid)
                 if fs is None:
-                    return 0
+                    return _fetch_declined(view, f, begin, size, req, topics_at, n_topics, reread)
             lg = fl.log
             if lg.offline or lg._write_job is not None:
-                return 0
+                return _fetch_declined(view, f, begin, size, req, topics_at, n_topics, reread)
             hw = lg._high_watermark
             log_start = lg.log_start_offset
             if fetch_offset < log_start:
-                return 0                # out of range
+                return _fetch_declined(view, f, begin, size, req, topics_at, n_topics, reread)                # out of range
             st = _active_state(fl, lg)
             seg = fl.seg
             limit = part_max if part_max < budget else budget
@@ -399,25 +415,25 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
             rd_max = st.next_offset if follower else lso
             if fetch_offset >= rd_max:  # Log.read: nothing to read yet (an empty row); past the log end
                 if fetch_offset > st.next_offset:       # out of range
-                    return 0
+                    return _fetch_declined(view, f, begin, size, req, topics_at, n_topics, reread)
             else:
                 if fetch_offset < st.base_offset or rd_max > st.next_offset or (first and limit < 0):
-                    return 0            # an older segment
+                    return _fetch_declined(view, f, begin, size, req, topics_at, n_topics, reread)            # an older segment
                 start = _batch_position(ff, seg, st, fetch_offset, 0)
                 if start < 0:
-                    return 0
+                    return _fetch_declined(view, f, begin, size, req, topics_at, n_topics, reread)
                 end = _end_position(ff, seg, st, start, limit, rd_max, first)
                 if end == _UNDECIDED:
-                    return 0
+                    return _fetch_declined(view, f, begin, size, req, topics_at, n_topics, reread)
                 n = end - start
                 if n > 0:
                     total += n
                     if total >= sendfile_min:
-                        return 0        # sent by sendfile
+                        return _fetch_declined(view, f, begin, size, req, topics_at, n_topics, reread)        # sent by sendfile
                     # LogSegment.read_bytes' block (None: read from the file, by the reference path)
                     block = ff.blocks.holding(seg, <int>seg.read_fd, start, n, st.size)
                     if block is None:
-                        return 0
+                        return _fetch_declined(view, f, begin, size, req, topics_at, n_topics, reread)
                 else:
                     n = 0
             if recs is not None:        # its HW is written once the position is recorded (below)
@@ -458,14 +474,17 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
         if total >= min_bytes:
             ff.fast += 1                # the answer (the poll's deadline answers the others)
             ff.follower_fast += 1
-        return 1
+        return None
     if total < min_bytes and max_wait_ms > 0:
         if not follower or total:
-            return 0                    # a long poll
+            return _fetch_declined(view, f, begin, size, req, topics_at, n_topics, reread)    # a long poll
         # a follower's fetch with nothing to read (caught up): its positions recorded here, the long
-        # poll left to Python (fetch.handle_native, FetchRequest.recorded)
+        # poll left to Python (fetch.handle_native, FetchRequest.recorded), whose re-reads take the frame
         _record_followers(ff, recs, None)
-        return 2
+        _fetch_declined(view, f, begin, size, req, topics_at, n_topics, None)
+        req.recorded = True
+        req.frame = PyBytes_FromStringAndSize(<const char *>f, size)
+        return req
     # the answer: fetch._read's bookkeeping (BytesOut per topic, the bytes copied), the Slot
     if follower:
         # each row's HW read after its own position was recorded (fetch._read: record, then read)
@@ -483,22 +502,82 @@ cdef int _fetch_fast(FastFetch ff, ConnState conn, const unsigned char *p, Py_ss
     store_be32(w.p, <uint32_t>(w.pos - 4))
     result = [PyBytes_FromStringAndSize(w.p, w.pos)]
     ff.fast += 1
-    req = FetchRequest.__new__(FetchRequest)
-    req.api_key = FETCH
-    req.api_version = version
-    req.correlation_id = correlation_id
-    req.client_id = client_id
-    req.replica_id = replica_id
-    req.max_wait_ms = max_wait_ms
-    req.min_bytes = min_bytes
-    req.max_bytes = max_bytes
-    req.isolation_level = isolation
-    req.session_epoch = session_epoch
-    req.rack_id = rack
     slot = _new_slot(req, FETCH, version, follower, conn._pending, conn._request_counts, conn.last_active,
                      conn._read_at, started)
     _end_native(slot, result, no_response, close)
-    return 1
+    return None
+
+
+cdef object _fetch_declined(object view, const unsigned char *f, Py_ssize_t begin, Py_ssize_t size, FetchRequest req,
+                            Py_ssize_t at, int64_t n_topics, list reread):
+    """A Fetch _fetch_fast does not serve, as parse_fetch gives it, from where the walk stopped: with no
+    ``req`` (the header is not one it reads) the whole frame parsed; with ``n_topics`` < 0, ``req``'s
+    header kept and the rest parsed from the topic count at ``at`` (a session, or a layout the walk
+    does not take: parse_fetch's errors included); else the layout the walk validated (topics from
+    ``at``, no forgotten topic, no tagged field, ``req.rack_id`` set) read into ``req.topics`` with no
+    check made twice. A re-read (``reread``) makes no request: _REFUSED."""
+    cdef _Reader r
+    cdef Py_ssize_t pos = at
+    cdef int version, t, j
+    cdef bint flex, by_id
+    cdef int64_t name_len, n_parts
+    cdef int32_t partition, leader_epoch
+    cdef int64_t fetch_offset, log_start
+    cdef list topics, parts
+    cdef object name
+    if reread is not None:
+        return _REFUSED
+    if req is None:
+        return parse_fetch(view[begin:begin + size])
+    if n_topics < 0:
+        r = _frame_reader(view[begin:begin + size])
+        r.pos = at
+        _fetch_body(r, req)
+        return req
+    version = req.api_version
+    flex = version >= FETCH_FLEX
+    by_id = version >= FETCH_IDS
+    topics = []
+    for t in range(n_topics):
+        if by_id:
+            name = PyBytes_FromStringAndSize(<const char *>f + pos, 16)
+            pos += 16
+        elif flex:
+            name_len = _fuv(f, size, &pos) - 1
+            name = _decode_str(f + pos, name_len)
+            pos += name_len
+        else:
+            name_len = <int16_t>load_be16(<const char *>f + pos)
+            name = _decode_str(f + pos + 2, name_len)
+            pos += 2 + name_len
+        if flex:
+            n_parts = _fuv(f, size, &pos) - 1
+        else:
+            n_parts = <int32_t>load_be32(<const char *>f + pos)
+            pos += 4
+        parts = []
+        for j in range(n_parts):
+            partition = <int32_t>load_be32(<const char *>f + pos)
+            pos += 4
+            leader_epoch = -1
+            if version >= 9:
+                leader_epoch = <int32_t>load_be32(<const char *>f + pos)
+                pos += 4
+            fetch_offset = <int64_t>load_be64(<const char *>f + pos)
+            pos += 8
+            if flex:
+                pos += 4                                          # last_fetched_epoch
+            log_start = -1
+            if version >= 5:
+                log_start = <int64_t>load_be64(<const char *>f + pos)
+                pos += 8
+            parts.append((partition, leader_epoch, fetch_offset, log_start, <int32_t>load_be32(<const char *>f + pos)))
+            pos += 4 + flex                                       # [the partition's empty tag buffer]
+        pos += flex                                               # the topic's
+        topics.append((name, parts))
+    req.topics = topics
+    req.forgotten = []
+    return req
 
 
 cdef int _record_followers(FastFetch ff, list recs, _Writer w) except -1:

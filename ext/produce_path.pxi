@@ -104,7 +104,7 @@ cdef struct _Parts:
 cdef inline void _parts_release(_Parts *ps) noexcept:
     cdef int32_t k
     for k in range(ps.n):
-        Py_DECREF(<object>ps.leader[k])
+        Py_XDECREF(ps.leader[k])
     for k in range(ps.n_bufs):
         Py_DECREF(<object>ps.buf[k])
     for k in range(ps.n_topics):
@@ -127,12 +127,13 @@ cdef inline SegmentState _active_state(FastLeader fl, LogState lg):
     return fl.st
 
 
-cdef int _produce_fast(FastProduce fp, ConnState conn, object view, const unsigned char *p, Py_ssize_t begin,
-                       Py_ssize_t size, Py_ssize_t start, Py_ssize_t end, bint *run, no_response,
-                       close, chunk) except -1:
-    """The frame at ``begin`` (``size`` bytes) served natively -> 1 (its Slot queued with the answer),
-    or 0: not the common request, or not a plain append (nothing was done: the caller's path takes
-    it from scratch; a write-behind run may have begun, which the caller would begin all the same).
+cdef object _produce_fast(FastProduce fp, ConnState conn, object view, const unsigned char *p, Py_ssize_t begin,
+                          Py_ssize_t size, Py_ssize_t start, Py_ssize_t end, bint *run, no_response,
+                          close, chunk):
+    """The frame at ``begin`` (``size`` bytes), walked once -> None: served natively (its Slot queued
+    with the answer), or the ProduceRequest parse_produce would give, for the reference path (not the
+    common request, or not a plain append: nothing was done; a write-behind run may have begun, which
+    the caller would begin all the same). A malformed frame raises ProtocolError as parse_produce does.
     Every partition (up to FAST_PARTS, of any number of topics) is looked up and checked first
     (LeaderAppender.check_plain: no effect), then all are appended in request order, so a refusal
     of any leaves the whole request untouched."""
@@ -144,18 +145,54 @@ cdef int _produce_fast(FastProduce fp, ConnState conn, object view, const unsign
         _parts_release(&ps)
 
 
-cdef int _produce_parts(FastProduce fp, ConnState conn, object view, const unsigned char *p, Py_ssize_t begin,
-                        Py_ssize_t size, Py_ssize_t start, Py_ssize_t end, bint *run, no_response,
-                        close, chunk, _Parts *ps) except -1:
+cdef ProduceRequest _produce_request(object view, Py_ssize_t begin, _Parts *ps, ProduceRequest req,
+                                     int32_t n_topics):
+    # the walked topics 0..n_topics-1 as parse_produce's ``topics`` (records: slices of the frame,
+    # those check_plain took reused), set on ``req``
+    cdef list topics = [], parts
+    cdef int32_t t, j, k = 0
+    cdef object records
+    for t in range(n_topics):
+        parts = []
+        for j in range(ps.t_parts[t]):
+            if k < ps.n_bufs:
+                records = <object>ps.buf[k]
+            elif ps.size[k] < 0:
+                records = None
+            else:
+                records = view[begin + ps.at[k]:begin + ps.at[k] + ps.size[k]]
+            parts.append((ps.index[k], records))
+            k += 1
+        topics.append((<object>ps.name[t], parts))
+    req.topics = topics
+    return req
+
+
+cdef ProduceRequest _produce_resume(object view, Py_ssize_t begin, Py_ssize_t size, _Parts *ps, ProduceRequest req,
+                                    int32_t t, Py_ssize_t at, int64_t n_topics):
+    # a shape the walk does not take (tagged fields, more than FAST_PARTS partitions, an empty array, a
+    # string that is not UTF-8, a length past the frame): the topics before topic ``t`` (which starts at
+    # ``at``) as walked, the rest parsed from there by parse_produce's own loop (its errors included)
+    cdef object frame = view[begin:begin + size]
+    cdef _Reader r = _frame_reader(frame)
+    _produce_request(view, begin, ps, req, t)
+    r.pos = at
+    _produce_topics(r, frame, req, n_topics - t)
+    return req
+
+
+cdef object _produce_parts(FastProduce fp, ConnState conn, object view, const unsigned char *p, Py_ssize_t begin,
+                           Py_ssize_t size, Py_ssize_t start, Py_ssize_t end, bint *run, no_response,
+                           close, chunk, _Parts *ps):
     cdef const unsigned char *f = p + begin
-    cdef Py_ssize_t pos = 8, name_at
+    cdef Py_ssize_t pos = 8, name_at, topic_at
     cdef int16_t acks
     cdef int64_t n16, rsize, n_topics, n_parts
     cdef int32_t version, correlation_id, timeout_ms, index, count = 0
-    cdef bint flex
+    cdef bint flex, fast_ok = True
     cdef int32_t t, j, k, failed = -1, waiting = 0
     cdef int64_t last, now
-    cdef object client_id = None, name, parts, result, records, error = None
+    cdef object client_id = None, txn, name, parts = None, result, records, error = None
     cdef LogState lg
     cdef list entries
     cdef FastLeader fl
@@ -164,60 +201,74 @@ cdef int _produce_parts(FastProduce fp, ConnState conn, object view, const unsig
     cdef Slot slot
     cdef double started
     if size < 8 + 2 + 2 + 2 + 4 + 4:
-        return 0
+        return parse_produce(view[begin:begin + size])
     version = <int16_t>load_be16(<const char *>f + 2)
     correlation_id = <int32_t>load_be32(<const char *>f + 4)
     flex = version >= PRODUCE_FLEX
     client_id = _client_id(f, size, &pos)
     if client_id is _REFUSED:
-        return 0
+        return parse_produce(view[begin:begin + size])
+    # header tags, transactional id (null: the common request), acks, timeout, the topic count
     if flex:
-        # header tags, transactional id (compact: 0 is null), acks, timeout, the topic count
-        if not _no_tags_at(f, size, &pos) or size - pos < 1 + 2 + 4 + 1 or f[pos] != 0:
-            return 0
-        acks = <int16_t>load_be16(<const char *>f + pos + 1)
-        timeout_ms = <int32_t>load_be32(<const char *>f + pos + 3)
-        pos += 7
-        n_topics = _fuv(f, size, &pos) - 1
+        txn = _cstring_at(f, size, &pos) if _no_tags_at(f, size, &pos) else _REFUSED
+    elif size - pos >= 2:
+        txn = _client_id(f, size, &pos)
     else:
-        if size - pos < 2 + 2 + 4 + 4:
-            return 0
-        if <int16_t>load_be16(<const char *>f + pos) != -1:           # a transactional id
-            return 0
-        acks = <int16_t>load_be16(<const char *>f + pos + 2)
-        timeout_ms = <int32_t>load_be32(<const char *>f + pos + 4)
-        n_topics = <int32_t>load_be32(<const char *>f + pos + 8)
-        pos += 12
-    if not (-1 <= acks <= 1) or not (1 <= n_topics <= FAST_PARTS) or fp.failing_dirs:
-        return 0
+        txn = _REFUSED
+    if txn is _REFUSED or size - pos < 2 + 4 + 1:
+        return parse_produce(view[begin:begin + size])
+    acks = <int16_t>load_be16(<const char *>f + pos)
+    timeout_ms = <int32_t>load_be32(<const char *>f + pos + 2)
+    pos += 6
+    if flex:
+        n_topics = _fuv(f, size, &pos) - 1
+    elif size - pos < 4:
+        return parse_produce(view[begin:begin + size])
+    else:
+        n_topics = <int32_t>load_be32(<const char *>f + pos)
+        pos += 4
+    if not (1 <= n_topics <= FAST_PARTS):
+        return parse_produce(view[begin:begin + size])
+    req = _header(PRODUCE, version)
+    req.correlation_id = correlation_id
+    req.client_id = client_id
+    req.transactional_id = txn
+    req.acks = acks
+    req.timeout_ms = timeout_ms
+    if txn is not None or not (-1 <= acks <= 1) or fp.failing_dirs:
+        fast_ok = False
+    # The whole frame walked once: each partition's position recorded (ps), and, while the request
+    # is still the common one, its leader slot looked up and checked
     for t in range(n_topics):
+        topic_at = pos
         if flex:
             n16 = _fuv(f, size, &pos) - 1                           # the topic's name
             if n16 <= 0 or n16 > 0x7FFF or size - pos < n16 + 1:
-                return 0
+                return _produce_resume(view, begin, size, ps, req, t, topic_at, n_topics)
             name_at = pos
             pos += n16
             n_parts = _fuv(f, size, &pos) - 1
         else:
             if size - pos < 2 + 4:
-                return 0
+                return _produce_resume(view, begin, size, ps, req, t, topic_at, n_topics)
             n16 = <int16_t>load_be16(<const char *>f + pos)           # the topic's name
             pos += 2
             if n16 <= 0 or size - pos < n16 + 4:
-                return 0
+                return _produce_resume(view, begin, size, ps, req, t, topic_at, n_topics)
             name_at = pos
             pos += n16
             n_parts = <int32_t>load_be32(<const char *>f + pos)
             pos += 4
         if not (1 <= n_parts <= FAST_PARTS - ps.n):
-            return 0
+            return _produce_resume(view, begin, size, ps, req, t, topic_at, n_topics)
         name = _utf8(f + name_at, n16)
-        parts = None if name is _REFUSED else fp.leaders.get(name)
-        if parts is None:
-            return 0
-        # authorization hook: a topic not yet allowed Write on this connection takes the reference path
-        if conn._acl_write is not None and name not in <set>conn._acl_write:
-            return 0
+        if name is _REFUSED:
+            return _produce_resume(view, begin, size, ps, req, t, topic_at, n_topics)
+        if fast_ok:
+            parts = fp.leaders.get(name)
+            # authorization hook: a topic not yet allowed Write on this connection takes the reference path
+            if parts is None or (conn._acl_write is not None and name not in <set>conn._acl_write):
+                fast_ok = False
         ps.name[t] = _held(name)
         ps.n_topics = t + 1
         ps.t_at[t] = name_at
@@ -226,55 +277,42 @@ cdef int _produce_parts(FastProduce fp, ConnState conn, object view, const unsig
         ps.t_msgs[t] = ps.t_bytes[t] = 0
         for j in range(n_parts):
             if size - pos < 4 + 4:
-                return 0
+                return _produce_resume(view, begin, size, ps, req, t, topic_at, n_topics)
             index = <int32_t>load_be32(<const char *>f + pos)
             if flex:
                 pos += 4
-                rsize = _fuv(f, size, &pos) - 1
+                rsize = _fuv(f, size, &pos)
+                if rsize < 0:
+                    return _produce_resume(view, begin, size, ps, req, t, topic_at, n_topics)
+                rsize -= 1
             else:
                 rsize = <int32_t>load_be32(<const char *>f + pos + 4)
                 pos += 8
-            if rsize <= 0 or rsize > size - pos:
-                return 0
-            fl = (<dict>parts).get(index)
-            if fl is None:
-                return 0
-            # per partition, O(1): what may change without the slot being re-armed
-            if ((acks == -1 and not (fl.alone or fl.park)) or rsize >= fp.big
-                    or (fp.off_loop and rsize > 22 and f[pos + 22] & 7)      # compressed: validated off the loop
-                    or (fl.alone and len(fl.waiters)) or fl.tails):
-                return 0
-            lg = fl.log
-            if lg.config is not fl.config or fl.partition.leader_epoch != fl.epoch:
-                # a config change (or a leadership change a re-arm missed): the next request sees the
-                # new slot, or none
-                fp.rearm(fl.tp)
-                return 0
-            if lg.offline or lg._write_job is not None or lg.write_future is not None:
-                return 0
-            entries = fl.epoch_cache.entries
-            if not entries or entries[len(entries) - 1][0] < fl.epoch:  # not yet in the cache: Python assigns it
-                return 0
-            for k in range(ps.n):
-                if ps.leader[k] == <PyObject *>fl:  # the same partition twice: Python answers INVALID_RECORD
-                    return 0
-            _active_state(fl, lg)
+            if rsize > size - pos:
+                return _produce_resume(view, begin, size, ps, req, t, topic_at, n_topics)
+            if rsize < 0:
+                rsize = -1                                  # null records
             k = ps.n
-            ps.leader[k] = _held(fl)
-            ps.n = k + 1
+            ps.leader[k] = NULL
             ps.at[k] = pos
             ps.size[k] = <int32_t>rsize
             ps.index[k] = index
             ps.topic[k] = t
-            pos += rsize
+            ps.n = k + 1
+            if rsize > 0:
+                pos += rsize
             if flex and not _no_tags_at(f, size, &pos):     # the partition's
-                return 0
+                return _produce_resume(view, begin, size, ps, req, t, topic_at, n_topics)
+            if fast_ok:
+                fast_ok = _produce_slot(fp, parts, index, rsize, acks, f + ps.at[k], ps, k)
         if flex and not _no_tags_at(f, size, &pos):         # the topic's
-            return 0
+            return _produce_resume(view, begin, size, ps, req, t, topic_at, n_topics)
     if flex and not _no_tags_at(f, size, &pos):             # the request's
-        return 0
+        return _produce_resume(view, begin, size, ps, req, <int32_t>n_topics, pos, n_topics)
     if pos != size:                                   # the last batch (tag buffer) ends the frame
-        return 0
+        raise ProtocolError(f"ProduceRequest v{version}: {size - pos} trailing bytes")
+    if not fast_ok:
+        return _produce_request(view, begin, ps, req, <int32_t>n_topics)
     # every batch checked before any is appended (no effect: nothing stamped, written or counted)
     now = _now_ms()
     for k in range(ps.n):
@@ -284,9 +322,10 @@ cdef int _produce_parts(FastProduce fp, ConnState conn, object view, const unsig
         ps.n_bufs = k + 1
         try:
             if fl.ap.check_plain(fl.st, records, fl.config, now, <char *>f + ps.at[k], ps.size[k]):
-                return 0            # not a plain append (idempotent out of sequence, flush or roll due)
+                # not a plain append (idempotent out of sequence, flush or roll due)
+                return _produce_request(view, begin, ps, req, <int32_t>n_topics)
         except BatchError:
-            return 0                # refused: the reference path answers it
+            return _produce_request(view, begin, ps, req, <int32_t>n_topics)    # refused: the reference path answers it
     started = _monotonic()
     if not run[0] and _frame_follows(p, start, end):
         run_begin()
@@ -339,18 +378,48 @@ cdef int _produce_parts(FastProduce fp, ConnState conn, object view, const unsig
         else:
             result = [_encode_rows(version, correlation_id, f, ps)]
         fp.fast += 1
-    req = _header(PRODUCE, version)
-    req.correlation_id = correlation_id
-    req.client_id = client_id
-    req.acks = acks
-    req.timeout_ms = timeout_ms
     slot = _new_slot(req, PRODUCE, version, False, conn._pending, conn._request_counts, conn.last_active,
                      conn._read_at, started)
     if run[0]:
         _run_slots.append(slot)
     if not _end_native(slot, result, no_response, close):
         conn._dispatch_later(slot, result, chunk)
-    return 1
+    return None
+
+
+cdef bint _produce_slot(FastProduce fp, object parts, int32_t index, int64_t rsize, int16_t acks,
+                        const unsigned char *batch, _Parts *ps, int32_t k) except -1:
+    # partition ``k`` of the walk (index ``index`` of a topic whose armed slots are ``parts``, its batch
+    # of ``rsize`` bytes at ``batch``) as the fast path takes it: its FastLeader held in ps -> True; or
+    # False, the request is the reference path's. Per partition, O(1): what may change without the
+    # slot being re-armed.
+    cdef FastLeader fl = (<dict>parts).get(index)
+    cdef LogState lg
+    cdef list entries
+    cdef int32_t i
+    if fl is None or rsize <= 0:
+        return False
+    if ((acks == -1 and not (fl.alone or fl.park)) or rsize >= fp.big
+            or (fp.off_loop and rsize > 22 and batch[22] & 7)      # compressed: validated off the loop
+            or (fl.alone and len(fl.waiters)) or fl.tails):
+        return False
+    lg = fl.log
+    if lg.config is not fl.config or fl.partition.leader_epoch != fl.epoch:
+        # a config change (or a leadership change a re-arm missed): the next request sees the new slot,
+        # or none
+        fp.rearm(fl.tp)
+        return False
+    if lg.offline or lg._write_job is not None or lg.write_future is not None:
+        return False
+    entries = fl.epoch_cache.entries
+    if not entries or entries[len(entries) - 1][0] < fl.epoch:  # not yet in the cache: Python assigns it
+        return False
+    for i in range(k):
+        if ps.leader[i] == <PyObject *>fl:  # the same partition twice: Python answers INVALID_RECORD
+            return False
+    _active_state(fl, lg)
+    ps.leader[k] = _held(fl)
+    return True
 
 
 cdef tuple _rows_after_failure(_Parts *ps, int32_t failed):

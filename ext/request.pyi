@@ -45,7 +45,8 @@ class FetchRequest:
 
 def parse_fetch(frame: Any) -> FetchRequest: ...
 def encode_fetch_response(version: int, correlation_id: int, error_code: int, topics: list,
-                          inline_max: int, ids: dict[str, bytes] | None = None) -> tuple[list, int]: ...
+                          inline_max: int, ids: dict[str, bytes] | None = None,
+                          session_id: int = 0) -> tuple[list, int]: ...
 
 # ---- reqstats.pxi
 BOUNDS_S: tuple[float, ...]

@@ -14,7 +14,10 @@ declares every cdef class, by concern, as the table of contents; request.pyi is 
 - lost.pxi          write-behind runs and rewriting the answers a failed write made wrong
 - conn.pxi          ConnState, ReadStats: dispatch_frames, on_read / recv_ready, the answers written out
 
-Parsing walks the frame once with bounds checks on every read. The result holds no dicts: a
+Parsing walks the frame once with bounds checks on every read: a native-range Produce/Fetch is walked
+by its fast path (produce_path.pxi, fetch_path.pxi), which hands a request it does not serve to the
+handler already parsed (parse_produce / parse_fetch finish what the walk does not take, from where it
+stopped); parse_produce / parse_fetch parse a whole frame when no fast path runs. The result holds no dicts: a
 ``ProduceRequest`` with the header fields and ``topics`` = [(name, [(index, records), ...]), ...]
 where ``records`` is a memoryview slice of the frame (None for a null batch) — the batch bytes are
 never copied. Malformed input (truncation, a length past the frame, a negative non-null length,
@@ -27,7 +30,7 @@ Fetch v12+ are flexible: request header v2 (its tag buffer after client_id), com
 records, a tag buffer after every struct, response header v1 (wire.pxi).
 """
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
-from cpython.ref cimport PyObject, Py_DECREF, Py_INCREF
+from cpython.ref cimport PyObject, Py_DECREF, Py_INCREF, Py_XDECREF
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.errno cimport errno
 from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec

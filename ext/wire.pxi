@@ -234,18 +234,27 @@ def parse_produce(frame):
         req.transactional_id = r.string(True)
     req.acks = r.i16()
     req.timeout_ms = r.i32()
-    # a flexible topic: name, partition count, tag buffer (1 byte each at least); a partition: index,
-    # records length, tag buffer
+    # a flexible topic: name, partition count, tag buffer (1 byte each at least)
     cdef int64_t n_topics = r.carray_len(3) if flex else r.array_len(MIN_TOPIC)
+    req.topics = []
+    _produce_topics(r, frame, req, n_topics)
+    return req
+
+
+cdef int _produce_topics(_Reader r, frame, ProduceRequest req, int64_t n_topics) except -1:
+    # parse_produce from a topic's start at ``r.pos`` to the frame's end: ``n_topics`` topics appended
+    # to ``req.topics``, then the request's tag buffer; the fast Produce walk resumes here with the
+    # topics it has walked already in ``req.topics`` (records: slices of ``frame``, not copies)
+    cdef bint flex = req.api_version >= PRODUCE_FLEX
     cdef int64_t n_parts, i, j, size
     cdef int32_t index
-    cdef list topics = []
+    cdef list topics = req.topics
     cdef list parts
     cdef object name, records
     for i in range(n_topics):
         if flex:
             name = r.cstring(False)
-            n_parts = r.carray_len(6)
+            n_parts = r.carray_len(6)                # a partition: index, records length, tag buffer
         else:
             name = r.string(False)
             n_parts = r.array_len(MIN_PARTITION)
@@ -269,8 +278,7 @@ def parse_produce(frame):
         r.skip_tags()
     if r.pos != r.end:
         raise ProtocolError(f"ProduceRequest v{req.api_version}: {r.end - r.pos} trailing bytes")
-    req.topics = topics
-    return req
+    return 0
 
 
 def parse_fetch(frame):
@@ -289,7 +297,7 @@ def parse_fetch(frame):
     cdef int version = req.api_version
     if req.api_key != FETCH or not FETCH_MIN <= version <= FETCH_MAX:
         raise ProtocolError(f"not a Fetch v{FETCH_MIN}-{FETCH_MAX} request")
-    cdef bint flex = version >= FETCH_FLEX, by_id = version >= FETCH_IDS
+    cdef bint flex = version >= FETCH_FLEX
     req.client_id = r.string(True)
     if flex:
         r.skip_tags()                                # request header v2
@@ -304,6 +312,15 @@ def parse_fetch(frame):
     else:
         req.session_id = 0
         req.session_epoch = -1
+    _fetch_body(r, req)
+    return req
+
+
+cdef int _fetch_body(_Reader r, FetchRequest req) except -1:
+    # parse_fetch from the topic count at ``r.pos`` to the frame's end (``req``: the header's fields);
+    # the fast Fetch walk resumes here when the request is not one it takes
+    cdef int version = req.api_version
+    cdef bint flex = version >= FETCH_FLEX, by_id = version >= FETCH_IDS
     # partition: index, [current_leader_epoch v9+], fetch_offset, [last_fetched_epoch v12+],
     # [log_start_offset v5+], max_bytes, [tag buffer v12+]
     cdef Py_ssize_t min_part = (4 + 8 + 4 + (4 if version >= 9 else 0) + (8 if version >= 5 else 0)
@@ -357,7 +374,7 @@ def parse_fetch(frame):
         _fetch_tags(r, req)
     if r.pos != r.end:
         raise ProtocolError(f"FetchRequest v{version}: {r.end - r.pos} trailing bytes")
-    return req
+    return 0
 
 
 cdef object _fetch_topic(_Reader r, bint flex, bint by_id):
@@ -613,7 +630,7 @@ cdef int _inline_region(_Writer w, object region) except -1:
 
 
 cdef int _fetch_head(_Writer w, int version, int32_t correlation_id, int16_t error_code,
-                     Py_ssize_t n_topics) except -1:
+                     Py_ssize_t n_topics, int32_t session_id=0) except -1:
     # a Fetch v4-17 response from its start up to the topic count (the size prefix left to fill in)
     cdef bint flex = version >= FETCH_FLEX
     w.pos = 0
@@ -625,7 +642,7 @@ cdef int _fetch_head(_Writer w, int version, int32_t correlation_id, int16_t err
     w.i32(0)                                         # throttle_time_ms
     if version >= 7:
         w.i16(error_code)
-        w.i32(0)                                     # session_id
+        w.i32(session_id)
     _count(w, flex, n_topics)
     return 0
 
@@ -688,7 +705,7 @@ cdef inline void _records_len(_Writer w, bint flex, int64_t n) noexcept:
 
 
 def encode_fetch_response(int version, int32_t correlation_id, int16_t error_code, list topics,
-                          Py_ssize_t inline_max, dict ids=None):
+                          Py_ssize_t inline_max, dict ids=None, int32_t session_id=0):
     """The whole Fetch v4-17 response (size prefix included) -> (chunks, bytes copied inline).
 
     ``topics``: [(name, [[partition_index, error_code, high_watermark, last_stable_offset,
@@ -700,7 +717,7 @@ def encode_fetch_response(int version, int32_t correlation_id, int16_t error_cod
     ``inline_max`` too (a many-partition answer of small ranges is not copied whole: copying was
     measured cheaper than sendfile only up to that size); the others stay FileRegions chunks for
     sendfile, splitting the response into [bytes, FileRegions, bytes, ...] as the generic encoder does. throttle_time_ms 0,
-    session_id 0, aborted_transactions null unless given, preferred_read_replica -1 (v11), no tagged
+    ``session_id`` (v7+: the fetch session's id, 0 for none), aborted_transactions null unless given, preferred_read_replica -1 (v11), no tagged
     fields (v12+)."""
     if not FETCH_MIN <= version <= FETCH_MAX:
         raise ValueError(f"Fetch v{version} is not encoded natively")
@@ -711,7 +728,7 @@ def encode_fetch_response(int version, int32_t correlation_id, int16_t error_cod
     cdef list parts, res
     cdef object name, records, region
     cdef Py_buffer raw                               # bytes records (a segment read block's slice)
-    _fetch_head(w, version, correlation_id, error_code, len(topics))
+    _fetch_head(w, version, correlation_id, error_code, len(topics), session_id)
     for name, parts in topics:
         _fetch_topic_out(w, version, name, ids)
         _count(w, flex, len(parts))
@@ -804,6 +821,21 @@ cdef inline object _client_id(const unsigned char *f, Py_ssize_t size, Py_ssize_
         return None
     if n > size - pos[0]:
         return _REFUSED
+    s = _utf8(f + pos[0], n) if n else ""
+    if s is not _REFUSED:
+        pos[0] += n
+    return s
+
+
+cdef inline object _cstring_at(const unsigned char *f, Py_ssize_t size, Py_ssize_t *pos):
+    """A nullable compact string at ``pos[0]`` (moved past it), as _client_id reads the int16-length
+    one: None, the string, or _REFUSED when it runs past the frame or is not UTF-8."""
+    cdef int64_t n = _fuv(f, size, pos) - 1
+    cdef object s
+    if n < -1 or n > size - pos[0]:
+        return _REFUSED
+    if n == -1:
+        return None
     s = _utf8(f + pos[0], n) if n else ""
     if s is not _REFUSED:
         pos[0] += n

@@ -31,6 +31,7 @@ from ..controller.controller import Controller
 from ..zk.client import BrokerZk, kazoo_tls
 from ..zk.layout import CONFIG_CHANGES
 from ..security.authorizer import AclAuthorizer
+from .fetch_sessions import FetchSessionCache
 from .metadata import BrokerInfo, MetadataCache, TopicInfo
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,8 @@ class Broker:
         self._config_change_seq: int | None = None   # last /config/changes notification applied
         self.server: KafkaServer | None = None
         self.notifier = None
+        # KIP-227's incremental fetch sessions (server/fetch_sessions.py): built at start, closed at stop
+        self.fetch_sessions: FetchSessionCache | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task] = []
         # The periodic checkpoint files' fsyncs run here, off the loop (LogManager docstring).
@@ -94,6 +97,10 @@ class Broker:
         LOOP_IDLE.install(self.loop)     # NetworkProcessorAvgIdlePercent
         self.notifier = AppendNotifier()
         cfg = self.config
+        self.fetch_sessions = FetchSessionCache(cfg.get("max.incremental.fetch.session.cache.slots"),
+                                                self.notifier.waiters, self.loop,
+                                                cfg.get("replica.lag.time.max.ms") // 4)
+        self.fetch_sessions.start()
         if self.broker_id < 0:
             raise RuntimeError("broker.id must be set (automatic broker id generation is not implemented)")
         try:
@@ -310,6 +317,8 @@ class Broker:
             await self.metrics_server.stop()
         if self.server is not None:
             await self.server.stop()
+        if self.fetch_sessions is not None:
+            self.fetch_sessions.close()     # after the listener: no fetch makes a session any more
         if self.authorizer is not None:
             self.authorizer.stop()
         if self.zk is not None:

@@ -33,6 +33,7 @@ Threads: the event-loop thread.
 from __future__ import annotations
 
 import random
+import time
 from operator import attrgetter
 
 from ..replica.longpoll import StandingWaiter
@@ -45,6 +46,11 @@ EVICTION_MS = 120_000           # Kafka's minimum idle time before a session may
 DORMANT_MS = 30_000             # unused this long: a session's standing waiters are dropped until it is used
 _MAX_ID = 0x7FFFFFFF
 SEQ = attrgetter("seq")      # a CachedPartition's place in its session
+
+
+def now_ms() -> int:
+    """The sessions' clock (last use, creation, eviction ages): monotonic milliseconds."""
+    return int(time.monotonic() * 1000)
 
 
 def next_epoch(epoch: int) -> int:
@@ -77,7 +83,7 @@ class CachedPartition:
 class FetchSession:
     __slots__ = ("id", "privileged", "uses_topic_ids", "creation_ms", "last_used_ms", "epoch", "parts",
                  "dirty", "carry", "_waiter", "metadata_updates", "refused", "swept_ms", "notify", "loop", "_seq",
-                 "names", "sweep_ms", "dormant")
+                 "names", "sweep_ms", "dormant", "fresh")
 
     def __init__(self, session_id, privileged, uses_topic_ids, now_ms, notify, loop, sweep_ms):
         self.id = session_id
@@ -97,6 +103,7 @@ class FetchSession:
         self.names: dict = {}           # topic -> how many of its partitions the session has
         self.sweep_ms = sweep_ms        # every partition is read at least this often
         self.dormant = False            # standing waiters dropped (DORMANT_MS unused)
+        self.fresh = True               # no incremental fetch yet: only the full fetch's answer names it
 
     def __len__(self) -> int:
         return len(self.parts)
@@ -253,7 +260,8 @@ class FetchSession:
 
 
 class FetchSessionCache:
-    """The broker's sessions by id, at most ``slots`` of them."""
+    """The broker's sessions by id, at most ``slots`` of them. The broker builds it at start
+    (``start``: the dormant check every DORMANT_MS / 2 on ``loop``) and closes it at stop."""
 
     def __init__(self, slots: int, notify, loop, sweep_ms: int, rng=None):
         self.slots = slots
@@ -263,6 +271,24 @@ class FetchSessionCache:
         self.sessions: dict[int, FetchSession] = {}
         self.evictions = 0
         self._rng = rng or random.SystemRandom()
+        self._timer = None
+
+    def start(self) -> None:
+        """Sessions unused for DORMANT_MS go dormant (``check_dormant``), checked every DORMANT_MS / 2."""
+        self._timer = self.loop.call_later(DORMANT_MS / 2000, self._check)
+
+    def _check(self) -> None:
+        self.check_dormant(now_ms())
+        self._timer = self.loop.call_later(DORMANT_MS / 2000, self._check)
+
+    def close(self) -> None:
+        """The broker stops: no more checks, every session closed (its standing waiters dropped)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for s in self.sessions.values():
+            s.close()
+        self.sessions.clear()
 
     def __len__(self) -> int:
         return len(self.sessions)
@@ -277,7 +303,9 @@ class FetchSessionCache:
         return s
 
     def touch(self, session: FetchSession, now_ms: int) -> None:
+        """An incremental fetch uses ``session``."""
         session.last_used_ms = now_ms
+        session.fresh = False
 
     def check_dormant(self, now_ms: int) -> int:
         """Put the sessions unused for DORMANT_MS, with no fetch waiting, to sleep -> how many."""

@@ -10,7 +10,8 @@ worth of its bound, then the average holds):
 - a confluent-kafka consumer over its consumer_byte_rate likewise, beside an unthrottled consumer
   reading the same topic; its upper bound adds what the windows let through at once (one idle window's
   worth and one whole fetch), since a fetch's bytes are counted only as its answer leaves;
-- a Fetch answer counts whole (correlation id and body), as Kafka records it;
+- a Fetch answer counts whole (correlation id and body), as Kafka records it; a throttled full fetch
+  makes no fetch session (session id 0), a throttled incremental one keeps its own;
 - controller_mutation_rate (KIP-599): the versions that can say so (CreateTopics v6+, CreatePartitions
   v3+, DeleteTopics v5+) refuse a topic with THROTTLING_QUOTA_EXCEEDED once the token bucket is below
   zero and answer the time it takes to refill; older versions (confluent-kafka's) create every topic
@@ -46,7 +47,8 @@ FETCH_MAX = 65536
 def cluster(tmp_path_factory):
     overrides = {"quota.window.num": str(WINDOWS[0]), "quota.window.size.seconds": str(WINDOWS[1]),
                  "controller.quota.window.num": str(WINDOWS[0]),
-                 "controller.quota.window.size.seconds": str(WINDOWS[1])}
+                 "controller.quota.window.size.seconds": str(WINDOWS[1]),
+                 "max.incremental.fetch.session.cache.slots": "1"}
     with LocalCluster(tmp_path_factory.mktemp("quotas"), brokers=1, overrides=overrides) as c:
         yield c
 
@@ -339,6 +341,52 @@ def test_fetch_quota_counts_the_whole_answer(cluster, newest):
     assert throttled["responses"] == []         # throttled: answered empty, as Kafka
     counted = math.ceil(throttled["throttle_time_ms"] / 1000 + 1)
     assert abs(counted - kafka_size) <= 1, (counted, kafka_size)
+
+
+def _session_fetch(client_id, topic, session_id, epoch, offset=0, listed=True) -> bytes:
+    """Fetch v11 of partition 0 from ``offset`` (``listed``), in fetch session ``session_id`` at ``epoch``."""
+    parts = [{"topic": topic, "partitions": [{"partition": 0, "fetch_offset": offset,
+                                              "partition_max_bytes": 1 << 20}]}] if listed else []
+    return api.encode_request(1, 11, 7, client_id, {
+        "replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1 << 20, "isolation_level": 0,
+        "session_id": session_id, "session_epoch": epoch, "rack_id": "", "forgotten_topics_data": [],
+        "topics": parts})
+
+
+def test_a_throttled_full_fetch_makes_no_session_and_an_incremental_one_keeps_its_own(cluster):
+    """Throttled Fetch answers and sessions (KIP-227), as Kafka: a full fetch (epoch 0) answers no
+    partitions and session id 0, and makes no session (the broker keeps one session here: had it made
+    one, the next full fetch would find no slot); an incremental fetch answers its session's id and no
+    partitions, and the session stays (its next epoch is served, the records still to come)."""
+    topic = f"fsq-{uuid.uuid4().hex[:6]}"
+    p = Producer({"bootstrap.servers": cluster.bootstrap})
+    p.produce(topic, VALUE)
+    assert p.flush(30) == 0
+    client_id = f"sess-throttled-{uuid.uuid4().hex[:6]}"
+    _configs(cluster, "--entity-type", "clients", "--entity-name", client_id, "--alter",
+             "--add-config", "consumer_byte_rate=1")
+
+    def fetch(cid, *args, **kw):
+        with RawConn(cluster.bootstrap) as c:       # a connection each: a throttled one is muted
+            c.send(_session_fetch(cid, topic, *args, **kw))
+            return api.decode_response(1, 11, c.recv_frame())[1]
+
+    full = fetch(client_id, 0, 0)
+    assert full["throttle_time_ms"] > 0 and full["responses"] == [] and full["session_id"] == 0
+    made = fetch("checkers", 0, 0)              # client-id "checkers": no quota
+    sid = made["session_id"]
+    assert sid and made["throttle_time_ms"] == 0 and made["responses"][0]["partitions"][0]["records"]
+    try:
+        p.produce(topic, VALUE)
+        assert p.flush(30) == 0
+        inc = fetch(client_id, sid, 1, offset=1)
+        assert inc["throttle_time_ms"] > 0 and inc["error_code"] == 0
+        assert inc["responses"] == [] and inc["session_id"] == sid
+        nxt = fetch("checkers", sid, 2, listed=False)
+        assert nxt["error_code"] == 0 and nxt["session_id"] == sid
+        assert [p["partition_index"] for t in nxt["responses"] for p in t["partitions"] if p["records"]] == [0]
+    finally:
+        fetch("checkers", sid, -1, listed=False)     # closed: the slot is free again
 
 
 MUTATION_RATE = 10      # partitions/s: a token bucket of WINDOWS[0] x WINDOWS[1] s x 10 = 20

@@ -33,8 +33,7 @@ _NOT_LEADER = Errors.NOT_LEADER_OR_FOLLOWER
 _UNKNOWN_ID = int(Errors.UNKNOWN_TOPIC_ID)
 
 
-def _now_ms() -> int:
-    return int(time.monotonic() * 1000)
+_now_ms = fs.now_ms
 
 
 # The API table's handlers (kbroker/server/apis/__init__.py).
@@ -240,7 +239,7 @@ def _encode(conn, req, out, broker=None):
     if version >= 13 and req.unknown:
         rows = rows + [(tid, [[p, _UNKNOWN_ID, -1, -1, -1, b""] for p in parts]) for tid, parts in req.unknown]
     chunks, copied = encode_fetch_response(version, req.correlation_id, out[0], rows,
-                                           conn.server.sendfile_min_bytes, req.ids)
+                                           conn.server.sendfile_min_bytes, req.ids, out[2] if len(out) > 2 else 0)
     if copied:
         conn.server.metrics.fetch_copy_bytes += copied
     return chunks
@@ -313,22 +312,17 @@ def _wait(notifier, tps, req, read, finish, answer, conn):
 
 # ---- fetch sessions (KIP-227; the cache: server/fetch_sessions.py) ----------------------------------------
 
-def _sessions(broker) -> fs.FetchSessionCache:
-    """The broker's session cache, made at its first session fetch (sessions live as long as the
-    process: a restart loses them)."""
-    cache = getattr(broker, "fetch_sessions", None)
-    if cache is None:
-        cfg = broker.config
-        loop = asyncio.get_running_loop()
-        cache = broker.fetch_sessions = fs.FetchSessionCache(
-            cfg.get("max.incremental.fetch.session.cache.slots"), broker.notifier.waiters, loop,
-            cfg.get("replica.lag.time.max.ms") // 4)
-
-        def check():
-            cache.check_dormant(_now_ms())
-            loop.call_later(fs.DORMANT_MS / 2000, check)
-        loop.call_later(fs.DORMANT_MS / 2000, check)
-    return cache
+def throttled_answer(broker, answer: dict) -> dict:
+    """A Fetch answer its client's quota throttles, as Kafka answers one: no partitions. A full fetch
+    (epoch 0) makes no session: the one its answer made is removed and the answer says session id 0;
+    an incremental fetch keeps its session (its id answered, its epoch moved on)."""
+    sid = answer.get("session_id") or 0
+    if sid:
+        s = broker.fetch_sessions.get(sid)
+        if s is not None and s.fresh:
+            broker.fetch_sessions.remove(sid)
+            sid = 0
+    return dict(answer, responses=[], session_id=sid)
 
 
 def _session_fetch(broker, req, answer, conn, refused_by):
@@ -336,7 +330,7 @@ def _session_fetch(broker, req, answer, conn, refused_by):
     sessionless), epoch 0 is a full fetch that creates a session (closing the one named), any other
     epoch an incremental fetch of the session named. The answer is encoded here (``answer``), or a
     future of it; ``(error_code, rows, session_id)`` without ``answer``."""
-    cache = _sessions(broker)
+    cache = broker.fetch_sessions       # the broker's (built at its start)
     sid, epoch = req.session_id, req.session_epoch
     if epoch == fs.FINAL_EPOCH or epoch == fs.INITIAL_EPOCH:
         if sid:
@@ -386,28 +380,8 @@ def _respond(req, out, answer, conn):
     if answer is None:
         return out
     if conn is not None:
-        return _with_session_id(answer(conn, req, out), req.api_version, out[2] if len(out) > 2 else 0)
+        return answer(conn, req, out)
     return answer(out)
-
-
-def _session_answer(answer, conn):
-    """``answer`` for a session's long poll: the native encoding with the session id written in."""
-    if answer is None or conn is None:
-        return answer
-
-    def encode(conn, req, out):
-        return _with_session_id(answer(conn, req, out), req.api_version, out[2] if len(out) > 2 else 0)
-    return encode
-
-
-def _with_session_id(chunks, version, session_id):
-    """The native encoder (encode_fetch_response) writes session_id 0: the session's id replaces it
-    in the first chunk (after the size, correlation id, v12+ header tags, throttle time, error code)."""
-    if session_id and type(chunks) is list:
-        at = 15 if version >= 12 else 14
-        head = chunks[0]
-        chunks[0] = b"".join((head[:at], session_id.to_bytes(4, "big"), head[at + 4:]))
-    return chunks
 
 
 def _full_fetch(broker, cache, req, answer, conn, refused_by):
@@ -435,7 +409,7 @@ def _full_fetch(broker, cache, req, answer, conn, refused_by):
         return (0, rows, s.id)
     if size >= req.min_bytes or req.max_wait_ms <= 0 or errors:
         return _respond(req, finish(rows), answer, conn)
-    return _poll(broker, req, follower, _session_answer(answer, conn), conn, refused, finish)
+    return _poll(broker, req, follower, answer, conn, refused, finish)
 
 
 def _bound(broker, follower):
@@ -505,7 +479,7 @@ def _incremental_fetch(broker, s, req, answer, conn, refused_by, now):
     got, size, errors = read_once()
     if size >= req.min_bytes or req.max_wait_ms <= 0 or errors:
         return _respond(req, finish(got), answer, conn)
-    return _wait(s, None, req, read_once, finish, _session_answer(answer, conn), conn)
+    return _wait(s, None, req, read_once, finish, answer, conn)
 
 
 def _answer_ids(ids, s, rows):

@@ -15,7 +15,8 @@
   and answers (``offloop``, recorded as it ends); the answer carries the largest throttle
   time of the client's quotas in ``throttle_time_ms`` (every answer that has the field), and the
   connection is muted that long (KIP-219: the broker stops reading it; the answer itself goes out at
-  once). A throttled Fetch answers no data, its bytes un-recorded, as Kafka does. Follower fetches and
+  once). A throttled Fetch answers no data (a full one no fetch session: fetch.throttled_answer), its bytes
+  un-recorded, as Kafka does. Follower fetches and
   the inter-broker, ApiVersions and SASL requests are exempt, as in Kafka.
 
 ``connections`` (kbroker/security/connection_quotas.py) are the KIP-612 connection creation rates the
@@ -43,7 +44,7 @@ from ...protocol.errors import Errors
 from ...security import connection_quotas as CQ
 from ...security import quotas as Q
 from ...zk import quotas as ZQ
-from . import authz
+from . import authz, fetch
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +139,7 @@ class Throttling:
         if slot.api_key not in _EXEMPT and not slot.follower:
             quota.record(Q.REQUEST, seconds * 100.0)
 
-    @staticmethod
-    def answer_out(conn, quota: Q.ClientQuota, slot, result):
+    def answer_out(self, conn, quota: Q.ClientQuota, slot, result):
         """The answer of ``slot`` (a response dict, NO_RESPONSE or CLOSE) with the throttle applied.
 
         A Fetch under a consumer_byte_rate is sized by encoding it: when it goes out unthrottled its
@@ -165,9 +165,10 @@ class Throttling:
             fetch_ms = quota.throttle_ms(Q.FETCH)
             if max(ms, fetch_ms) == 0:
                 return chunks       # throttle_time_ms stays 0, as encoded
-            # throttled: answered empty and not counted, whichever quota throttles (as Kafka)
+            # throttled: answered empty (a full fetch with no session) and not counted, whichever quota
+            # throttles (as Kafka)
             quota.record(Q.FETCH, -size)
-            result = dict(result, responses=[])
+            result = fetch.throttled_answer(self.broker, result)
             ms = max(ms, fetch_ms)
         if ms > 0:
             if is_dict:

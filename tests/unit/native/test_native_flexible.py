@@ -142,15 +142,16 @@ def test_random_flexible_answers_encode_as_the_reference():
                                                      for _ in range(rng.randint(0, 3))]) for _ in range(rng.randint(0, 3))]
         assert native.encode_produce_response(version, 3, rows) == b"".join(
             api.encode_response(PRODUCE, version, 3, produce_dict(rows)))
-        version = rng.randint(12, 17)
+        version = rng.randint(7, 17)            # v7+: the fetch session's id in the answer
+        session_id = rng.choice((0, 1, 0x7FFFFFFF, rng.randint(2, 0x7FFFFFFE)))
         ids = {"a": TID, "b": TID[::-1]}
         rows = [(rng.choice(("a", "b")), [[rng.randint(0, 9), rng.choice((0, 1)), rng.randint(-1, 99), rng.randint(-1, 99),
                                            rng.randint(-1, 9), rng.choice((b"", b"records", None))]
                                           + ([[(7, 3), (8, 5)]] if rng.random() < 0.3 else [])
                                           for _ in range(rng.randint(0, 3))]) for _ in range(rng.randint(0, 3))]
         code = rng.choice((0, 70))
-        chunks, _copied = native.encode_fetch_response(version, 9, code, rows, 0, ids)
-        body = fetch_dict((code, rows))
+        chunks, _copied = native.encode_fetch_response(version, 9, code, rows, 0, ids, session_id)
+        body = fetch_dict((code, rows, session_id))
         if version >= 13:
             for t in body["responses"]:
                 t["topic_id"] = ids[t.pop("topic")]

@@ -151,3 +151,22 @@ def test_an_unused_session_drops_its_waiters_until_used_again(loop):
     s.candidates(False)
     s.waiter()                                      # a poll waiting on it: never put to sleep
     assert c.check_dormant(fs.DORMANT_MS) == 0
+
+
+def test_the_dormant_check_runs_from_start_until_close(loop, monkeypatch):
+    # the broker starts the cache with itself and closes it at stop: every session closed, no more checks
+    monkeypatch.setattr(fs, "DORMANT_MS", 40)
+    notifier = AppendNotifier()
+    c = cache(loop, slots=2, notifier=notifier)
+    s = c.create(False, 1, False, fs.now_ms())
+    s.add("t", fields(0))
+    c.start()
+    loop.run_until_complete(asyncio.sleep(0.2))
+    assert s.dormant and ("t", 0) not in notifier.waiters
+    s.resume()
+    assert ("t", 0) in notifier.waiters
+    c.close()
+    assert len(c) == 0 and notifier.waiters == {}
+    late = c.create(False, 1, False, fs.now_ms() - 1000)
+    loop.run_until_complete(asyncio.sleep(0.2))
+    assert not late.dormant
