@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 # ``MemoryBIO``: BIO *bio) the native reader reads; elsewhere reads go through SSLObject.read.
 SSL_INTERNALS_VERSIONS = ((3, 8), (3, 13))
 
+# Answers of several chunks up to this size are joined into one TLS write; larger ones are written a chunk
+# at a time (the join would copy every byte once more)
+JOIN_BYTES = 64 * 1024
+
 # Ciphertext per socket read: a read of this size holds ~16 records of 16 KiB
 RECEIVE_BYTES = 256 * 1024
 
@@ -268,8 +272,26 @@ class TlsTransport(asyncio.BufferedProtocol):
         self._flush()
 
     def writelines(self, chunks):
-        # one SSL write: the answers share records instead of one record (and its overhead) each
-        self.write(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        if len(chunks) == 1:
+            self.write(chunks[0])
+            return
+        if sum(map(len, chunks)) <= JOIN_BYTES:
+            # small answers share records instead of one record (and its overhead) each
+            self.write(b"".join(chunks))
+            return
+        # a large answer (a fetch's file ranges read in): each chunk encrypted from where it is, not
+        # copied into one joined buffer first; the ciphertext leaves in one transport write
+        if self._closing:
+            return
+        write = self._sslobj.write
+        try:
+            for c in chunks:
+                if c:
+                    write(c)
+        except ssl.SSLError as e:
+            self._fatal(e)
+            return
+        self._flush()
 
     def close(self):
         if self._closing:
