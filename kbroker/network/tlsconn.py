@@ -316,7 +316,8 @@ class TlsTransport(asyncio.BufferedProtocol):
         self._paused = True
         if self.reader is not None:
             self.reader.paused = True
-        self._transport.pause_reading()
+        if not self._transport.is_closing():
+            self._transport.pause_reading()
 
     def resume_reading(self):
         if not self._paused:
@@ -324,6 +325,8 @@ class TlsTransport(asyncio.BufferedProtocol):
         self._paused = False
         if self.reader is not None:
             self.reader.paused = False
+        if self._transport.is_closing():
+            return
         self._transport.resume_reading()
         # records already in the incoming BIO are not announced by the socket again
         self._loop.call_soon(self._drain)
