@@ -186,3 +186,12 @@ def test_a_library_mismatch_is_reported():
     assert "differs" in tls.library_problem(_ssl.__file__, ssl.OPENSSL_VERSION_NUMBER ^ 0x10) or \
         "reports" in tls.library_problem(_ssl.__file__, ssl.OPENSSL_VERSION_NUMBER ^ 0x10)
     assert "not loaded" in tls.library_problem("/nonexistent/_ssl.so", ssl.OPENSSL_VERSION_NUMBER)
+
+
+def test_tls_reads_name_why_the_native_reader_is_off(monkeypatch):
+    from kbroker.network import tlsconn
+    assert "switched off" in TlsReads(native=False).problem
+    monkeypatch.setattr(tlsconn, "SSL_INTERNALS_VERSIONS", ((3, 0), (3, 1)))
+    assert "outside the checked 3.0-3.1" in TlsReads().problem
+    monkeypatch.setattr(tlsconn, "_native", None)
+    assert "not built" in TlsReads().problem and "Python's ssl" in TlsReads().describe()
