@@ -37,18 +37,28 @@ C_DEPS = {
     "arrow": ["ext/crc32c.c"],
 }
 
+# Extensions that link a system library and are built only when its headers are found: without
+# them the broker works on a slower path (tls: TLS records read through Python's ssl).
+OPTIONAL = {"tls": ("openssl/ssl.h", ["ssl", "crypto"])}
+
 
 def extensions():
     cflags = ["-Wall", "-Wno-unused-function", "-Wno-unreachable-code"]
     cflags += ["-O0", "-g"] if DEBUG else [OPT]
     macros = [("CYTHON_TRACE", "1")] if DEBUG else []
     exts = []
+    include_dirs = compiler_include_dirs()
     for pyx in sorted(glob.glob("ext/*.pyx")):
         name = os.path.splitext(os.path.basename(pyx))[0]
+        header, libraries = OPTIONAL.get(name, (None, []))
+        if header and not any(os.path.isfile(os.path.join(d, header)) for d in include_dirs):
+            print(f"kbroker: {header} not found: kbroker._native.{name} is not built")
+            continue
         exts.append(Extension(
             f"kbroker._native.{name}",
             [pyx] + C_DEPS.get(name, []),
             include_dirs=["ext"],
+            libraries=libraries,
             extra_compile_args=cflags,
             define_macros=macros,
         ))

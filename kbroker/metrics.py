@@ -90,6 +90,8 @@ def broker_snapshot(broker) -> dict:
         snap["net"] = (dict(net.requests), net.invalid_frames, net.idle_closed, net.fetch_sendfile_calls,
                        net.fetch_sendfile_bytes, net.fetch_copy_bytes, len(server.connections), server.pool.used,
                        (net.reads.native, net.reads.reference))
+        if server.tls_reads is not None:
+            snap["tls_reads"] = (server.tls_reads.native, server.tls_reads.python)
     me = broker.broker_id
     led = hosted = under = 0
     for t in broker.metadata.topics.values():
@@ -165,6 +167,10 @@ def broker_families(snap: dict) -> list[Metric]:
         out.append(_gauge("kafka_network_socketserver_connections", "Open client connections", [((), connections)]))
         out.append(_gauge("kbroker_network_request_pool_used_bytes",
                           "Request memory reserved from queued.max.request.bytes", [((), pool_used)]))
+    if "tls_reads" in snap:
+        out.append(_counter("kbroker_network_tls_reads", "Socket reads of TLS connections: records decrypted "
+                            "natively (native) or through Python's ssl (python)",
+                            [(("native",), snap["tls_reads"][0]), (("python",), snap["tls_reads"][1])], ("path",)))
     out.append(_gauge("kafka_server_replicamanager_leadercount", "Partitions this broker leads",
                       [((), snap["leaders"])]))
     out.append(_gauge("kafka_server_replicamanager_partitioncount", "Partitions with a replica here",

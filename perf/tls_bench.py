@@ -7,7 +7,8 @@ payload (wall clock of the kcat process) and the broker's CPU seconds per GB of 
 of the broker process from /proc). Then ``--handshakes`` connection setups on a SASL_SSL listener
 (TLS handshake, SCRAM-SHA-512 login, ApiVersions; kbroker's client, one after another): setups per
 second and broker CPU milliseconds per setup. Runs are short and the machine shared: read the ratios,
-repeat for figures.
+repeat for figures. The best round is reported (highest MB/s, lowest CPU) with the range over rounds,
+and the load average (the machine may be shared).
 
     python -m kbroker.perf.tls_bench [--records 200000] [--size 1024] [--rounds 1] [--handshakes 200]
 """
@@ -104,15 +105,17 @@ def run(records: int, size: int, rounds: int, out=print, handshakes: int = 0) ->
                     wall, cpu = _timed(pid, [*base, "-C", "-p", "0", "-o", "beginning", "-e"],
                                        stdout=subprocess.DEVNULL)
                     results.setdefault((name, "fetch"), []).append((mb / wall, cpu / (mb / 1000)))
-    out(f"{records} records of {size} B ({records * size / 1e6:.0f} MB) per run, {rounds} round(s), kcat, one broker")
-    out(f"{'listener':<10} {'phase':<8} {'MB/s':>8} {'broker CPU s/GB':>16}")
+    out(f"{records} records of {size} B ({records * size / 1e6:.0f} MB) per run, {rounds} round(s), kcat, one broker, "
+        f"load average {os.getloadavg()[0]:.2f} at the end")
+    out(f"{'listener':<10} {'phase':<8} {'MB/s':>8} {'broker CPU s/GB':>16}   per-round ranges")
     best = {}
     setups = results.pop("handshakes", None)
     for (name, phase), runs in sorted(results.items()):
         mbps = max(r[0] for r in runs)
         cpu = min(r[1] for r in runs)
         best[(name, phase)] = (mbps, cpu)
-        out(f"{name:<10} {phase:<8} {mbps:>8.1f} {cpu:>16.2f}")
+        out(f"{name:<10} {phase:<8} {mbps:>8.1f} {cpu:>16.2f}   MB/s {min(r[0] for r in runs):.1f}-{mbps:.1f}, "
+            f"s/GB {cpu:.2f}-{max(r[1] for r in runs):.2f}")
     for phase in ("produce", "fetch"):
         tls, plain = best[("SSL", phase)], best[("PLAINTEXT", phase)]
         # a small run can finish inside one tick of the broker's CPU clock: no ratio then, not a crash

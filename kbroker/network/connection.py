@@ -190,9 +190,10 @@ class Connection(ConnState, asyncio.BufferedProtocol):
         self.listener_name = listener.name
         self.principal = "User:ANONYMOUS"
         self.client_host = ""
-        # Under TLS the bytes on the socket are records of the loop's TLS transport: nothing may read or
-        # send on the socket itself (no direct send, no sendfile, no native recv); answers go through
-        # transport.write, file ranges copied (_write_copied).
+        # Under TLS the bytes on the socket are records of our TLS transport (tlsconn.py, which decrypts
+        # into this connection's receive views): nothing may read or send on the socket itself (no direct
+        # send, no sendfile, no native recv); answers go through transport.write, file ranges copied
+        # (_write_copied).
         self.tls = listener.ssl_context is not None
         # SASL listeners: nothing but ApiVersions, SaslHandshake and SaslAuthenticate until the client
         # authenticated (set up in _await_authentication)

@@ -45,6 +45,7 @@ from .. import switches
 from .._native.request import ReadStats
 from .connection import Connection, hostile_log
 from .pool import FrameCache, MemoryPool
+from .tlsconn import TlsReads, TlsTransport
 from ..switches import ASYNCIO_INTERNALS_VERSION
 
 log = logging.getLogger(__name__)
@@ -63,10 +64,6 @@ except (OSError, AttributeError):   # not glibc
 # per fetch than sendfile up to 32 KiB (0.6-0.85x with 1 and with 8 in flight), the same at 64 KiB,
 # and sendfile wins beyond (0.26x of copy's CPU at 256 KiB with 8 in flight, 0.9x at 1 MiB with 1).
 SENDFILE_MIN_BYTES = 64 * 1024
-# A closing TLS connection sends its close_notify and then waits this long for the peer's before the
-# socket goes (the loops' default is 30 s): a client that never answers it (a refused or hostile one)
-# would otherwise hold its socket that long after the broker closed it, where Kafka closes at once.
-TLS_SHUTDOWN_TIMEOUT_S = 1.0
 
 # Every request allocates a few dozen container objects (slots, tuples, lists), so the default
 # generation-0 threshold (700) started a collection every ~20 small requests: 8% of the loop thread's busy
@@ -201,6 +198,8 @@ class KafkaServer:
         self.asyncio_internals = switches.current.asyncio_internals
         self._serving = False
         self._handshakes = 0         # accepted sockets whose connection_made has not run yet (uvloop)
+        # TLS listeners: our TLS transport's shared state (native record reads when they may be used)
+        self.tls_reads = TlsReads() if any(l.ssl_context is not None for l in self.listeners) else None
         self._sweeper = None
         self._hangup_watch = None
         self._loop_lag = None        # looplag.LoopLagSampler when KBROKER_LOOP_LAG_LOG is set
@@ -242,6 +241,8 @@ class KafkaServer:
         self._hangup_watch = loop.create_task(self._watch_hangups())
         for listener in self.listeners:
             log.info("listening on %s (%s, %s)", listener, listener.security_protocol, type(loop).__module__)
+        if self.tls_reads is not None:
+            log.info("%s", self.tls_reads.describe())
 
     async def _open(self, listener: Listener) -> None:
         if not self.selector_loop:
@@ -297,17 +298,21 @@ class KafkaServer:
         return socks
 
     async def _adopt(self, conn: socket.socket, addr, listener: Listener) -> None:
-        """uvloop, and TLS on either loop: the accepted socket becomes a transport (through the loop's own
-        TLS transport after the handshake, which must end within the frame deadline); connection_made
-        (which counts it) has run when this returns."""
+        """uvloop, and TLS on either loop: the accepted socket becomes a transport (TLS: a plain one under
+        our TlsTransport, tlsconn.py, after the handshake, which must end within the frame deadline);
+        connection_made (which counts it) has run when this returns."""
         try:
             if listener.ssl_context is None:
                 await self.loop.connect_accepted_socket(lambda: Connection(self, listener), conn)
             else:
-                await self.loop.connect_accepted_socket(
-                    lambda: Connection(self, listener), conn, ssl=listener.ssl_context,
-                    ssl_handshake_timeout=self.frame_timeout_ms / 1000 if self.frame_timeout_ms > 0 else None,
-                    ssl_shutdown_timeout=TLS_SHUTDOWN_TIMEOUT_S)
+                tls = TlsTransport(listener.ssl_context, self.tls_reads, lambda: Connection(self, listener),
+                                   self.frame_timeout_ms / 1000 if self.frame_timeout_ms > 0 else None,
+                                   self.loop, hostile_log)
+                await self.loop.connect_accepted_socket(lambda: tls, conn)
+                try:
+                    await tls.handshake
+                except Exception as e:      # the transport has closed the socket
+                    hostile_log(logging.WARNING, "cannot set up the connection from %s: %s", addr, e)
         except Exception as e:
             conn.close()
             hostile_log(logging.WARNING, "cannot set up the connection from %s: %s", addr, e)

@@ -36,11 +36,13 @@ def tls_cluster(tmp_path_factory):
         "ssl.truststore.type": "PEM", "ssl.truststore.location": str(pki / "ca.pem"),
         "listener.name.mtls.ssl.client.auth": "required",
         "offsets.topic.replication.factor": 1})
-    c.ssl_ports, c.mtls_ports = {}, {}
+    c.ssl_ports, c.mtls_ports, c.metrics_ports = {}, {}, {}
     for b in c.brokers.values():
         s, m = free_port(), free_port()
         c.ssl_ports[b.broker_id], c.mtls_ports[b.broker_id] = s, m
-        b.extra = {"listeners": f"PLAINTEXT://127.0.0.1:{b.port},SSL://127.0.0.1:{s},MTLS://127.0.0.1:{m}"}
+        c.metrics_ports[b.broker_id] = free_port()
+        b.extra = {"listeners": f"PLAINTEXT://127.0.0.1:{b.port},SSL://127.0.0.1:{s},MTLS://127.0.0.1:{m}",
+                   "kbroker.metrics.port": c.metrics_ports[b.broker_id]}
         if b.broker_id == 0:
             b.extra |= {"ssl.keystore.type": "PEM", "ssl.keystore.location": str(pki / "broker.pem"),
                         "ssl.key.password": "keypw"}
@@ -137,3 +139,28 @@ def test_large_fetch_over_tls_and_replicated(tls_cluster):
     admin = AdminClient(confluent_conf(tls_cluster, False))
     wait_until(lambda: sorted(admin.list_topics(topic, timeout=TIMEOUT_S).topics[topic].partitions[0].isrs) == [0, 1],
                TIMEOUT_S, "both replicas in the ISR over SSL")
+
+
+def tls_reads(c) -> dict[str, float]:
+    """kbroker_network_tls_reads by path, summed over the brokers' /metrics."""
+    import urllib.request
+    out = {"native": 0.0, "python": 0.0}
+    for port in c.metrics_ports.values():
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        for line in text.splitlines():
+            if line.startswith("kbroker_network_tls_reads_total{"):
+                name, value = line.rsplit(" ", 1)
+                out[name.split('path="')[1].split('"')[0]] += float(value)
+    return out
+
+
+def test_confluent_over_ssl_on_the_native_tls_read_path(tls_cluster):
+    """The brokers decrypt TLS records natively (kbroker._native.tls): a confluent-kafka round trip of
+    ~1 MB over SSL grows the native read count and leaves the Python one where it was."""
+    topic = make_topic(tls_cluster, False)
+    before = tls_reads(tls_cluster)
+    want = values(250, 4000)
+    assert run_confluent(tls_cluster, topic, False, want) == want
+    after = tls_reads(tls_cluster)
+    assert after["native"] - before["native"] >= 10, (before, after)
+    assert after["python"] == before["python"] == 0, (before, after)

@@ -91,3 +91,12 @@ def test_source_tree_without_native_build_says_how_to_build_it(tmp_path):
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: kbroker's native extensions (kbroker._native) are not built")
     assert "scripts/setup.sh" in last and "pip install ." in last
+
+
+def test_the_tls_extension_is_built_only_with_openssl_headers(monkeypatch):
+    extensions = _setup_checks()["extensions"]
+    built = {e.name: e for e in extensions()}
+    assert built["kbroker._native.tls"].libraries == ["ssl", "crypto"]      # the headers are installed here
+    monkeypatch.setitem(extensions.__globals__["OPTIONAL"], "tls", ("no/such/ssl.h", ["ssl", "crypto"]))
+    names = {e.name for e in extensions()}
+    assert "kbroker._native.tls" not in names and "kbroker._native.request" in names

@@ -159,6 +159,55 @@ def test_hostile_peers_closed_while_others_served(pki, loop_name):
                 s.close()
 
 
+def _bio_client(pki, port):
+    """A raw socket with a client SSLObject on memory BIOs, handshake done: its records can be altered."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = client_ctx(pki).wrap_bio(incoming, outgoing, server_hostname="localhost")
+    while True:
+        try:
+            obj.do_handshake()
+            break
+        except ssl.SSLWantReadError:
+            sock.sendall(outgoing.read())
+            incoming.write(sock.recv(65536))
+    sock.sendall(outgoing.read())
+    return sock, obj, outgoing
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+@pytest.mark.parametrize("loop_name", LOOPS)
+def test_tls_reads_native_or_python_and_a_corrupted_record_closes(pki, loop_name, native):
+    """The TLS transport reads records natively (or, when the native reader is not usable, through
+    Python's ssl: the same answers); a record that fails authentication closes its connection while
+    another client is served."""
+    with start(pki, loop_name) as srv:
+        if not native:
+            srv.call(lambda: setattr(srv.server.tls_reads, "problem", "switched off by the test"))
+        port = srv.server.listeners[1].port
+        good = client_ctx(pki).wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=5),
+                                           server_hostname="localhost")
+        try:
+            many = b"".join(api.encode_request(18, 0, i, "t", {}) for i in range(300))
+            for _ in range(3):
+                good.sendall(many)        # many requests, several records per socket read
+                for i in range(300):
+                    size = _read(good, 4)
+                    assert _read(good, int.from_bytes(size, "big"))[:4] == i.to_bytes(4, "big")
+            counts = srv.call(lambda: (srv.server.tls_reads.native, srv.server.tls_reads.python))
+            assert (counts[0] > 0, counts[1] > 0) == (native, not native), counts
+            sock, obj, outgoing = _bio_client(pki, port)
+            with sock:
+                obj.write(api.encode_request(18, 0, 1, "t", {}))
+                record = bytearray(outgoing.read())
+                record[-5] ^= 0x40           # in the authentication tag
+                sock.sendall(record)
+                assert closed_within(sock, 5) is not None
+            assert round_trip(good)
+        finally:
+            good.close()
+
+
 def test_keystore_types_and_refusals(pki):
     p12 = {"ssl.keystore.type": "PKCS12", "ssl.keystore.location": str(pki / "broker.p12"),
            "ssl.keystore.password": "spw"}

@@ -114,7 +114,7 @@ def test_each_layer_exists(layer):
 NATIVE_RANKS = {
     "hton": 0, "ccrc32c": 0, "czlib": 0, "errors": 0,
     "varint": 1, "layout": 1,
-    "crc": 2, "codec": 2, "batch": 2, "sendio": 2,
+    "crc": 2, "codec": 2, "batch": 2, "sendio": 2, "tls": 2,
     "segment": 3, "cleaner": 3, "arrow": 3,
     "request": 4,
 }
