@@ -17,6 +17,7 @@ command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
 [ -f /usr/include/zlib.h ] || need_apt+=(zlib1g-dev)   # ext/batch.pyx links zlib (gzip validation)
 [ -f /usr/include/lz4.h ] || need_apt+=(liblz4-dev)    # ext/codec.pyx links liblz4 and libzstd (streaming
 [ -f /usr/include/zstd.h ] || need_apt+=(libzstd-dev)  # validation of compressed batches)
+[ -f /usr/include/openssl/ssl.h ] || need_apt+=(libssl-dev)  # ext/tls.pyx reads TLS records with libssl
 command -v strace >/dev/null 2>&1 || need_apt+=(strace)  # tests observe the broker's sendfile and fsync calls
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)    # replication_bench --netns and its tests
 command -v go >/dev/null 2>&1 || need_apt+=(golang-go)   # tests/cluster/test_sarama.py builds its client
