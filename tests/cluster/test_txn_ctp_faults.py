@@ -107,11 +107,16 @@ class Loop:
         self.offsets_lost = self.consumer_errors = 0
         self.last_error = None
         self.before_commit = None     # run once inside the next transaction, before its EndTxn
+        self.deadline = float("inf")  # the current phase's: no client call retries past it
+        self.doing = None             # the transactional call in progress, for a failure message
         self._new_producer()
 
     def _new_producer(self):
         if self.prod is not None:
-            self.prod.flush(0)
+            try:
+                self.prod.flush(0)
+            except ck.KafkaException:
+                pass    # a fenced producer raises its fatal error here; the new one replaces it anyway
         self.prod = ck.Producer({"bootstrap.servers": self.bootstrap, "transactional.id": TID, "linger.ms": 5,
                                  "transaction.timeout.ms": 60000, "message.timeout.ms": 55000})
         self.prod.init_transactions(60)
@@ -119,7 +124,11 @@ class Loop:
     def close(self):
         self.cons.close()
         if self.prod is not None:
-            self.prod.flush(10)
+            try:
+                self.prod.flush(10)
+            except ck.KafkaException as e:
+                # a fenced or fatal producer raises here: that must not hide why the loop stopped
+                self.last_error = e.args[0]
 
     def describe(self) -> str:
         """What the loop saw, for a failure message: the consumer's positions and errors, the group's offsets."""
@@ -130,7 +139,7 @@ class Loop:
             committed = repr(e.args[0])
         positions = [tp.offset for tp in self.cons.position(tps)]
         return (f"positions {positions}, committed {committed}, {self.consumer_errors} consumer errors, "
-                f"last error {self.last_error}")
+                f"last error {self.last_error}, stopped in {self.doing}")
 
     def done(self, ends: dict) -> bool:
         return all(self.confirmed[p] >= ends[p] for p in ends)
@@ -163,13 +172,16 @@ class Loop:
                 delivered.append((m.value(), m.partition(), m.offset()))
 
         try:
+            self.doing = "begin_transaction"
             self.prod.begin_transaction()
             for m in msgs:
                 self.prod.produce(DST, value=m.value(), partition=m.partition(), on_delivery=on_delivery)
                 self.next[m.partition()] = m.offset() + 1
             offsets = [ck.TopicPartition(SRC, p, o) for p, o in self.next.items()]
-            self.prod.send_offsets_to_transaction(offsets, self.cons.consumer_group_metadata(), 60)
-            self.prod.flush(60)
+            self.doing = "send_offsets_to_transaction"
+            self.prod.send_offsets_to_transaction(offsets, self.cons.consumer_group_metadata(), self._timeout())
+            self.doing = "flush"
+            self.prod.flush(self._timeout())
             if self.txns % ABORT_EVERY == 0:
                 self._abort(delivered)
                 return False
@@ -177,12 +189,16 @@ class Loop:
                 fault, self.before_commit = self.before_commit, None
                 fault()
             while True:
+                self.doing = "commit_transaction"
                 try:
-                    self.prod.commit_transaction(60)
+                    self.prod.commit_transaction(self._timeout())
                     break
                 except ck.KafkaException as e:
-                    if not e.args[0].retriable():
+                    # a retriable error (e.g. the timeout) leaves the commit to be retried, within the phase
+                    self.last_error = e.args[0]
+                    if not e.args[0].retriable() or time.monotonic() >= self.deadline:
                         raise
+            self.doing = None
             self.prod.poll(0)
             for v, p, o in delivered:
                 self.history.ack(v, p, o)
@@ -204,8 +220,14 @@ class Loop:
             self.rewind()
             return False
 
+    def _timeout(self) -> float:
+        """A transactional call's timeout: 60 s, cut to what is left of the phase (at least 1 s)."""
+        return max(1.0, min(60.0, self.deadline - time.monotonic()))
+
     def _abort(self, delivered):
-        self.prod.abort_transaction(60)
+        self.doing = "abort_transaction"
+        self.prod.abort_transaction(self._timeout())
+        self.doing = None
         self.prod.poll(0)
         for v, p, o in delivered:
             self.history.abort(v, p, o)
@@ -236,7 +258,7 @@ def test_consume_transform_produce_exactly_once_under_kill_9(cluster):
     try:
         def run(n_committed: int, what: str):
             target = loop.committed_txns + n_committed
-            deadline = time.monotonic() + 90
+            deadline = loop.deadline = time.monotonic() + 90
             while loop.committed_txns < target and not loop.done(ends):
                 assert time.monotonic() < deadline, (f"no progress {what}: {loop.committed_txns} < {target} "
                                                     f"({loop.txns} transactions, {loop.fatal} fatal, {loop.describe()})")
@@ -256,9 +278,9 @@ def test_consume_transform_produce_exactly_once_under_kill_9(cluster):
         run(PHASE_TXNS, "after killing an output leader")
         cluster.start_broker(leader)
         wait_until(lambda: _fully_replicated(cluster.bootstrap), 60, "ISR whole again")
-        deadline = time.monotonic() + 90
+        deadline = loop.deadline = time.monotonic() + 90
         while not loop.done(ends):
-            assert time.monotonic() < deadline, f"the loop stopped at {loop.confirmed} of {ends}"
+            assert time.monotonic() < deadline, f"the loop stopped at {loop.confirmed} of {ends}: {loop.describe()}"
             loop.one()
         loop.rewind()                   # the group's offsets read back once more: nothing lost
     finally:
