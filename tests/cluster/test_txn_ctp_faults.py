@@ -2,7 +2,8 @@
 consumer, transactional producer, send_offsets_to_transaction) on 3 brokers (every topic RF=3,
 min.insync.replicas=2) while the transaction coordinator's broker is killed with SIGKILL inside a
 transaction (its records and offsets written, EndTxn not yet sent) and restarted, and later the leader of
-an output partition is, the same way. Some transactions are aborted on purpose, others by the faults.
+an output partition (not the group's coordinator) is, the same way. Some transactions are aborted on
+purpose, others by the faults.
 
 Invariant, checked with the shared history checker on a read_committed read of the whole output: every
 input record is in the committed output exactly once (``not_once`` 0 of N), nothing an aborted
@@ -22,7 +23,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kbroker.testing import LocalCluster, wait_until
 from tests.support.checkers import History, RawConn, read_all_confluent, wait_for_topic
 
-SRC, DST, GROUP, TID = "ctp-in", "ctp-out", "ctp-group", "ctp-tx"
+SRC, DST, TID = "ctp-in", "ctp-out", "ctp-tx"
 PARTITIONS = 2
 PER_PARTITION = 120
 TXN_RECORDS = 8              # records per transaction at most
@@ -36,7 +37,7 @@ def cluster(tmp_path_factory):
                       overrides={"transaction.state.log.num.partitions": 1,
                                  "transaction.state.log.replication.factor": 3,
                                  "transaction.state.log.min.isr": 2,
-                                 "offsets.topic.num.partitions": 1,
+                                 "offsets.topic.num.partitions": 3,     # a group apart from the txn's
                                  "offsets.topic.replication.factor": 3,
                                  "default.replication.factor": 3,
                                  "min.insync.replicas": 2,
@@ -54,20 +55,21 @@ def _metadata(bootstrap: str) -> dict:
     raise ConnectionError(f"no broker of {bootstrap} answers")
 
 
-def _coordinator(bootstrap: str) -> int:
+def _coordinator(bootstrap: str, key: str = TID, key_type: int = 1) -> int:
+    """The broker coordinating transactional id ``key`` (key_type 1) or group ``key`` (key_type 0)."""
     out = {}
 
     def found():
         for hp in bootstrap.split(","):
             try:
                 with RawConn(hp, timeout=5) as c:
-                    r = c.request(10, 3, {"key": TID, "key_type": 1})
+                    r = c.request(10, 3, {"key": key, "key_type": key_type})
             except OSError:
                 continue
             out.update(r)
             return r["error_code"] == 0
         return False
-    wait_until(found, 60, "transaction coordinator")
+    wait_until(found, 60, f"coordinator of {key}")
     return out["node_id"]
 
 
@@ -81,11 +83,47 @@ def _fully_replicated(bootstrap: str) -> bool:
                for t in md["topics"] for p in t["partitions"])
 
 
-def _output_leader(bootstrap: str, avoid: int) -> int:
-    """The leader of an output partition, another broker than ``avoid`` when one is."""
+def _group_apart(bootstrap: str, txn_coordinator: int) -> str:
+    """A group id whose coordinator is not the transaction's: the first fault kills the transaction
+    coordinator, and librdkafka (2.16) keeps a group coordinator that left the metadata cached and waits
+    for it to come back, past send_offsets_to_transaction's timeout (the loop would hang, not fail)."""
+    for i in range(64):
+        group = f"ctp-group-{i}"
+        if _coordinator(bootstrap, group, 0) != txn_coordinator:
+            return group
+    raise AssertionError(f"every offsets partition is led by the transaction coordinator {txn_coordinator}")
+
+
+def _output_leader(bootstrap: str, group: str):
+    """The leader of an output partition that is not the group's coordinator (nor, when one is not, the
+    transaction's), or None: killing the group's coordinator would stall the loop until its restart,
+    which comes only after the phase (see _group_apart)."""
+    group_coordinator, txn_coordinator = _coordinator(bootstrap, group, 0), _coordinator(bootstrap)
     md = _metadata(bootstrap)
     leaders = [p["leader_id"] for t in md["topics"] if t["name"] == DST for p in t["partitions"]]
-    return next((b for b in leaders if b != avoid), leaders[0])
+    fit = sorted((b == txn_coordinator, b) for b in leaders if b >= 0 and b != group_coordinator)
+    return fit[0][1] if fit else None
+
+
+def _output_leader_apart(bootstrap: str, group: str) -> int:
+    """An output leader apart from the group's coordinator. The restarted broker leads nothing until the
+    preferred leaders are elected again, so both output partitions may be led by the coordinator's
+    broker: then elect them (their preferred leaders are two different brokers)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    out = []
+
+    def found():
+        b = _output_leader(bootstrap, group)
+        if b is None:
+            try:
+                admin.elect_leaders(ck.ElectionType.PREFERRED, None).result(30)
+            except ck.KafkaException:
+                pass        # ELECTION_NOT_NEEDED for some partitions, or a retry in progress
+            return False
+        out.append(b)
+        return True
+    wait_until(found, 60, "an output leader that is not the group's coordinator", interval=1.0)
+    return out[0]
 
 
 class Loop:
@@ -93,10 +131,10 @@ class Loop:
     offsets in the same transaction; on an abort or a fatal producer error, rewind to the group's
     committed offsets, as Kafka's exactly-once examples do."""
 
-    def __init__(self, bootstrap: str, history: History):
+    def __init__(self, bootstrap: str, history: History, group: str):
         self.bootstrap = bootstrap
         self.history = history
-        self.cons = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": GROUP,
+        self.cons = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": group,
                                  "isolation.level": "read_committed", "enable.auto.commit": False,
                                  "auto.offset.reset": "earliest", "fetch.wait.max.ms": 50})
         self.cons.assign([ck.TopicPartition(SRC, p, ck.OFFSET_STORED) for p in range(PARTITIONS)])
@@ -252,7 +290,8 @@ def test_consume_transform_produce_exactly_once_under_kill_9(cluster):
     assert feed.flush(60) == 0
     ends = {p: PER_PARTITION for p in range(PARTITIONS)}
 
-    loop = Loop(cluster.bootstrap, hist)
+    group = _group_apart(cluster.bootstrap, _coordinator(cluster.bootstrap))
+    loop = Loop(cluster.bootstrap, hist, group)
     steps = []
     t0 = time.monotonic()
     try:
@@ -273,7 +312,7 @@ def test_consume_transform_produce_exactly_once_under_kill_9(cluster):
         cluster.start_broker(coord)
         wait_until(lambda: _fully_replicated(cluster.bootstrap), 60, "ISR whole again")
         run(PHASE_TXNS, "after restarting the coordinator")
-        leader = _output_leader(cluster.bootstrap, avoid=_coordinator(cluster.bootstrap))
+        leader = _output_leader_apart(cluster.bootstrap, group)
         loop.before_commit = lambda: (cluster.kill(leader), steps.append(f"killed output leader {leader}"))
         run(PHASE_TXNS, "after killing an output leader")
         cluster.start_broker(leader)
