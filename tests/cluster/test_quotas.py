@@ -389,6 +389,32 @@ def test_a_throttled_full_fetch_makes_no_session_and_an_incremental_one_keeps_it
         fetch("checkers", sid, -1, listed=False)     # closed: the slot is free again
 
 
+def test_a_fetch_throttled_by_the_request_quota_alone_is_answered_empty(cluster, zk):
+    """A Fetch whose client is over its request_percentage (and has no byte-rate quota) is answered as
+    Kafka answers a throttled one: throttle_time_ms and no partitions; the client's next Fetch after the
+    quota is lifted reads the records."""
+    topic = f"frq-{uuid.uuid4().hex[:6]}"
+    p = Producer({"bootstrap.servers": cluster.bootstrap})
+    p.produce(topic, VALUE)
+    assert p.flush(30) == 0
+    client_id = f"req-throttled-{uuid.uuid4().hex[:6]}"
+    alter_entity(zk, None, client_id, {"request_percentage": "0.01"})     # 100 us of handling per second
+
+    def fetch():
+        with RawConn(cluster.bootstrap) as c:       # a connection each: a throttled one is muted
+            c.send(_session_fetch(client_id, topic, 0, -1))
+            return api.decode_response(1, 11, c.recv_frame(timeout=30))[1]
+    try:
+        wait_until(lambda: fetch()["throttle_time_ms"] > 0, timeout=10, what="request quota applied")
+        throttled = fetch()
+        assert throttled["throttle_time_ms"] > 0 and throttled["responses"] == [], throttled
+    finally:
+        alter_entity(zk, None, client_id, {}, ["request_percentage"])
+    wait_until(lambda: fetch()["throttle_time_ms"] == 0, timeout=10, what="request quota lifted")
+    served = fetch()
+    assert [q["partition_index"] for t in served["responses"] for q in t["partitions"] if q["records"]] == [0]
+
+
 MUTATION_RATE = 10      # partitions/s: a token bucket of WINDOWS[0] x WINDOWS[1] s x 10 = 20
 
 

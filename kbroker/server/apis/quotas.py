@@ -170,6 +170,9 @@ class Throttling:
             quota.record(Q.FETCH, -size)
             result = fetch.throttled_answer(self.broker, result)
             ms = max(ms, fetch_ms)
+        elif key == _FETCH and is_dict and ms > 0:
+            # throttled by the request quota alone: answered empty all the same (as Kafka)
+            result = fetch.throttled_answer(self.broker, result)
         if ms > 0:
             if is_dict:
                 result["throttle_time_ms"] = max(result.get("throttle_time_ms") or 0, ms)
