@@ -154,25 +154,23 @@ class Throttling:
         is_dict = type(result) is dict
         if key == _PRODUCE:
             ms = max(ms, quota.throttle_ms(Q.PRODUCE))
-        elif key == _FETCH and is_dict and quota.has(Q.FETCH):
-            h = slot.header
-            try:
-                chunks = api.encode_response(key, h.api_version, h.correlation_id, result)
-            except Exception:       # noqa: BLE001 - unencodable: the connection's own encode reports it
-                return result
-            size = _fetch_size(chunks, h.api_version)
-            quota.record(Q.FETCH, size)
-            fetch_ms = quota.throttle_ms(Q.FETCH)
-            if max(ms, fetch_ms) == 0:
-                return chunks       # throttle_time_ms stays 0, as encoded
-            # throttled: answered empty (a full fetch with no session) and not counted, whichever quota
-            # throttles (as Kafka)
-            quota.record(Q.FETCH, -size)
-            result = fetch.throttled_answer(self.broker, result)
-            ms = max(ms, fetch_ms)
-        elif key == _FETCH and is_dict and ms > 0:
-            # throttled by the request quota alone: answered empty all the same (as Kafka)
-            result = fetch.throttled_answer(self.broker, result)
+        elif key == _FETCH and is_dict:
+            if quota.has(Q.FETCH):
+                h = slot.header
+                try:
+                    chunks = api.encode_response(key, h.api_version, h.correlation_id, result)
+                except Exception:       # noqa: BLE001 - unencodable: the connection's own encode reports it
+                    return result
+                size = _fetch_size(chunks, h.api_version)
+                quota.record(Q.FETCH, size)
+                fetch_ms = quota.throttle_ms(Q.FETCH)
+                if max(ms, fetch_ms) == 0:
+                    return chunks       # throttle_time_ms stays 0, as encoded
+                quota.record(Q.FETCH, -size)    # a throttled answer's bytes are not counted
+                ms = max(ms, fetch_ms)
+            if ms > 0:
+                # throttled, whichever quota throttles: answered empty (a full fetch with no session), as Kafka
+                result = fetch.throttled_answer(self.broker, result)
         if ms > 0:
             if is_dict:
                 result["throttle_time_ms"] = max(result.get("throttle_time_ms") or 0, ms)
