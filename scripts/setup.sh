@@ -34,12 +34,36 @@ if [ ! -x .venv/bin/python ]; then
   echo "== creating virtualenv .venv"
   "$PY" -m venv .venv
 fi
-echo "== installing pinned Python dependencies"
-.venv/bin/python -m pip install -q --disable-pip-version-check -U pip==26.3 setuptools==84.2.1 wheel==0.48.0
-.venv/bin/python -m pip install -q --disable-pip-version-check -r requirements/dev.txt
-.venv/bin/python -m pip install -q --disable-pip-version-check -r requirements/spark.txt
-echo "== building kbroker (Cython extensions)"
-.venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
-.venv/bin/python -c "import kbroker._native.crc, kbroker._native.batch, kbroker._native.segment, kbroker._native.cleaner, kbroker._native.arrow, kbroker._native.request, kbroker._native.codec" \
-  || { echo "native build missing: see the pip output above" >&2; exit 1; }
+# Each step below is skipped when what it was last done from is unchanged (a hash kept in .venv): a
+# second run of the test command does not reinstall the dependencies or recompile the native code.
+# What the native build is made from: ext/ minus the .c files Cython writes from a .pyx, the build files.
+native_inputs() {
+  for f in ext/*.pyx ext/*.pxd ext/*.pxi ext/*.h ext/*.c setup.py pyproject.toml; do
+    case $f in *.c) [ -f "${f%.c}.pyx" ] && continue ;; esac
+    echo "$f"
+  done
+}
+stamp_of() { sha256sum "$@" | sha256sum | cut -d' ' -f1; }
+PIP_PINS="pip==26.3 setuptools==84.2.1 wheel==0.48.0"
+deps_stamp=$( (echo "$PIP_PINS"; cat requirements/dev.txt requirements/spark.txt) | sha256sum | cut -d' ' -f1)
+if [ "$(cat .venv/.kbroker-deps 2>/dev/null)" != "$deps_stamp" ]; then
+  echo "== installing pinned Python dependencies"
+  # shellcheck disable=SC2086
+  .venv/bin/python -m pip install -q --disable-pip-version-check -U $PIP_PINS
+  .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements/dev.txt
+  .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements/spark.txt
+  echo "$deps_stamp" > .venv/.kbroker-deps
+fi
+mapfile -t inputs < <(native_inputs)
+native_stamp=$(stamp_of "${inputs[@]}")
+native_ok() {
+  .venv/bin/python -c "import kbroker._native.crc, kbroker._native.batch, kbroker._native.segment, kbroker._native.cleaner, kbroker._native.arrow, kbroker._native.request, kbroker._native.codec" 2>/dev/null
+}
+if [ "$(cat .venv/.kbroker-native 2>/dev/null)" != "$native_stamp" ] || ! native_ok; then
+  echo "== building kbroker (Cython extensions)"
+  rm -f .venv/.kbroker-native
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
+  native_ok || { echo "native build missing: see the pip output above" >&2; exit 1; }
+  echo "$native_stamp" > .venv/.kbroker-native
+fi
 echo "== setup complete: $ROOT/.venv/bin/kbroker"

@@ -11,9 +11,9 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 ulimit -n 20000 2>/dev/null || true
 workers=${KBROKER_TEST_WORKERS:-4}
-# --durations and --cpu-by-file: the CI log names the slowest tests and the test files that used the
-# most CPU (the runs are CPU-bound: CPU is what a file costs the others)
-pytest=(.venv/bin/python -m pytest -ra -p no:cacheprovider --durations=25 --cpu-by-file=25)
+# --durations, --cpu-by-file and --timeline: the CI log names the slowest tests, the test files that used the
+# most CPU (the runs are CPU-bound: CPU is what a file costs the others) and when each worker went idle
+pytest=(.venv/bin/python -m pytest -ra -p no:cacheprovider --durations=25 --cpu-by-file=25 --timeline)
 if [ "$workers" = 0 ]; then
   exec "${pytest[@]}" "$@"
 fi

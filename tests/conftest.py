@@ -1,6 +1,6 @@
 import pytest
 
-pytest_plugins = ["cpu_by_file"]       # --cpu-by-file=N (tests/support/cpu_by_file.py)
+pytest_plugins = ["cpu_by_file", "timeline"]   # --cpu-by-file=N, --timeline (tests/support/)
 
 
 @pytest.fixture(scope="session", autouse=True)
