@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kbroker.security.certs import CA
+from kbroker.security.certs import loopback_pki
 from kbroker.testing import LocalCluster, free_port
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -98,10 +98,7 @@ def run(records: int, size: int, rounds: int, out=print, handshakes: int = 0) ->
     results: dict = {}
     with tempfile.TemporaryDirectory(prefix="kbroker-tls-bench-") as tmp:
         root = Path(tmp)
-        ca = CA.create()
-        (root / "ca.pem").write_bytes(ca.pem())
-        key, cert = ca.issue({"CN": "broker"}, ["127.0.0.1", "localhost"])
-        ca.write_pem_keystore(root / "broker.pem", key, cert)
+        loopback_pki(root)
         payload = root / "records.txt"
         line = b"x" * (size - 1) + b"\n"
         payload.write_bytes(line * records)

@@ -45,27 +45,21 @@ def prepare(root: Path, mode: str) -> None:
     """The CA, certificates, admin password and client.properties of ``mode``; kept when present."""
     if mode == "plaintext" or (root / CLIENT_PROPERTIES).exists():
         return
-    from kbroker.security.certs import CA
+    from kbroker.security.certs import LOOPBACK, loopback_pki
     from kbroker.zk.client import NETTY_SOCKET
     props = [f"security.protocol={mode.upper()}"]
-    ca = CA.create("kbroker local cluster CA")
-    (root / "ca.pem").write_bytes(ca.pem())
-    key, cert = ca.issue({"CN": "zookeeper"}, ["127.0.0.1", "localhost"])
-    ca.write_pem_keystore(root / "zookeeper.pem", key, cert)
-    key, cert = ca.issue({"CN": "zookeeper-client"}, client=True)
-    ca.write_pem_keystore(root / "zk-client.pem", key, cert)
+    ca = loopback_pki(root, name="zookeeper", ca_name="kbroker local cluster CA")
+    ca.issue_to(root / "zk-client.pem", {"CN": "zookeeper-client"}, client=True)
     (root / ZK_TLS_PROPERTIES).write_text(
         "# ZooKeeper client TLS of the local cluster (brokers' server.properties, tools' --zk-tls-config-file).\n"
         f"zookeeper.ssl.client.enable=true\nzookeeper.clientCnxnSocket={NETTY_SOCKET}\n"
         f"zookeeper.ssl.keystore.type=PEM\nzookeeper.ssl.keystore.location={root / 'zk-client.pem'}\n"
         f"zookeeper.ssl.truststore.type=PEM\nzookeeper.ssl.truststore.location={root / 'ca.pem'}\n")
     if "ssl" in mode:
-        key, cert = ca.issue({"CN": "broker"}, ["127.0.0.1", "localhost"])
-        ca.write_pem_keystore(root / "broker.pem", key, cert)
+        ca.issue_to(root / "broker.pem", {"CN": "broker"}, list(LOOPBACK))
         props += ["ssl.truststore.type=PEM", f"ssl.truststore.location={root / 'ca.pem'}"]
         if mode == "ssl":
-            akey, acert = ca.issue({"CN": ADMIN}, client=True)
-            ca.write_pem_keystore(root / "admin.pem", akey, acert)
+            ca.issue_to(root / "admin.pem", {"CN": ADMIN}, client=True)
             props += ["ssl.keystore.type=PEM", f"ssl.keystore.location={root / 'admin.pem'}"]
     if mode.startswith("sasl"):
         props += [f"sasl.mechanism={MECHANISM}", f"sasl.jaas.config={_jaas(ADMIN, secrets.token_urlsafe(18))}"]

@@ -16,6 +16,7 @@ from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 VALID_DAYS = 825
+LOOPBACK = ("127.0.0.1", "localhost")      # the names a client on this host dials a local broker by
 
 
 def _name(dn: dict[str, str]) -> x509.Name:
@@ -92,3 +93,26 @@ class CA:
                                                      serialization.BestAvailableEncryption(password.encode()))
         _write_private(Path(path), data)
         return Path(path)
+
+    def issue_to(self, path: Path, dn: dict[str, str], hosts: list[str] = (), client: bool = False,
+                 password: str | None = None, pkcs12_password: str | None = None):
+        """Issue for ``dn`` and write the PEM keystore ``path`` (and, with ``pkcs12_password``, the PKCS12
+        keystore beside it, ``.p12``); returns (key, certificate)."""
+        key, cert = self.issue(dn, hosts, client)
+        self.write_pem_keystore(path, key, cert, password)
+        if pkcs12_password is not None:
+            self.write_pkcs12(Path(path).with_suffix(".p12"), key, cert, pkcs12_password)
+        return key, cert
+
+
+def loopback_pki(folder: Path, name: str = "broker", password: str | None = None,
+                 pkcs12_password: str | None = None, ca_name: str = "kbroker local CA") -> CA:
+    """A new CA in ``folder/ca.pem`` and a server certificate for ``CN=<name>`` on loopback
+    (127.0.0.1, localhost) in ``folder/<name>.pem`` (and ``<name>.p12`` with ``pkcs12_password``).
+    Returns the CA, to issue more (clients, a second server)."""
+    folder = Path(folder)
+    ca = CA.create(ca_name)
+    (folder / "ca.pem").write_bytes(ca.pem())
+    ca.issue_to(folder / f"{name}.pem", {"CN": name}, list(LOOPBACK), password=password,
+                pkcs12_password=pkcs12_password)
+    return ca

@@ -16,7 +16,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from kbroker.protocol import api
-from kbroker.security.certs import CA
+from kbroker.security.certs import loopback_pki
 from kbroker.security.sasl.scram import ScramCredential
 from kbroker.testing import LocalCluster, free_port, wait_until
 from kbroker.zk.credentials import alter_user_config
@@ -34,10 +34,7 @@ MECHANISMS = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 @pytest.fixture(scope="module")
 def sasl_cluster(tmp_path_factory):
     root = tmp_path_factory.mktemp("sasl")
-    ca = CA.create()
-    (root / "ca.pem").write_bytes(ca.pem())
-    key, cert = ca.issue({"CN": "broker"}, ["127.0.0.1", "localhost"])
-    ca.write_pem_keystore(root / "broker.pem", key, cert)
+    loopback_pki(root)
     props = {"listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL",
              "security.inter.broker.protocol": "SASL_SSL", "sasl.mechanism.inter.broker.protocol": "PLAIN",
              "sasl.enabled.mechanisms": ",".join(MECHANISMS),

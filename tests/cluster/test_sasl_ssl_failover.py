@@ -13,7 +13,7 @@ from kafka import KafkaProducer
 from kazoo.client import KazooClient
 
 from checkers import History, read_all_confluent
-from kbroker.security.certs import CA
+from kbroker.security.certs import loopback_pki
 from kbroker.security.sasl.scram import ScramCredential
 from kbroker.testing import LocalCluster, free_port, wait_until
 from kbroker.zk.credentials import alter_user_config
@@ -27,10 +27,7 @@ PLAIN_JAAS = ('org.apache.kafka.common.security.plain.PlainLoginModule required 
 
 @pytest.fixture
 def cluster(tmp_path):
-    ca = CA.create()
-    (tmp_path / "ca.pem").write_bytes(ca.pem())
-    key, cert = ca.issue({"CN": "broker"}, ["127.0.0.1", "localhost"])
-    ca.write_pem_keystore(tmp_path / "broker.pem", key, cert)
+    loopback_pki(tmp_path)
     c = LocalCluster(tmp_path / "c", brokers=3, session_timeout_ms=6000, overrides={
         "replica.lag.time.max.ms": LAG_MS,
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL",

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from kbroker.security.certs import CA
+from kbroker.security.certs import loopback_pki
 from kbroker.testing import LocalCluster, free_port, wait_until
 from secure_clients import aiokafka_round_trip, confluent_round_trip, kafka_python_round_trip, kcat_round_trip
 
@@ -23,13 +23,8 @@ def tls_cluster(tmp_path_factory):
     root = tmp_path_factory.mktemp("tls")
     pki = root / "pki"
     pki.mkdir()
-    ca = CA.create()
-    (pki / "ca.pem").write_bytes(ca.pem())
-    key, cert = ca.issue({"CN": "broker"}, ["127.0.0.1", "localhost"])
-    ca.write_pem_keystore(pki / "broker.pem", key, cert, password="keypw")
-    ca.write_pkcs12(pki / "broker.p12", key, cert, password="storepw")
-    ckey, ccert = ca.issue({"CN": "alice"}, client=True)
-    ca.write_pem_keystore(pki / "client.pem", ckey, ccert)
+    ca = loopback_pki(pki, password="keypw", pkcs12_password="storepw")
+    ca.issue_to(pki / "client.pem", {"CN": "alice"}, client=True)
     c = LocalCluster(root / "cluster", brokers=2, overrides={
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SSL:SSL,MTLS:SSL",
         "security.inter.broker.protocol": "SSL",

@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from checkers import RawConn
-from kbroker.security.certs import CA
+from kbroker.security.certs import CA, LOOPBACK
 from kbroker.testing import LocalCluster, free_port
 from secure_clients import confluent_round_trip
 
@@ -29,10 +29,9 @@ def cluster(tmp_path):
     (pki / "ca.pem").write_bytes(ca.pem())
     certs = {}
     for name in ("old", "new"):
-        key, cert = ca.issue({"CN": "broker"}, ["127.0.0.1", "localhost"])
+        _key, cert = ca.issue_to(pki / f"{name}.pem", {"CN": "broker"}, list(LOOPBACK), password="keypw",
+                                 pkcs12_password="storepw")
         certs[name] = cert.serial_number
-        ca.write_pem_keystore(pki / f"{name}.pem", key, cert, password="keypw")
-        ca.write_pkcs12(pki / f"{name}.p12", key, cert, password="storepw")
     c = LocalCluster(tmp_path / "cluster", brokers=1, overrides={
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SSL:SSL",
         "password.encoder.secret": SECRET})

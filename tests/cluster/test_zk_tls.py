@@ -18,7 +18,7 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.retry import KazooRetry
 
-from kbroker.security.certs import CA
+from kbroker.security.certs import loopback_pki
 from kbroker.testing import LocalCluster
 from kbroker.zk.client import NETTY_SOCKET, BrokerZk, ZkClientError, kazoo_tls
 from kbroker.zk.local import ServerTls, start_zookeeper
@@ -27,14 +27,9 @@ from kbroker.zk.local import ServerTls, start_zookeeper
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
     d = tmp_path_factory.mktemp("zkpki")
-    ca = CA.create()
-    (d / "ca.pem").write_bytes(ca.pem())
-    key, cert = ca.issue({"CN": "zookeeper"}, ["127.0.0.1", "localhost"])
-    ca.write_pem_keystore(d / "zk.pem", key, cert)
-    key, cert = ca.issue({"CN": "zookeeper"}, ["zookeeper.invalid"])
-    ca.write_pem_keystore(d / "zk-misnamed.pem", key, cert)
-    key, cert = ca.issue({"CN": "broker"}, client=True)
-    ca.write_pem_keystore(d / "broker.pem", key, cert, password="zkpw")
+    ca = loopback_pki(d, name="zookeeper")
+    ca.issue_to(d / "zk-misnamed.pem", {"CN": "zookeeper"}, ["zookeeper.invalid"])
+    ca.issue_to(d / "broker.pem", {"CN": "broker"}, client=True, password="zkpw")
     return d
 
 

@@ -14,7 +14,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from kbroker.fuzz import FUZZ_BROKER, Fuzzer, sasl_ssl_connector
-from kbroker.security.certs import CA
+from kbroker.security.certs import loopback_pki
 from kbroker.security.sasl.scram import ScramCredential
 from kbroker.testing import LocalCluster, free_port
 from kbroker.zk.credentials import alter_user_config
@@ -27,10 +27,7 @@ MECHANISM, USER, PASSWORD = "SCRAM-SHA-512", "fuzzer", "fuzzer-pw"
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_fuzz_after_the_sasl_ssl_login(tmp_path):
-    ca = CA.create()
-    (tmp_path / "ca.pem").write_bytes(ca.pem())
-    key, cert = ca.issue({"CN": "broker"}, ["127.0.0.1", "localhost"])
-    ca.write_pem_keystore(tmp_path / "broker.pem", key, cert)
+    loopback_pki(tmp_path)
     overrides = dict(FUZZ_BROKER, **{
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL",
         "inter.broker.listener.name": "PLAINTEXT", "sasl.enabled.mechanisms": MECHANISM,

@@ -13,7 +13,7 @@ import pytest
 from kbroker.network.server import Listener
 from kbroker.protocol import api
 from kbroker.security import tls
-from kbroker.security.certs import CA
+from kbroker.security.certs import loopback_pki
 from kbroker.config import ConfigError
 from netserver import LOOPS, ServerThread
 
@@ -23,13 +23,8 @@ FRAME_TIMEOUT_MS = 1500
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
     d = tmp_path_factory.mktemp("pki")
-    ca = CA.create()
-    (d / "ca.pem").write_bytes(ca.pem())
-    key, cert = ca.issue({"CN": "broker"}, ["127.0.0.1", "localhost"])
-    ca.write_pem_keystore(d / "broker.pem", key, cert, password="kpw")
-    ca.write_pkcs12(d / "broker.p12", key, cert, password="spw")
-    ckey, ccert = ca.issue({"CN": "alice", "OU": "eng", "O": "example"}, client=True)
-    ca.write_pem_keystore(d / "alice.pem", ckey, ccert)
+    ca = loopback_pki(d, password="kpw", pkcs12_password="spw")
+    ca.issue_to(d / "alice.pem", {"CN": "alice", "OU": "eng", "O": "example"}, client=True)
     return d
 
 

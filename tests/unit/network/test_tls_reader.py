@@ -8,7 +8,7 @@ import ssl
 import pytest
 
 from kbroker.network.tlsconn import TlsReads
-from kbroker.security.certs import CA
+from kbroker.security.certs import loopback_pki
 
 tls = pytest.importorskip("kbroker._native.tls")
 
@@ -32,10 +32,7 @@ class Receiver:
 @pytest.fixture(scope="module")
 def server_ctx(tmp_path_factory):
     d = tmp_path_factory.mktemp("pki")
-    ca = CA.create()
-    (d / "ca.pem").write_bytes(ca.pem())
-    key, cert = ca.issue({"CN": "broker"}, ["127.0.0.1", "localhost"])
-    ca.write_pem_keystore(d / "broker.pem", key, cert)
+    loopback_pki(d)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(str(d / "broker.pem"))
     ctx.ca_path = d / "ca.pem"

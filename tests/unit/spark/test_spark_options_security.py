@@ -11,8 +11,7 @@ from kbroker.spark.options import OptionError, client_config
 
 
 def test_security_options_pass_through(tmp_path):
-    ca = CA.create()
-    (tmp_path / "ca.pem").write_bytes(ca.pem())
+    (tmp_path / "ca.pem").write_bytes(CA.create().pem())
     opts = {"kafka.bootstrap.servers": "127.0.0.1:9093", "kafka.security.protocol": "SASL_SSL",
             "kafka.sasl.mechanism": "SCRAM-SHA-512",
             "kafka.sasl.jaas.config": 'x required username="admin" password="pw";',
