@@ -42,7 +42,7 @@ def _tls_zookeeper(pki, tmp_path_factory, keystore: str):
 
 @pytest.fixture(scope="module")
 def zk(pki, tmp_path_factory):
-    yield from _tls_zookeeper(pki, tmp_path_factory, "zk.pem")
+    yield from _tls_zookeeper(pki, tmp_path_factory, "zookeeper.pem")
 
 
 @pytest.fixture(scope="module")
