@@ -36,7 +36,7 @@ cdef class SegmentState:
     cdef public bint index_full             # an index has no room for an entry (sync_index)
     cdef public int64_t tail_floor
     cdef object owner                       # the LogSegment (size / next_offset / tail bounds mirrors)
-    cdef object index                       # its OffsetIndex and TimeIndex (entries added through them)
+    cdef object index                       # its OffsetIndex and TimeIndex (entries added to them)
     cdef object time_index
     cdef int64_t *tail_last                 # recent batches: last offset, file position
     cdef int64_t *tail_pos
@@ -46,6 +46,7 @@ cdef class SegmentState:
     cdef int index_batch(self, int64_t position, int64_t size, int64_t last_offset,
                          int64_t max_timestamp) except -1
     cdef int publish_tail(self) except -1
+    cdef bint _index_full(self) except -1
     cdef void roll_limits(self, int64_t segment_bytes, int64_t segment_ms, int64_t now_ms,
                           int64_t *room, int64_t *ts_limit, int64_t *off_limit) noexcept
     cdef bint roll_due(self, int64_t batch_size, int64_t last_offset, int64_t max_timestamp,

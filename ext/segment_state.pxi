@@ -4,7 +4,8 @@
 #
 # Contract: the state mirrors what kbroker.log.segment.LogSegment owns (size and next offset are
 # written back to the owner on every change; the owner keeps roll, truncation and recovery policy);
-# index entries go through the owner's OffsetIndex / TimeIndex objects once per index.interval.bytes.
+# index entries are added to the owner's OffsetIndex / TimeIndex objects once per index.interval.bytes
+# (natively on their common case, segment_index.pxi).
 # Event-loop thread only.
 
 cdef int64_t _I64_MAX = 0x7FFFFFFFFFFFFFFF
@@ -21,8 +22,8 @@ cdef class SegmentState:
     ``set_tail_bounds`` when they change (after an empty list, and every ``tail_batches`` appends when
     the older half is dropped).
 
-    Index entries are added through the owner's OffsetIndex/TimeIndex objects (once per
-    index.interval.bytes, so their Python cost is spread over many appends); ``index_full`` is a
+    Index entries are added to the owner's OffsetIndex/TimeIndex objects (once per
+    index.interval.bytes; natively, their methods only for the uncommon cases); ``index_full`` is a
     cached "either index is full" the owner refreshes with ``sync_index`` after changing an index
     itself (reset, truncation, trim, reopen). Event-loop thread only."""
 
@@ -60,9 +61,12 @@ cdef class SegmentState:
 
     def sync_index(self):
         """Refresh ``index_full`` from the index objects (after the owner changed one)."""
+        self.index_full = self._index_full()
+
+    cdef bint _index_full(self) except -1:
         idx = self.index
         tix = self.time_index
-        self.index_full = idx.entries >= idx._max_entries or tix.entries >= tix._max_entries
+        return idx.entries >= idx._max_entries or tix.entries >= tix._max_entries
 
     cdef int index_batch(self, int64_t position, int64_t size, int64_t last_offset,
                          int64_t max_timestamp) except -1:
@@ -91,14 +95,17 @@ cdef class SegmentState:
             self.offset_of_max_timestamp = last_offset
         if self.bytes_since_index > self.index_interval_bytes:
             try:
-                self.index.append(last_offset, position)
-                self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+                if _offset_index_append(self.index, last_offset, position) == INDEX_LEAVE:
+                    self.index.append(last_offset, position)
+                if _time_index_append(self.time_index, self.max_timestamp,
+                                      self.offset_of_max_timestamp) == INDEX_LEAVE:
+                    self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
                 self.bytes_since_index = 0
             except OSError:
                 # Disk full or failing under the index: the batch itself is written, and a sparse
                 # index without this entry is still correct (lookups scan a bit more).
                 pass
-            self.sync_index()
+            self.index_full = self._index_full()
         self.bytes_since_index += size
         return 0
 
