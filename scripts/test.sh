@@ -10,6 +10,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 ulimit -n 20000 2>/dev/null || true
+# Bytecode is kept (some environments set PYTHONDONTWRITEBYTECODE): otherwise every broker, tool and xdist
+# worker the suite starts compiles kbroker from source again (~0.3 s of CPU each) and every pytest process
+# rewrites the test modules' assertions again (~12 s each).
+unset PYTHONDONTWRITEBYTECODE
+.venv/bin/python -m compileall -q -j 0 kbroker zk spark perf >/dev/null
 workers=${KBROKER_TEST_WORKERS:-4}
 # --durations, --cpu-by-file and --timeline: the CI log names the slowest tests, the test files that used the
 # most CPU (the runs are CPU-bound: CPU is what a file costs the others) and when each worker went idle
