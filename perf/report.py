@@ -12,11 +12,17 @@ from pathlib import Path
 from . import broker_bench as BB
 from . import curve_latency as CL
 from . import harness as H
+from .compare import direction, flatten
+from .targets import BASE_TAG, role
 
 S = H.summary
 _fmt = BB._fmt
 PRIMARY = "kbroker-shm"
 PARTITION_GOAL = 0.7
+REGRESSION = 0.05       # a before/after change that counts, in the figure's better direction
+# figures of what ran beside the broker (load generators, the loopback sink and replay in the target's
+# slot): shown before/after as context, never a regression of the broker
+CONTEXT_LEAVES = ("producer_cpu", "consumer_cpu", "others_cpu", "machine_busy", "client_cpu")
 
 
 # ---- summaries ------------------------------------------------------------------------------------
@@ -150,7 +156,65 @@ def summarize(doc: dict) -> dict:
                           "source": h, "rounds_met": f"{sum(1 for m in mets if m)}/{len(mets)}"})
     goals.extend(helpers["latency"]["goals"])
     out["goals"] = goals
+    if meta.get("baseline"):
+        out["before_after"] = before_after(out, targets)
     return out
+
+
+def before_after(summ: dict, targets: list[str], threshold: float = REGRESSION) -> list[dict]:
+    """Every summarized figure of a ``<name>@base`` target beside the same figure of ``<name>`` from the
+    same run: both medians with their min–max over rounds, ours ÷ base, and whether it is a regression (at
+    least ``threshold`` the wrong way with the two ranges apart, so not inside the round-to-round spread)."""
+    flat = flatten({k: v for k, v in summ.items() if k not in ("goals", "before_after")})
+    rows = []
+    for base in [t for t in targets if t.endswith(BASE_TAG)]:
+        ours = role(base)
+        for path, b in flat.items():
+            parts = path.split(".")
+            if base not in parts:
+                continue
+            a = flat.get(".".join(ours if x == base else x for x in parts))
+            if a is None or not b.get("median") or not isinstance(a.get("median"), (int, float)):
+                continue
+            # the direction is read from the figure's name, so without the target's segment
+            figure = ".".join(x for x in parts if x != base)
+            context = parts[-1].startswith(CONTEXT_LEAVES) or any(x.endswith("_baseline") for x in parts)
+            d = 0 if context else direction(figure)
+            ratio = a["median"] / b["median"]
+            # one round has no range: apart is unknown, so nothing is called a regression
+            apart = None if min(a.get("n", 0), b.get("n", 0)) < 2 else (a["max"] < b["min"] or a["min"] > b["max"])
+            change = (ratio - 1.0) * d          # > 0: better
+            verdict = "context" if not d else ("worse" if change <= -threshold else
+                                        "better" if change >= threshold else "same")
+            rows.append({"figure": figure, "target": ours, "ours": a, "base": b, "ratio": ratio, "direction": d,
+                         "ranges_apart": apart, "verdict": verdict,
+                         "regression": verdict == "worse" and apart is True})
+    return rows
+
+
+def before_after_markdown(rows: list[dict], meta: dict, threshold: float = REGRESSION) -> list[str]:
+    base = meta["baseline"]
+    directed = [r for r in rows if r["direction"]]
+    worse = [r for r in directed if r["verdict"] == "worse"]
+    regressions = [r for r in worse if r["regression"]]
+    L = [f"Base: the broker built from `{base['tree']}` (commit `{(base['commit'] or '?')[:12]}`), run by "
+         f"`{base['python']}`, as `<target>{BASE_TAG}` in the same rounds and rotation as this tree's broker, with "
+         "the same config and log-dir storage. Ours ÷ base of the medians; ↑ higher is better, ↓ lower; a "
+         f"**regression** is at least {threshold:.0%} worse with the two min–max ranges apart.\n",
+         f"{len(directed)} figures with a better direction: {sum(r['verdict'] == 'better' for r in directed)} better, "
+         f"{sum(r['verdict'] == 'same' for r in directed)} within ±{threshold:.0%}, {len(worse)} worse by ≥ "
+         f"{threshold:.0%}, of which **{len(regressions)} regression(s)** with ranges apart. Figures of what "
+         "ran beside the broker (load generators' CPU, loopback baselines) and figures with no better "
+         "direction follow as context.\n",
+         "| target | figure | | ours | base | ours ÷ base | verdict | ranges apart |",
+         "|---|---|---|---|---|---|---|---|"]
+    for r in directed + [r for r in rows if not r["direction"]]:
+        arrow = {1: "↑", -1: "↓", 0: ""}[r["direction"]]
+        verdict = "**regression**" if r["regression"] else r["verdict"]
+        apart = {True: "yes", False: "no", None: "–"}[r["ranges_apart"]]
+        L.append(f"| {r['target']} | {r['figure']} | {arrow} | {_cell(r['ours'])} | {_cell(r['base'])} | "
+                 f"{_fmt(r['ratio'])} | {verdict} | {apart} |")
+    return L
 
 
 def _xkey(runs, candidates):
@@ -353,6 +417,10 @@ def write_markdown(path: Path, doc: dict, notes: str, plots: list[str]) -> None:
         L.append(f"| {g['goal']} | {g['target']} | {_fmt(g['value'])} | {rng} | {st} |")
     L.append("\nCross-broker goals use `kbroker-shm` (log dirs on tmpfs, like the peers' memory storage); "
              "`kbroker-disk` is reported beside it.\n")
+    if summ.get("before_after") is not None:
+        L.append("## Before/after: this tree beside the baseline tree\n")
+        L.extend(before_after_markdown(summ["before_after"], meta))
+        L.append("")
     # foundation
     targets = meta["targets"]
     L.append("## Foundation workloads (shortened `broker_bench` workloads)\n")

@@ -3,6 +3,7 @@
     python -m kbroker.perf.suite --quick              # CI smoke: 1 round, 2 points per curve, tiny volumes
     python -m kbroker.perf.suite --full               # 5 rounds, under 20 minutes on 2 cores
         [--extra-bootstrap HOST:PORT ...] [--out docs/perf] [--rounds N] [--helper-rounds N]
+        [--baseline-tree PATH [--baseline-python PATH]]
 
 Every round starts every target fresh (kbroker with log dirs on tmpfs and on disk, Tansu with memory
 storage, the mock, plus any already-running ``--extra-bootstrap`` broker, whose CPU is not measured),
@@ -15,6 +16,10 @@ then runs, visiting the targets in an order rotated from round to round:
   their modules are present, latency vs offered load (``curve_latency``) and connections
   (``curve_connections``);
 * peak RSS of every broker process (VmHWM from /proc/<pid>/status) before it is stopped.
+
+With ``--baseline-tree`` every kbroker target also runs as ``<name>@base``: the same broker, config and
+log-dir storage, built from that tree (e.g. a worktree of an earlier commit) and run by its interpreter,
+in the same rounds and rotation, wherever its counterpart runs; the report adds a before/after table.
 
 Writes ``suite.json``, ``README.md`` (the report) and PNG plots into ``--out`` (default docs/perf).
 """
@@ -36,7 +41,7 @@ from . import broker_bench as BB
 from . import curve_partitions as CP
 from . import curve_record_size as CR
 from . import harness as H
-from .targets import Target, make_targets
+from .targets import BASE_TAG, Baseline, Target, make_targets, role
 
 LOCAL_TARGETS = ["kbroker-shm", "kbroker-disk", "tansu", "mock"]
 CURVE_TARGETS = {"record_size": ["kbroker-shm", "tansu"],
@@ -125,7 +130,7 @@ def plan(quick: bool, cfg: dict, names: list[str], extras: list[str], helpers: d
     pts = []
     for wl in FOUNDATION_WORKLOADS:
         for n in all_names:
-            if wl == "capacity" and not n.startswith("kbroker"):
+            if wl == "capacity" and not role(n).startswith("kbroker"):
                 continue
             est = {"clients": cfg["a_seconds"] + 2, "clients_stress": cfg["a_seconds"] + 2,
                    "kcat": 2 * cfg["kcat_phase_s"] + 2, "capacity": 3 if quick else 8}[wl]
@@ -135,18 +140,18 @@ def plan(quick: bool, cfg: dict, names: list[str], extras: list[str], helpers: d
             pts.append({"point": f"disk baseline @ {LOG_DIR_FS[n]} ({n})", "est_s": 1 if quick else 3})
     pts.append({"point": "loopback baseline (partition-curve frames)", "est_s": 1})
     rs = CR.QUICK_POINTS if quick else CR.FULL_POINTS
-    for n in [x for x in all_names if x in CURVE_TARGETS["record_size"] or x in extras]:
+    for n in [x for x in all_names if role(x) in CURVE_TARGETS["record_size"] or x in extras]:
         for s in rs:
             pts.append({"point": f"record size {s} B @ {n}", "est_s": CR.QUICK["seconds"] + 1 if quick else
                         CR.FULL["seconds"] + 1})
     ps = CP.QUICK_POINTS if quick else CP.FULL_POINTS
-    for n in [x for x in all_names if x in CURVE_TARGETS["partitions"] or x in extras]:
+    for n in [x for x in all_names if role(x) in CURVE_TARGETS["partitions"] or x in extras]:
         for p in ps:
             pts.append({"point": f"partitions {p} @ {n}", "est_s": 1 if quick else (2 if p < 1000 else 5)})
     for h, mod in helpers.items():
         if mod is None:
             continue
-        for n in [x for x in all_names if x in curve_targets(quick)[h] or x in extras]:
+        for n in [x for x in all_names if role(x) in curve_targets(quick)[h] or x in extras]:
             pts.append({"point": f"{h} curve @ {n} (helper rounds only)",
                         "est_s": 8 if quick else (75 if h == "latency" else 40)})
     return pts
@@ -158,6 +163,9 @@ def run(args) -> dict:
     rounds = args.rounds or (1 if quick else 5)
     fcfg["rounds"] = rounds
     names = [n for n in (args.targets.split(",") if args.targets else LOCAL_TARGETS)]
+    baseline = Baseline(args.baseline_tree, args.baseline_python) if args.baseline_tree else None
+    if baseline is not None:
+        names += [n + BASE_TAG for n in names if n in LOG_DIR_FS]
     extras = [f"extra-{i + 1}" for i in range(len(args.extra_bootstrap or []))]
     helpers = {h: helper_module(h) for h in HELPER_CURVES}
     helper_rounds = args.helper_rounds or (1 if quick else 2)
@@ -188,7 +196,7 @@ def run(args) -> dict:
         cap_batch, cap_per_batch = BB.build_batch()
         part_batch = CP.build_batch()
         for rnd in range(rounds):
-            targets = make_targets(workdir, names) + [ExternalTarget(b, i + 1)
+            targets = make_targets(workdir, names, baseline) + [ExternalTarget(b, i + 1)
                                                       for i, b in enumerate(args.extra_bootstrap or [])]
             k = rnd % len(targets)
             order = targets[k:] + targets[:k]
@@ -220,7 +228,7 @@ def run(args) -> dict:
                 # -- foundation workloads
                 for wl in FOUNDATION_WORKLOADS:
                     for t in order:
-                        if wl == "capacity" and not t.name.startswith("kbroker"):
+                        if wl == "capacity" and not role(t.name).startswith("kbroker"):
                             continue
                         topic = f"suite-{wl.replace('_', '-')}-r{rnd}"
                         if wl in BB.A_VARIANTS:
@@ -257,11 +265,11 @@ def run(args) -> dict:
                 raw["baselines"]["loopback"].append(res)
                 # -- curves
                 for t in order:
-                    if t.name in CURVE_TARGETS["record_size"] or t.name.startswith("extra-"):
+                    if role(t.name) in CURVE_TARGETS["record_size"] or t.name.startswith("extra-"):
                         res = timed(f"record size @ {t.name}", lambda t=t: CR.run(t, quick, tag=f"r{rnd}"), t)
                         raw["record_size"].setdefault(t.name, []).append(res)
                 for t in order:
-                    if t.name in CURVE_TARGETS["partitions"] or t.name.startswith("extra-"):
+                    if role(t.name) in CURVE_TARGETS["partitions"] or t.name.startswith("extra-"):
                         res = timed(f"partitions @ {t.name}",
                                     lambda t=t: CP.run(t, quick, tag=f"r{rnd}", batch=part_batch), t)
                         raw["partitions"].setdefault(t.name, []).append(res)
@@ -270,7 +278,7 @@ def run(args) -> dict:
                         if mod is None:
                             continue
                         for t in order:
-                            if t.name in curve_targets(quick)[h] or t.name.startswith("extra-"):
+                            if role(t.name) in curve_targets(quick)[h] or t.name.startswith("extra-"):
                                 res = timed(f"{h} @ {t.name}", lambda t=t, mod=mod: mod.run(t, quick), t)
                                 if res is not None:
                                     res["round"] = rnd
@@ -294,6 +302,7 @@ def run(args) -> dict:
         "meta": {"command": "python -m kbroker.perf.suite" + (f" {argv}" if argv else ""),
                  "mode": "quick" if quick else "full", "rounds": rounds,
                  "targets": names + extras, "extra_bootstrap": dict(zip(extras, args.extra_bootstrap or [])),
+                 "baseline": baseline.facts() if baseline else None,
                  "helper_curves": {h: ("run in rounds " + ",".join(str(r + 1) for r in sorted(helper_round_set))
                                        if m else "not run: module kbroker.perf.curve_" + h + " absent")
                                    for h, m in helpers.items()},
@@ -344,6 +353,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, help="override the number of rounds")
     ap.add_argument("--helper-rounds", type=int, help="rounds in which the latency/connections curves run")
     ap.add_argument("--targets", help=f"comma list from {','.join(LOCAL_TARGETS)} (default: all)")
+    ap.add_argument("--baseline-tree", metavar="PATH",
+                    help="also run every kbroker target as <name>@base, built from this tree (before/after table)")
+    ap.add_argument("--baseline-python", metavar="PATH",
+                    help="the baseline tree's interpreter (default PATH/.venv/bin/python)")
     ap.add_argument("--notes", help="a Markdown file whose text goes into the report's Findings section")
     ap.add_argument("--render-only", action="store_true", help="re-render README.md and plots from suite.json")
     args = ap.parse_args(argv)

