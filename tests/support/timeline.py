@@ -2,12 +2,14 @@
 
 A run's wall time is set by its last worker. When one long file is handed out late, the other workers
 finish early and the cores idle while it runs on: the report shows that tail as the gap between the
-first and the last worker to finish, and the files each worker ran last.
+first and the last worker to finish, and the files each worker ran last; and how busy the machine's cores
+were over the run (from /proc/stat: every process counts, ours and anything else running).
 Each worker records, per test file, when its first test started and its last test ended (wall clock,
 seconds since the epoch, shared by the processes of one machine) and sends them to the controller.
 """
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -15,6 +17,19 @@ import pytest
 _SPANS = pytest.StashKey[dict]()        # this process: file -> (first start, last end)
 _WORKERS = pytest.StashKey[dict]()      # xdist controller: worker id -> its spans
 _STARTED = pytest.StashKey[float]()
+_CPU_AT_START = pytest.StashKey[tuple]()
+
+
+def machine_cpu() -> tuple[int, int] | None:
+    """(busy, total) clock ticks of all cores since boot, or None where /proc/stat is missing."""
+    try:
+        with open("/proc/stat") as f:
+            # user nice system idle iowait irq softirq steal (guest time is already in user and nice)
+            fields = [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
 
 
 def pytest_addoption(parser):
@@ -24,6 +39,7 @@ def pytest_addoption(parser):
 
 def pytest_sessionstart(session):
     session.config.stash[_STARTED] = time.time()
+    session.config.stash[_CPU_AT_START] = machine_cpu()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -76,3 +92,7 @@ def pytest_terminal_summary(terminalreporter, config):
     terminalreporter.write_sep("=", "workers' timeline (seconds after the run started)")
     for line in worker_summary(workers, config.stash[_STARTED]):
         terminalreporter.write_line(line)
+    start, end = config.stash.get(_CPU_AT_START, None), machine_cpu()
+    if start and end and end[1] > start[1]:
+        busy = (end[0] - start[0]) / (end[1] - start[1])
+        terminalreporter.write_line(f"machine: cores {busy:.0%} busy over the run ({os.cpu_count()} cores)")

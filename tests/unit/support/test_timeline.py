@@ -14,3 +14,9 @@ def test_summary_names_each_workers_finish_and_the_tail():
                         "test_d.py 120-150")
     assert lines[1] == "gw1: 1 files, busy 290 s, done at 300 s; last: test_long.py 10-300"
     assert lines[2] == "tail: workers finished between 150 s and 300 s (150 s apart)"
+
+
+def test_machine_cpu_counts_busy_ticks_below_the_total():
+    from timeline import machine_cpu
+    busy, total = machine_cpu()
+    assert 0 < busy < total
