@@ -15,7 +15,7 @@ ulimit -n 20000 2>/dev/null || true
 # rewrites the test modules' assertions again (~12 s each).
 unset PYTHONDONTWRITEBYTECODE
 .venv/bin/python -m compileall -q -j 0 kbroker zk spark perf >/dev/null
-workers=${KBROKER_TEST_WORKERS:-4}
+workers=${KBROKER_TEST_WORKERS:-5}
 # --durations, --cpu-by-file and --timeline: the CI log names the slowest tests, the test files that used the
 # most CPU (the runs are CPU-bound: CPU is what a file costs the others) and when each worker went idle
 pytest=(.venv/bin/python -m pytest -ra -p no:cacheprovider --durations=25 --cpu-by-file=25 --timeline)

@@ -72,9 +72,12 @@ SERIAL = ("tests/cluster/test_network_looplag.py", "tests/unit/perf/test_latency
 # with its own worker threads) and the client round trips on the other event loop (a pytest run of its
 # own). Spread over the four workers of the parallel run they took up to 3.5 times their time alone;
 # scripts/test.sh runs them on two workers, a file each (marker `heavy`).
+# Also a test that mostly waits (a minute of offsets retention): it fills the second worker of the heavy run,
+# which finishes its files while the Spark unit still runs on the first.
 HEAVY = ("tests/perf/", "tests/spark/test_spark_batch.py", "tests/spark/test_spark_jobs.py",
          "tests/spark/test_spark_stream.py", "tests/spark/test_spark_txn",
-         "tests/cluster/test_event_loop_clients.py")
+         "tests/cluster/test_event_loop_clients.py",
+         "tests/cluster/test_groups_expiry.py::test_empty_group_offsets_expire_and_stay_expired")
 
 
 def pytest_addoption(parser):
