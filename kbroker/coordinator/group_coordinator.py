@@ -824,7 +824,8 @@ class GroupCoordinator:
             expired = [tp for tp, e in g.offsets.items()
                        if (e.expire_timestamp if e.expire_timestamp >= 0
                            else (e.commit_timestamp if base is None else base) + retention) <= now]
-            dead = len(expired) == len(g.offsets)
+            # a member between its two KIP-394 joins is about to make the group non-empty: keep the group
+            dead = len(expired) == len(g.offsets) and not g.pending_members
             if not expired and not dead:
                 continue
             recs = [(consumer_offsets.offset_key(g.group_id, t, q), None) for t, q in expired]

@@ -95,6 +95,17 @@ def _join(raw, version, group, member_id="", instance_id=None):
     return raw.request(K.JOIN_GROUP, version, body, timeout=30)
 
 
+def test_a_member_between_its_two_joins_outlives_the_expiry_check(cluster):
+    """KIP-394: a new group whose only member holds the id from its first JoinGroup has no members and no
+    offsets yet; the offsets-expiry check (every 300 ms here) must not drop it before the second join."""
+    with RawConn(cluster.bootstrap) as raw:
+        r = _join(raw, 4, "between-joins")
+        assert r["error_code"] == Errors.MEMBER_ID_REQUIRED and r["member_id"]
+        time.sleep(1.5)             # the condition is time itself: five expiry checks run meanwhile
+        r = _join(raw, 4, "between-joins", r["member_id"])
+        assert r["error_code"] == 0, r
+
+
 @pytest.mark.parametrize("version", range(10))
 def test_group_lifecycle(cluster, version):
     """JoinGroup v<version> then SyncGroup, Heartbeat and LeaveGroup at the matching versions (their
