@@ -1,12 +1,34 @@
 # kbroker._native.segment: every cdef class it exports and every C-level function other modules cimport
 # (kbroker._native.request: the native Produce / Fetch paths, ext/request.pyx), by the include that
-# implements it (segment.pyx lists the includes). SegmentState is Kafka's LogSegment append side and
-# the append side of its OffsetIndex/TimeIndex (kbroker.log.segment.LogSegment owns one and keeps the
-# policy: roll, errors, truncation, load/recovery); LogState a Log's per-request fields; LeaderAppender
-# one log's leader-append settings, so that a leader's append is one native call.
+# implements it (segment.pyx lists the includes). IndexFile is the append rule of Kafka's
+# OffsetIndex/TimeIndex; SegmentState is Kafka's LogSegment append side (kbroker.log.segment.LogSegment
+# owns one and keeps the policy: roll, errors, truncation, load/recovery); LogState a Log's
+# per-request fields; LeaderAppender one log's leader-append settings, so that a leader's append is
+# one native call.
 cimport cython
 from libc.stdint cimport int32_t, int64_t
 from posix.uio cimport iovec
+
+
+# ---- segment_index.pxi: the append rule of the sparse .index / .timeindex files -----------------
+
+# What IndexFile.add_offset_entry / add_time_entry did (Python: IndexAppend.INDEX_ADDED, ...).
+cpdef enum IndexAppend:
+    INDEX_REFUSED = 0       # nothing done: the Python method says why (and raises)
+    INDEX_ADDED = 1
+    INDEX_NOT_NEEDED = 2    # time index only: the timestamp is not above the last entry's
+
+
+# One index file's writer state (kbroker.log.index.OffsetIndex / TimeIndex are its subclasses).
+cdef class IndexFile:
+    cdef public int64_t base_offset
+    cdef public int64_t entries             # well-formed entries in the file
+    cdef public int64_t max_entries         # room in the file (preallocated while writable)
+    cdef public bint writable
+    cdef public int fd                      # kept open while writable (entry pwrites), else -1
+    cdef public object mm                   # read-only mmap of the file, None when empty
+    cpdef int add_offset_entry(self, int64_t offset, int64_t position) except -1
+    cpdef int add_time_entry(self, int64_t timestamp, int64_t offset) except -1
 
 
 # ---- segment_append.pxi / segment_state.pxi: the active segment's append state -------------------
@@ -36,8 +58,8 @@ cdef class SegmentState:
     cdef public bint index_full             # an index has no room for an entry (sync_index)
     cdef public int64_t tail_floor
     cdef object owner                       # the LogSegment (size / next_offset / tail bounds mirrors)
-    cdef object index                       # its OffsetIndex and TimeIndex (entries added to them)
-    cdef object time_index
+    cdef IndexFile index                    # its OffsetIndex and TimeIndex (entries added to them)
+    cdef IndexFile time_index
     cdef int64_t *tail_last                 # recent batches: last offset, file position
     cdef int64_t *tail_pos
     cdef Py_ssize_t tail_n

@@ -1,4 +1,6 @@
 """Segment byte work (append, sparse-index search, batch walks); see segment.pyx."""
+import enum
+
 from typing_extensions import Buffer
 
 from kbroker._native.batch import BatchInfo
@@ -24,8 +26,21 @@ def offset_entry(buf: Buffer, slot: int) -> tuple[int, int]: ...
 def time_entry(buf: Buffer, slot: int) -> tuple[int, int]: ...
 def put_offset_entry(buf: Buffer, slot: int, relative_offset: int, position: int) -> None: ...
 def put_time_entry(buf: Buffer, slot: int, timestamp: int, relative_offset: int) -> None: ...
-def write_offset_entry(fd: int, slot: int, relative_offset: int, position: int) -> None: ...
-def write_time_entry(fd: int, slot: int, timestamp: int, relative_offset: int) -> None: ...
+
+class IndexAppend(enum.IntEnum):
+    INDEX_REFUSED = 0
+    INDEX_ADDED = 1
+    INDEX_NOT_NEEDED = 2
+
+class IndexFile:
+    base_offset: int
+    entries: int
+    max_entries: int
+    writable: bool
+    fd: int
+    mm: Buffer | None
+    def add_offset_entry(self, offset: int, position: int) -> int: ...
+    def add_time_entry(self, timestamp: int, offset: int) -> int: ...
 def seek_batch(fd: int, start: int, end: int, target_offset: int, limit_position: int,
                target_timestamp: int) -> tuple[int, int, int, int, int]: ...
 def seek_batch_in(block: bytes, block_pos: int, start: int, end: int, target_offset: int,

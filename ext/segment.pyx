@@ -21,7 +21,8 @@ table of contents; segment.pyi is the Python API):
 - segment_io.pxi        write / writev / pwrite / pread loops without the GIL, errno -> OSError
 - segment_append.pxi    append_leader: one producer batch checked, roll-checked, stamped, written
 - segment_state.pxi     SegmentState: the active segment's append-time state; tail_position / tail_end
-- segment_index.pxi     the sparse .index / .timeindex: lookup, sanity check, entry reads and writes
+- segment_index.pxi     the sparse .index / .timeindex: lookup, sanity check, entry reads; IndexFile,
+                        the append rule
 - segment_walk.pxi      seek_batch / seek_batch_in / seek_in: header walks that position a read
 - segment_scan.pxi      scan_batches: the recovery scan (CRC, offsets) of a segment file
 - segment_logstate.pxi  LogState: Log's per-request C fields and the one high-watermark rule

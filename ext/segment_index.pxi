@@ -157,55 +157,68 @@ def put_time_entry(buf, Py_ssize_t slot, int64_t timestamp, uint32_t relative_of
         PyBuffer_Release(&view)
 
 
-def write_offset_entry(int fd, Py_ssize_t slot, uint32_t relative_offset, uint32_t position):
-    """pwrite one .index entry at ``slot`` of the index file; raises OSError (e.g. ENOSPC)."""
-    cdef char e[8]
-    cdef int err
-    store_be32(e, relative_offset)
-    store_be32(e + 4, position)
-    with nogil:
-        err = _pwrite_all(fd, e, 8, <int64_t>slot * 8)
-    if err:
-        raise _os_error(err)
+# The writer side of one index file, the one home of the append rule (kbroker.log.index.OffsetIndex /
+# TimeIndex subclass it and keep the file's lifecycle: open, preallocate, trim, truncate). The leader's
+# append path (SegmentState.index_batch) calls add_offset_entry / add_time_entry as C calls; Python
+# calls them through OffsetIndex.append / TimeIndex.maybe_append, which raise when one refuses.
+cdef class IndexFile:
+    def __cinit__(self, *args, **kwargs):
+        self.fd = -1
 
+    cpdef int add_offset_entry(self, int64_t offset, int64_t position) except -1:
+        """Add the .index entry "the batch whose last offset is ``offset`` starts at ``position``".
+        -> INDEX_ADDED, or INDEX_REFUSED (nothing done: read-only or full index, ``offset`` not above
+        the last entry's, a value past 32 bits). OSError: the write failed, the entry is not added."""
+        cdef int64_t rel = offset - self.base_offset
+        cdef char e[8]
+        if not self.writable or self.entries >= self.max_entries or not _u32(rel) or not _u32(position):
+            return INDEX_REFUSED
+        if self.entries:
+            if not _entry_at(self.mm, self.entries - 1, 8, e) or rel <= <int64_t>load_be32(e):
+                return INDEX_REFUSED
+        store_be32(e, <uint32_t>rel)
+        store_be32(e + 4, <uint32_t>position)
+        _pwrite_entry(self.fd, e, 8, self.entries * 8)
+        self.entries += 1
+        return INDEX_ADDED
 
-def write_time_entry(int fd, Py_ssize_t slot, int64_t timestamp, uint32_t relative_offset):
-    """pwrite one .timeindex entry at ``slot`` of the index file; raises OSError."""
-    cdef char e[12]
-    cdef int err
-    store_be64(e, <uint64_t>timestamp)
-    store_be32(e + 8, relative_offset)
-    with nogil:
-        err = _pwrite_all(fd, e, 12, <int64_t>slot * 12)
-    if err:
-        raise _os_error(err)
-
-
-# The index appends the leader's append path makes (SegmentState.index_batch, once per
-# index.interval.bytes: every batch larger than that), without a Python frame: OffsetIndex.append
-# and TimeIndex.maybe_append on their common case, reading and updating the same attributes. Any
-# other case (a read-only or full index, an entry out of order, a value past its 32 bits, no
-# mapping to read the last entry from) is left to those methods, which judge it (and raise).
-cdef enum:
-    INDEX_LEAVE = 0         # the Python method decides
-    INDEX_ADDED = 1
-    INDEX_NOT_NEEDED = 2    # time index only: the timestamp is not above the last entry's
+    cpdef int add_time_entry(self, int64_t timestamp, int64_t offset) except -1:
+        """Add the .timeindex entry (``timestamp``, ``offset``) when ``timestamp`` is above the last
+        entry's (Kafka keeps the time index strictly increasing in timestamp). -> INDEX_ADDED,
+        INDEX_NOT_NEEDED (timestamp not above the last), or INDEX_REFUSED (nothing done: read-only or
+        full index, ``offset`` below the last entry's, past 32 bits). OSError as add_offset_entry."""
+        cdef int64_t rel = offset - self.base_offset
+        cdef char e[12]
+        if self.entries:
+            if not _entry_at(self.mm, self.entries - 1, 12, e):
+                return INDEX_REFUSED
+            if timestamp <= <int64_t>load_be64(e):
+                return INDEX_NOT_NEEDED
+            if rel < <int64_t>load_be32(e + 8):
+                return INDEX_REFUSED
+        if not self.writable or self.entries >= self.max_entries or not _u32(rel):
+            return INDEX_REFUSED
+        store_be64(e, <uint64_t>timestamp)
+        store_be32(e + 8, <uint32_t>rel)
+        _pwrite_entry(self.fd, e, 12, self.entries * 12)
+        self.entries += 1
+        return INDEX_ADDED
 
 
 cdef inline bint _u32(int64_t v) noexcept:
     return 0 <= v <= 0xFFFFFFFF
 
 
-cdef int _last_entry_at(object mm, Py_ssize_t at, Py_ssize_t esize, char *out) except -1:
-    # the entry at byte ``at`` of the index's mapping copied to ``out`` -> 1, or 0 when not mapped there
+cdef int _entry_at(object mm, int64_t slot, Py_ssize_t esize, char *out) except -1:
+    # entry ``slot`` of the index's mapping copied to ``out`` -> 1, or 0 when not mapped there
     cdef Py_buffer view
     if mm is None:
         return 0
     PyObject_GetBuffer(mm, &view, PyBUF_SIMPLE)
     try:
-        if at < 0 or at + esize > view.len:
+        if slot < 0 or (slot + 1) * esize > view.len:
             return 0
-        memcpy(out, <const char *>view.buf + at, esize)
+        memcpy(out, <const char *>view.buf + slot * esize, esize)
         return 1
     finally:
         PyBuffer_Release(&view)
@@ -217,46 +230,3 @@ cdef int _pwrite_entry(int fd, const char *e, Py_ssize_t esize, int64_t at) exce
     if err:
         raise _os_error(err)
     return 0
-
-
-cdef int _offset_index_append(object idx, int64_t offset, int64_t position) except -1:
-    # OffsetIndex.append(offset, position) -> INDEX_ADDED, or INDEX_LEAVE (nothing done). OSError as
-    # append (entry not added).
-    cdef int64_t entries = idx.entries
-    cdef int64_t rel = offset - <int64_t>idx.base_offset
-    cdef char e[8]
-    if not idx.writable or entries >= <int64_t>idx._max_entries or not _u32(rel) or not _u32(position):
-        return INDEX_LEAVE
-    if entries:
-        if not _last_entry_at(idx._mm, <Py_ssize_t>(entries - 1) * 8, 8, e):
-            return INDEX_LEAVE
-        if rel <= <int64_t>load_be32(e):
-            return INDEX_LEAVE
-    store_be32(e, <uint32_t>rel)
-    store_be32(e + 4, <uint32_t>position)
-    _pwrite_entry(idx._fd, e, 8, entries * 8)
-    idx.entries = entries + 1
-    return INDEX_ADDED
-
-
-cdef int _time_index_append(object tix, int64_t timestamp, int64_t offset) except -1:
-    # TimeIndex.maybe_append(timestamp, offset) -> INDEX_ADDED, INDEX_NOT_NEEDED, or INDEX_LEAVE
-    # (nothing done). OSError as maybe_append (entry not added).
-    cdef int64_t entries = tix.entries
-    cdef int64_t base = tix.base_offset
-    cdef int64_t rel = offset - base
-    cdef char e[12]
-    if entries:
-        if not _last_entry_at(tix._mm, <Py_ssize_t>(entries - 1) * 12, 12, e):
-            return INDEX_LEAVE
-        if timestamp <= <int64_t>load_be64(e):
-            return INDEX_NOT_NEEDED
-        if offset < base + <int64_t>load_be32(e + 8):
-            return INDEX_LEAVE
-    if not tix.writable or entries >= <int64_t>tix._max_entries or not _u32(rel):
-        return INDEX_LEAVE
-    store_be64(e, <uint64_t>timestamp)
-    store_be32(e + 8, <uint32_t>rel)
-    _pwrite_entry(tix._fd, e, 12, entries * 12)
-    tix.entries = entries + 1
-    return INDEX_ADDED

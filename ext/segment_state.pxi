@@ -64,9 +64,8 @@ cdef class SegmentState:
         self.index_full = self._index_full()
 
     cdef bint _index_full(self) except -1:
-        idx = self.index
-        tix = self.time_index
-        return idx.entries >= idx._max_entries or tix.entries >= tix._max_entries
+        return (self.index.entries >= self.index.max_entries
+                or self.time_index.entries >= self.time_index.max_entries)
 
     cdef int index_batch(self, int64_t position, int64_t size, int64_t last_offset,
                          int64_t max_timestamp) except -1:
@@ -95,10 +94,10 @@ cdef class SegmentState:
             self.offset_of_max_timestamp = last_offset
         if self.bytes_since_index > self.index_interval_bytes:
             try:
-                if _offset_index_append(self.index, last_offset, position) == INDEX_LEAVE:
-                    self.index.append(last_offset, position)
-                if _time_index_append(self.time_index, self.max_timestamp,
-                                      self.offset_of_max_timestamp) == INDEX_LEAVE:
+                if self.index.add_offset_entry(last_offset, position) == INDEX_REFUSED:
+                    self.index.append(last_offset, position)            # raises: says why
+                if self.time_index.add_time_entry(self.max_timestamp,
+                                                  self.offset_of_max_timestamp) == INDEX_REFUSED:
                     self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
                 self.bytes_since_index = 0
             except OSError:

@@ -238,7 +238,7 @@ def _index_native():
     from kbroker._native import segment as native
     log, targets = _indexed_log()
     idx = log.active_segment.index
-    mm, entries, kind, base = idx._mm, idx.entries, native.INDEX_OFFSET, idx.base_offset
+    mm, entries, kind, base = idx.mm, idx.entries, native.INDEX_OFFSET, idx.base_offset
     rel = [t - base for t in targets]
     lookup = native.index_lookup
 

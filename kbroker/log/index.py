@@ -10,7 +10,9 @@ Formats (big-endian, fixed-size entries, no header):
 The active segment's index files are preallocated (sparse) to segment.index.bytes; entries are
 written with pwrite and read through a read-only shared mmap, so a full disk costs a skipped
 entry (harmless: the index is sparse) rather than a SIGBUS. On roll and on close the files are
-trimmed to their entries. Lookups are a native binary search (``segment.index_lookup``).
+trimmed to their entries. Lookups are a native binary search (``segment.index_lookup``); the
+append rule is the native ``IndexFile`` these classes extend (the leader's append path calls it
+directly), and the Python methods here only say why it refused an entry.
 
 Threads: the event-loop thread appends and looks up; nothing here blocks beyond page faults.
 
@@ -26,8 +28,13 @@ from kbroker._native import segment as _native
 
 from .errors import CorruptIndexError
 
+_ADDED = int(_native.IndexAppend.INDEX_ADDED)
+_REFUSED = int(_native.IndexAppend.INDEX_REFUSED)
 
-class _Index:
+
+class _Index(_native.IndexFile):
+    # base_offset, entries, max_entries, writable, fd (kept open while writable), mm: IndexFile's
+    __slots__ = ("path", "max_index_bytes", "file_entries")
     ENTRY_SIZE = 0
     KIND = 0
 
@@ -37,8 +44,6 @@ class _Index:
         self.base_offset = base_offset
         self.max_index_bytes = max_index_bytes
         self.writable = False
-        self._mm = None
-        self._fd = -1                       # kept open while writable (entry pwrites)
         esize = self.ENTRY_SIZE
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -52,15 +57,15 @@ class _Index:
                 data_end = os.lseek(fd, 0, os.SEEK_HOLE) if file_len else 0
             except OSError:
                 data_end = file_len
-            self._max_entries = file_entries
+            self.max_entries = file_entries
             if size:
-                self._mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+                self.mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
         finally:
             os.close(fd)
         # A crash can leave zero-filled preallocation after the real entries: keep the
         # well-formed prefix and remember whether that was the whole file.
         scan = min(file_entries, data_end // esize)
-        self.entries = (_native.index_valid_entries(self._mm, scan, self.KIND, max_position)
+        self.entries = (_native.index_valid_entries(self.mm, scan, self.KIND, max_position)
                         if scan else 0)
         self.file_entries = file_entries
         if writable:
@@ -77,7 +82,7 @@ class _Index:
 
     @property
     def is_full(self) -> bool:
-        return self.entries >= self._max_entries
+        return self.entries >= self.max_entries
 
     @property
     def size_bytes(self) -> int:
@@ -93,7 +98,7 @@ class _Index:
     def truncate_entries(self, n: int) -> None:
         if n < self.entries:
             if self.writable:
-                os.pwrite(self._fd, bytes((self.entries - n) * self.ENTRY_SIZE), n * self.ENTRY_SIZE)
+                os.pwrite(self.fd, bytes((self.entries - n) * self.ENTRY_SIZE), n * self.ENTRY_SIZE)
             self.entries = n
             if not self.writable:
                 self.trim()
@@ -111,84 +116,83 @@ class _Index:
         # The mapping is always read-only: entries are written with pwrite, so a full disk
         # is an ENOSPC error on that write (the entry is skipped: the index is sparse) instead
         # of a SIGBUS from touching an unallocated page of the sparse preallocated file.
-        if self._mm is not None:
-            self._mm.close()
-            self._mm = None
-        fd = self._fd if self._fd >= 0 else os.open(self.path, os.O_RDWR)
-        self._fd = -1
+        if self.mm is not None:
+            self.mm.close()
+            self.mm = None
+        fd = self.fd if self.fd >= 0 else os.open(self.path, os.O_RDWR)
+        self.fd = -1
         try:
             os.ftruncate(fd, size)
             if size:
-                self._mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+                self.mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
         except BaseException:
             os.close(fd)
             raise
         if writable:
-            self._fd = fd
+            self.fd = fd
         else:
             os.close(fd)
         self.writable = writable
-        self._max_entries = size // self.ENTRY_SIZE
+        self.max_entries = size // self.ENTRY_SIZE
         self.file_entries = self.entries
 
     def flush(self) -> None:
-        if self._fd >= 0:
-            os.fsync(self._fd)
+        if self.fd >= 0:
+            os.fsync(self.fd)
 
     def close(self, trim: bool = True) -> None:
         if trim and self.writable:
             self.trim()
-        if self._mm is not None:
-            self._mm.close()
-            self._mm = None
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        if self.mm is not None:
+            self.mm.close()
+            self.mm = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
     def rename(self, new_path: str) -> None:
         os.replace(self.path, new_path)
         self.path = new_path
 
-    def _append_check(self):
+    def _refused(self, what: str) -> CorruptIndexError:
+        # why IndexFile refused an entry: its room checks, else ``what`` (the entry's own fault)
         if not self.writable:
-            raise CorruptIndexError(f"{self.path}: append to a read-only index")
-        if self.entries >= self._max_entries:
-            raise CorruptIndexError(f"{self.path}: index is full ({self.entries} entries)")
+            what = "append to a read-only index"
+        elif self.entries >= self.max_entries:
+            what = f"index is full ({self.entries} entries)"
+        return CorruptIndexError(f"{self.path}: {what}")
 
 
 class OffsetIndex(_Index):
     """``%020d.index``: relative offset u32 + position u32 per entry."""
 
+    __slots__ = ()
     ENTRY_SIZE = 8
     KIND = _native.INDEX_OFFSET
 
     def append(self, offset: int, position: int) -> None:
-        """Add an entry for the batch whose last offset is ``offset`` starting at ``position``."""
-        self._append_check()
-        rel = offset - self.base_offset
-        if self.entries and rel <= self.last_relative():
-            raise CorruptIndexError(
-                f"{self.path}: offset {offset} not above the last entry {self.last_entry()[0]}")
-        _native.write_offset_entry(self._fd, self.entries, rel, position)   # OSError: not added
-        self.entries += 1
-
-    def last_relative(self) -> int:
-        return _native.offset_entry(self._mm, self.entries - 1)[0]
+        """Add an entry for the batch whose last offset is ``offset`` starting at ``position``.
+        CorruptIndexError when the rule refuses it; OSError when the write failed (not added)."""
+        if self.add_offset_entry(offset, position) == _ADDED:
+            return
+        if self.entries and offset <= self.last_entry()[0]:
+            raise self._refused(f"offset {offset} not above the last entry {self.last_entry()[0]}")
+        raise self._refused(f"entry ({offset}, {position}) does not fit 32 bits from base {self.base_offset}")
 
     def last_entry(self):
         """(offset, position) of the last entry, or (base_offset, 0) when empty."""
         if not self.entries:
             return self.base_offset, 0
-        rel, pos = _native.offset_entry(self._mm, self.entries - 1)
+        rel, pos = _native.offset_entry(self.mm, self.entries - 1)
         return self.base_offset + rel, pos
 
     def entry(self, slot: int):
-        rel, pos = _native.offset_entry(self._mm, slot)
+        rel, pos = _native.offset_entry(self.mm, slot)
         return self.base_offset + rel, pos
 
     def lookup(self, offset: int):
         """(offset, position) of the greatest entry with offset <= ``offset``; (base, 0) if none."""
-        slot = _native.index_lookup(self._mm, self.entries, _native.INDEX_OFFSET,
+        slot = _native.index_lookup(self.mm, self.entries, _native.INDEX_OFFSET,
                                     offset - self.base_offset) if self.entries else -1
         if slot < 0:
             return self.base_offset, 0
@@ -196,7 +200,7 @@ class OffsetIndex(_Index):
 
     def lookup_position(self, position: int):
         """(offset, position) of the greatest entry whose position <= ``position``; (base, 0) if none."""
-        slot = _native.index_lookup(self._mm, self.entries, _native.INDEX_POSITION,
+        slot = _native.index_lookup(self.mm, self.entries, _native.INDEX_POSITION,
                                     position) if self.entries else -1
         if slot < 0:
             return self.base_offset, 0
@@ -204,7 +208,7 @@ class OffsetIndex(_Index):
 
     def truncate_to_offset(self, offset: int) -> None:
         """Drop entries for offsets >= ``offset``."""
-        slot = _native.index_lookup(self._mm, self.entries, _native.INDEX_OFFSET,
+        slot = _native.index_lookup(self.mm, self.entries, _native.INDEX_OFFSET,
                                     offset - self.base_offset - 1) if self.entries and offset > self.base_offset else -1
         self.truncate_entries(slot + 1)
 
@@ -212,6 +216,7 @@ class OffsetIndex(_Index):
 class TimeIndex(_Index):
     """``%020d.timeindex``: timestamp i64 + relative offset u32 per entry."""
 
+    __slots__ = ()
     ENTRY_SIZE = 12
     KIND = _native.INDEX_TIME
 
@@ -219,30 +224,29 @@ class TimeIndex(_Index):
         """(timestamp, offset) of the last entry, or (-1, base_offset) when empty."""
         if not self.entries:
             return -1, self.base_offset
-        ts, rel = _native.time_entry(self._mm, self.entries - 1)
+        ts, rel = _native.time_entry(self.mm, self.entries - 1)
         return ts, self.base_offset + rel
 
     def entry(self, slot: int):
-        ts, rel = _native.time_entry(self._mm, slot)
+        ts, rel = _native.time_entry(self.mm, slot)
         return ts, self.base_offset + rel
 
     def maybe_append(self, timestamp: int, offset: int) -> bool:
         """Add (timestamp, offset) if the timestamp is above the last entry's (Kafka keeps the
-        time index strictly increasing in timestamp). Returns whether an entry was added."""
-        last_ts, last_off = self.last_entry()
-        if self.entries and timestamp <= last_ts:
-            return False
-        if self.entries and offset < last_off:
+        time index strictly increasing in timestamp). Returns whether an entry was added.
+        CorruptIndexError when the rule refuses it; OSError when the write failed (not added)."""
+        answer = self.add_time_entry(timestamp, offset)
+        if answer != _REFUSED:
+            return answer == _ADDED
+        last_off = self.last_entry()[1] if self.entries else self.base_offset
+        if offset < last_off:
             raise CorruptIndexError(f"{self.path}: offset {offset} below the last entry {last_off}")
-        self._append_check()
-        _native.write_time_entry(self._fd, self.entries, timestamp, offset - self.base_offset)
-        self.entries += 1
-        return True
+        raise self._refused(f"offset {offset} does not fit 32 bits from base {self.base_offset}")
 
     def lookup(self, timestamp: int):
         """(timestamp, offset) of the greatest entry with timestamp <= ``timestamp``;
         (-1, base_offset) if none."""
-        slot = _native.index_lookup(self._mm, self.entries, _native.INDEX_TIME,
+        slot = _native.index_lookup(self.mm, self.entries, _native.INDEX_TIME,
                                     timestamp) if self.entries else -1
         if slot < 0:
             return -1, self.base_offset

@@ -51,6 +51,39 @@ def test_offset_index_refuses_non_increasing_and_full(tmp_path):
     idx.close()
 
 
+def test_every_refusal_leaves_the_files_as_they_were_and_says_why(tmp_path):
+    # The rule lives in IndexFile (the leader's append path calls it directly); each case it refuses
+    # changes nothing, and the Python method names the reason.
+    idx = OffsetIndex(str(tmp_path / "r.index"), BASE, 8 * 4, writable=True)
+    tix = TimeIndex(str(tmp_path / "r.timeindex"), BASE, 12 * 4, writable=True)
+    assert idx.add_offset_entry(1010, 100) == native.IndexAppend.INDEX_ADDED
+    assert tix.add_time_entry(50, 1010) == native.IndexAppend.INDEX_ADDED
+    before = (open(idx.path, "rb").read(), open(tix.path, "rb").read())
+    offset_cases = [((1010, 200), "not above the last entry"),              # not increasing
+                    ((BASE + (1 << 32), 200), "does not fit 32 bits"),     # relative offset past u32
+                    ((1020, 1 << 32), "does not fit 32 bits")]             # position past u32
+    for args, why in offset_cases:
+        assert idx.add_offset_entry(*args) == native.IndexAppend.INDEX_REFUSED
+        with pytest.raises(CorruptIndexError, match=why):
+            idx.append(*args)
+    assert tix.add_time_entry(50, 1020) == native.IndexAppend.INDEX_NOT_NEEDED   # timestamp not above
+    assert tix.maybe_append(49, 1020) is False
+    for args, why in [((60, 1005), "below the last entry"), ((60, BASE + (1 << 32)), "does not fit 32 bits")]:
+        assert tix.add_time_entry(*args) == native.IndexAppend.INDEX_REFUSED
+        with pytest.raises(CorruptIndexError, match=why):
+            tix.maybe_append(*args)
+    assert (idx.entries, tix.entries) == (1, 1)
+    assert (open(idx.path, "rb").read(), open(tix.path, "rb").read()) == before
+    idx.trim()
+    tix.trim()
+    with pytest.raises(CorruptIndexError, match="read-only"):
+        idx.append(1020, 200)
+    with pytest.raises(CorruptIndexError, match="read-only"):
+        tix.maybe_append(60, 1020)
+    idx.close()
+    tix.close()
+
+
 def test_untrimmed_crash_tail_is_cut(tmp_path):
     # A crash leaves the preallocated file untrimmed: entries then zeros.
     path = str(tmp_path / "b.index")
@@ -58,8 +91,8 @@ def test_untrimmed_crash_tail_is_cut(tmp_path):
     for i in range(1, 6):
         idx.append(BASE + i * 10, i * 5000)
     idx.flush()
-    idx._mm.close()                                   # simulate the process dying: no trim
-    idx._mm = None
+    idx.mm.close()                                   # simulate the process dying: no trim
+    idx.mm = None
     assert os.path.getsize(path) == 800
     loaded = OffsetIndex(path, BASE, 8 * 100, writable=False, max_position=1 << 20)
     assert loaded.entries == 5
