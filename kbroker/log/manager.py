@@ -132,6 +132,7 @@ class LogManager:
             raise ValueError("at least one log dir is required")
         self.defaults = LogConfig.from_broker(defaults or {})
         self.topic_configs: dict = {}      # topic -> overrides dict
+        self._log_configs: dict = {}       # topic -> (the overrides it was built from, LogConfig)
         self.logs: dict = {}               # (topic, partition) -> Log
         self._dir_of: dict = {}            # (topic, partition) -> log dir
         self._lock_fds: list = []
@@ -486,9 +487,17 @@ class LogManager:
         self.on_log_replaced(tp, cur, new)
 
     def _config_for(self, topic: str) -> LogConfig:
+        # One LogConfig per topic, shared by its partitions (nothing mutates one: a change builds a
+        # new one), rebuilt when the topic's overrides differ from the ones it was built from.
+        overrides = self.topic_configs.get(topic, {})
+        cached = self._log_configs.get(topic)
+        if cached is not None and cached[0] == overrides:
+            return cached[1]
         merged = dict(self.defaults)
-        merged.update(self.topic_configs.get(topic, {}))
-        return LogConfig(merged)
+        merged.update(overrides)
+        config = LogConfig(merged)
+        self._log_configs[topic] = (dict(overrides), config)
+        return config
 
     # -- partitions -------------------------------------------------------------------------
 

@@ -43,6 +43,20 @@ def test_layout_meta_and_checkpoints(tmp_path, mgr):
     assert not (d / ".kafka_cleanshutdown").exists()
 
 
+def test_a_topics_partitions_share_one_config_until_it_changes(mgr):
+    a0, a1 = mgr.get_or_create("a", 0, {"retention.ms": "1000"}), mgr.get_or_create("a", 1)
+    b0 = mgr.get_or_create("b", 0)
+    assert a0.config is a1.config and a0.config is not b0.config
+    assert (a0.config.retention_ms, b0.config.segment_bytes) == (1000, 1500)
+    old = a0.config
+    mgr.set_topic_config("a", {"retention.ms": "2000"})
+    assert a0.config is a1.config and a0.config is not old and a1.config.retention_ms == 2000
+    assert old.retention_ms == 1000                              # the old one is left as it was
+    mgr.set_topic_config("a", {"retention.ms": "2000"})         # the same overrides: the same config
+    assert a0.config is a1.config and a1.config.retention_ms == 2000
+    assert mgr.get_or_create("a", 2).config is a0.config         # a new partition: the same one
+
+
 def test_second_manager_on_same_dir_refused(tmp_path, mgr):
     other = LogManager([str(tmp_path / "d1")], {})
     with pytest.raises(LogDirError, match="locked"):
