@@ -383,11 +383,16 @@ class BrokerZk:
             wait_timeout_s = 2 * self.session_timeout_ms / 1000.0
         deadline = time.monotonic() + wait_timeout_s
         while True:
+            client_id, sent = zk.client_id, time.monotonic()
             try:
                 # retry: a create whose reply was lost comes back as NodeExists, owned by us (below)
                 _, stat = zk.retry(zk.create, path, data, ephemeral=True, makepath=True, include_data=True)
                 # Recorded at once: the controller may address us with this epoch any moment now.
                 self.broker_epoch = stat.czxid
+                # The answer renews the lease in this session before the controller can see us: a
+                # LeaderAndIsr that follows must not meet the lease of the session that expired.
+                if client_id and zk.client_id == client_id:
+                    self.lease.heard(sent, client_id[0])
                 log.info("registered broker %d at %s:%d (epoch %d)", self.broker_id, host, port, stat.czxid)
                 return stat.czxid
             except NodeExistsError:

@@ -173,7 +173,10 @@ def test_reregistration_after_forced_session_expiry(cs, brokers, raw):
         b.watch_topics(topics.put_nowait)
         assert await asyncio.wait_for(topics.get(), 10) == []
         b.on_session_lost = lambda: events.put_nowait(("lost", threading.get_ident()))
-        b.on_reregistered = lambda epoch: events.put_nowait(("reregistered", epoch, threading.get_ident()))
+        # the lease as the re-registration leaves it: already renewed in the new session (the controller's
+        # LeaderAndIsr may follow at once, and a lease still out would fence the partitions it gives us)
+        b.on_reregistered = lambda epoch: events.put_nowait(("reregistered", epoch, threading.get_ident(),
+                                                             b.lease.session_id, b.lease.expired()))
         epoch1 = b.register_broker("127.0.0.1", 9092)
         assert b.elect_controller() and b.is_controller
         controller_epoch1 = b.controller_epoch
@@ -183,8 +186,9 @@ def test_reregistration_after_forced_session_expiry(cs, brokers, raw):
 
         lost = await asyncio.wait_for(events.get(), 30)
         assert lost == ("lost", threading.get_ident())  # marshalled onto the loop's thread
-        kind, epoch2, tid = await asyncio.wait_for(events.get(), 30)
+        kind, epoch2, tid, lease_session, lease_out = await asyncio.wait_for(events.get(), 30)
         assert (kind, tid) == ("reregistered", threading.get_ident())
+        assert (lease_session, lease_out) == (b.session_id, False)
         # Watches live on in the new session.
         b.create_topic("after-expiry", {0: [1]}, {})
         while (names := await asyncio.wait_for(topics.get(), 10)) != ["after-expiry"]:
