@@ -18,9 +18,16 @@ SEGMENT_BYTES = 65536
 
 
 def live_segments(cluster, topic, partition=0):
-    """[(base offset, size)] of the partition's .log files not (yet) marked deleted, in order."""
+    """[(base offset, size)] of the partition's .log files not (yet) marked deleted, in order. Retention
+    may rename a file away between the listing and its stat: that file is not live any more."""
     d = cluster.brokers[0].data_dir / f"{topic}-{partition}"
-    return sorted((int(f.name[:20]), f.stat().st_size) for f in d.glob("*.log"))
+    out = []
+    for f in d.glob("*.log"):
+        try:
+            out.append((int(f.name[:20]), f.stat().st_size))
+        except FileNotFoundError:
+            continue
+    return sorted(out)
 
 
 def fill(raw, topic, total_bytes, ts, value_size=1000, per_batch=8):
