@@ -145,7 +145,10 @@ def test_group_lifecycle(cluster, version):
             assert [(m["member_id"], m["error_code"]) for m in lv["members"]] == [
                 (me, 0), ("stranger", Errors.UNKNOWN_MEMBER_ID)]
         d = raw.request(K.DESCRIBE_GROUPS, min(version, 5), {"groups": [group]})
-        assert (d["groups"][0]["error_code"], d["groups"][0]["group_state"]) == (0, "Empty")
+        # The member is gone: the group is Empty, or already Dead when this fixture's 300 ms expiry
+        # check ran in between (an empty group that holds no offsets is removed, as Kafka removes it).
+        g = d["groups"][0]
+        assert (g["error_code"], g["members"]) == (0, []) and g["group_state"] in ("Empty", "Dead"), g
 
 
 def test_static_member_join_v5(cluster):

@@ -212,8 +212,9 @@ def test_no_in_sync_replica_left_means_offline_unless_unclean_election_is_allowe
     wait_until(lambda: _states(zk, clean, 1)[0].leader == -1, BOUND_S + 30, f"{clean} to go offline")
     offline = _states(zk, clean, 1)[0]
     assert offline.isr == [a]                    # the last in-sync replica stays recorded
-    view, _ = _leaders(cluster.brokers[controller].port, clean)
-    assert view[0][0] == -1
+    # the brokers' Metadata follows the ZooKeeper state once the controller's UpdateMetadata arrived
+    wait_until(lambda: _leaders(cluster.brokers[controller].port, clean)[0][0][0] == -1, 10,
+               "Metadata to show no leader")
 
     # The out-of-sync replica comes back: only the topic that allows it takes it as leader.
     before = _states(zk, unclean, 1)[0]
