@@ -389,21 +389,20 @@ class BrokerZk:
                 _, stat = zk.retry(zk.create, path, data, ephemeral=True, makepath=True, include_data=True)
                 # Recorded at once: the controller may address us with this epoch any moment now.
                 self.broker_epoch = stat.czxid
-                # The answer renews the lease in this session before the controller can see us: a
-                # LeaderAndIsr that follows must not meet the lease of the session that expired.
-                if client_id and zk.client_id == client_id:
-                    self.lease.heard(sent, client_id[0])
+                self._renew_lease(client_id, sent)
                 log.info("registered broker %d at %s:%d (epoch %d)", self.broker_id, host, port, stat.czxid)
                 return stat.czxid
             except NodeExistsError:
                 pass
             gone = threading.Event()
+            client_id, sent = zk.client_id, time.monotonic()
             stat = zk.retry(zk.exists, path, watch=lambda event: gone.set())
             if stat is None:
                 continue  # it vanished between create and exists
             if stat.ephemeralOwner == self.session_id:
                 # Ours: a retried create whose first attempt succeeded, or a repeated call.
                 self.broker_epoch = stat.czxid
+                self._renew_lease(client_id, sent)
                 return stat.czxid
             if stat.ephemeralOwner == 0:
                 raise BrokerRegistrationError(f"{path} is a persistent znode; remove it by hand")
@@ -417,6 +416,12 @@ class BrokerZk:
                 if self._closing.is_set():
                     raise BrokerRegistrationError("closed while waiting for the old registration to expire")
                 gone.wait(min(remaining, 0.5))
+
+    def _renew_lease(self, client_id, sent: float) -> None:
+        # A registration answered in session ``client_id`` renews the lease there before the controller
+        # can see us: a LeaderAndIsr that follows must not meet the lease of a session that expired.
+        if client_id and self.kazoo.client_id == client_id:
+            self.lease.heard(sent, client_id[0])
 
     def get_broker(self, broker_id: int) -> L.BrokerRegistration | None:
         try:

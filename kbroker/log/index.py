@@ -175,8 +175,9 @@ class OffsetIndex(_Index):
         CorruptIndexError when the rule refuses it; OSError when the write failed (not added)."""
         if self.add_offset_entry(offset, position) == _ADDED:
             return
-        if self.entries and offset <= self.last_entry()[0]:
-            raise self._refused(f"offset {offset} not above the last entry {self.last_entry()[0]}")
+        last = self.last_entry()[0]
+        if self.entries and offset <= last:
+            raise self._refused(f"offset {offset} not above the last entry {last}")
         raise self._refused(f"entry ({offset}, {position}) does not fit 32 bits from base {self.base_offset}")
 
     def last_entry(self):
