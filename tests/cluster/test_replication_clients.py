@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import tempfile
 import threading
 import time
 
@@ -140,6 +141,10 @@ class ConsumerRun:
     def done(self):
         return self.end is not None and self.polls and self.polls[-1][1] >= self.end - 1
 
+    def progress(self):
+        last = self.polls[-1][1] if self.polls else None
+        return f"{self.name}: {len(self.polls)} read, last offset {last}, error {self.error!r}"
+
     def start(self):
         self.thread.start()
         return self
@@ -148,9 +153,18 @@ class ConsumerRun:
 class KcatRun(ConsumerRun):
     def __init__(self, bootstrap):
         super().__init__("kcat")
+        # stderr to a file: kcat reports every end of partition there, and a pipe nobody reads would
+        # fill and stop it
+        self.stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(["kcat", "-b", bootstrap, "-C", "-t", TOPIC, "-p", "0", "-o", "beginning",
                                       "-u", "-f", "%p %o %s\n"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                     stdout=subprocess.PIPE, stderr=self.stderr)
+
+    def progress(self):
+        self.stderr.seek(0, 2)
+        n = self.stderr.tell()
+        self.stderr.seek(max(0, n - 300))
+        return f"{super().progress()}, exit {self.proc.poll()}, stderr ...{self.stderr.read()!r}"
 
     def run(self):
         for line in self.proc.stdout:
@@ -165,6 +179,7 @@ class KcatRun(ConsumerRun):
             self.proc.kill()
             self.proc.wait(10)
         self.thread.join(10)
+        self.stderr.close()
 
 
 class KafkaPythonRun(ConsumerRun):
@@ -223,6 +238,14 @@ class AiokafkaRun(ConsumerRun):
         self.thread.join(30)
 
 
+def wait_runs(predicate, timeout, what, runs):
+    """wait_until, and on a timeout each consumer's progress in the error (which one stalled, and why)."""
+    try:
+        wait_until(predicate, timeout, what)
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}; " + "; ".join(r.progress() for r in runs)) from None
+
+
 def judge(run: ConsumerRun, producer_hist: History):
     """Checker counts for one consumer: its polls against the producer's acknowledgements, plus
     offset order from 0 (gaps counts a skipped, repeated or out-of-order offset)."""
@@ -260,12 +283,12 @@ def test_kcat_kafka_python_aiokafka_consumers_follow_a_leader_move(cluster):
     try:
         start = len(hist.acked)
         wait_until(lambda: len(hist.acked) >= start + 500, 30, "500 acknowledgements")
-        wait_until(lambda: all(len(r.polls) >= 300 for r in runs), 30, "every consumer reading")
+        wait_runs(lambda: all(len(r.polls) >= 300 for r in runs), 30, "every consumer reading", runs)
         old, _new = kill_leader_and_wait_for_successor(c)
         # Each consumer must move on to the new leader: it reads records acknowledged after the move.
         moved_at = len(hist.sent)
-        wait_until(lambda: all(any(v >= b"v%09d" % moved_at for _p, _o, v in r.polls[-50:]) for r in runs),
-                   40, "every consumer to read records produced after the leader move")
+        wait_runs(lambda: all(any(v >= b"v%09d" % moved_at for _p, _o, v in r.polls[-50:]) for r in runs),
+                  40, "every consumer to read records produced after the leader move", runs)
         c.start_broker(old)
         start = len(hist.acked)
         wait_until(lambda: len(hist.acked) >= start + 300, 30, "300 more acknowledgements")
@@ -277,7 +300,7 @@ def test_kcat_kafka_python_aiokafka_consumers_follow_a_leader_move(cluster):
         end = log_end_offset(f"127.0.0.1:{c.brokers[leader].port}", TOPIC, 0)
         for r in runs:
             r.end = end
-        wait_until(lambda: all(r.done() or r.error for r in runs), 60, f"every consumer to reach offset {end}")
+        wait_runs(lambda: all(r.done() or r.error for r in runs), 60, f"every consumer to reach offset {end}", runs)
     finally:
         for r in runs:
             r.stop()
