@@ -308,8 +308,7 @@ def _phase_topic(target, producer, consumer, base: str, phase: int) -> str:
     topic = f"{base}-{phase}"
     # librdkafka's mock cluster auto-creates 4 partitions and refuses any other count; the first
     # PARTITIONS of them are written and read, as on every other target.
-    from kbroker.perf.targets import MockTarget
-    target.create_topic(topic, 4 if isinstance(target, MockTarget) else PARTITIONS)
+    target.create_topic(topic, target.fixed_partitions or PARTITIONS)
     consumer.assign(topic, PARTITIONS)
     hello = _Delivery()
     for i in range(10):

@@ -36,6 +36,11 @@ first (Kafka's defaults) and interleaves the two in every CPU round (A RF=3, A R
 then reversed), so a setting such as replica.fetch.min.bytes / replica.fetch.wait.max.ms is judged
 against the defaults under the same load; --pairs then also runs the latency pairs on both.
 
+--sched (root) runs every latency run under `perf sched record` and prints, beside its latencies, how
+long the leader's and the followers' event loops and the producer's threads waited for a CPU each time
+they were woken (p50/p99/max): on 2 cores shared by three brokers and the producer, the waits on the
+acks=all path (a follower's fetch, then the leader) beside its tail (perf/sched_delay.py).
+
 --perf-rounds N (root) then runs RF=3 and RF=1 under `perf record -g` of the leader and prints its CPU
 per GB by kernel path (receive work done in its softirq for the receiving sockets, TCP transmit,
 sendfile/page cache, epoll, file write, ..., user). --netns (root) starts every broker in a network
@@ -43,9 +48,9 @@ namespace of its own, joined by veth pairs to a bridge, with the receive process
 kernel threads (as on separate hosts, where the receiver's host does it); --netns-b only the second
 cluster, beside a loopback one. docs/perf/replication-cpu.md has the figures.
 
-    .venv/bin/python perf/replication_bench.py [--rate 0] [--seconds 10] [--pairs 3] [--mb 256] [--catchup-mb 200]
+    .venv/bin/python -m kbroker.perf.replication_bench [--rate 0] [--seconds 10] [--pairs 3] [--mb 256] [--catchup-mb 200]
         [--failovers 3] [--probe-rate 200] [--skip-cpu] [--cpu-rounds 3] [--compare K=V,K=V]
-        [--perf-rounds 0] [--perf-dir DIR] [--netns | --netns-b] [--zombie-rounds 0] [--zombie-cut-s 20]
+        [--perf-rounds 0] [--perf-dir DIR] [--netns | --netns-b] [--zombie-rounds 0] [--zombie-cut-s 20] [--sched]
 """
 from __future__ import annotations
 
@@ -68,6 +73,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kbroker.protocol import api
 from kbroker.testing import LocalCluster, wait_until
 from kbroker.zk.local import start_zookeeper
+
+from .sched_delay import SchedRecord, describe, percentile, sched_delays
 
 TICK = os.sysconf("SC_CLK_TCK")
 GOAL_ACKS_ALL_P99_MS = 2.0
@@ -920,23 +927,43 @@ def zombie_rounds(root: Path, rounds: int, rate: int, cut_s: float):
                   f"{g[len(g) // 2]:.2f} s over {len(g)} rounds (range {g[0]:.2f}-{g[-1]:.2f} s)")
 
 
-def latency_pairs(clusters, rate, pairs, seconds):
+def latency_pairs(clusters, rate, pairs, seconds, sched_dir=None):
     """Alternating acks=1 / acks=all pairs on an RF=3 topic, each pair on every cluster of ``clusters``
-    ({label: (cluster, admin)}) in turn -> {label: [(p50 diff, p99 diff)]}."""
-    for c, admin in clusters.values():
-        create(admin, "lat", 3)
+    ({label: (cluster, admin)}) in turn -> {label: [(p50 diff, p99 diff)]}. ``sched_dir``: each run under
+    ``perf sched record`` there, and the run-queue waits of the leader's and the followers' event loops
+    and of the producer's threads printed beside its latencies (latency_pairs.sched keeps them)."""
+    leaders = {label: create(admin, "lat", 3) for label, (c, admin) in clusters.items()}
     # Alternating pairs: one run alone is at the mercy of whatever else the 2 cores were doing.
     diffs = {label: [] for label in clusters}
+    latency_pairs.sched = []
     for pair in range(pairs):
         for label, (c, _admin) in clusters.items():
             res = {}
             for acks in ("1", "all"):
-                lat, sent, failed = latency_run(c.bootstrap, "lat", acks, rate, seconds)
+                if sched_dir is None:
+                    lat, sent, failed = latency_run(c.bootstrap, "lat", acks, rate, seconds)
+                else:
+                    data = Path(sched_dir) / f"sched{label.strip(' []')}-{pair + 1}-acks{acks}.data"
+                    with SchedRecord(data):
+                        lat, sent, failed = latency_run(c.bootstrap, "lat", acks, rate, seconds)
+                    roles = {"leader loop": (c.brokers[leaders[label]].pid, True)}
+                    for b in sorted(c.brokers):
+                        if b != leaders[label]:
+                            roles[f"follower {b} loop"] = (c.brokers[b].pid, True)
+                    roles["producer threads"] = (os.getpid(), False)
+                    waits = sched_delays(data, roles)
+                    data.unlink()
+                    latency_pairs.sched.append({"pair": pair + 1, "cluster": label or "A", "acks": acks, **{
+                        name: {"runs": len(xs), "p50_ms": percentile(sorted(xs), 0.5),
+                               "p99_ms": percentile(sorted(xs), 0.99), "max_ms": max(xs, default=float("nan"))}
+                        for name, xs in waits.items()}})
                 res[acks] = (pct(lat, 0.5), pct(lat, 0.99), len(lat))
                 print(f"pair {pair + 1}{label} acks={acks:>3} RF=3: {res[acks][2]} of {sent} sent acknowledged "
                       f"({failed} failed or unconfirmed), target {rate}/s, sent {sent / seconds:.0f}/s: p50 "
                       f"{res[acks][0]:.2f} ms, p90 {pct(lat, 0.9):.2f} ms, p99 {res[acks][1]:.2f} ms, "
                       f"max {lat[-1] * 1000:.1f} ms")
+                if sched_dir is not None:
+                    print(f"    run-queue waits: {describe(waits)}")
             diffs[label].append((res["all"][0] - res["1"][0], res["all"][1] - res["1"][1]))
             print(f"pair {pair + 1}{label} acks=all minus acks=1: p50 {diffs[label][-1][0]:+.2f} ms, "
                   f"p99 {diffs[label][-1][1]:+.2f} ms")
@@ -1042,6 +1069,9 @@ def main(argv=None):
     ap.add_argument("--zombie-rounds", type=int, default=0,
                     help="zombie-leader cuts, each with fencing off then on, on fresh clusters (0: none)")
     ap.add_argument("--zombie-cut-s", type=float, default=20, help="length of each zombie cut (20 s)")
+    ap.add_argument("--sched", action="store_true",
+                    help="run each latency run under `perf sched record` (root) and print the run-queue waits "
+                         "of the leader's and followers' event loops and of the producer's threads beside it")
     ap.add_argument("--json", default="", help="write the latency pairs' and CPU rounds' figures and goals there")
     args = ap.parse_args(argv)
     if (args.netns or args.netns_b) and (args.pairs or args.catchup_mb or args.failovers or args.zombie_rounds):
@@ -1074,7 +1104,9 @@ def main(argv=None):
         result = {"command": "python -m kbroker.perf.replication_bench " + " ".join(argv or sys.argv[1:]),
                   "rf1_peak_records_per_s": peak if args.rate <= 0 and args.pairs > 0 else None, "rate": rate}
         if args.pairs > 0:
-            diffs = latency_pairs(clusters, rate, args.pairs, args.seconds)
+            diffs = latency_pairs(clusters, rate, args.pairs, args.seconds, Path(root) if args.sched else None)
+            if args.sched:
+                result["run_queue_waits"] = latency_pairs.sched
             result["acks_all_minus_acks1_ms"] = {label or "A": [{"p50": a, "p99": b} for a, b in d]
                                                  for label, d in diffs.items()}
             result["goal_acks_all_p99_ms"] = {label or "A": dict(zip(("median", "min", "max"),

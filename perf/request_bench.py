@@ -171,10 +171,7 @@ def make_target(name: str, workdir: Path) -> Target:
 
 
 def _create(target: Target, topic: str) -> None:
-    if isinstance(target, MockTarget):
-        target.create_topic(topic, 4)           # the mock auto-creates 4 partitions; partition 0 is used
-    else:
-        target.create_topic(topic, 1)
+    target.create_topic(topic, target.fixed_partitions or 1)    # the mock's 4: partition 0 is used
 
 
 # ---- (a) produce: a confluent-kafka producer in its own process ---------------------------------

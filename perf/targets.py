@@ -64,6 +64,7 @@ class Target:
     consume = True          # can it serve a consume/fetch measurement?
     cpu_note = ""
     proc_pid: int | None = None
+    fixed_partitions: int | None = None     # a target whose topics have this partition count, no other
 
     @property
     def pid(self) -> int:
@@ -204,6 +205,7 @@ class TansuTarget(Target):
 class MockTarget(Target):
     name = "mock"
     consume = False
+    fixed_partitions = 4        # no admin APIs: a producer's metadata request auto-creates 4 partitions
     cpu_note = "whole host process: the mock brokers' threads plus one idle confluent-kafka client"
 
     def __init__(self, workdir: Path):
@@ -220,8 +222,7 @@ class MockTarget(Target):
         self.proc_pid = self.proc.pid
 
     def create_topic(self, topic: str, partitions: int = 4) -> str:
-        # No admin APIs: a producer's metadata request auto-creates the topic (4 partitions).
-        if partitions != 4:
+        if partitions != self.fixed_partitions:
             raise ValueError("the mock cluster auto-creates topics with 4 partitions only")
         wait_topic(self.bootstrap, topic, partitions)
         return "auto"

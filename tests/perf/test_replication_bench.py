@@ -123,3 +123,49 @@ def test_remove_stale_deletes_only_the_leftovers_of_dead_runs():
     finally:
         for kind, name in made:
             subprocess.run(["ip", kind, "del", name], capture_output=True)
+
+
+# ---- --sched: run-queue waits from perf sched timehist ----------------------------------------------------
+
+TIMEHIST = """\
+           time    cpu  task name                       wait time  sch delay   run time
+                        [tid/pid]                          (msec)     (msec)     (msec)
+--------------- ------  ------------------------------  ---------  ---------  ---------
+  79371.874569 [0001]  python[4100]                        0.014      0.250      1.148
+  79371.874601 [0000]  rdk:broker1[4207/4200]              0.100      3.500      0.020
+  79371.874700 [0001]  python[4101/4100]                   0.000      9.000      0.010
+  79371.874800 [0000]  python[4300]                        2.000      0.040      0.300
+  79371.874900 [0001]  java[5000]                          0.000     50.000      0.300
+  79371.875000 [0000]  python[4200]                        0.010      0.125      0.050
+"""
+
+
+def test_timehist_parsing_keeps_each_roles_waits_and_main_threads_when_asked():
+    from kbroker.perf.sched_delay import describe, parse_timehist, percentile
+    waits = parse_timehist(TIMEHIST, {"leader loop": (4100, True), "follower loop": (4300, True),
+                                      "producer threads": (4200, False)})
+    # the leader's executor thread (4101) is not its loop; every thread of the producer counts; ZooKeeper
+    # (5000, not asked for) and the header lines are skipped
+    assert waits == {"leader loop": [0.25], "follower loop": [0.04], "producer threads": [3.5, 0.125]}
+    assert percentile(sorted(waits["producer threads"]), 0.99) == 3.5
+    assert "producer threads: 2 runs" in describe(waits)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("perf") is None, reason="needs root and perf")
+def test_sched_record_sees_a_process_that_wakes():
+    from kbroker.perf.sched_delay import SchedRecord, sched_delays
+    import tempfile
+    from pathlib import Path
+    with tempfile.TemporaryDirectory() as d:
+        data = Path(d) / "sched.data"
+        with SchedRecord(data):
+            child = subprocess.Popen(["python3", "-c", "import time\nfor _ in range(50): time.sleep(0.002)"])
+            try:
+                child.wait(timeout=30)
+            finally:
+                if child.poll() is None:
+                    child.kill()
+                    child.wait()
+        waits = sched_delays(data, {"child": (child.pid, True)})
+    # 50 sleeps: at least that many wake-ups of its main thread (probe: perf must have seen the child)
+    assert len(waits["child"]) >= 50, len(waits["child"])
