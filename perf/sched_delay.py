@@ -95,7 +95,7 @@ def percentile(sorted_ms: list[float], q: float) -> float:
 
 
 def describe(waits: dict[str, list[float]]) -> str:
-    """'role: n wake-ups, p50/p99/max ms' for each role, in one line."""
+    """'role: n runs, wait p50 / p99 / max ms' for each role, in one line."""
     parts = []
     for name, xs in waits.items():
         xs = sorted(xs)
