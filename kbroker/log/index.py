@@ -239,7 +239,7 @@ class TimeIndex(_Index):
         answer = self.add_time_entry(timestamp, offset)
         if answer != _REFUSED:
             return answer == _ADDED
-        last_off = self.last_entry()[1] if self.entries else self.base_offset
+        last_off = self.last_entry()[1]            # base_offset when empty
         if offset < last_off:
             raise CorruptIndexError(f"{self.path}: offset {offset} below the last entry {last_off}")
         raise self._refused(f"offset {offset} does not fit 32 bits from base {self.base_offset}")
