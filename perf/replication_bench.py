@@ -74,7 +74,7 @@ from kbroker.protocol import api
 from kbroker.testing import LocalCluster, wait_until
 from kbroker.zk.local import start_zookeeper
 
-from .sched_delay import SchedRecord, describe, percentile, sched_delays
+from .sched_delay import SchedRecord, describe, sched_delays, summary
 
 TICK = os.sysconf("SC_CLK_TCK")
 GOAL_ACKS_ALL_P99_MS = 2.0
@@ -951,12 +951,9 @@ def latency_pairs(clusters, rate, pairs, seconds, sched_dir=None):
                         if b != leaders[label]:
                             roles[f"follower {b} loop"] = (c.brokers[b].pid, True)
                     roles["producer threads"] = (os.getpid(), False)
-                    waits = sched_delays(data, roles)
+                    waits = summary(sched_delays(data, roles))
                     data.unlink()
-                    latency_pairs.sched.append({"pair": pair + 1, "cluster": label or "A", "acks": acks, **{
-                        name: {"runs": len(xs), "p50_ms": percentile(sorted(xs), 0.5),
-                               "p99_ms": percentile(sorted(xs), 0.99), "max_ms": max(xs, default=float("nan"))}
-                        for name, xs in waits.items()}})
+                    latency_pairs.sched.append({"pair": pair + 1, "cluster": label or "A", "acks": acks, **waits})
                 res[acks] = (pct(lat, 0.5), pct(lat, 0.99), len(lat))
                 print(f"pair {pair + 1}{label} acks={acks:>3} RF=3: {res[acks][2]} of {sent} sent acknowledged "
                       f"({failed} failed or unconfirmed), target {rate}/s, sent {sent / seconds:.0f}/s: p50 "

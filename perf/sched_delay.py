@@ -94,11 +94,17 @@ def percentile(sorted_ms: list[float], q: float) -> float:
     return sorted_ms[min(len(sorted_ms) - 1, int(q * len(sorted_ms)))]
 
 
-def describe(waits: dict[str, list[float]]) -> str:
-    """'role: n runs, wait p50 / p99 / max ms' for each role, in one line."""
-    parts = []
+def summary(waits: dict[str, list[float]]) -> dict[str, dict]:
+    """Each role's run count and wait p50 / p99 / max (ms)."""
+    out = {}
     for name, xs in waits.items():
         xs = sorted(xs)
-        parts.append(f"{name}: {len(xs)} runs, wait p50 {percentile(xs, 0.5):.3f} / p99 {percentile(xs, 0.99):.2f} / "
-                     f"max {xs[-1] if xs else float('nan'):.2f} ms")
-    return "; ".join(parts)
+        out[name] = {"runs": len(xs), "p50_ms": percentile(xs, 0.5), "p99_ms": percentile(xs, 0.99),
+                     "max_ms": xs[-1] if xs else float("nan")}
+    return out
+
+
+def describe(summaries: dict[str, dict]) -> str:
+    """``summary``'s figures as 'role: n runs, wait p50 / p99 / max ms', in one line."""
+    return "; ".join(f"{name}: {s['runs']} runs, wait p50 {s['p50_ms']:.3f} / p99 {s['p99_ms']:.2f} / "
+                     f"max {s['max_ms']:.2f} ms" for name, s in summaries.items())

@@ -141,14 +141,15 @@ TIMEHIST = """\
 
 
 def test_timehist_parsing_keeps_each_roles_waits_and_main_threads_when_asked():
-    from kbroker.perf.sched_delay import describe, parse_timehist, percentile
+    from kbroker.perf.sched_delay import describe, parse_timehist, summary
     waits = parse_timehist(TIMEHIST, {"leader loop": (4100, True), "follower loop": (4300, True),
                                       "producer threads": (4200, False)})
     # the leader's executor thread (4101) is not its loop; every thread of the producer counts; ZooKeeper
     # (5000, not asked for) and the header lines are skipped
     assert waits == {"leader loop": [0.25], "follower loop": [0.04], "producer threads": [3.5, 0.125]}
-    assert percentile(sorted(waits["producer threads"]), 0.99) == 3.5
-    assert "producer threads: 2 runs" in describe(waits)
+    figures = summary(waits)
+    assert figures["producer threads"] == {"runs": 2, "p50_ms": 3.5, "p99_ms": 3.5, "max_ms": 3.5}
+    assert "producer threads: 2 runs" in describe(figures)
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("perf") is None, reason="needs root and perf")
