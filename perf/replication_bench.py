@@ -2,7 +2,8 @@
 
 1. Latency at a fixed rate on an RF=3 topic (min.insync.replicas=2): confluent-kafka producer,
    acks=all vs acks=1 (idempotence off for both), time from produce() to the delivery callback;
-   p50/p99 and the difference, in --pairs alternating pairs.
+   p50/p99 and the difference, in --pairs alternating pairs; beside each run, the CPU seconds its
+   leader and its followers used.
 2. Leader CPU per GB: the leader process's user+system CPU (/proc/<pid>/stat) while a producer
    pushes --gb of data at full speed (acks=1), on an RF=3 and on an RF=1 topic led by the same
    broker; plus the whole cluster's CPU per GB for RF=3.
@@ -36,6 +37,10 @@ first (Kafka's defaults) and interleaves the two in every CPU round (A RF=3, A R
 then reversed), so a setting such as replica.fetch.min.bytes / replica.fetch.wait.max.ms is judged
 against the defaults under the same load; --pairs then also runs the latency pairs on both.
 
+--floor runs every latency pair on the replication floor as well (perf/replication_floor.py): a leader and
+two followers that keep a Produce's records in memory and do nothing else, speaking Kafka to the same
+producer. What acks=all adds there is what its message pattern costs on this machine: no broker adds less.
+
 --sched (root) runs every latency run under `perf sched record` and prints, beside its latencies, how
 long the leader's and the followers' event loops and the producer's threads waited for a CPU each time
 they were woken (p50/p99/max): on 2 cores shared by three brokers and the producer, the waits on the
@@ -50,7 +55,7 @@ cluster, beside a loopback one. docs/perf/replication-cpu.md has the figures.
 
     .venv/bin/python -m kbroker.perf.replication_bench [--rate 0] [--seconds 10] [--pairs 3] [--mb 256] [--catchup-mb 200]
         [--failovers 3] [--probe-rate 200] [--skip-cpu] [--cpu-rounds 3] [--compare K=V,K=V]
-        [--perf-rounds 0] [--perf-dir DIR] [--netns | --netns-b] [--zombie-rounds 0] [--zombie-cut-s 20] [--sched]
+        [--perf-rounds 0] [--perf-dir DIR] [--netns | --netns-b] [--zombie-rounds 0] [--zombie-cut-s 20] [--sched] [--floor]
 """
 from __future__ import annotations
 
@@ -74,6 +79,7 @@ from kbroker.protocol import api
 from kbroker.testing import LocalCluster, wait_until
 from kbroker.zk.local import start_zookeeper
 
+from .replication_floor import Floor
 from .sched_delay import SchedRecord, describe, sched_delays, summary
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -932,14 +938,18 @@ def latency_pairs(clusters, rate, pairs, seconds, sched_dir=None):
     ({label: (cluster, admin)}) in turn -> {label: [(p50 diff, p99 diff)]}. ``sched_dir``: each run under
     ``perf sched record`` there, and the run-queue waits of the leader's and the followers' event loops
     and of the producer's threads printed beside its latencies (latency_pairs.sched keeps them)."""
-    leaders = {label: create(admin, "lat", 3) for label, (c, admin) in clusters.items()}
+    # A replication floor (admin None) leads every topic from its process 0.
+    leaders = {label: create(admin, "lat", 3) if admin is not None else 0 for label, (c, admin) in clusters.items()}
     # Alternating pairs: one run alone is at the mercy of whatever else the 2 cores were doing.
     diffs = {label: [] for label in clusters}
     latency_pairs.sched = []
+    latency_pairs.cpu = []      # each run's CPU seconds of the leader and of the followers together
     for pair in range(pairs):
         for label, (c, _admin) in clusters.items():
             res = {}
             for acks in ("1", "all"):
+                pids = {b: c.brokers[b].pid for b in sorted(c.brokers)}
+                cpu0 = {b: cpu_seconds(pid) for b, pid in pids.items()}
                 if sched_dir is None:
                     lat, sent, failed = latency_run(c.bootstrap, "lat", acks, rate, seconds)
                 else:
@@ -954,11 +964,16 @@ def latency_pairs(clusters, rate, pairs, seconds, sched_dir=None):
                     waits = summary(sched_delays(data, roles))
                     data.unlink()
                     latency_pairs.sched.append({"pair": pair + 1, "cluster": label or "A", "acks": acks, **waits})
+                cpu = {b: cpu_seconds(pid) - cpu0[b] for b, pid in pids.items()}
                 res[acks] = (pct(lat, 0.5), pct(lat, 0.99), len(lat))
+                lead = leaders[label]
+                latency_pairs.cpu.append({"pair": pair + 1, "cluster": label or "A", "acks": acks,
+                                          "leader_s": cpu[lead], "followers_s": sum(v for b, v in cpu.items() if b != lead)})
                 print(f"pair {pair + 1}{label} acks={acks:>3} RF=3: {res[acks][2]} of {sent} sent acknowledged "
                       f"({failed} failed or unconfirmed), target {rate}/s, sent {sent / seconds:.0f}/s: p50 "
                       f"{res[acks][0]:.2f} ms, p90 {pct(lat, 0.9):.2f} ms, p99 {res[acks][1]:.2f} ms, "
-                      f"max {lat[-1] * 1000:.1f} ms")
+                      f"max {lat[-1] * 1000:.1f} ms; CPU leader {cpu[lead]:.2f} s, followers "
+                      f"{latency_pairs.cpu[-1]['followers_s']:.2f} s")
                 if sched_dir is not None:
                     print(f"    run-queue waits: {describe(waits)}")
             diffs[label].append((res["all"][0] - res["1"][0], res["all"][1] - res["1"][1]))
@@ -1069,6 +1084,9 @@ def main(argv=None):
     ap.add_argument("--sched", action="store_true",
                     help="run each latency run under `perf sched record` (root) and print the run-queue waits "
                          "of the leader's and followers' event loops and of the producer's threads beside it")
+    ap.add_argument("--floor", action="store_true",
+                    help="run every latency pair on the replication floor too (perf/replication_floor.py: a "
+                         "leader and two followers doing no broker work), same producer, rate and bursts")
     ap.add_argument("--json", default="", help="write the latency pairs' and CPU rounds' figures and goals there")
     args = ap.parse_args(argv)
     if (args.netns or args.netns_b) and (args.pairs or args.catchup_mb or args.failovers or args.zombie_rounds):
@@ -1101,7 +1119,11 @@ def main(argv=None):
         result = {"command": "python -m kbroker.perf.replication_bench " + " ".join(argv or sys.argv[1:]),
                   "rf1_peak_records_per_s": peak if args.rate <= 0 and args.pairs > 0 else None, "rate": rate}
         if args.pairs > 0:
-            diffs = latency_pairs(clusters, rate, args.pairs, args.seconds, Path(root) if args.sched else None)
+            runs = dict(clusters)
+            if args.floor:
+                runs[" [floor]"] = (stack.enter_context(Floor()), None)
+            diffs = latency_pairs(runs, rate, args.pairs, args.seconds, Path(root) if args.sched else None)
+            result["latency_run_cpu_s"] = latency_pairs.cpu
             if args.sched:
                 result["run_queue_waits"] = latency_pairs.sched
             result["acks_all_minus_acks1_ms"] = {label or "A": [{"p50": a, "p99": b} for a, b in d]
