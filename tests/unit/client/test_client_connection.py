@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from kbroker.client.connection import BrokerConnection, KafkaConnectionError
+from kbroker.client.connection import BrokerConnection, KafkaConnectionError, RequestTimedOut
 
 
 def _answer(cid: int, n_entries: int, tag: int) -> bytes:
@@ -109,6 +109,66 @@ def test_peer_close_mid_frame_fails_pending():
         conn = await BrokerConnection.open("127.0.0.1", server.sockets[0].getsockname()[1], negotiate=False)
         with pytest.raises(KafkaConnectionError, match="closed by the broker"):
             await conn.send(18, {}, version=0)
+        await conn.wait_closed()
+        server.close()
+        await server.wait_closed()
+    asyncio.run(go())
+
+
+def test_an_unanswered_request_times_out_and_fails_the_connection():
+    # A peer that answers the first request and then reads without answering: the second request's
+    # deadline fails it and the connection, and the request still in flight behind it fails with it.
+    async def go():
+        async def handle(reader, writer):
+            head = await reader.readexactly(4)
+            req = await reader.readexactly(struct.unpack(">i", head)[0])
+            writer.write(_answer(struct.unpack_from(">i", req, 4)[0], 1, 0))
+            await writer.drain()
+            await reader.read()
+            writer.close()
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        conn = await BrokerConnection.open("127.0.0.1", server.sockets[0].getsockname()[1], negotiate=False)
+        _v, first = await conn.send(18, {}, version=0)
+        assert len(first["api_keys"]) == 1
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        slow = asyncio.ensure_future(conn.send(18, {}, version=0, timeout=0.3))
+        behind = asyncio.ensure_future(conn.send(18, {}, version=0, timeout=30))
+        with pytest.raises(RequestTimedOut, match="timed out"):
+            await slow
+        assert 0.25 <= loop.time() - t0 < 5
+        with pytest.raises(RequestTimedOut):
+            await behind
+        assert conn.closed
+        await conn.wait_closed()
+        server.close()
+        await server.wait_closed()
+    asyncio.run(go())
+
+
+def test_a_cancelled_request_leaves_the_answers_after_it_in_step():
+    # The caller gives up on a request (its task cancelled): its answer, when it comes, is consumed
+    # in its place and the next request gets its own answer.
+    async def go():
+        async def handle(reader, writer):
+            cids = []
+            for _ in range(2):
+                head = await reader.readexactly(4)
+                req = await reader.readexactly(struct.unpack(">i", head)[0])
+                cids.append(struct.unpack_from(">i", req, 4)[0])
+            for i, cid in enumerate(cids):
+                writer.write(_answer(cid, i + 1, i))
+            await writer.drain()
+            await reader.read()
+            writer.close()
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        conn = await BrokerConnection.open("127.0.0.1", server.sockets[0].getsockname()[1], negotiate=False)
+        first = asyncio.ensure_future(conn.send(18, {}, version=0))
+        await asyncio.sleep(0)
+        first.cancel()
+        _v, second = await conn.send(18, {}, version=0)
+        assert len(second["api_keys"]) == 2
+        assert first.cancelled() and not conn.closed
         await conn.wait_closed()
         server.close()
         await server.wait_closed()
