@@ -38,8 +38,8 @@ then reversed), so a setting such as replica.fetch.min.bytes / replica.fetch.wai
 against the defaults under the same load; --pairs then also runs the latency pairs on both.
 
 --floor runs every latency pair on the replication floor as well (perf/replication_floor.py): a leader and
-two followers that keep a Produce's records in memory and do nothing else, speaking Kafka to the same
-producer. What acks=all adds there is what its message pattern costs on this machine: no broker adds less.
+two followers that keep a Produce's records in memory, append them to a file beside the brokers' logs
+and do nothing else, speaking Kafka to the same producer. What acks=all adds there is what its message pattern costs on this machine: no broker adds less.
 
 --sched (root) runs every latency run under `perf sched record` and prints, beside its latencies, how
 long the leader's and the followers' event loops and the producer's threads waited for a CPU each time
@@ -1121,7 +1121,9 @@ def main(argv=None):
         if args.pairs > 0:
             runs = dict(clusters)
             if args.floor:
-                runs[" [floor]"] = (stack.enter_context(Floor()), None)
+                floor_dir = Path(root) / "floor"     # the brokers' filesystem: the same write stalls
+                floor_dir.mkdir()
+                runs[" [floor]"] = (stack.enter_context(Floor(floor_dir)), None)
             diffs = latency_pairs(runs, rate, args.pairs, args.seconds, Path(root) if args.sched else None)
             result["latency_run_cpu_s"] = latency_pairs.cpu
             if args.sched:

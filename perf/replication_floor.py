@@ -1,7 +1,7 @@
 """The machine's floor for acks=all: a leader and two followers that do no broker work at all.
 
-    python -m kbroker.perf.replication_floor leader      (prints its Kafka and relay addresses)
-    python -m kbroker.perf.replication_floor follower --relay HOST:PORT
+    python -m kbroker.perf.replication_floor leader [--log FILE]     (prints its Kafka and relay addresses)
+    python -m kbroker.perf.replication_floor follower --relay HOST:PORT [--log FILE]
 
 ``replication_bench --floor`` starts one leader and two followers beside its brokers and runs every
 acks=1 / acks=all latency pair on them too, with the same producer (confluent-kafka), rate and bursts.
@@ -12,7 +12,9 @@ the cores. No broker can add less on the same cores.
 
 The leader speaks just enough Kafka for the producer: ApiVersions, Metadata (every topic asked for has
 one partition led by it) and Produce (acks 1 and all). It keeps a Produce's records as one chunk of its
-log, numbered in order, and nothing else: no checks, no index, no file. Followers speak a relay protocol
+log, numbered in order, and nothing else: no checks, no index; with ``--log`` each process also
+appends what it receives to a file, as a broker writes its log (one write() into the page cache, no
+fsync), so a floor on the brokers' filesystem meets the same write stalls. Followers speak a relay protocol
 of their own on a second port: a fetch is the 8-byte number of chunks the follower holds; its answer is
 the 4-byte size of the chunks after that, the 8-byte new count and those chunks. A fetch with nothing
 to send parks until the next Produce. A fetch also reports the follower's position: an acks=all Produce
@@ -46,7 +48,8 @@ _LAST_DELTA = 23
 
 
 class Leader:
-    def __init__(self):
+    def __init__(self, log_fd: int = -1):
+        self.log_fd = log_fd
         self.kafka = self._listen()
         self.relay = self._listen()
         self.port = self.kafka.getsockname()[1]
@@ -193,6 +196,8 @@ class Leader:
                               "log_append_time_ms": -1, "log_start_offset": 0})
                 self.offset += _I32.unpack_from(records, _LAST_DELTA)[0] + 1
                 self.chunks.append(records)
+                if self.log_fd >= 0:
+                    os.write(self.log_fd, records)
             responses.append({"name": t["name"], "partition_responses": parts})
         if req["acks"] == 0:
             return
@@ -208,7 +213,7 @@ class Leader:
             self.out[fd] += c
 
 
-def follow(relay: tuple[str, int]) -> None:
+def follow(relay: tuple[str, int], log_fd: int = -1) -> None:
     s = socket.create_connection(relay)
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     have = 0
@@ -221,6 +226,8 @@ def follow(relay: tuple[str, int]) -> None:
         if size > len(body):
             body = bytearray(size)
         _recv_exactly(s, memoryview(body)[:size])
+        if log_fd >= 0:
+            os.write(log_fd, memoryview(body)[:size])
 
 
 def _recv_exactly(s: socket.socket, view: memoryview) -> None:
@@ -234,25 +241,30 @@ def _recv_exactly(s: socket.socket, view: memoryview) -> None:
 
 class Floor:
     """One leader and two followers, each a process of its own; ``bootstrap`` is the leader's Kafka
-    address and ``brokers`` {0: leader, 1, 2: followers} their processes (``pid``), as a LocalCluster's."""
+    address and ``brokers`` {0: leader, 1, 2: followers} their processes (``pid``), as a LocalCluster's.
+    ``log_dir``: each process appends what it receives to a file there."""
 
-    def __init__(self):
+    def __init__(self, log_dir=None):
         self.brokers: dict[int, subprocess.Popen] = {}
         self.bootstrap = ""
+        self.log_dir = log_dir
+
+    def _log(self, i: int) -> tuple:
+        return () if self.log_dir is None else ("--log", os.path.join(self.log_dir, f"floor-{i}.log"))
 
     def _spawn(self, *args: str) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "kbroker.perf.replication_floor", *args],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
 
     def start(self) -> "Floor":
-        leader = self.brokers[0] = self._spawn("leader")
+        leader = self.brokers[0] = self._spawn("leader", *self._log(0))
         line = leader.stdout.readline().split()         # printed once it listens
         if len(line) != 2:
             self.close()
             raise RuntimeError(f"the floor's leader printed no addresses (exit {leader.poll()})")
         self.bootstrap, relay = line
         for i in (1, 2):
-            self.brokers[i] = self._spawn("follower", "--relay", relay)
+            self.brokers[i] = self._spawn("follower", "--relay", relay, *self._log(i))
         return self
 
     def close(self) -> None:
@@ -277,19 +289,21 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("role", choices=["leader", "follower"])
     ap.add_argument("--relay", default="", help="the leader's relay address (followers)")
+    ap.add_argument("--log", default="", help="append what it receives to this file")
     a = ap.parse_args(argv)
+    log_fd = os.open(a.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if a.log else -1
 
     def parent_gone():
         sys.stdin.read()            # EOF: the parent closed our stdin (or exited)
         os._exit(0)
     threading.Thread(target=parent_gone, daemon=True).start()
     if a.role == "leader":
-        leader = Leader()
+        leader = Leader(log_fd)
         print(f"127.0.0.1:{leader.port} 127.0.0.1:{leader.relay.getsockname()[1]}", flush=True)
         leader.serve()
     else:
         host, _, port = a.relay.rpartition(":")
-        follow((host, int(port)))
+        follow((host, int(port)), log_fd)
     return 0
 
 

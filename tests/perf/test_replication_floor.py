@@ -22,8 +22,8 @@ def produce(bootstrap, acks, n, wait_s):
     return acked, left, p
 
 
-def test_acks_all_waits_for_both_followers_and_acks_1_does_not():
-    with Floor() as f:
+def test_acks_all_waits_for_both_followers_and_acks_1_does_not(tmp_path):
+    with Floor(tmp_path) as f:
         acked, left, _p = produce(f.bootstrap, "all", 200, 30)
         assert (len(acked), left) == (200, 0)
         assert sorted(acked) == list(range(200))         # base offsets count records, in order
@@ -37,3 +37,6 @@ def test_acks_all_waits_for_both_followers_and_acks_1_does_not():
         finally:
             os.kill(follower, signal.SIGCONT)
         assert p.flush(30) == 0                          # the follower catches up: all acknowledged
+    # each process appended what it received: the followers' files are the leader's
+    logs = [(tmp_path / f"floor-{i}.log").read_bytes() for i in range(3)]
+    assert len(logs[0]) > 300 * 15 and logs[1] == logs[0] and logs[2] == logs[0]   # 300 records, >= 15 B each
