@@ -123,7 +123,10 @@ class Leader:
     def _fetches(self, fd: int, buf: bytearray) -> int:
         pos = 0
         while len(buf) - pos >= 8:
-            self.positions[fd] = _POS.unpack_from(buf, pos)[0]
+            have = _POS.unpack_from(buf, pos)[0]
+            if have < self.first:           # a follower that started over after the others moved on
+                raise SystemExit(f"replication floor: a follower asks from chunk {have}, dropped up to {self.first}")
+            self.positions[fd] = have
             self.parked.add(fd)
             pos += 8
         self._release()
