@@ -37,9 +37,10 @@ first (Kafka's defaults) and interleaves the two in every CPU round (A RF=3, A R
 then reversed), so a setting such as replica.fetch.min.bytes / replica.fetch.wait.max.ms is judged
 against the defaults under the same load; --pairs then also runs the latency pairs on both.
 
---floor runs every latency pair on the replication floor as well (perf/replication_floor.py): a leader and
-two followers that keep a Produce's records in memory, append them to a file beside the brokers' logs
-and do nothing else, speaking Kafka to the same producer. What acks=all adds there is what its message pattern costs on this machine: no broker adds less.
+--floor runs every latency pair on the replication floor as well (perf/replication_floor.py): a leader
+and two followers that keep a Produce's records in memory, append them to a file beside the brokers'
+logs and do nothing else, speaking Kafka to the same producer. What acks=all adds there is what its
+message pattern costs on this machine: no broker adds less.
 
 --sched (root) runs every latency run under `perf sched record` and prints, beside its latencies, how
 long the leader's and the followers' event loops and the producer's threads waited for a CPU each time
@@ -55,7 +56,8 @@ cluster, beside a loopback one. docs/perf/replication-cpu.md has the figures.
 
     .venv/bin/python -m kbroker.perf.replication_bench [--rate 0] [--seconds 10] [--pairs 3] [--mb 256] [--catchup-mb 200]
         [--failovers 3] [--probe-rate 200] [--skip-cpu] [--cpu-rounds 3] [--compare K=V,K=V]
-        [--perf-rounds 0] [--perf-dir DIR] [--netns | --netns-b] [--zombie-rounds 0] [--zombie-cut-s 20] [--sched] [--floor]
+        [--perf-rounds 0] [--perf-dir DIR] [--netns | --netns-b] [--zombie-rounds 0] [--zombie-cut-s 20] [--sched]
+        [--floor]
 """
 from __future__ import annotations
 
@@ -968,7 +970,8 @@ def latency_pairs(clusters, rate, pairs, seconds, sched_dir=None):
                 res[acks] = (pct(lat, 0.5), pct(lat, 0.99), len(lat))
                 lead = leaders[label]
                 latency_pairs.cpu.append({"pair": pair + 1, "cluster": label or "A", "acks": acks,
-                                          "leader_s": cpu[lead], "followers_s": sum(v for b, v in cpu.items() if b != lead)})
+                                          "leader_s": cpu[lead],
+                                          "followers_s": sum(v for b, v in cpu.items() if b != lead)})
                 print(f"pair {pair + 1}{label} acks={acks:>3} RF=3: {res[acks][2]} of {sent} sent acknowledged "
                       f"({failed} failed or unconfirmed), target {rate}/s, sent {sent / seconds:.0f}/s: p50 "
                       f"{res[acks][0]:.2f} ms, p90 {pct(lat, 0.9):.2f} ms, p99 {res[acks][1]:.2f} ms, "
