@@ -546,6 +546,13 @@ class LogManager:
             if t == topic:
                 log.config = self._config_for(topic)
 
+    def forget_topic(self, topic: str) -> None:
+        """``topic`` left the cluster (deleted): its overrides and shared LogConfig go. Logs of it still
+        open keep the LogConfig they hold until they are deleted; a topic created again under the name
+        gets its overrides anew (LeaderAndIsr passes them to get_or_create)."""
+        self.topic_configs.pop(topic, None)
+        self._log_configs.pop(topic, None)
+
     def delete(self, topic: str, partition: int, now: int | None = None) -> bool:
         """Remove a partition: rename its dir to ``<t>-<p>.<uuid>-delete``, then remove it.
         The read descriptors stay open until file.delete.delay.ms has passed (they may be in

@@ -401,7 +401,10 @@ class Broker:
                           if ts["topic_name"] not in md.topics
                           and any(ps["leader"] != -2 for ps in ts["partition_states"])})
             configs = await asyncio.to_thread(self._read_topic_configs, new) if new else {}
-            changed, _removed = md.apply_update_metadata(body, configs)
+            changed, removed = md.apply_update_metadata(body, configs)
+            for name in removed:
+                if name not in changed:         # gone, not deleted and created again in one update
+                    self.logs.forget_topic(name)
             for name, info in changed.items():
                 self.open_logs(info, config_changed=name in configs)
 

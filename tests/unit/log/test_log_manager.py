@@ -57,6 +57,18 @@ def test_a_topics_partitions_share_one_config_until_it_changes(mgr):
     assert mgr.get_or_create("a", 2).config is a0.config         # a new partition: the same one
 
 
+def test_a_deleted_topics_config_is_forgotten(mgr):
+    a0 = mgr.get_or_create("a", 0, {"retention.ms": "1000"})
+    mgr.get_or_create("b", 0, {"retention.ms": "5000"})
+    mgr.forget_topic("a")
+    assert "a" not in mgr.topic_configs and "a" not in mgr._log_configs
+    assert a0.config.retention_ms == 1000                       # an open log keeps the config it holds
+    assert mgr.get_or_create("b", 1).config.retention_ms == 5000  # other topics keep theirs
+    again = mgr.get_or_create("a", 1)                            # created again, without overrides
+    assert again.config.retention_ms != 1000 and again.config is not a0.config
+    mgr.forget_topic("never-known")                              # nothing to forget: no error
+
+
 def test_second_manager_on_same_dir_refused(tmp_path, mgr):
     other = LogManager([str(tmp_path / "d1")], {})
     with pytest.raises(LogDirError, match="locked"):
