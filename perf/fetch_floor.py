@@ -19,16 +19,16 @@ Every loop ends with its connection or when stdin closes (the parent's exit).
 from __future__ import annotations
 
 import argparse
-import os
 import select
 import socket
 import struct
 import subprocess
 import sys
-import threading
 
 from kbroker.coordinator.store import build_batch
 from kbroker.protocol.api import encode_response
+
+from .harness import exit_with_parent
 
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
@@ -173,11 +173,7 @@ def main(argv=None) -> int:
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)
-
-    def parent_gone():
-        sys.stdin.read()            # EOF: the parent closed our stdin (or exited)
-        os._exit(0)
-    threading.Thread(target=parent_gone, daemon=True).start()
+    exit_with_parent()
     print(f"127.0.0.1:{listener.getsockname()[1]}", flush=True)
     if a.mode == "epoll":
         serve_epoll(listener, template, at)

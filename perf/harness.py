@@ -199,6 +199,15 @@ def recv_frame(sock: socket.socket, head: bytearray) -> bytearray:
     return body
 
 
+def exit_with_parent() -> None:
+    """A helper server's process ends when its parent closes its stdin or exits (a thread waits for the
+    EOF), whatever its main thread is blocked in."""
+    def watch():
+        sys.stdin.read()
+        os._exit(0)
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def connect(host: str, port: int, timeout: float = 60.0) -> socket.socket:
     s = socket.create_connection((host, port), timeout=timeout)
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -33,9 +33,10 @@ import socket
 import struct
 import subprocess
 import sys
-import threading
 
 from kbroker.protocol.api import decode_request, encode_response, parse_request_header
+
+from .harness import exit_with_parent, recv_exact
 
 PRODUCE, METADATA, API_VERSIONS = 0, 3, 18
 VERSIONS = {PRODUCE: (3, 9), METADATA: (1, 9), API_VERSIONS: (0, 3)}
@@ -222,24 +223,18 @@ def follow(relay: tuple[str, int], log_fd: int = -1) -> None:
     have = 0
     head = bytearray(_ANSWER.size)
     body = bytearray(1 << 20)
-    while True:
-        s.sendall(_POS.pack(have))
-        _recv_exactly(s, memoryview(head))
-        size, have = _ANSWER.unpack(head)
-        if size > len(body):
-            body = bytearray(size)
-        _recv_exactly(s, memoryview(body)[:size])
-        if log_fd >= 0:
-            os.write(log_fd, memoryview(body)[:size])
-
-
-def _recv_exactly(s: socket.socket, view: memoryview) -> None:
-    got = 0
-    while got < len(view):
-        n = s.recv_into(view[got:])
-        if not n:
-            raise SystemExit(0)             # the leader went away
-        got += n
+    try:
+        while True:
+            s.sendall(_POS.pack(have))
+            recv_exact(s, memoryview(head))
+            size, have = _ANSWER.unpack(head)
+            if size > len(body):
+                body = bytearray(size)
+            recv_exact(s, memoryview(body)[:size])
+            if log_fd >= 0:
+                os.write(log_fd, memoryview(body)[:size])
+    except ConnectionError:
+        return                              # the leader went away
 
 
 class Floor:
@@ -295,11 +290,7 @@ def main(argv=None) -> int:
     ap.add_argument("--log", default="", help="append what it receives to this file")
     a = ap.parse_args(argv)
     log_fd = os.open(a.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if a.log else -1
-
-    def parent_gone():
-        sys.stdin.read()            # EOF: the parent closed our stdin (or exited)
-        os._exit(0)
-    threading.Thread(target=parent_gone, daemon=True).start()
+    exit_with_parent()
     if a.role == "leader":
         leader = Leader(log_fd)
         print(f"127.0.0.1:{leader.port} 127.0.0.1:{leader.relay.getsockname()[1]}", flush=True)
