@@ -17,15 +17,20 @@ def _answer(cid: int, n_entries: int, tag: int) -> bytes:
     return struct.pack(">i", len(body)) + body
 
 
+async def _next_cid(reader) -> int:
+    """The correlation id of the next request frame the peer reads."""
+    head = await reader.readexactly(4)
+    req = await reader.readexactly(struct.unpack(">i", head)[0])
+    return struct.unpack_from(">i", req, 4)[0]
+
+
 async def _serve(sizes, chunking, seed):
     rnd = random.Random(seed)
 
     async def handle(reader, writer):
         out = bytearray()
         for i, n in enumerate(sizes):
-            head = await reader.readexactly(4)
-            req = await reader.readexactly(struct.unpack(">i", head)[0])
-            cid = struct.unpack_from(">i", req, 4)[0]
+            cid = await _next_cid(reader)
             out += _answer(cid, n, i)
         # every answer at once, cut as ``chunking`` says
         pos = 0
@@ -78,9 +83,7 @@ def test_frames_any_chunking(name, chunking):
 def test_wrong_correlation_id_fails_connection():
     async def go():
         async def handle(reader, writer):
-            head = await reader.readexactly(4)
-            req = await reader.readexactly(struct.unpack(">i", head)[0])
-            cid = struct.unpack_from(">i", req, 4)[0]
+            cid = await _next_cid(reader)
             writer.write(_answer(cid + 1, 0, 0))
             await writer.drain()
             await reader.read()
@@ -99,9 +102,7 @@ def test_wrong_correlation_id_fails_connection():
 def test_peer_close_mid_frame_fails_pending():
     async def go():
         async def handle(reader, writer):
-            head = await reader.readexactly(4)
-            req = await reader.readexactly(struct.unpack(">i", head)[0])
-            cid = struct.unpack_from(">i", req, 4)[0]
+            cid = await _next_cid(reader)
             writer.write(_answer(cid, 100000, 0)[:300000])
             await writer.drain()
             writer.close()
@@ -120,9 +121,7 @@ def test_an_unanswered_request_times_out_and_fails_the_connection():
     # deadline fails it and the connection, and the request still in flight behind it fails with it.
     async def go():
         async def handle(reader, writer):
-            head = await reader.readexactly(4)
-            req = await reader.readexactly(struct.unpack(">i", head)[0])
-            writer.write(_answer(struct.unpack_from(">i", req, 4)[0], 1, 0))
+            writer.write(_answer(await _next_cid(reader), 1, 0))
             await writer.drain()
             await reader.read()
             writer.close()
@@ -153,9 +152,7 @@ def test_a_cancelled_request_leaves_the_answers_after_it_in_step():
         async def handle(reader, writer):
             cids = []
             for _ in range(2):
-                head = await reader.readexactly(4)
-                req = await reader.readexactly(struct.unpack(">i", head)[0])
-                cids.append(struct.unpack_from(">i", req, 4)[0])
+                cids.append(await _next_cid(reader))
             for i, cid in enumerate(cids):
                 writer.write(_answer(cid, i + 1, i))
             await writer.drain()
